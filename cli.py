@@ -1,0 +1,383 @@
+"""The `pruneflow` command line (Typer + Rich).
+
+Parse → call one library function → render. This module owns the console, the error → message →
+exit-code table, and --json/--quiet/-v.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import traceback
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Iterator, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from pruneflow import __version__
+from pruneflow.context import Reporter
+from pruneflow.errors import (
+    EXIT_INTERRUPTED,
+    EXIT_INVALID,
+    EXIT_OK,
+    EXIT_STAGE_FAILED,
+    PruneflowError,
+    RecipeError,
+)
+
+EPILOG = (
+    "Exit codes: 0 ok · 1 a quality gate failed · 2 invalid recipe or usage · "
+    "3 missing dependency or unavailable target · 4 a stage or export failed · 130 interrupted."
+)
+
+app = typer.Typer(
+    name="pruneflow",
+    help="Turn a trained PyTorch model into smaller, faster, deployable artifacts.\n\n"
+    "Write a YAML recipe (start with `pruneflow init`), check it with `pruneflow validate`, "
+    "run it with `pruneflow optimize`.",
+    epilog=EPILOG,
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode="markdown",
+    pretty_exceptions_enable=False,
+)
+
+RecipeArg = Annotated[Path, typer.Argument(help="Recipe file (YAML).", show_default=False)]
+SetOpt = Annotated[
+    Optional[list[str]],
+    typer.Option("--set", "-s", help="Override a recipe value: KEY.PATH=VALUE, e.g. stages.0.epochs=3 (repeatable).",
+                 show_default=False),
+]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show tracebacks and debug logging.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout (for CI) instead of tables.")]
+
+
+def _err_console() -> Console:
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def _out_console() -> Console:
+    return Console(highlight=False, soft_wrap=True)
+
+
+@contextlib.contextmanager
+def handle_errors(verbose: bool, json_mode: bool = False) -> Iterator[None]:
+    """The one mapping from exceptions to messages and exit codes."""
+    err = _err_console()
+    try:
+        yield
+    except typer.Exit:
+        raise
+    except PruneflowError as exc:
+        if verbose:
+            err.print(traceback.format_exc(), markup=False)
+        err.print(f"[bold red]{exc.title}:[/] ", end="")
+        err.print(exc.message, markup=False)
+        if isinstance(exc, RecipeError):
+            for issue in exc.issues:
+                err.print(issue.format(), markup=False)
+        if exc.hint:
+            err.print("[bold]Fix:[/] ", end="")
+            err.print(exc.hint, markup=False)
+        if json_mode:
+            payload = {"exit_code": exc.exit_code, "error": {"type": type(exc).__name__, "message": exc.message, "hint": exc.hint}}
+            if isinstance(exc, RecipeError):
+                payload["error"]["issues"] = [i.as_dict() for i in exc.issues]
+            print(json.dumps(payload, default=str))
+        raise typer.Exit(exc.exit_code) from None
+    except KeyboardInterrupt:
+        err.print("[bold yellow]interrupted[/]: finished stages are kept; run again with --resume to continue.")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: a message, not a traceback
+        if verbose:
+            err.print(traceback.format_exc(), markup=False)
+        err.print(f"[bold red]internal error:[/] {type(exc).__name__}: ", end="")
+        err.print(str(exc), markup=False)
+        if not verbose:
+            err.print("Run again with -v for the traceback, and please report it.")
+        if json_mode:
+            print(json.dumps({"exit_code": EXIT_STAGE_FAILED, "error": {"type": type(exc).__name__, "message": str(exc)}}))
+        raise typer.Exit(EXIT_STAGE_FAILED) from None
+
+
+class RichReporter(Reporter):
+    """Progress bars and stage lines on stderr; silent with --quiet/--json."""
+
+    def __init__(self, console: Console, quiet: bool):
+        self.console = console
+        self.quiet = quiet
+
+    @contextlib.contextmanager
+    def progress(self, description, total):
+        if self.quiet:
+            yield lambda n=1, **fields: None
+            return
+        columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), TextColumn("{task.fields[info]}")]
+        with Progress(*columns, console=self.console, transient=True) as bar:
+            task = bar.add_task(description, total=total, info="")
+
+            def advance(n=1, **fields):
+                info = " ".join(f"{k} {v}" for k, v in fields.items())
+                bar.update(task, advance=n, info=info)
+
+            yield advance
+
+    def stage_started(self, stage_id, stage_type, index, total):
+        super().stage_started(stage_id, stage_type, index, total)
+        if not self.quiet:
+            self.console.print(f"[bold cyan]▶ {index + 1}/{total} {stage_id}[/] [dim]({stage_type})[/]")
+
+    def stage_finished(self, stage_id, seconds, metrics, skipped=False):
+        super().stage_finished(stage_id, seconds, metrics, skipped)
+        if not self.quiet:
+            shown = ", ".join(f"{k} {_fmt(v)}" for k, v in metrics.items() if k in ("accuracy", "macs", "params"))
+            how = "resumed from checkpoint" if skipped else f"{seconds:.1f}s"
+            self.console.print(f"  [green]✓[/] {stage_id} [dim]{how}[/] {shown}")
+
+    def info(self, message):
+        super().info(message)
+
+    def warning(self, message):
+        super().warning(message)
+        if not self.quiet:
+            self.console.print(f"[yellow]warning:[/] {message}", markup=True)
+
+
+def _fmt(value) -> str:
+    from pruneflow.report import fmt
+
+    return fmt(value)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"pruneflow {__version__}")
+        raise typer.Exit(EXIT_OK)
+
+
+@app.callback()
+def main_callback(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")] = False,
+) -> None:
+    pass
+
+
+@app.command(epilog=EPILOG)
+def optimize(
+    recipe: RecipeArg,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Parent folder of the run directory (OUT/NAME).")] = Path("runs"),
+    set_: SetOpt = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Skip stages whose checkpoint matches (same input, config, versions).")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Validate, resolve stages and targets, check files and toolchains; run nothing.")] = False,
+    json_out: JsonOpt = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or stage lines; the summary only.")] = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Run a recipe: every stage in order, then every export, measured and reported.
+
+    Writes OUT/NAME/ with manifest.json, metrics.json, report.md, recipe.resolved.yaml, logs/ and the
+    artifacts, and prints a summary. Example:
+
+        pruneflow optimize recipes/quickstart.yaml --out runs --set stages.0.epochs=3
+    """
+    import logging
+
+    from pruneflow.pipeline import plan_stages, preflight, run_recipe
+    from pruneflow.recipe import load_recipe
+
+    if verbose:
+        logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)
+    with handle_errors(verbose, json_out):
+        loaded = load_recipe(recipe, set_ or [])
+        if dry_run:
+            stages = plan_stages(loaded)
+            notes = preflight(loaded, stages)
+            _print_plan(loaded, stages, notes, out, json_out)
+            raise typer.Exit(EXIT_OK)
+        reporter = RichReporter(_err_console(), quiet=quiet or json_out)
+        result = run_recipe(loaded, out=out, reporter=reporter, resume=resume)
+        if json_out:
+            print(json.dumps(result.as_json(), default=str))
+        else:
+            _print_summary(result)
+        raise typer.Exit(result.exit_code)
+
+
+def _print_plan(loaded, stages, notes, out, json_out) -> None:
+    plan = {
+        "recipe": str(loaded.file),
+        "run_dir": str(Path(out) / loaded.recipe.name),
+        "stages": [{"name": s.id, "type": s.config.type} for s in stages],
+        "notes": notes,
+    }
+    if json_out:
+        print(json.dumps({"exit_code": 0, "dry_run": plan}))
+        return
+    console = _out_console()
+    table = Table(title=f"plan: {loaded.recipe.name} → {plan['run_dir']}")
+    table.add_column("#")
+    table.add_column("stage")
+    table.add_column("type")
+    table.add_column("settings")
+    for s in stages:
+        body = s.config.model_dump(exclude={"type", "name"}, exclude_defaults=True)
+        table.add_row(str(s.index + 1), s.id, s.config.type, ", ".join(f"{k}={v}" for k, v in body.items()))
+    console.print(table)
+    for note in notes:
+        console.print(f"note: {note}")
+    console.print("dry run: recipe valid, stages and targets resolved, files and toolchains present. Nothing was run.")
+
+
+def _print_summary(result) -> None:
+    from pruneflow.report import artifact_rows, fmt, stage_rows
+
+    console = _out_console()
+    for title, rows in (("stages", stage_rows(result)), ("artifacts", artifact_rows(result))):
+        if not rows:
+            continue
+        table = Table(title=title, title_justify="left")
+        columns = [c for c in rows[0] if any(r.get(c) not in (None, "") for r in rows)]
+        for c in columns:
+            table.add_column(c, justify="right" if c not in ("stage", "type", "artifact", "status") else "left")
+        for r in rows:
+            table.add_row(*(fmt(r.get(c)) for c in columns))
+        console.print(table)
+    if result.gates:
+        table = Table(title="gates", title_justify="left")
+        for c in ("gate", "result", "detail"):
+            table.add_column(c)
+        for g in result.gates:
+            table.add_row(g.name, "[green]pass[/]" if g.passed else "[bold red]FAIL[/]", g.message)
+        console.print(table)
+    verdict = "[bold green]done[/]" if result.exit_code == 0 else f"[bold red]quality gate failed[/] (exit {result.exit_code})"
+    console.print(f"{verdict} — run directory: {result.run_dir}  (report.md, manifest.json, metrics.json)")
+
+
+@app.command(epilog=EPILOG)
+def validate(
+    recipe: RecipeArg,
+    set_: SetOpt = None,
+    show: Annotated[bool, typer.Option("--show", help="Print the resolved recipe (defaults filled in, paths absolute).")] = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Check a recipe without running it: keys, types, ranges, stage types and targets.
+
+    Each problem is printed as `FILE:LINE  key.path  value  message`.
+    """
+    from pruneflow.pipeline import plan_stages
+    from pruneflow.recipe import dump_recipe, load_recipe
+
+    with handle_errors(verbose):
+        loaded = load_recipe(recipe, set_ or [])
+        stages = plan_stages(loaded)
+        console = _out_console()
+        if show:
+            console.print(dump_recipe(loaded.recipe), markup=False)
+        names = ", ".join(f"{s.id} ({s.config.type})" for s in stages)
+        console.print(f"[green]✓[/] {recipe}: valid — {len(stages)} stages: {names}")
+
+
+@app.command(epilog=EPILOG)
+def schema(
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write to this file instead of stdout.")] = None,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Print the JSON schema of the recipe format (for editor completion).
+
+    VS Code (YAML extension): put `# yaml-language-server: $schema=recipe.schema.json` at the top of a recipe.
+    """
+    from pruneflow.artifacts import write_text_atomic
+    from pruneflow.recipe import json_schema
+
+    with handle_errors(verbose):
+        text = json.dumps(json_schema(), indent=2)
+        if out:
+            write_text_atomic(out, text + "\n")
+            _err_console().print(f"wrote {out}")
+        else:
+            print(text)
+
+
+def _templates() -> dict[str, resources.abc.Traversable]:
+    root = resources.files("pruneflow.templates")
+    return {p.name[: -len(".yaml")]: p for p in root.iterdir() if p.name.endswith(".yaml")}
+
+
+@app.command(epilog=EPILOG)
+def init(
+    template: Annotated[str, typer.Argument(help="Template name (see --list).")] = "quickstart",
+    path: Annotated[Optional[Path], typer.Argument(help="Where to write it (default: TEMPLATE.yaml).", show_default=False)] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
+    list_: Annotated[bool, typer.Option("--list", help="List the templates and exit.")] = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Write a starting recipe from a template (the example recipes shipped with pruneflow)."""
+    from pruneflow.artifacts import write_text_atomic
+    from pruneflow.errors import InputError, UnknownNameError
+
+    with handle_errors(verbose):
+        templates = _templates()
+        console = _out_console()
+        if list_:
+            for name, file in sorted(templates.items()):
+                first = next((ln[1:].strip() for ln in file.read_text().splitlines() if ln.startswith("#")), "")
+                console.print(f"{name:24s} {first}")
+            raise typer.Exit(EXIT_OK)
+        if template not in templates:
+            raise UnknownNameError(f"unknown template {template!r}; known: {', '.join(sorted(templates))}")
+        target = path or Path(f"{template}.yaml")
+        if target.exists() and not force:
+            raise InputError(f"{target} exists", hint="pass --force to overwrite it, or give another PATH")
+        write_text_atomic(target, templates[template].read_text())
+        console.print(f"wrote {target}; next: pruneflow validate {target} && pruneflow optimize {target}")
+        if "../" in templates[template].read_text():
+            console.print("note: this template refers to files by relative path; edit them to point at your data.")
+
+
+@app.command(name="inspect", epilog=EPILOG)
+def inspect_(
+    source: Annotated[str, typer.Argument(help="A run directory, a checkpoint in one, a recipe, a zoo model name, or an .onnx file.", show_default=False)],
+    input_shape: Annotated[Optional[str], typer.Option("--input-shape", help="One sample's shape, e.g. 3,32,32.")] = None,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Show a model's parameters, MACs and a per-layer table."""
+    from pruneflow.inspect import inspect_source
+
+    with handle_errors(verbose, json_out):
+        shape = tuple(int(v) for v in input_shape.split(",")) if input_shape else None
+        info = inspect_source(source, shape)
+        if json_out:
+            print(json.dumps(info, default=str))
+            return
+        _print_inspect(info)
+
+
+def _print_inspect(info: dict) -> None:
+    from pruneflow.report import fmt
+
+    console = _out_console()
+    table = Table(title=f"{info['source']}  ({info['kind']})", title_justify="left")
+    rows = info["layers"]
+    columns = list(rows[0]) if rows else []
+    for c in columns:
+        table.add_column(c, justify="right" if c in ("params", "macs", "macs %", "count") else "left")
+    for r in rows:
+        table.add_row(*(fmt(r[c]) for c in columns))
+    console.print(table)
+    totals = ", ".join(f"{k} {fmt(v)}" for k, v in info["totals"].items())
+    console.print(f"total: {totals}")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""Model checkpoints inside a run directory.
+
+A model whose structure still matches its factory is saved as a plain state_dict (weights-only
+loading). One whose structure changed (pruning) is saved whole, and a whole module is unpickled only
+when our own manifest records the file's sha256: pickles run code, so we load only what we wrote.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .artifacts import atomic_path, known_sha256
+from .errors import InputError
+
+FORMAT = "pruneflow-checkpoint/1"
+
+
+def save_checkpoint(model: nn.Module, path: Path, *, whole_module: bool = False) -> None:
+    payload = {"format": FORMAT, "state_dict": model.state_dict()}
+    if whole_module:
+        payload["module"] = model
+    with atomic_path(path) as tmp:
+        torch.save(payload, tmp)
+
+
+def load_checkpoint(path: Path, into: nn.Module | None = None) -> nn.Module:
+    """Load a run-directory checkpoint: into ``into`` (state_dict) or, for a whole module, as a new model."""
+    path = Path(path)
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+        whole = False
+    except Exception:  # noqa: BLE001 - a pickled module is refused by weights-only loading
+        whole = True
+    if whole:
+        if not known_sha256(path):
+            raise InputError(
+                f"{path} holds a pickled model, and no pruneflow manifest records its sha256",
+                hint="pruneflow only unpickles checkpoints its own runs wrote (the manifest.json beside them lists "
+                "their sha256); for other files, save a state_dict and use model.checkpoint",
+            )
+        payload = torch.load(path, map_location="cpu", weights_only=False)
+        module = payload.get("module") if isinstance(payload, dict) else None
+        if not isinstance(module, nn.Module):
+            raise InputError(f"{path} is not a pruneflow checkpoint")
+        return module
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise InputError(f"{path} is not a pruneflow checkpoint", hint="use model.checkpoint for plain state_dicts")
+    if into is None:
+        raise InputError(f"{path} holds weights only; the model to load them into is built from the recipe")
+    into.load_state_dict(payload["state_dict"])
+    return into

@@ -1,0 +1,82 @@
+"""RunContext (immutable facts of a run) and RunState (what stages hand to each other)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+if TYPE_CHECKING:
+    import torch
+
+    from .artifacts import Artifact
+    from .data import DataBundle
+    from .recipe.models import Recipe
+    from .tasks import Task
+
+log = logging.getLogger("pruneflow")
+
+
+class Reporter:
+    """How library code reports progress. The CLI supplies a Rich implementation; this base is silent.
+
+    Libraries never print: they call ``ctx.reporter`` and log through ``logging``.
+    """
+
+    @contextlib.contextmanager
+    def progress(self, description: str, total: int | None) -> Iterator[Callable[..., None]]:
+        """Yields ``advance(n=1, **fields)``; ``fields`` (e.g. loss=0.3) are shown beside the bar."""
+        yield lambda n=1, **fields: None
+
+    def stage_started(self, stage_id: str, stage_type: str, index: int, total: int) -> None:
+        log.info("stage %s (%s) started", stage_id, stage_type)
+
+    def stage_finished(self, stage_id: str, seconds: float, metrics: dict, skipped: bool = False) -> None:
+        log.info("stage %s finished in %.1fs%s: %s", stage_id, seconds, " (resumed)" if skipped else "", metrics)
+
+    def info(self, message: str) -> None:
+        log.info(message)
+
+    def warning(self, message: str) -> None:
+        log.warning(message)
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """Immutable: where the run writes, its seed and device, how it reports."""
+
+    run_dir: Path
+    recipe: "Recipe"
+    recipe_file: Path | None
+    seed: int = 0
+    device: str = "cpu"
+    reporter: Reporter = field(default_factory=Reporter)
+    resume: bool = False
+
+    def stage_dir(self, index: int, stage_id: str) -> Path:
+        path = self.run_dir / "stages" / f"{index + 1:02d}-{stage_id}"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def relpath(self, path: Path) -> str:
+        return Path(path).resolve().relative_to(self.run_dir.resolve()).as_posix()
+
+
+@dataclass
+class RunState:
+    """Mutable state passed from stage to stage."""
+
+    model: "torch.nn.Module"
+    task: "Task"
+    data: "DataBundle | None" = None
+    teacher: "torch.nn.Module | None" = None
+    calibration: Any = None
+    #: The artifact the current model came from (its checkpoint), for lineage.
+    model_artifact: "Artifact | None" = None
+    #: A stable description of where the current model came from; input to resume keys.
+    model_key: str = ""
+    metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
+    artifacts: list["Artifact"] = field(default_factory=list)
+    example_input: "torch.Tensor | None" = None

@@ -1,0 +1,360 @@
+"""Datasets: every source goes through Hugging Face `datasets`, then into tensors for training.
+
+Sources: the built-in ``digits`` set (scikit-learn's bundled copy), npz (named arrays),
+csv/json/parquet, imagefolder and ``save_to_disk`` folders. Nothing is fetched from a hub.
+Normalisation and augmentation (random crop with padding, horizontal flip) are written in torch
+on whole batches: datasets' own transforms run per sample in Python and would dominate CPU time.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from .errors import InputError, MissingDependencyError
+from .recipe.models import AugmentSpec, DataSpec
+
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+INPUT_CANDIDATES = ("image", "images", "img", "pixel_values", "input", "inputs", "x", "features")
+LABEL_FALLBACKS = ("labels", "y", "target")
+EVAL_SPLIT_NAMES = ("validation", "eval", "test", "valid")
+
+
+@dataclass
+class Split:
+    """Preprocessed inputs (float32) and integer labels of one split."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def batches(self, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for start in range(0, len(self), batch_size):
+            yield self.x[start : start + batch_size], self.y[start : start + batch_size]
+
+
+@dataclass
+class DataBundle:
+    train: Split | None
+    eval: Split
+    num_classes: int
+    input_shape: tuple[int, ...]
+    class_names: list[str] | None = None
+    augment: AugmentSpec = field(default_factory=AugmentSpec)
+    #: Per-channel value that raw zero pixels map to after normalisation (the crop padding fill).
+    pad_value: torch.Tensor | None = None
+    description: str = ""
+
+    def train_batches(self, batch_size: int, generator: torch.Generator, augment: bool = True):
+        """Shuffled, augmented training batches (one epoch)."""
+        if self.train is None:
+            raise InputError("this recipe's data has no training split", hint="set data.path or data.train")
+        order = torch.randperm(len(self.train), generator=generator)
+        for start in range(0, len(order), batch_size):
+            idx = order[start : start + batch_size]
+            x, y = self.train.x[idx], self.train.y[idx]
+            if augment:
+                x = apply_augment(x, self.augment, generator, self.pad_value)
+            yield x, y
+
+
+def apply_augment(x: torch.Tensor, spec: AugmentSpec, gen: torch.Generator, pad_value: torch.Tensor | None) -> torch.Tensor:
+    """Random crop after padding, and horizontal flip, on a whole NCHW batch at once."""
+    if x.dim() != 4:
+        return x
+    b, c, h, w = x.shape
+    if spec.crop_padding:
+        p = spec.crop_padding
+        padded = x.new_empty(b, c, h + 2 * p, w + 2 * p)
+        padded[:] = (pad_value if pad_value is not None else torch.zeros(c)).view(1, c, 1, 1)
+        padded[:, :, p : p + h, p : p + w] = x
+        oy = torch.randint(0, 2 * p + 1, (b,), generator=gen)
+        ox = torch.randint(0, 2 * p + 1, (b,), generator=gen)
+        rows = (oy[:, None] + torch.arange(h))[:, :, None]  # B,H,1
+        cols = (ox[:, None] + torch.arange(w))[:, None, :]  # B,1,W
+        x = padded.permute(0, 2, 3, 1)[torch.arange(b)[:, None, None], rows, cols].permute(0, 3, 1, 2).contiguous()
+    if spec.hflip:
+        flip = torch.rand(b, generator=gen) < 0.5
+        x = x.clone() if not spec.crop_padding else x
+        x[flip] = x[flip].flip(-1)
+    return x
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_data(spec: DataSpec, seed: int = 0, with_train: bool = True) -> DataBundle:
+    """Load, split and preprocess the data a recipe describes.
+
+    ``with_train=False`` skips reading a separate training source when no stage trains.
+    """
+    import datasets
+
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    class_names = None
+    if spec.format == "digits":
+        ds, class_names = _digits()
+        train_ds, eval_ds = _split(ds, spec, seed)
+        where = "scikit-learn digits"
+    elif spec.path:
+        loaded, class_names = _load_source(spec.format, spec.path, "data.path")
+        if isinstance(loaded, tuple):
+            train_ds, eval_ds = loaded
+        else:
+            train_ds, eval_ds = _split(loaded, spec, seed)
+        where = spec.path
+    else:
+        train_ds = None
+        if spec.train and with_train:
+            train_ds, class_names = _load_source(spec.format, spec.train, "data.train")
+        eval_ds, eval_names = _load_source(spec.format, spec.eval, "data.eval")  # type: ignore[arg-type]
+        class_names = class_names or eval_names
+        where = spec.eval or ""
+
+    label = _label_column(eval_ds, spec)
+    if class_names is None:
+        feature = eval_ds.features.get(label)
+        class_names = list(feature.names) if hasattr(feature, "names") else None
+    if spec.max_train_samples and train_ds is not None:
+        train_ds = _subsample(train_ds, spec.max_train_samples, label, seed)
+    if spec.max_eval_samples:
+        eval_ds = _subsample(eval_ds, spec.max_eval_samples, label, seed)
+
+    eval_split = _to_split(eval_ds, spec, "eval")
+    train_split = _to_split(train_ds, spec, "train") if train_ds is not None else None
+    labels = [eval_split.y] + ([train_split.y] if train_split is not None else [])
+    num_classes = len(class_names) if class_names else int(max(int(t.max()) for t in labels)) + 1
+    pad_value = None
+    if spec.mean is not None:
+        pad_value = -torch.tensor(spec.mean) / torch.tensor(spec.std)
+    return DataBundle(
+        train=train_split,
+        eval=eval_split,
+        num_classes=num_classes,
+        input_shape=tuple(eval_split.x.shape[1:]),
+        class_names=class_names,
+        augment=spec.augment,
+        pad_value=pad_value,
+        description=f"{spec.format}: {where}",
+    )
+
+
+def _digits():
+    import datasets
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    names = [str(i) for i in range(10)]
+    features = datasets.Features({"image": datasets.Array2D((8, 8), "float32"), "label": datasets.ClassLabel(names=names)})
+    # The pixels are 0..16; scale to 0..1 here so `scale: auto` leaves them alone.
+    images = (bunch.images / 16.0).astype(np.float32)
+    return datasets.Dataset.from_dict({"image": images, "label": bunch.target}, features=features), names
+
+
+def _load_source(fmt: str, path: str, field_name: str):
+    """Returns (Dataset, class_names) or ((train, eval), class_names) for a split save_to_disk folder."""
+    import datasets
+
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"{field_name}: file not found: {p}", hint="paths are relative to the recipe file")
+    class_names = None
+    try:
+        if fmt == "npz":
+            ds, class_names = _npz(p)
+        elif fmt in ("csv", "json", "parquet"):
+            files = sorted(str(f) for f in p.glob(f"*.{fmt}*")) if p.is_dir() else [str(p)]
+            ds = datasets.load_dataset(fmt, data_files=files, split="train")
+        elif fmt == "imagefolder":
+            try:
+                import PIL  # noqa: F401
+            except ImportError as exc:
+                raise MissingDependencyError("imagefolder data needs Pillow", hint="pip install pillow") from exc
+            ds = datasets.load_dataset("imagefolder", data_dir=str(p), split="train")
+        elif fmt == "disk":
+            ds = datasets.load_from_disk(str(p))
+            if isinstance(ds, datasets.DatasetDict):
+                evals = [n for n in EVAL_SPLIT_NAMES if n in ds]
+                if "train" in ds and evals:
+                    return (ds["train"], ds[evals[0]]), None
+                if len(ds) == 1:
+                    ds = next(iter(ds.values()))
+                else:
+                    raise InputError(
+                        f"{field_name}: {p} holds splits {list(ds)}; expected `train` plus one of {', '.join(EVAL_SPLIT_NAMES)}",
+                        hint="point data.train and data.eval at single-split folders instead",
+                    )
+        else:  # pragma: no cover - the recipe model restricts formats
+            raise InputError(f"unknown data format {fmt!r}")
+    except (InputError, MissingDependencyError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - datasets raises many types for unreadable files
+        raise InputError(f"{field_name}: could not read {p} as {fmt}: {type(exc).__name__}: {exc}") from exc
+    if len(ds) == 0:
+        raise InputError(f"{field_name}: {p} holds no rows (empty dataset)", hint="point at a file with samples in it")
+    return ds, class_names
+
+
+def _npz(path: Path):
+    import datasets
+
+    arrays = dict(np.load(path, allow_pickle=False))
+    if not arrays:
+        raise InputError(f"data: {path} holds no arrays")
+    class_names = None
+    if "class_names" in arrays:
+        class_names = [str(n) for n in arrays.pop("class_names")]
+    n = max(a.shape[0] for a in arrays.values() if a.ndim)
+    columns = {k: a for k, a in arrays.items() if a.ndim and a.shape[0] == n}
+    # ArrayND features keep multi-dimensional arrays columnar; nested lists are ~100x slower to read back.
+    array_types = {2: datasets.Array2D, 3: datasets.Array3D, 4: datasets.Array4D, 5: datasets.Array5D}
+    features = {}
+    for key, arr in columns.items():
+        shape, dtype = arr.shape[1:], str(arr.dtype)
+        if not shape:
+            features[key] = datasets.Value(dtype)
+        elif len(shape) == 1:
+            features[key] = datasets.List(datasets.Value(dtype), length=shape[0])
+        elif len(shape) in array_types:
+            features[key] = array_types[len(shape)](shape, dtype)
+        else:
+            raise InputError(f"data: array {key!r} in {path} has {arr.ndim} dimensions; at most 6 are supported")
+    return datasets.Dataset.from_dict(columns, features=datasets.Features(features)), class_names
+
+
+def _label_column(ds, spec: DataSpec) -> str:
+    for name in (spec.label_column,) + LABEL_FALLBACKS:
+        if name in ds.column_names:
+            return name
+    raise InputError(
+        f"data.label_column: no column {spec.label_column!r} in the data; columns are {', '.join(ds.column_names)}",
+        hint="set data.label_column to the column holding the class label",
+    )
+
+
+def _input_columns(ds, spec: DataSpec, label: str) -> list[str]:
+    if spec.input_column:
+        wanted = [spec.input_column] if isinstance(spec.input_column, str) else list(spec.input_column)
+        missing = [c for c in wanted if c not in ds.column_names]
+        if missing:
+            raise InputError(
+                f"data.input_column: no column {', '.join(map(repr, missing))}; columns are {', '.join(ds.column_names)}",
+                hint="set data.input_column to the column(s) holding the model input",
+            )
+        return wanted
+    for name in INPUT_CANDIDATES:
+        if name in ds.column_names:
+            return [name]
+    numeric = [c for c, f in ds.features.items() if c != label and getattr(f, "dtype", "") in _NUMERIC]
+    if numeric:
+        return numeric
+    raise InputError(
+        f"data: cannot tell which column is the input; columns are {', '.join(ds.column_names)}",
+        hint="set data.input_column",
+    )
+
+
+_NUMERIC = {"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32", "float64", "bool"}
+
+
+def _as_class_label(ds, label: str):
+    import datasets
+
+    if isinstance(ds.features[label], datasets.ClassLabel):
+        return ds
+    values = np.asarray(ds.with_format("numpy")[label])
+    if not np.issubdtype(values.dtype, np.integer) or values.min() < 0:
+        raise InputError(
+            f"data.label_column {label!r} must hold integer class ids 0..K-1 (found {values.dtype})",
+            hint="map class names to ids first, or use imagefolder, which does it",
+        )
+    return ds.cast_column(label, datasets.ClassLabel(num_classes=int(values.max()) + 1))
+
+
+def _split(ds, spec: DataSpec, seed: int):
+    label = _label_column(ds, spec)
+    ds = _as_class_label(ds, label)
+    try:
+        parts = ds.train_test_split(test_size=spec.eval_fraction, stratify_by_column=label, seed=seed)
+    except ValueError:  # too few samples per class to stratify
+        parts = ds.train_test_split(test_size=spec.eval_fraction, seed=seed)
+    return parts["train"], parts["test"]
+
+
+def _subsample(ds, n: int, label: str, seed: int):
+    if n >= len(ds):
+        return ds
+    ds = _as_class_label(ds, label)
+    try:
+        return ds.train_test_split(train_size=n, stratify_by_column=label, seed=seed)["train"]
+    except ValueError:
+        return ds.shuffle(seed=seed).select(range(n))
+
+
+def _to_split(ds, spec: DataSpec, role: str) -> Split:
+    import datasets
+
+    label = _label_column(ds, spec)
+    columns = _input_columns(ds, spec, label)
+    if len(columns) == 1 and isinstance(ds.features[columns[0]], datasets.Image):
+        x = _images(ds[columns[0]], spec)
+    else:
+        fmt = ds.with_format("numpy")
+        # datasets' numpy formatter widens integers to int64: cast back to the stored dtype, so that
+        # `scale: auto` still recognises uint8 pixels.
+        arrays = [_stored_dtype(np.asarray(fmt[c]), ds.features[c]) for c in columns]
+        if any(a.dtype == object for a in arrays):
+            raise InputError(f"data: column(s) {columns} hold values of different shapes or non-numbers", hint="use equal-sized arrays")
+        x = arrays[0] if len(arrays) == 1 else np.stack([a.astype(np.float32) for a in arrays], axis=1)
+    y = np.asarray(ds.with_format("numpy")[label]).astype(np.int64)
+    if len(y) == 0:
+        raise InputError(f"data: the {role} split is empty", hint="use more data or a smaller eval_fraction")
+    return Split(_preprocess(x, spec), torch.from_numpy(y))
+
+
+def _stored_dtype(arr: np.ndarray, feature) -> np.ndarray:
+    dtype = getattr(feature, "dtype", None)
+    if dtype is None and hasattr(feature, "feature"):  # List(Value(...))
+        dtype = getattr(feature.feature, "dtype", None)
+    if dtype in _NUMERIC and arr.dtype != object and arr.dtype != np.dtype(dtype):
+        return arr.astype(dtype)
+    return arr
+
+
+def _images(column, spec: DataSpec) -> np.ndarray:
+    out = []
+    for img in column:
+        img = img.convert("RGB")
+        if spec.image_size:
+            img = img.resize((spec.image_size[1], spec.image_size[0]))
+        out.append(np.asarray(img))
+    shapes = {a.shape for a in out}
+    if len(shapes) > 1:
+        raise InputError(f"data: images have different sizes {sorted(shapes)[:3]}", hint="set data.image_size: [H, W]")
+    return np.stack(out)
+
+
+def _preprocess(x: np.ndarray, spec: DataSpec) -> torch.Tensor:
+    scale = (1 / 255 if x.dtype == np.uint8 else 1.0) if spec.scale == "auto" else float(spec.scale)
+    t = torch.from_numpy(np.ascontiguousarray(x)).float() * scale
+    if t.dim() == 4 and (spec.layout == "nhwc" or (spec.layout == "auto" and t.shape[-1] in (1, 3, 4) and t.shape[1] not in (1, 3, 4))):
+        t = t.permute(0, 3, 1, 2)
+    elif t.dim() == 3:
+        t = t.unsqueeze(1)  # (N, H, W) grayscale → (N, 1, H, W)
+    if spec.mean is not None:
+        c = t.shape[1]
+        if len(spec.mean) != c:
+            raise InputError(f"data.mean has {len(spec.mean)} values but the inputs have {c} channels")
+        shape = (1, c) + (1,) * (t.dim() - 2)
+        t = (t - torch.tensor(spec.mean).view(shape)) / torch.tensor(spec.std).view(shape)
+    return t.contiguous()

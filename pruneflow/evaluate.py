@@ -1,0 +1,87 @@
+"""Accuracy of a torch model, or of any runtime that maps a numpy batch to outputs."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from .context import Reporter
+from .data import Split
+from .tasks import MetricState, Task
+
+
+@torch.no_grad()
+def evaluate_model(model: nn.Module, split: Split, task: Task, batch_size: int = 256, device: str = "cpu",
+                   reporter: Reporter | None = None, description: str = "evaluate") -> dict[str, float]:
+    was_training = model.training
+    model.eval()
+    state = MetricState()
+    reporter = reporter or Reporter()
+    with reporter.progress(description, total=len(split)) as advance:
+        for x, y in split.batches(batch_size):
+            out = model(x.to(device))
+            task.update(state, task.logits(out).float().cpu(), y)
+            advance(len(y))
+    model.train(was_training)
+    return task.compute(state)
+
+
+def evaluate_runtime(run: Callable[[np.ndarray], np.ndarray], split: Split, task: Task, batch_size: int = 256,
+                     reporter: Reporter | None = None, description: str = "evaluate") -> dict[str, float]:
+    """Evaluate a runtime (onnxruntime, OpenVINO, ...) given as ``run(x_numpy) -> logits_numpy``."""
+    state = MetricState()
+    reporter = reporter or Reporter()
+    with reporter.progress(description, total=len(split)) as advance:
+        for x, y in split.batches(batch_size):
+            out = torch.from_numpy(np.asarray(run(x.numpy())))
+            task.update(state, out.float(), y)
+            advance(len(y))
+    return task.compute(state)
+
+
+def count_macs_params(model: nn.Module, example: torch.Tensor) -> tuple[int, int]:
+    """MACs and parameters of one forward pass (torch-pruning's op counter)."""
+    import torch_pruning as tp
+
+    was_training = model.training
+    model.eval()
+    macs, params = tp.utils.count_ops_and_params(model, example)
+    model.train(was_training)
+    return int(macs), int(params)
+
+
+def layer_table(model: nn.Module, example: torch.Tensor) -> list[dict]:
+    """Per-layer rows (name, type, shape summary, params, MACs) for leaf modules that hold weights."""
+    import torch_pruning as tp
+
+    was_training = model.training
+    model.eval()
+    _, _, macs, params = tp.utils.count_ops_and_params(model, example, layer_wise=True)
+    model.train(was_training)
+    rows = []
+    for name, module in model.named_modules():
+        if list(module.children()) or not any(True for _ in module.parameters(recurse=False)):
+            continue
+        rows.append({
+            "name": name,
+            "type": type(module).__name__,
+            "shape": _shape(module),
+            "params": int(params.get(module, sum(p.numel() for p in module.parameters()))),
+            "macs": int(macs.get(module, 0)),
+        })
+    return rows
+
+
+def _shape(module: nn.Module) -> str:
+    if isinstance(module, nn.Conv2d):
+        g = f" g{module.groups}" if module.groups > 1 else ""
+        return f"{module.in_channels}→{module.out_channels} k{module.kernel_size[0]} s{module.stride[0]}{g}"
+    if isinstance(module, nn.Linear):
+        return f"{module.in_features}→{module.out_features}"
+    if isinstance(module, (nn.BatchNorm1d, nn.BatchNorm2d, nn.LayerNorm)):
+        return str(getattr(module, "num_features", getattr(module, "normalized_shape", "")))
+    w = getattr(module, "weight", None)
+    return "×".join(map(str, w.shape)) if isinstance(w, torch.Tensor) else ""

@@ -1,0 +1,90 @@
+"""ONNX target: FP32 with a dynamic batch dimension, checked by onnx and run by onnxruntime."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Literal
+
+import torch
+from pydantic import Field
+
+from ..artifacts import Artifact, atomic_path
+from ..errors import ExportError
+from ..stage import Target, TargetConfig
+from . import require
+
+
+class OnnxConfig(TargetConfig):
+    type: Literal["onnx"] = Field("onnx", description="ONNX model run by onnxruntime.")
+    opset: int = Field(17, ge=13, le=23, description="ONNX opset version.")
+    dynamic_batch: bool = Field(True, description="Make the batch dimension dynamic.")
+    exporter: Literal["legacy", "dynamo"] = Field(
+        "legacy",
+        description="`legacy` (TorchScript tracing; fast, handles most CNNs) or `dynamo` (torch.export; needs onnxscript).",
+    )
+
+
+class OnnxTarget(Target):
+    Config = OnnxConfig
+
+    def preflight(self) -> list[str]:
+        require("onnx", "pip install onnx", "the onnx target")
+        require("onnxruntime", "pip install onnxruntime", "the onnx target")
+        return []
+
+    def build(self, state, ctx, out_dir: Path, precision: str) -> Artifact:
+        cfg: OnnxConfig = self.config  # type: ignore[assignment]
+        path = out_dir / f"model.{precision}.onnx"
+        export_onnx(state.model, state.example_input, path, opset=cfg.opset, dynamic_batch=cfg.dynamic_batch,
+                    exporter=cfg.exporter)
+        return Artifact.from_file(ctx.run_dir, path, kind="onnx", producer="export", target="onnx", precision=precision)
+
+    def runner(self, path: Path, threads: int | None = None):
+        return onnxruntime_runner(path, threads)
+
+
+def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: Path, *, opset: int = 17,
+                dynamic_batch: bool = True, exporter: str = "legacy") -> None:
+    """Export atomically, then validate with onnx.checker. A model that will not trace raises ExportError."""
+    onnx = require("onnx", "pip install onnx", "ONNX export")
+    model = model.cpu().eval()
+    # A fresh tensor with batch 2: a sliced example or batch 1 can fix the batch dimension in the graph.
+    x = torch.randn((2,) + tuple(example.shape[1:]))
+    with atomic_path(path) as tmp:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                if exporter == "dynamo":
+                    require("onnxscript", "pip install onnxscript", "the dynamo ONNX exporter")
+                    shapes = {"x": {0: torch.export.Dim("batch")}} if dynamic_batch else None
+                    program = torch.onnx.export(model, (x,), dynamo=True, opset_version=opset, dynamic_shapes=shapes,
+                                                input_names=["input"], output_names=["logits"])
+                    program.save(str(tmp), external_data=False)  # type: ignore[union-attr]
+                else:
+                    axes = {"input": {0: "batch"}, "logits": {0: "batch"}} if dynamic_batch else None
+                    torch.onnx.export(model, (x,), str(tmp), dynamo=False, opset_version=opset,
+                                      input_names=["input"], output_names=["logits"], dynamic_axes=axes)
+        except Exception as exc:  # noqa: BLE001 - torch raises many types when a model will not trace
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ExportError(
+                f"the model could not be exported to ONNX ({exporter} exporter): {type(exc).__name__}: {first}",
+                hint="data-dependent Python control flow does not trace; try `exporter: dynamo` on the onnx target, "
+                "or make the forward pass shape-static",
+            ) from exc
+        try:
+            onnx.checker.check_model(str(tmp))
+        except Exception as exc:  # noqa: BLE001
+            raise ExportError(f"the exported ONNX model failed onnx.checker: {exc}") from exc
+
+
+def onnxruntime_runner(path: Path, threads: int | None = None):
+    ort = require("onnxruntime", "pip install onnxruntime", "running ONNX models")
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    if threads:
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    return lambda x: session.run(None, {name: x})[0]

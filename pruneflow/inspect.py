@@ -1,0 +1,111 @@
+"""`pruneflow inspect`: parameters, MACs and a per-layer table for a model wherever it lives."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from .artifacts import Manifest
+from .errors import InputError
+
+
+def _run_dir_of(path: Path) -> Path | None:
+    for candidate in [path, *path.parents]:
+        if (candidate / Manifest.FILE).is_file() and (candidate / "recipe.resolved.yaml").is_file():
+            return candidate
+    return None
+
+
+def load_run_model(run_dir: Path, checkpoint: Path | None = None) -> tuple[torch.nn.Module, tuple[int, ...] | None, str]:
+    """The model of a run: ``checkpoint`` if given, else the run's latest checkpoint, else the source model."""
+    from .checkpoint import load_checkpoint
+    from .models import build_model, input_shape_for
+    from .recipe import load_recipe
+
+    loaded = load_recipe(run_dir / "recipe.resolved.yaml")
+    model = build_model(loaded.recipe.model)
+    if checkpoint is None:
+        manifest = Manifest.read(run_dir)
+        checkpoints = [a for a in manifest.get("artifacts", []) if a.get("kind") == "checkpoint"]
+        if checkpoints:
+            checkpoint = run_dir / checkpoints[-1]["path"]
+    if checkpoint is not None:
+        model = load_checkpoint(checkpoint, into=model)
+    try:
+        shape = input_shape_for(loaded.recipe.model, None)
+    except InputError:
+        shape = None
+    what = f"checkpoint {checkpoint.relative_to(run_dir)}" if checkpoint else "source model"
+    return model, shape, what
+
+
+def inspect_source(source: str, input_shape: tuple[int, ...] | None = None) -> dict:
+    from .evaluate import layer_table
+    from .models import build_model, input_shape_for
+    from .recipe import load_recipe
+    from .recipe.models import ModelSpec
+    from .zoo import ZOO
+
+    path = Path(source)
+    if path.suffix == ".onnx":
+        return _inspect_onnx(path)
+    if source in ZOO and not path.exists():
+        spec = ModelSpec(factory=source)
+        model, shape, kind = build_model(spec), input_shape_for(spec, None), "zoo model"
+    elif path.is_dir() or path.suffix in (".pt", ".pth"):
+        if not path.exists():
+            raise InputError(f"{path} does not exist")
+        run_dir = _run_dir_of(path.resolve())
+        if run_dir is None:
+            raise InputError(
+                f"{path} is not inside a pruneflow run directory (no manifest.json and recipe.resolved.yaml above it)",
+                hint="inspect a run directory, a checkpoint inside one, a recipe, or a zoo name",
+            )
+        model, shape, kind = load_run_model(run_dir, path.resolve() if path.is_file() else None)
+    elif path.suffix in (".yaml", ".yml"):
+        loaded = load_recipe(path)
+        model = build_model(loaded.recipe.model)
+        try:
+            shape = input_shape_for(loaded.recipe.model, None)
+        except InputError:
+            from .data import load_data
+
+            shape = load_data(loaded.recipe.data, loaded.recipe.seed).input_shape
+        kind = "recipe model"
+    else:
+        from .zoo import ZOO as zoo
+
+        raise InputError(
+            f"cannot inspect {source!r}: not a run directory, checkpoint, recipe, .onnx file or zoo model",
+            hint=f"zoo models: {', '.join(zoo)}",
+        )
+    shape = input_shape or shape
+    if shape is None:
+        raise InputError("the model's input shape is unknown", hint="pass --input-shape, e.g. 3,32,32")
+    rows = layer_table(model, torch.zeros((1,) + tuple(shape)))
+    total_macs = sum(r["macs"] for r in rows) or 1
+    for r in rows:
+        r["macs %"] = round(100 * r["macs"] / total_macs, 1)
+    from .evaluate import count_macs_params
+
+    macs, params = count_macs_params(model, torch.zeros((1,) + tuple(shape)))
+    return {"source": source, "kind": kind, "input_shape": list(shape), "layers": rows,
+            "totals": {"params": params, "macs": macs, "layers": len(rows)}}
+
+
+def _inspect_onnx(path: Path) -> dict:
+    import numpy as np
+    import onnx
+
+    if not path.is_file():
+        raise InputError(f"{path} does not exist")
+    model = onnx.load(str(path))
+    ops = Counter(n.op_type for n in model.graph.node)
+    params = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
+    rows = [{"op": op, "count": n} for op, n in ops.most_common()]
+    inputs = [f"{i.name}{[d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim]}" for i in model.graph.input]
+    return {"source": str(path), "kind": "onnx", "layers": rows,
+            "totals": {"params": params, "nodes": len(model.graph.node), "opset": model.opset_import[0].version,
+                       "inputs": ", ".join(inputs)}}

@@ -1,0 +1,163 @@
+"""Model sources: zoo names, ``pkg.module:fn``, ``path/file.py:fn``; checkpoints (weights only)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import pickle
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from .errors import InputError
+from .recipe.models import ModelSpec
+from .zoo import ZOO
+
+CHECKPOINT_SUFFIXES = (".pt", ".pth", ".th", ".bin", ".safetensors")
+
+
+def resolve_factory(factory: str) -> Callable[..., Any]:
+    """Find the callable a ``model.factory`` string names. Raises InputError (exit 2) when it can't."""
+    if factory in ZOO:
+        return ZOO[factory].factory
+    if ":" not in factory:
+        raise InputError(
+            f"model.factory {factory!r} is neither a zoo model nor `module:function`",
+            hint=f"use a zoo name ({', '.join(ZOO)}), `package.module:function` or `path/to/file.py:function`",
+        )
+    target, name = factory.rsplit(":", 1)
+    if target.endswith(".py"):
+        module = _import_file(Path(target), factory)
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ImportError as exc:
+            raise InputError(
+                f"model.factory {factory!r}: cannot import module {target!r} ({exc})",
+                hint="install the package that provides it, or point at a file: `path/to/file.py:function`",
+            ) from exc
+    fn = getattr(module, name, None)
+    if fn is None:
+        public = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")]
+        raise InputError(
+            f"model.factory {factory!r}: {target!r} has no attribute {name!r}",
+            hint=f"callables there: {', '.join(sorted(public)[:12]) or '(none)'}",
+        )
+    if not callable(fn):
+        raise InputError(
+            f"model.factory {factory!r}: {name!r} is a {type(fn).__name__}, not a callable",
+            hint="point at a function or class that returns a torch.nn.Module",
+        )
+    return fn
+
+
+def _import_file(path: Path, factory: str):
+    if not path.is_file():
+        raise InputError(f"model.factory {factory!r}: file not found: {path}", hint="the path is relative to the recipe file")
+    # A stable module name, so pickled modules that reference it can find it again.
+    name = "pruneflow_user_" + path.stem + "_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:8]
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+    except Exception as exc:  # noqa: BLE001 - user code: report it with the file named
+        del sys.modules[name]
+        raise InputError(f"model.factory {factory!r}: importing {path} failed: {type(exc).__name__}: {exc}") from exc
+    return module
+
+
+def build_model(spec: ModelSpec) -> nn.Module:
+    """Build the model a recipe describes and load its checkpoint, if any."""
+    fn = resolve_factory(spec.factory)
+    try:
+        model = fn(**spec.kwargs)
+    except TypeError as exc:
+        raise InputError(
+            f"model.factory {spec.factory!r} rejected model.kwargs {spec.kwargs}: {exc}",
+            hint="check the factory's signature",
+        ) from exc
+    except Exception as exc:  # noqa: BLE001 - user code
+        raise InputError(f"model.factory {spec.factory!r} raised {type(exc).__name__}: {exc}") from exc
+    if not isinstance(model, nn.Module):
+        raise InputError(
+            f"model.factory {spec.factory!r} returned a {type(model).__name__}, not a torch.nn.Module",
+            hint="the factory must return the model itself",
+        )
+    if spec.checkpoint:
+        load_weights(model, read_state_dict(spec.checkpoint), spec.checkpoint)
+    return model
+
+
+def input_shape_for(spec: ModelSpec, data_shape: tuple[int, ...] | None) -> tuple[int, ...]:
+    if spec.input_shape:
+        return tuple(spec.input_shape)
+    if spec.factory in ZOO:
+        return ZOO[spec.factory].input_shape
+    if data_shape:
+        return tuple(data_shape)
+    raise InputError(
+        "the model's input shape is unknown", hint="set model.input_shape, e.g. [3, 32, 32] (no batch dimension)"
+    )
+
+
+def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """Read a state_dict without unpickling code: safetensors, or torch.load(weights_only=True)."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"model.checkpoint not found: {path}", hint="the path is relative to the recipe file")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        try:
+            state = load_file(str(path))
+        except Exception as exc:  # noqa: BLE001
+            raise InputError(f"model.checkpoint {path} is not a readable safetensors file: {exc}") from exc
+    else:
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except (pickle.UnpicklingError, RuntimeError, EOFError) as exc:
+            raise InputError(
+                f"model.checkpoint {path} could not be read as a weights-only state_dict: {str(exc).splitlines()[0]}",
+                hint="save weights with torch.save(model.state_dict(), path) or as .safetensors; "
+                "pickled whole models are only loaded from pruneflow's own run directories",
+            ) from exc
+    for key in ("state_dict", "model_state_dict", "model"):
+        if isinstance(state, dict) and isinstance(state.get(key), dict):
+            state = state[key]
+            break
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise InputError(
+            f"model.checkpoint {path} holds no state_dict (a mapping of names to tensors)",
+            hint="save it with torch.save(model.state_dict(), path)",
+        )
+    if state and all(k.startswith("module.") for k in state):
+        state = {k[len("module."):]: v for k, v in state.items()}
+    return state
+
+
+def load_weights(model: nn.Module, state: dict[str, torch.Tensor], source: str | Path) -> None:
+    """Load ``state`` into ``model``; name the first mismatches when keys or shapes do not fit."""
+    own = model.state_dict()
+    missing = [k for k in own if k not in state and not k.endswith("num_batches_tracked")]
+    unexpected = [k for k in state if k not in own]
+    mismatched = [f"{k} {tuple(state[k].shape)} vs model {tuple(own[k].shape)}" for k in state if k in own and state[k].shape != own[k].shape]
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} missing (e.g. {', '.join(missing[:3])})")
+    if unexpected:
+        problems.append(f"{len(unexpected)} unexpected (e.g. {', '.join(unexpected[:3])})")
+    if mismatched:
+        problems.append(f"{len(mismatched)} with other shapes (e.g. {'; '.join(mismatched[:3])})")
+    if problems:
+        raise InputError(
+            f"model.checkpoint {source} does not fit the model: " + "; ".join(problems),
+            hint="check model.factory and model.kwargs (depth, width, num_classes) against the checkpoint",
+        )
+    model.load_state_dict(state, strict=False)

@@ -1,0 +1,310 @@
+"""Run a recipe: preflight → run directory → stages in order → gates → manifest, metrics, report.
+
+    loaded = load_recipe("recipes/quickstart.yaml")
+    result = run_recipe(loaded, out="runs")
+    result.exit_code  # 0 ok, 1 a gate failed
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import registry
+from .artifacts import Artifact, Manifest, sha256_file, tool_versions, write_json_atomic, write_text_atomic
+from .checkpoint import load_checkpoint, save_checkpoint
+from .context import Reporter, RunContext, RunState
+from .errors import EXIT_GATE_FAILED, EXIT_OK, InputError, PruneflowError, StageError
+from .gates import GateResult, check_gates
+from .recipe import LoadedRecipe, dump_recipe
+from .stage import Stage
+
+log = logging.getLogger("pruneflow")
+
+
+@dataclass
+class StageRecord:
+    id: str
+    type: str
+    index: int
+    seconds: float
+    metrics: dict[str, Any]
+    key: str
+    resumed: bool = False
+    artifacts: list[str] = field(default_factory=list)
+    tables: dict[str, list[dict]] = field(default_factory=dict)
+    gates: list[dict] = field(default_factory=list)
+    status: str = "done"
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    exit_code: int
+    stages: list[StageRecord]
+    artifacts: list[Artifact]
+    gates: list[GateResult]
+    metrics: dict[str, Any]
+
+    def as_json(self) -> dict[str, Any]:
+        """The object `pruneflow optimize --json` prints (documented in the README)."""
+        return {
+            "run_dir": str(self.run_dir),
+            "exit_code": self.exit_code,
+            "stages": [
+                {"name": s.id, "type": s.type, "seconds": round(s.seconds, 3), "resumed": s.resumed, "metrics": s.metrics}
+                for s in self.stages
+            ],
+            "artifacts": [
+                {k: a.as_dict()[k] for k in ("path", "kind", "target", "precision", "status", "sha256", "size_bytes", "parent", "metrics", "notes")}
+                for a in self.artifacts
+            ],
+            "gates": [g.as_dict() for g in self.gates],
+        }
+
+
+def plan_stages(loaded: LoadedRecipe) -> list[Stage]:
+    """Instantiate every stage with a unique id (its `name`, else its type, numbered when repeated)."""
+    stages, seen = [], {}
+    for index, cfg in enumerate(loaded.recipe.stages):
+        cls = registry.stages.get(cfg.type)
+        if cfg.name:
+            stage_id = cfg.name
+        else:
+            seen[cfg.type] = seen.get(cfg.type, 0) + 1
+            stage_id = cfg.type if seen[cfg.type] == 1 else f"{cfg.type}-{seen[cfg.type]}"
+        if any(s.id == stage_id for s in stages):
+            raise InputError(f"stages.{index}.name: {stage_id!r} is used by two stages", hint="give each stage its own name")
+        stages.append(cls(cfg, stage_id, index))
+    return stages
+
+
+def preflight(loaded: LoadedRecipe, stages: list[Stage]) -> list[str]:
+    """Checks that need neither model nor data: factory import, files, toolchains. Returns notes."""
+    from .models import resolve_factory
+
+    recipe = loaded.recipe
+    resolve_factory(recipe.model.factory)
+    if recipe.model.checkpoint and not Path(recipe.model.checkpoint).is_file():
+        raise InputError(f"model.checkpoint not found: {recipe.model.checkpoint}", hint="the path is relative to the recipe file")
+    for field_name in ("path", "train", "eval"):
+        value = getattr(recipe.data, field_name)
+        if value and not Path(value).exists():
+            raise InputError(f"data.{field_name}: file not found: {value}", hint="paths are relative to the recipe file")
+    notes = []
+    for stage in stages:
+        notes += stage.preflight(None)
+    return notes
+
+
+def prepare_run_dir(out: Path, name: str, resume: bool) -> Path:
+    run_dir = Path(out) / name
+    if run_dir.exists() and not resume:
+        ours = (run_dir / "recipe.resolved.yaml").exists() or (run_dir / Manifest.FILE).exists()
+        if ours:
+            shutil.rmtree(run_dir)
+        elif any(run_dir.iterdir()):
+            raise InputError(
+                f"{run_dir} exists and is not a pruneflow run directory; refusing to write into it",
+                hint="choose another --out, or empty that folder",
+            )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def _hash(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def source_key(loaded: LoadedRecipe) -> str:
+    """Identity of the starting model and data: the input to the first stage's resume key."""
+    r = loaded.recipe
+    ckpt = sha256_file(r.model.checkpoint) if r.model.checkpoint else None
+    return _hash(r.model.model_dump(mode="json"), ckpt, r.data.model_dump(mode="json"), r.seed, r.task)
+
+
+def run_recipe(loaded: LoadedRecipe, out: str | Path = "runs", reporter: Reporter | None = None,
+               resume: bool = False) -> RunResult:
+    from .data import load_data
+    from .models import build_model, input_shape_for
+    from .report import write_reports
+    from .tasks import make_task
+
+    recipe = loaded.recipe
+    reporter = reporter or Reporter()
+    stages = plan_stages(loaded)
+    preflight(loaded, stages)
+    run_dir = prepare_run_dir(Path(out), recipe.name, resume)
+    write_text_atomic(run_dir / "recipe.resolved.yaml", dump_recipe(recipe))
+    handler = _attach_log(run_dir)
+    try:
+        device = ("cuda" if torch.cuda.is_available() else "cpu") if recipe.device == "auto" else recipe.device
+        if device == "cuda" and not torch.cuda.is_available():
+            raise InputError("device: cuda was requested but torch sees no CUDA device", hint="set device: auto or cpu")
+        if recipe.threads:
+            torch.set_num_threads(recipe.threads)
+        torch.manual_seed(recipe.seed)
+        ctx = RunContext(run_dir=run_dir, recipe=recipe, recipe_file=loaded.file, seed=recipe.seed, device=device,
+                         reporter=reporter, resume=resume)
+        reporter.info(f"loading data ({recipe.data.format})")
+        data = load_data(recipe.data, recipe.seed, with_train=any(s.needs_train_split for s in stages))
+        model = build_model(recipe.model)
+        shape = input_shape_for(recipe.model, data.input_shape)
+        example = torch.zeros((1,) + tuple(shape))
+        _check_forward(model, example, data.input_shape, recipe.model.factory)
+        state = RunState(model=model.to(device), task=make_task(recipe.task), data=data,
+                         model_key=source_key(loaded), example_input=example.to(device))
+        manifest = Manifest(run_dir, recipe.name)
+        records: list[StageRecord] = []
+        key = state.model_key
+        try:
+            for stage in stages:
+                key = _hash(key, stage.config.model_dump(mode="json"), tool_versions())
+                record = _resume(stage, key, state, ctx, manifest) if resume else None
+                if record is None:
+                    record = _run_stage(stage, key, state, ctx, manifest, len(stages))
+                records.append(record)
+                state.metrics[stage.id] = record.metrics
+        except KeyboardInterrupt:
+            manifest.status = "interrupted"
+            manifest.write()
+            raise
+        except BaseException:
+            manifest.status = "failed"
+            manifest.write()
+            raise
+        flat = flat_metrics(records, manifest.artifacts)
+        gates = [GateResult(**g) for r in records for g in r.gates] + check_gates(recipe.gates, flat)
+        exit_code = EXIT_GATE_FAILED if any(not g.passed for g in gates) else EXIT_OK
+        manifest.status = "complete" if exit_code == EXIT_OK else "gate_failed"
+        manifest.write()
+        result = RunResult(run_dir, exit_code, records, list(manifest.artifacts), gates, flat)
+        write_json_atomic(run_dir / "metrics.json", {
+            "stages": {r.id: r.metrics for r in records},
+            "artifacts": {a.path: a.metrics for a in manifest.artifacts},
+            "flat": flat,
+            "gates": [g.as_dict() for g in gates],
+            "tables": {r.id: r.tables for r in records if r.tables},
+        })
+        write_reports(result, loaded, data, state)
+        return result
+    finally:
+        logging.getLogger("pruneflow").removeHandler(handler)
+        handler.close()
+
+
+def _check_forward(model: torch.nn.Module, example: torch.Tensor, data_shape: tuple, factory: str) -> None:
+    model.eval()
+    try:
+        with torch.no_grad():
+            model(example)
+    except Exception as exc:  # noqa: BLE001 - user model
+        raise InputError(
+            f"the model from {factory!r} fails on an input of shape {tuple(example.shape)} "
+            f"(the data's samples are {tuple(data_shape)}): {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+            hint="check model.input_shape, model.kwargs and the data section (layout, input_column)",
+        ) from exc
+
+
+def _run_stage(stage: Stage, key: str, state: RunState, ctx: RunContext, manifest: Manifest, total: int) -> StageRecord:
+    stage_dir = ctx.stage_dir(stage.index, stage.id)
+    ctx.reporter.stage_started(stage.id, stage.config.type, stage.index, total)
+    start = time.perf_counter()
+    try:
+        stage.setup(state, ctx)
+        try:
+            result = stage.run(state, ctx)
+        finally:
+            stage.teardown(state, ctx)
+    except (PruneflowError, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # noqa: BLE001 - wrapped so the CLI maps it to exit 4 with the stage named
+        raise StageError(f"stage {stage.id} ({stage.config.type}) failed: {type(exc).__name__}: {exc}") from exc
+    artifacts = list(result.artifacts)
+    for artifact in artifacts:
+        artifact.producer = stage.id
+    if stage.modifies_model:
+        path = stage_dir / "model.pt"
+        save_checkpoint(state.model, path, whole_module=getattr(state.model, "_pruneflow_restructured", False))
+        checkpoint = Artifact.from_file(ctx.run_dir, path, kind="checkpoint", producer=stage.id, precision="fp32",
+                                        parent=state.model_artifact.path if state.model_artifact else f"source:{state.model_key}",
+                                        metrics=dict(result.metrics))
+        artifacts.insert(0, checkpoint)
+        state.model_artifact = checkpoint
+    seconds = time.perf_counter() - start
+    record = StageRecord(stage.id, stage.config.type, stage.index, seconds, result.metrics, key,
+                         artifacts=[a.path for a in artifacts], tables=result.tables,
+                         gates=[g.as_dict() for g in result.gates])
+    write_json_atomic(stage_dir / "stage.json", {**record.as_dict(), "artifact_records": [a.as_dict() for a in artifacts]})
+    manifest.add_stage(record.as_dict(), artifacts)
+    state.artifacts.extend(artifacts)
+    ctx.reporter.stage_finished(stage.id, seconds, result.metrics)
+    return record
+
+
+def _resume(stage: Stage, key: str, state: RunState, ctx: RunContext, manifest: Manifest) -> StageRecord | None:
+    """Reuse a completed stage whose key matches and whose files are intact; None to run it again."""
+    stage_file = ctx.run_dir / "stages" / f"{stage.index + 1:02d}-{stage.id}" / "stage.json"
+    if not stage_file.is_file():
+        return None
+    try:
+        saved = json.loads(stage_file.read_text())
+    except ValueError:
+        return None
+    if saved.get("key") != key or saved.get("status") != "done":
+        return None
+    artifacts = [Artifact(**a) for a in saved.get("artifact_records", [])]
+    if not all(a.verify(ctx.run_dir) for a in artifacts):
+        return None
+    if stage.modifies_model:
+        checkpoint = next((a for a in artifacts if a.kind == "checkpoint"), None)
+        if checkpoint is None:
+            return None
+        # Registered in the manifest first: whole-module checkpoints are unpickled only when it lists them.
+        manifest.artifacts.append(checkpoint)
+        manifest.write()
+        loaded = load_checkpoint(ctx.run_dir / checkpoint.path, into=state.model)
+        state.model = loaded.to(ctx.device)
+        state.model_artifact = checkpoint
+        manifest.artifacts.remove(checkpoint)
+    record = StageRecord(saved["id"], saved["type"], saved["index"], saved["seconds"], saved["metrics"], key,
+                         resumed=True, artifacts=saved.get("artifacts", []), tables=saved.get("tables", {}),
+                         gates=saved.get("gates", []))
+    manifest.add_stage(record.as_dict(), artifacts)
+    state.artifacts.extend(artifacts)
+    ctx.reporter.stage_finished(stage.id, 0.0, record.metrics, skipped=True)
+    return record
+
+
+def flat_metrics(records: list[StageRecord], artifacts: list[Artifact]) -> dict[str, Any]:
+    """One namespace for gates: ``STAGE.METRIC`` and ``TARGET.PRECISION.METRIC``."""
+    flat: dict[str, Any] = {}
+    for r in records:
+        for k, v in r.metrics.items():
+            flat[f"{r.id}.{k}"] = v
+    for a in artifacts:
+        if a.target:
+            for k, v in a.metrics.items():
+                flat[f"{a.target}.{a.precision}.{k}"] = v
+    return flat
+
+
+def _attach_log(run_dir: Path) -> logging.Handler:
+    (run_dir / "logs").mkdir(exist_ok=True)
+    handler = logging.FileHandler(run_dir / "logs" / "pruneflow.log", encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logger = logging.getLogger("pruneflow")
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    return handler

@@ -1,0 +1,404 @@
+"""Load a recipe: YAML with source positions → `extends` → `--set` overrides → validation.
+
+Every validation error is mapped back to the file and line that set the value::
+
+    recipe.yaml:14  stages.0.epochs  'three'  Input should be a valid integer
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from ..errors import MISSING, InputError, RecipeError, RecipeIssue, UsageError
+from .models import RecipeBase, recipe_model
+
+Loc = tuple  # a key path: str keys and int list indices
+SET_SOURCE = "--set"
+
+
+@dataclass
+class LoadedRecipe:
+    recipe: RecipeBase
+    file: Path
+    #: key path → (source file or "--set ...", line) for every value and key that was written somewhere.
+    positions: dict[Loc, tuple[str, int | None]] = field(default_factory=dict)
+    #: The files read, the recipe itself first, then what it extends.
+    chain: list[Path] = field(default_factory=list)
+
+
+def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> LoadedRecipe:
+    """Load, merge, override, validate and resolve paths. Raises RecipeError (exit 2) on any problem."""
+    file = Path(path)
+    data, positions, chain = _load_with_extends(file, ())
+    apply_overrides(data, positions, overrides)
+    recipe = validate(data, positions, str(file))
+    _resolve_paths(recipe, positions, file)
+    return LoadedRecipe(recipe=recipe, file=file, positions=positions, chain=chain)
+
+
+def dump_recipe(recipe: RecipeBase) -> str:
+    """YAML of a validated recipe with every default spelled out (what `recipe.resolved.yaml` holds)."""
+    data = recipe.model_dump(mode="json", exclude={"extends"})
+    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+
+
+# --------------------------------------------------------------------------- YAML with positions
+
+
+def _read_yaml(file: Path) -> tuple[Any, dict[Loc, tuple[str, int | None]]]:
+    if not file.is_file():
+        raise InputError(
+            f"recipe file not found: {file}",
+            hint="check the path; `pruneflow init` writes a starting recipe",
+        )
+    text = file.read_text(encoding="utf-8")
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark else None
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise RecipeError(
+            f"{file} is not valid YAML",
+            [RecipeIssue(str(file), line, "", MISSING, problem)],
+            hint="fix the YAML syntax at that line (indentation, a missing colon, an unclosed quote)",
+        ) from None
+    if data is None:
+        raise RecipeError(f"{file} is empty", hint="start from `pruneflow init`")
+    if not isinstance(data, dict):
+        raise RecipeError(
+            f"{file} must hold a mapping (key: value lines) at the top, not a {type(data).__name__}",
+            [RecipeIssue(str(file), 1, "", MISSING, "expected a mapping")],
+        )
+    positions: dict[Loc, tuple[str, int | None]] = {}
+    _walk_positions(node, (), str(file), positions)
+    return data, positions
+
+
+def _walk_positions(node: yaml.Node, loc: Loc, source: str, out: dict) -> None:
+    out.setdefault(loc, (source, node.start_mark.line + 1))
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else str(key_node.value)
+            out[loc + (key,)] = (source, key_node.start_mark.line + 1)
+            _walk_positions(value_node, loc + (key,), source, out)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _walk_positions(item, loc + (i,), source, out)
+
+
+def _load_with_extends(file: Path, seen: tuple[Path, ...]):
+    data, positions = _read_yaml(file)
+    parent = data.pop("extends", None)
+    if parent is None:
+        return data, positions, [file]
+    if not isinstance(parent, str):
+        source, line = positions.get(("extends",), (str(file), None))
+        raise RecipeError(
+            f"{file}: `extends` must be a path", [RecipeIssue(source, line, "extends", parent, "expected a file path")]
+        )
+    parent_file = (file.parent / parent).resolve()
+    chain = seen + (file.resolve(),)
+    if parent_file in chain:
+        cycle = " -> ".join(str(p) for p in chain + (parent_file,))
+        source, line = positions.get(("extends",), (str(file), None))
+        raise RecipeError(
+            "`extends` forms a cycle",
+            [RecipeIssue(source, line, "extends", parent, f"cycle: {cycle}")],
+            hint="remove the `extends` that points back to a recipe already in the chain",
+        )
+    if not parent_file.is_file():
+        source, line = positions.get(("extends",), (str(file), None))
+        raise RecipeError(
+            "the recipe named by `extends` does not exist",
+            [RecipeIssue(source, line, "extends", parent, f"no such file: {parent_file}")],
+            hint="`extends` is relative to the recipe that contains it",
+        )
+    base, base_positions, base_chain = _load_with_extends(parent_file, chain)
+    merged = deep_merge(base, data)
+    kept = {loc: pos for loc, pos in base_positions.items() if not _replaced_by(loc, data)}
+    kept.update(positions)
+    return merged, kept, [file] + base_chain
+
+
+def deep_merge(base: Any, over: Any) -> Any:
+    """Mappings merge key by key; anything else (lists included) is replaced."""
+    if isinstance(base, dict) and isinstance(over, dict):
+        out = dict(base)
+        for key, value in over.items():
+            out[key] = deep_merge(base[key], value) if key in base else value
+        return out
+    return over
+
+
+def _replaced_by(loc: Loc, data: Any) -> bool:
+    """True when ``data`` (the child recipe) sets a non-mapping value at ``loc`` or above it."""
+    cur = data
+    for part in loc:
+        if not isinstance(cur, dict) or part not in cur:
+            return False
+        cur = cur[part]
+        if not isinstance(cur, dict):
+            return True
+    return False
+
+
+# --------------------------------------------------------------------------- --set overrides
+
+
+def parse_key_path(key: str) -> list[str | int]:
+    return [int(p) if p.isdigit() else p for p in key.split(".")]
+
+
+def apply_overrides(data: dict, positions: dict, overrides: list[str] | tuple[str, ...]) -> None:
+    """Apply ``KEY.PATH=VALUE`` items in place; VALUE is parsed as a YAML scalar (3, 0.1, true, [1, 2])."""
+    for item in overrides:
+        if "=" not in item:
+            raise UsageError(f"--set {item!r} has no '='", hint="write --set KEY.PATH=VALUE, e.g. --set stages.0.epochs=3")
+        key, raw = item.split("=", 1)
+        key = key.strip()
+        parts = parse_key_path(key)
+        if not key or any(p == "" for p in parts):
+            raise UsageError(f"--set {item!r}: empty key path", hint="e.g. --set stages.0.epochs=3")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError:
+            value = raw
+        cur: Any = data
+        for depth, part in enumerate(parts[:-1]):
+            cur = _step_into(cur, part, parts[: depth + 1], item)
+        last = parts[-1]
+        if isinstance(cur, list):
+            if not isinstance(last, int) or last >= len(cur):
+                raise _bad_set(item, parts, cur)
+            cur[last] = value
+        elif isinstance(cur, dict):
+            cur[last] = value
+        else:
+            raise _bad_set(item, parts[:-1], cur)
+        source = f"{SET_SOURCE} {item}"
+        for loc in [loc for loc in positions if loc[: len(parts)] == tuple(parts)]:
+            del positions[loc]
+        positions[tuple(parts)] = (source, None)
+
+
+def _step_into(cur: Any, part: str | int, so_far: list, item: str) -> Any:
+    if isinstance(cur, list):
+        if not isinstance(part, int) or part >= len(cur):
+            raise _bad_set(item, so_far, cur)
+        return cur[part]
+    if isinstance(cur, dict):
+        if part not in cur or cur[part] is None:
+            cur[part] = {}
+        return cur[part]
+    raise _bad_set(item, so_far[:-1], cur)
+
+
+def _bad_set(item: str, parts: list, cur: Any) -> RecipeError:
+    where = ".".join(str(p) for p in parts)
+    if isinstance(cur, list):
+        message = f"{where!r} is a list of {len(cur)} entries: use an index 0..{len(cur) - 1}"
+    else:
+        message = f"{where!r} holds a value, not a mapping"
+    return RecipeError(
+        f"--set {item!r} names a path that does not exist",
+        [RecipeIssue(SET_SOURCE, None, where, MISSING, message)],
+        hint="`pruneflow validate RECIPE` shows the resolved recipe and its paths",
+    )
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def validate(data: dict, positions: dict, main_source: str) -> RecipeBase:
+    model = recipe_model()
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        issues = _issues(exc, data, positions, main_source, model)
+        count = len(issues)
+        raise RecipeError(
+            f"{main_source}: {count} problem{'s' if count != 1 else ''} in the recipe",
+            issues,
+            hint="`pruneflow schema` prints every field with its description",
+        ) from None
+
+
+def _issues(exc: ValidationError, data: dict, positions: dict, main_source: str, model: type) -> list[RecipeIssue]:
+    merged: dict[tuple, RecipeIssue] = {}
+    for err in exc.errors(include_url=False):
+        raw_loc = tuple(err["loc"])
+        clean, value = _clean_loc(raw_loc, data)
+        message = _message(err, raw_loc, model)
+        if err["type"] == "missing":
+            value = MISSING
+        elif err["type"] in ("union_tag_invalid", "union_tag_not_found"):
+            clean = clean + ("type",)
+            value = value.get("type", MISSING) if isinstance(value, dict) else MISSING
+        source, line = _position(clean, positions, main_source)
+        path = ".".join(str(p) for p in clean)
+        key = (path, err["type"] == "extra_forbidden")
+        if key in merged and merged[key].message != message:
+            merged[key].message += f"; or {message[:1].lower()}{message[1:]}"
+        else:
+            merged[key] = RecipeIssue(source, line, path, value, message)
+    return sorted(merged.values(), key=lambda i: (i.source != main_source, i.line or 10**9, i.path))
+
+
+def _clean_loc(raw_loc: tuple, data: Any) -> tuple[tuple, Any]:
+    """Drop pydantic's union tags from a location, returning the path into ``data`` and the value there."""
+    clean: list = []
+    cur = data
+    for part in raw_loc:
+        if isinstance(cur, dict) and part in cur:
+            clean.append(part)
+            cur = cur[part]
+        elif isinstance(cur, list) and isinstance(part, int) and part < len(cur):
+            clean.append(part)
+            cur = cur[part]
+        elif isinstance(cur, dict) and cur.get("type") == part:
+            continue  # discriminator tag
+        elif isinstance(cur, dict) and isinstance(part, str) and not _looks_internal(part):
+            clean.append(part)  # a missing or unknown key: point at the parent's position
+            cur = MISSING
+        else:
+            break  # a union member's name such as 'list[str]' or 'function-after[...]'
+    return tuple(clean), cur
+
+
+def _looks_internal(part: str) -> bool:
+    return any(ch in part for ch in "[]()")
+
+
+def _position(loc: tuple, positions: dict, main_source: str) -> tuple[str, int | None]:
+    for cut in range(len(loc), -1, -1):
+        if loc[:cut] in positions:
+            return positions[loc[:cut]]
+    return main_source, None
+
+
+def _message(err: dict, raw_loc: tuple, model: type) -> str:
+    kind = err["type"]
+    ctx = err.get("ctx") or {}
+    if kind == "extra_forbidden":
+        allowed = _fields_at(model, raw_loc[:-1])
+        close = difflib.get_close_matches(str(raw_loc[-1]), allowed, n=1, cutoff=0.6)
+        did = f"; did you mean {close[0]!r}?" if close else ""
+        known = f" Known keys: {', '.join(allowed)}." if allowed else ""
+        return f"unknown key{did}{known}"
+    if kind in ("union_tag_invalid", "union_tag_not_found"):
+        tags = [t.strip().strip("'") for t in str(ctx.get("expected_tags", "")).split(",") if t.strip()]
+        what = "stage type" if "stages" in raw_loc and "targets" not in raw_loc else "export target"
+        if kind == "union_tag_not_found":
+            return f"missing `type`: the {what}, one of {', '.join(tags)}"
+        close = difflib.get_close_matches(str(ctx.get("tag")), tags, n=1)
+        did = f"; did you mean {close[0]!r}?" if close else ""
+        return f"unknown {what}{did} Known: {', '.join(tags)}"
+    if kind == "missing":
+        return "required key is missing"
+    msg = err["msg"]
+    return msg[len("Value error, "):] if msg.startswith("Value error, ") else msg
+
+
+def _fields_at(model: type, raw_loc: tuple) -> list[str]:
+    """Field names of the pydantic model found at ``raw_loc`` (union tags included), for "did you mean"."""
+    ann: Any = model
+    for part in raw_loc:
+        ann = _unwrap(ann, part)
+        if ann is None:
+            return []
+    ann = _unwrap(ann, None)
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return list(ann.model_fields)
+    return []
+
+
+def _unwrap(ann: Any, part: Any) -> Any:
+    """Step from an annotation through one location part (None: only peel wrappers)."""
+    for _ in range(10):
+        origin = typing.get_origin(ann)
+        if origin is typing.Annotated:
+            ann = typing.get_args(ann)[0]
+            continue
+        if origin in (typing.Union, types.UnionType):
+            members = [a for a in typing.get_args(ann) if a is not type(None)]
+            tagged = [m for m in members if _tag_of(m) == part]
+            if tagged:
+                return tagged[0]
+            if len(members) == 1:
+                ann = members[0]
+                continue
+            models = [m for m in members if isinstance(m, type) and issubclass(m, BaseModel)]
+            if part is None or not models:
+                return ann
+            ann = models[0]
+            continue
+        break
+    if part is None:
+        return ann
+    origin = typing.get_origin(ann)
+    if origin is list and isinstance(part, int):
+        return typing.get_args(ann)[0]
+    if origin is dict:
+        return typing.get_args(ann)[1]
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        if part in ann.model_fields:
+            return ann.model_fields[part].annotation
+        if _tag_of(ann) == part:
+            return ann
+    return None
+
+
+def _tag_of(model: Any) -> Any:
+    if isinstance(model, type) and issubclass(model, BaseModel) and "type" in model.model_fields:
+        args = typing.get_args(model.model_fields["type"].annotation)
+        return args[0] if len(args) == 1 else None
+    return None
+
+
+# --------------------------------------------------------------------------- paths
+
+
+def _resolve_paths(recipe: BaseModel, positions: dict, main_file: Path) -> None:
+    """Make every path field absolute, relative to the file that set it (`--set` values: the CWD)."""
+
+    def base_dir(loc: Loc) -> Path:
+        source, _ = positions.get(loc, (str(main_file), None))
+        return Path.cwd() if source.startswith(SET_SOURCE) else Path(source).resolve().parent
+
+    def resolve(value: str, loc: Loc, factory: bool) -> str:
+        if factory:
+            if ".py:" not in value:
+                return value
+            file_part, fn = value.rsplit(":", 1)
+            return f"{_absolute(file_part, base_dir(loc))}:{fn}"
+        return _absolute(value, base_dir(loc))
+
+    def walk(obj: Any, loc: Loc) -> None:
+        if isinstance(obj, BaseModel):
+            for name, info in type(obj).model_fields.items():
+                value = getattr(obj, name)
+                extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+                if extra.get("x-path") and isinstance(value, str):
+                    setattr(obj, name, resolve(value, loc + (name,), factory=name == "factory"))
+                else:
+                    walk(value, loc + (name,))
+        elif isinstance(obj, list):
+            for i, item in enumerate(obj):
+                walk(item, loc + (i,))
+
+    walk(recipe, ())
+
+
+def _absolute(value: str, base: Path) -> str:
+    path = Path(value).expanduser()
+    return str(path if path.is_absolute() else (base / path).resolve())

@@ -1,0 +1,181 @@
+"""Pydantic models of the recipe format.
+
+The stage list is a discriminated union over the registered stage types, built when first needed
+(:func:`recipe_model`), so a plugin's stage validates exactly like a built-in one.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import Field, create_model, model_validator
+
+from .. import registry
+from ..stage import StageConfig, StrictModel
+
+NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
+
+
+def PathField(default: Any = None, *, description: str, **kwargs: Any) -> Any:
+    """A recipe field holding a file path: resolved relative to the recipe file that set it."""
+    return Field(default, description=description, json_schema_extra={"x-path": True}, **kwargs)
+
+
+class ModelSpec(StrictModel):
+    factory: str = Field(
+        description="Builds the model: a zoo name (`digits_cnn`, `resnet20`, ...), `package.module:function` "
+        "or `path/to/file.py:function` (relative to the recipe).",
+        json_schema_extra={"x-path": True},
+        min_length=1,
+    )
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the factory.")
+    checkpoint: str | None = PathField(
+        description="Weights to load: a state_dict in .pt/.pth/.th (loaded weights-only) or .safetensors. "
+        "A nested `state_dict` key and `module.` prefixes are handled."
+    )
+    input_shape: list[int] | None = Field(
+        None,
+        description="Shape of one input sample without the batch dimension, e.g. [3, 32, 32]. "
+        "Defaults to the zoo entry's shape, else to the data's.",
+        min_length=1,
+    )
+
+
+class AugmentSpec(StrictModel):
+    crop_padding: int = Field(0, ge=0, le=64, description="Random crop after zero-padding by this many pixels (0 = off).")
+    hflip: bool = Field(False, description="Random horizontal flip with probability 0.5.")
+
+
+class DataSpec(StrictModel):
+    format: Literal["digits", "npz", "csv", "json", "parquet", "imagefolder", "disk"] = Field(
+        description="Where samples come from: `digits` (scikit-learn's bundled 8x8 digits), `npz` (named numpy arrays), "
+        "`csv`/`json`/`parquet` (one row a sample), `imagefolder` (class sub-folders), `disk` (a `datasets` save_to_disk folder)."
+    )
+    path: str | None = PathField(
+        description="One source that is split into train and eval (seeded, stratified) by `eval_fraction`."
+    )
+    train: str | None = PathField(description="Training source, when train and eval come separately.")
+    eval: str | None = PathField(description="Evaluation source, when train and eval come separately.")
+    input_column: str | list[str] | None = Field(
+        None,
+        description="Column(s) holding the model input. Several columns are stacked into one feature vector. "
+        "Default: the first of image, images, pixel_values, input, inputs, x, features.",
+    )
+    label_column: str = Field("label", description="Column holding the integer class label (`labels` and `y` are tried too).")
+    eval_fraction: float = Field(0.2, gt=0, lt=1, description="Share of `path` held out for evaluation.")
+    layout: Literal["auto", "nchw", "nhwc"] = Field(
+        "auto", description="Image layout of array inputs; `auto` treats (N, H, W, C) with C in 1, 3, 4 as channels-last."
+    )
+    scale: float | Literal["auto"] = Field(
+        "auto", description="Inputs are multiplied by this; `auto` is 1/255 for uint8 data and 1 otherwise."
+    )
+    mean: list[float] | None = Field(None, description="Per-channel mean subtracted after scaling.")
+    std: list[float] | None = Field(None, description="Per-channel standard deviation divided by after the mean.")
+    augment: AugmentSpec = Field(default_factory=AugmentSpec, description="Training-time augmentation.")
+    image_size: list[int] | None = Field(
+        None, description="[height, width] to resize `imagefolder` images to.", min_length=2, max_length=2
+    )
+    max_train_samples: int | None = Field(None, gt=0, description="Use at most this many training samples (seeded, stratified).")
+    max_eval_samples: int | None = Field(None, gt=0, description="Use at most this many evaluation samples (seeded, stratified).")
+    eval_batch_size: int = Field(256, gt=0, description="Batch size for evaluation.")
+
+    @model_validator(mode="after")
+    def _sources(self) -> "DataSpec":
+        if self.format == "digits":
+            if self.path or self.train or self.eval:
+                raise ValueError("the built-in `digits` format takes no path, train or eval")
+            return self
+        if self.path and (self.train or self.eval):
+            raise ValueError("give either `path` (split by eval_fraction) or `train`/`eval`, not both")
+        if not self.path and not self.eval:
+            raise ValueError(f"format {self.format!r} needs `path`, or `eval` (and usually `train`)")
+        if (self.mean is None) != (self.std is None):
+            raise ValueError("`mean` and `std` go together")
+        if self.std is not None and any(s <= 0 for s in self.std):
+            raise ValueError("every `std` value must be > 0")
+        return self
+
+
+class GateSpec(StrictModel):
+    metric: str = Field(
+        description="Metric to check: `STAGE.METRIC` (e.g. `evaluate.accuracy`) or `TARGET.PRECISION.METRIC` "
+        "(e.g. `onnx.fp32.accuracy`)."
+    )
+    min: float | None = Field(None, description="Fail when the metric is below this.")
+    max: float | None = Field(None, description="Fail when the metric is above this.")
+    baseline: str | None = Field(None, description="Another metric to compare with (for `max_drop`).")
+    max_drop: float | None = Field(None, ge=0, description="Fail when baseline - metric exceeds this.")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "GateSpec":
+        if self.min is None and self.max is None and self.max_drop is None:
+            raise ValueError("a gate needs at least one of `min`, `max`, `max_drop`")
+        if (self.max_drop is None) != (self.baseline is None):
+            raise ValueError("`max_drop` and `baseline` go together")
+        return self
+
+
+class RecipeBase(StrictModel):
+    version: Literal[1] = Field(1, description="Recipe format version.")
+    name: str = Field(description="Run name; the run directory is OUT/NAME.", pattern=NAME_PATTERN)
+    description: str = Field("", description="What the recipe is for.")
+    extends: str | None = PathField(
+        description="Another recipe this one builds on (relative path): mappings are deep-merged, lists replaced."
+    )
+    seed: int = Field(0, ge=0, description="Seed for data splits, initialisation and training.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="`auto` uses CUDA when available.")
+    threads: int | None = Field(None, gt=0, description="torch CPU threads (default: torch's own choice).")
+    task: Literal["classification"] = Field("classification", description="What the model does; sets loss and metric.")
+    model: ModelSpec = Field(description="The model to optimize.")
+    data: DataSpec = Field(description="Training and evaluation data.")
+    gates: list[GateSpec] = Field(default_factory=list, description="Quality gates; a failed one makes the exit code 1.")
+
+
+def _union(configs: list[type], what: str) -> Any:
+    if not configs:
+        raise RuntimeError(f"no {what} registered: is pruneflow installed (pip install -e .)?")
+    if len(configs) == 1:
+        return configs[0]
+    return Annotated[Union[tuple(configs)], Field(discriminator="type")]
+
+
+def stage_config_model(stage_cls: type) -> type[StageConfig]:
+    factory = getattr(stage_cls, "config_model", None)
+    return factory() if factory else stage_cls.Config
+
+
+@functools.cache
+def target_union() -> Any:
+    return _union([cls.Config for cls in registry.targets.all().values()], "export targets")
+
+
+@functools.cache
+def recipe_model() -> type[RecipeBase]:
+    """The Recipe model with the stage union over every registered stage."""
+    stages = _union([stage_config_model(cls) for cls in registry.stages.all().values()], "stages")
+    model = create_model(
+        "Recipe",
+        __base__=RecipeBase,
+        stages=(list[stages], Field(min_length=1, description="Stages run in order on one model.")),
+    )
+    return model
+
+
+def normalise_target_list(value: Any) -> Any:
+    """`targets: [onnx, {type: openvino}]`: a bare name stands for `{type: name}`."""
+    if isinstance(value, list):
+        return [{"type": v} if isinstance(v, str) else v for v in value]
+    return value
+
+
+__all__ = [
+    "AugmentSpec",
+    "DataSpec",
+    "GateSpec",
+    "ModelSpec",
+    "RecipeBase",
+    "recipe_model",
+    "target_union",
+    "normalise_target_list",
+]

@@ -1,0 +1,73 @@
+"""Registries for stages and export targets.
+
+Built-ins and third-party plugins arrive the same way, through entry points::
+
+    [project.entry-points."pruneflow.stages"]
+    my_stage = "my_pkg.stages:MyStage"
+
+A plugin that fails to import is an error naming it, never silently skipped.
+"""
+
+from __future__ import annotations
+
+import difflib
+from importlib.metadata import entry_points
+from typing import Generic, TypeVar
+
+from .errors import PluginError, UnknownNameError
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    def __init__(self, kind: str, group: str):
+        self.kind = kind
+        self.group = group
+        self._items: dict[str, T] = {}
+        self._entry_points: dict[str, object] | None = None
+
+    def register(self, name: str):
+        """Decorator registering ``obj`` under ``name`` (for code that is not an installed plugin)."""
+
+        def deco(obj: T) -> T:
+            self._items[name] = obj
+            return obj
+
+        return deco
+
+    def _eps(self) -> dict[str, object]:
+        if self._entry_points is None:
+            self._entry_points = {ep.name: ep for ep in entry_points(group=self.group)}
+        return self._entry_points
+
+    def names(self) -> list[str]:
+        return sorted(set(self._items) | set(self._eps()))
+
+    def get(self, name: str) -> T:
+        if name in self._items:
+            return self._items[name]
+        ep = self._eps().get(name)
+        if ep is None:
+            known = self.names()
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise UnknownNameError(
+                f"unknown {self.kind} {name!r}; {hint}known {self.kind}s: {', '.join(known) or '(none)'}",
+                hint=f"use one of the known names, or install the plugin that provides {name!r}",
+            )
+        try:
+            obj = ep.load()  # type: ignore[attr-defined]
+        except Exception as exc:  # noqa: BLE001 - re-raised with the plugin named
+            raise PluginError(
+                f"the {self.kind} plugin {name!r} ({ep.value}) failed to import: {exc}",  # type: ignore[attr-defined]
+                hint="reinstall the package that provides it, or remove it",
+            ) from exc
+        self._items[name] = obj
+        return obj
+
+    def all(self) -> dict[str, T]:
+        return {name: self.get(name) for name in self.names()}
+
+
+stages: Registry = Registry("stage type", "pruneflow.stages")
+targets: Registry = Registry("export target", "pruneflow.targets")

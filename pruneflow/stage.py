@@ -1,0 +1,113 @@
+"""The small types every stage and export target builds on.
+
+A stage is a class with a pydantic ``Config`` and ``run(state, ctx)``; a target likewise with
+``build(state, ctx, out_dir)``. Both are registered by entry point (see ``registry.py``)::
+
+    class MyStage(Stage):
+        class Config(StageConfig):
+            type: Literal["my_stage"] = "my_stage"
+            strength: float = Field(0.5, description="How hard to squeeze.")
+
+        def run(self, state, ctx):
+            ...
+            return StageResult(metrics={"accuracy": 0.98})
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from .artifacts import Artifact
+    from .context import RunContext, RunState
+    from .gates import GateResult
+
+
+class StrictModel(BaseModel):
+    """Base for every config: unknown keys are errors, every field carries a description."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class StageConfig(StrictModel):
+    type: str = Field(description="Stage type, one of the registered stages (see `pruneflow schema`).")
+    name: str | None = Field(
+        None,
+        description="Name used for this stage's metrics and folder; defaults to its type "
+        "(with a number when the type repeats).",
+        pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$",
+    )
+
+
+class TargetConfig(StrictModel):
+    type: str = Field(description="Export target, one of the registered targets.")
+
+
+@dataclass
+class StageResult:
+    metrics: dict[str, float | int | str] = field(default_factory=dict)
+    artifacts: list["Artifact"] = field(default_factory=list)
+    # Free-form tables (list of row dicts) that the report renders, e.g. per-round pruning figures.
+    tables: dict[str, list[dict]] = field(default_factory=dict)
+    # Checks the stage made itself (e.g. export parity); a failed one makes the exit code 1.
+    gates: list["GateResult"] = field(default_factory=list)
+
+
+class Stage:
+    """Base class of stages. Subclasses set ``Config`` and implement ``run``."""
+
+    Config: ClassVar[type[StageConfig]] = StageConfig
+    #: True when the stage changes the model's weights or structure: it then checkpoints the model.
+    modifies_model: ClassVar[bool] = False
+    #: True when the stage needs the training split (the pipeline skips loading it otherwise).
+    needs_train_split: ClassVar[bool] = False
+
+    def __init__(self, config: StageConfig, stage_id: str, index: int):
+        self.config = config
+        self.id = stage_id
+        self.index = index
+
+    def setup(self, state: "RunState", ctx: "RunContext") -> None:
+        """Prepare (load optional libraries, check inputs). Runs right before ``run``."""
+
+    def run(self, state: "RunState", ctx: "RunContext") -> StageResult:  # pragma: no cover
+        raise NotImplementedError
+
+    def teardown(self, state: "RunState", ctx: "RunContext") -> None:
+        """Release what ``setup`` took. Runs even when ``run`` failed."""
+
+    def preflight(self, ctx: "RunContext") -> list[str]:
+        """Checks that need no model or data (files, toolchains). Returns human-readable notes."""
+        return []
+
+
+class Target:
+    """Base class of export targets: one folder, one or more artifacts."""
+
+    Config: ClassVar[type[TargetConfig]] = TargetConfig
+    #: Targets that must be built first (their artifacts are inputs here), e.g. ["onnx"].
+    depends_on: ClassVar[list[str]] = []
+
+    def __init__(self, config: TargetConfig):
+        self.config = config
+
+    def preflight(self) -> list[str]:
+        """Raise MissingDependencyError when the toolchain is absent; return notes otherwise."""
+        return []
+
+    #: Precisions this target can write.
+    precisions: ClassVar[tuple[str, ...]] = ("fp32",)
+
+    def build(self, state: "RunState", ctx: "RunContext", out_dir: Path, precision: str) -> "Artifact":  # pragma: no cover
+        """Write the artifact under ``out_dir`` (atomically) and return it."""
+        raise NotImplementedError
+
+    def runner(self, path: Path, threads: int | None = None) -> "Callable[[np.ndarray], np.ndarray] | None":
+        """A function running the artifact on this machine, or None when its runtime is absent here."""
+        return None

@@ -1,0 +1,168 @@
+"""`export`: write the model for each target and precision, then measure every artifact.
+
+Each artifact is checked in its own runtime: parity against the torch model it came from (max abs
+diff, cosine similarity, top-1 agreement), accuracy on the eval split, and latency.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from pydantic import Field, create_model, field_validator
+
+from .. import registry
+from ..artifacts import Artifact
+from ..bench import measure_latency
+from ..errors import ExportError, InputError, PruneflowError
+from ..evaluate import evaluate_runtime
+from ..gates import GateResult
+from ..recipe.models import normalise_target_list, target_union
+from ..stage import Stage, StageConfig, StageResult, StrictModel, Target
+
+
+class ParitySpec(StrictModel):
+    samples: int = Field(256, ge=1, description="Eval samples compared between torch and the artifact.")
+    max_abs_diff: float = Field(1e-3, gt=0, description="Largest allowed absolute difference of any output.")
+    min_cosine: float = Field(0.9999, ge=0, le=1, description="Smallest allowed mean cosine similarity of outputs.")
+    min_top1_agreement: float = Field(0.99, ge=0, le=1, description="Smallest allowed share of equal top-1 predictions.")
+
+
+class LatencySpec(StrictModel):
+    batch_sizes: list[int] = Field([1, 32], min_length=1, description="Batch sizes to time.")
+    runs: int = Field(20, ge=1, le=10_000, description="Timed runs per batch size (after warm-up).")
+    warmup: int = Field(3, ge=0, description="Untimed runs first.")
+    threads: int | None = Field(1, ge=1, description="Runtime threads while timing (1 gives stable numbers).")
+
+
+class ExportConfig(StageConfig):
+    type: Literal["export"] = Field("export", description="Export the model to deployable formats.")
+    targets: list[Any] = Field(
+        description="Targets to build: names (`onnx`) or mappings with options (`{type: onnx, opset: 17}`).", min_length=1
+    )
+    precisions: list[Literal["fp32"]] = Field(["fp32"], min_length=1, description="Numeric precisions to write.")
+    evaluate: bool = Field(True, description="Measure each artifact's accuracy on the eval split in its own runtime.")
+    parity: ParitySpec = Field(default_factory=ParitySpec, description="Torch-vs-artifact parity check and its limits.")
+    latency: LatencySpec | None = Field(default_factory=LatencySpec, description="Latency timing (null = skip).")
+
+    @field_validator("targets", mode="before")
+    @classmethod
+    def _names(cls, value: Any) -> Any:
+        return normalise_target_list(value)
+
+
+class ExportStage(Stage):
+    Config = ExportConfig
+
+    @classmethod
+    def config_model(cls) -> type[ExportConfig]:
+        """The config with `targets` typed as the union of every registered target's config."""
+        return create_model(
+            "ExportConfig",
+            __base__=ExportConfig,
+            targets=(list[target_union()], Field(min_length=1, description=ExportConfig.model_fields["targets"].description)),
+        )
+
+    def _targets(self) -> list[tuple[str, Target]]:
+        made = [(t.type, registry.targets.get(t.type)(t)) for t in self.config.targets]
+        names = [n for n, _ in made]
+        if len(set(names)) != len(names):
+            raise InputError(f"stages.{self.index}.targets lists a target twice: {names}")
+        order = {n: i for i, n in enumerate(names)}
+        # Targets that consume another target's artifact (e.g. OpenVINO from ONNX) come after it.
+        made.sort(key=lambda nt: any(dep in order for dep in nt[1].depends_on))
+        return made
+
+    def preflight(self, ctx) -> list[str]:
+        notes = []
+        for name, target in self._targets():
+            for precision in self.config.precisions:
+                if precision not in target.precisions:
+                    raise InputError(
+                        f"stages.{self.index}.precisions: target {name!r} cannot write {precision}",
+                        hint=f"{name} supports {', '.join(target.precisions)}",
+                    )
+            notes += target.preflight()
+        return notes
+
+    def run(self, state, ctx):
+        cfg: ExportConfig = self.config  # type: ignore[assignment]
+        result = StageResult()
+        for name, target in self._targets():
+            out_dir = ctx.run_dir / "export" / name
+            out_dir.mkdir(parents=True, exist_ok=True)
+            for precision in cfg.precisions:
+                ctx.reporter.info(f"{self.id}: building {name} {precision}")
+                try:
+                    artifact = target.build(state, ctx, out_dir, precision)
+                except PruneflowError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - reported as an export failure with the target named
+                    raise ExportError(f"{name} {precision} export failed: {type(exc).__name__}: {exc}") from exc
+                artifact.parent = state.model_artifact.path if state.model_artifact else f"source:{state.model_key}"
+                run = target.runner(ctx.run_dir / artifact.path) if artifact.status == "built" else None
+                if run is not None:
+                    result.gates += self._measure(artifact, run, target, state, ctx)
+                result.artifacts.append(artifact)
+        return result
+
+    def _measure(self, artifact: Artifact, run, target: Target, state, ctx) -> list[GateResult]:
+        cfg: ExportConfig = self.config  # type: ignore[assignment]
+        label = f"{artifact.target}.{artifact.precision}"
+        x = state.data.eval.x[: cfg.parity.samples]
+        with torch.no_grad():
+            state.model.eval()
+            ref = state.task.logits(state.model(x.to(ctx.device))).float().cpu().numpy()
+        got = np.asarray(run(x.numpy()), dtype=np.float32)
+        parity = parity_metrics(ref, got)
+        artifact.metrics.update(parity)
+        p = cfg.parity
+        problems = []
+        if parity["max_abs_diff"] > p.max_abs_diff:
+            problems.append(f"max abs diff {parity['max_abs_diff']:.3g} > {p.max_abs_diff:g}")
+        if parity["cosine"] < p.min_cosine:
+            problems.append(f"cosine {parity['cosine']:.6f} < {p.min_cosine:g}")
+        if parity["top1_agreement"] < p.min_top1_agreement:
+            problems.append(f"top-1 agreement {parity['top1_agreement']:.4f} < {p.min_top1_agreement:g}")
+        gate = GateResult(
+            f"{label}.parity",
+            not problems,
+            "; ".join(problems) if problems else
+            f"max abs diff {parity['max_abs_diff']:.2e}, cosine {parity['cosine']:.6f}, top-1 agreement {parity['top1_agreement']:.4f}",
+        )
+        if problems:
+            artifact.notes.append("parity check failed: " + "; ".join(problems))
+        if cfg.evaluate:
+            measured = evaluate_runtime(run, state.data.eval, state.task, ctx.recipe.data.eval_batch_size,
+                                        ctx.reporter, description=f"{label} eval")
+            artifact.metrics["accuracy"] = measured["accuracy"]
+        if cfg.latency:
+            timed = target.runner(ctx.run_dir / artifact.path, threads=cfg.latency.threads) or run
+            for bs in cfg.latency.batch_sizes:
+                example = fresh_batch(state.data.eval.x, bs).numpy()
+                lat = measure_latency(timed, example, cfg.latency.warmup, cfg.latency.runs)
+                artifact.metrics[f"latency_b{bs}_median_ms"] = lat["median_ms"]
+                artifact.metrics[f"latency_b{bs}_p99_ms"] = lat["p99_ms"]
+        return [gate]
+
+
+def parity_metrics(ref: np.ndarray, got: np.ndarray) -> dict[str, float]:
+    """Max abs diff, mean per-sample cosine similarity and top-1 agreement of two logit arrays."""
+    if ref.shape != got.shape:
+        raise ExportError(f"the artifact's output shape {got.shape} differs from torch's {ref.shape}")
+    a = ref.reshape(len(ref), -1).astype(np.float64)
+    b = got.reshape(len(got), -1).astype(np.float64)
+    cos = (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)
+    return {
+        "max_abs_diff": float(np.abs(a - b).max()),
+        "cosine": float(cos.mean()),
+        "top1_agreement": float((a.argmax(1) == b.argmax(1)).mean()),
+        "parity_samples": int(len(a)),
+    }
+
+
+def fresh_batch(x: torch.Tensor, batch: int) -> torch.Tensor:
+    """A new contiguous batch of ``batch`` samples (repeating the split when it is smaller)."""
+    reps = -(-batch // len(x))
+    return x.repeat((reps,) + (1,) * (x.dim() - 1))[:batch].clone().contiguous()

@@ -1,0 +1,110 @@
+"""The one training loop: optimizer, LR schedule, optional extra-loss hook (used for distillation)."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Literal
+
+import torch
+from pydantic import Field
+from torch import nn
+
+from .context import RunContext
+from .data import DataBundle
+from .evaluate import evaluate_model
+from .stage import StrictModel
+from .tasks import Task
+
+LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor, object], torch.Tensor]
+
+
+class TrainSettings(StrictModel):
+    """Settings of one training run; reused by every stage that fine-tunes (train, prune, qat)."""
+
+    epochs: int = Field(10, ge=1, le=10_000, description="Passes over the training split.")
+    batch_size: int = Field(64, ge=1, le=65_536, description="Samples per optimizer step.")
+    optimizer: Literal["sgd", "adamw"] = Field("sgd", description="`sgd` (with Nesterov momentum) or `adamw`.")
+    lr: float = Field(0.05, gt=0, le=10, description="Peak learning rate.")
+    momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum.")
+    weight_decay: float = Field(5e-4, ge=0, le=1, description="L2 weight decay.")
+    schedule: Literal["cosine", "step", "constant"] = Field("cosine", description="LR schedule over all steps.")
+    warmup_epochs: float = Field(0.0, ge=0, description="Linear LR warm-up at the start, in epochs.")
+    step_epochs: int = Field(30, ge=1, description="`step` schedule: epochs between LR drops.")
+    gamma: float = Field(0.1, gt=0, le=1, description="`step` schedule: LR factor at each drop.")
+    label_smoothing: float = Field(0.0, ge=0, lt=1, description="Cross-entropy label smoothing.")
+    augment: bool = Field(True, description="Apply the data section's augmentation while training.")
+    grad_clip: float | None = Field(None, gt=0, description="Clip the gradient norm to this value.")
+    eval_every: int = Field(1, ge=0, description="Evaluate every N epochs (0 = only at the end).")
+
+
+def make_optimizer(model: nn.Module, s: TrainSettings) -> torch.optim.Optimizer:
+    # No weight decay on biases and normalisation parameters (standard practice).
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (no_decay if p.dim() <= 1 else decay).append(p)
+    groups = [{"params": decay, "weight_decay": s.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if s.optimizer == "adamw":
+        return torch.optim.AdamW(groups, lr=s.lr)
+    return torch.optim.SGD(groups, lr=s.lr, momentum=s.momentum, nesterov=s.momentum > 0)
+
+
+def lr_factor(s: TrainSettings, step: int, steps_per_epoch: int) -> float:
+    total = s.epochs * steps_per_epoch
+    warm = s.warmup_epochs * steps_per_epoch
+    if warm and step < warm:
+        return (step + 1) / warm
+    if s.schedule == "cosine":
+        progress = (step - warm) / max(total - warm, 1)
+        return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+    if s.schedule == "step":
+        return s.gamma ** (step // (s.step_epochs * steps_per_epoch))
+    return 1.0
+
+
+def fit(model: nn.Module, data: DataBundle, task: Task, s: TrainSettings, ctx: RunContext, *,
+        description: str = "train", extra_loss: LossFn | None = None, seed: int | None = None) -> list[dict]:
+    """Train ``model`` in place. Returns one history row per epoch (loss, accuracy, lr)."""
+    if data.train is None:
+        from .errors import InputError
+
+        raise InputError("training needs a train split", hint="set data.path (split by eval_fraction) or data.train")
+    seed = ctx.seed if seed is None else seed
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    model.to(ctx.device).train()
+    opt = make_optimizer(model, s)
+    steps_per_epoch = math.ceil(len(data.train) / s.batch_size)
+    step = 0
+    history = []
+    for epoch in range(1, s.epochs + 1):
+        seen = correct = 0
+        loss_sum = 0.0
+        with ctx.reporter.progress(f"{description} epoch {epoch}/{s.epochs}", total=steps_per_epoch) as advance:
+            for x, y in data.train_batches(s.batch_size, gen, augment=s.augment):
+                for group in opt.param_groups:
+                    group["lr"] = s.lr * lr_factor(s, step, steps_per_epoch)
+                x, y = x.to(ctx.device), y.to(ctx.device)
+                out = model(x)
+                loss = extra_loss(model, x, y, out) if extra_loss else task.loss(out, y)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                if s.grad_clip:
+                    nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
+                opt.step()
+                step += 1
+                seen += len(y)
+                loss_sum += float(loss) * len(y)
+                correct += int((task.logits(out).argmax(-1) == y).sum())
+                advance(1, loss=f"{loss_sum / seen:.3f}")
+        row = {"epoch": epoch, "train_loss": loss_sum / seen, "train_accuracy": correct / seen, "lr": opt.param_groups[0]["lr"]}
+        if (s.eval_every and epoch % s.eval_every == 0) or epoch == s.epochs:
+            row["eval_accuracy"] = evaluate_model(model, data.eval, task, device=ctx.device, reporter=ctx.reporter,
+                                                  description=f"{description} eval")["accuracy"]
+        history.append(row)
+        ctx.reporter.info(
+            f"{description} epoch {epoch}: loss {row['train_loss']:.4f}"
+            + (f", eval accuracy {row['eval_accuracy']:.4f}" if "eval_accuracy" in row else "")
+        )
+    model.eval()
+    return history

@@ -1,0 +1,29 @@
+"""Architectures shipped in code. A recipe names one as ``model.factory: resnet20``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from torch import nn
+
+from .digits import digits_cnn
+from .resnet_cifar import resnet20, resnet32, resnet44, resnet56
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    factory: Callable[..., nn.Module]
+    input_shape: tuple[int, ...]
+    description: str
+
+
+ZOO: dict[str, ZooEntry] = {
+    "digits_cnn": ZooEntry(digits_cnn, (1, 8, 8), "4-conv CNN for scikit-learn's 8x8 digits"),
+    "resnet20": ZooEntry(resnet20, (3, 32, 32), "CIFAR ResNet-20, option-A shortcuts (0.27 M params)"),
+    "resnet32": ZooEntry(resnet32, (3, 32, 32), "CIFAR ResNet-32, option-A shortcuts (0.46 M params)"),
+    "resnet44": ZooEntry(resnet44, (3, 32, 32), "CIFAR ResNet-44, option-A shortcuts (0.66 M params)"),
+    "resnet56": ZooEntry(resnet56, (3, 32, 32), "CIFAR ResNet-56, option-A shortcuts (0.85 M params)"),
+}
+
+__all__ = ["ZOO", "ZooEntry", "digits_cnn", "resnet20", "resnet32", "resnet44", "resnet56"]
