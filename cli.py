@@ -114,7 +114,7 @@ class RichReporter(Reporter):
 
     @contextlib.contextmanager
     def progress(self, description, total):
-        if self.quiet:
+        if self.quiet or not self.console.is_terminal:
             yield lambda n=1, **fields: None
             return
         columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),

@@ -56,7 +56,7 @@ def artifact_rows(result: "RunResult") -> list[dict]:
     for a in result.artifacts:
         m = a.metrics
         rows.append({
-            "artifact": a.path,
+            "artifact": a.path.replace("stages/", "").replace("export/", ""),
             "status": a.status + (" (gate failed)" if a.notes else ""),
             "size": human_bytes(a.size_bytes),
             "accuracy": m.get("accuracy"),
@@ -72,7 +72,7 @@ def stage_rows(result: "RunResult") -> list[dict]:
     return [{
         "stage": s.id + (" (resumed)" if s.resumed else ""),
         "type": s.type,
-        "seconds": round(s.seconds, 1),
+        "seconds": f"{s.seconds:.1f}",
         "accuracy": s.metrics.get("accuracy"),
         "MACs": s.metrics.get("macs"),
         "params": s.metrics.get("params"),

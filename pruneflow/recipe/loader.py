@@ -295,9 +295,12 @@ def _message(err: dict, raw_loc: tuple, model: type) -> str:
         did = f"; did you mean {close[0]!r}?" if close else ""
         known = f" Known keys: {', '.join(allowed)}." if allowed else ""
         return f"unknown key{did}{known}"
+    if kind == "literal_error" and raw_loc and raw_loc[-1] == "type":
+        # One registered member: pydantic checks the literal instead of a union tag. Same message.
+        kind, ctx = "union_tag_invalid", {"tag": err.get("input"), "expected_tags": ctx.get("expected", "")}
     if kind in ("union_tag_invalid", "union_tag_not_found"):
-        tags = [t.strip().strip("'") for t in str(ctx.get("expected_tags", "")).split(",") if t.strip()]
-        what = "stage type" if "stages" in raw_loc and "targets" not in raw_loc else "export target"
+        tags = [t.strip().strip("'") for t in str(ctx.get("expected_tags", "")).replace(" or ", ",").split(",") if t.strip()]
+        what = "export target" if "targets" in raw_loc else "stage type"
         if kind == "union_tag_not_found":
             return f"missing `type`: the {what}, one of {', '.join(tags)}"
         close = difflib.get_close_matches(str(ctx.get("tag")), tags, n=1)
