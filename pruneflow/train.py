@@ -94,7 +94,7 @@ def fit(model: nn.Module, data: DataBundle, task: Task, s: TrainSettings, ctx: R
                 opt.step()
                 step += 1
                 seen += len(y)
-                loss_sum += float(loss) * len(y)
+                loss_sum += float(loss.detach()) * len(y)
                 correct += int((task.logits(out).argmax(-1) == y).sum())
                 advance(1, loss=f"{loss_sum / seen:.3f}")
         row = {"epoch": epoch, "train_loss": loss_sum / seen, "train_accuracy": correct / seen, "lr": opt.param_groups[0]["lr"]}

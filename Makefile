@@ -1,0 +1,36 @@
+# Quick start:  make demo   (install + run the quickstart recipe)
+#               make test   (install with dev extras + run the test suite)
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# torch first, as the CPU build: a bare `torch` requirement on a machine without torch pulls a
+# multi-GB CUDA build. Override for your platform, e.g. TORCH_SPEC="torch==2.13.0 --index-url ...".
+TORCH_SPEC ?= torch==2.13.0
+PIP    := $(BIN)/python -m pip -q --disable-pip-version-check
+
+.PHONY: demo test install install-dev clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(PIP) install $(TORCH_SPEC)
+	$(PIP) install -e .
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
+	$(PIP) install $(TORCH_SPEC)
+	$(PIP) install -e '.[dev]'
+	touch $@ $(VENV)/.installed
+
+install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
+
+demo: $(VENV)/.installed
+	$(BIN)/pruneflow optimize recipes/quickstart.yaml
+
+test: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf runs .pytest_cache

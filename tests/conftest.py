@@ -1,0 +1,54 @@
+"""Shared fixtures: the real data beside the checkout, and a small recipe writer."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """../shared/data beside the checkout (present locally and in CI); skip where it is absent."""
+    if not (SHARED_DATA / "cifar10").is_dir():
+        pytest.skip(f"shared data not found at {SHARED_DATA}")
+    return SHARED_DATA
+
+
+def tiny_recipe_dict(**overrides) -> dict:
+    """A recipe that runs in a few seconds: digits_cnn, 1 epoch on 300 digits, no latency timing."""
+    recipe = {
+        "name": "tiny",
+        "seed": 0,
+        "device": "cpu",
+        "model": {"factory": "digits_cnn", "kwargs": {"width": 8}},
+        "data": {"format": "digits", "max_train_samples": 300, "max_eval_samples": 100},
+        "stages": [
+            {"type": "train", "epochs": 1, "batch_size": 32, "lr": 0.05},
+            {"type": "evaluate"},
+            {"type": "export", "targets": ["onnx"], "latency": None},
+        ],
+    }
+    recipe.update(overrides)
+    return recipe
+
+
+@pytest.fixture
+def write_recipe(tmp_path):
+    """write_recipe(data_or_text, name="recipe.yaml") -> Path in tmp_path."""
+
+    def write(content, name: str = "recipe.yaml") -> Path:
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content if isinstance(content, str) else yaml.safe_dump(content, sort_keys=False))
+        return path
+
+    return write

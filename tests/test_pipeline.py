@@ -1,0 +1,78 @@
+"""End to end on real data: the quickstart (digits) and the pretrained ResNet-20 on CIFAR-10."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pruneflow.artifacts import Manifest, atomic_path, sha256_file
+from pruneflow.pipeline import run_recipe
+from pruneflow.recipe import load_recipe
+
+from conftest import REPO
+
+
+@pytest.fixture(scope="module")
+def quickstart(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs")
+    return run_recipe(load_recipe(REPO / "recipes" / "quickstart.yaml"), out=out)
+
+
+def test_quickstart_meets_its_acceptance_figures(quickstart):
+    r = quickstart
+    assert r.exit_code == 0, [g for g in r.gates if not g.passed]
+    assert r.metrics["evaluate.accuracy"] >= 0.95
+    assert abs(r.metrics["onnx.fp32.accuracy"] - r.metrics["evaluate.accuracy"]) <= 0.005
+    assert r.metrics["onnx.fp32.top1_agreement"] >= 0.99
+    assert r.metrics["evaluate.samples"] == 360  # 20 % of 1,797 digits, stratified
+    assert [s.id for s in r.stages] == ["train", "evaluate", "export"]
+
+
+def test_quickstart_manifest_records_true_hashes_and_lineage(quickstart):
+    run_dir = quickstart.run_dir
+    manifest = Manifest.read(run_dir)
+    assert manifest["status"] == "complete"
+    by_path = {a["path"]: a for a in manifest["artifacts"]}
+    assert set(by_path) == {"stages/01-train/model.pt", "export/onnx/model.fp32.onnx"}
+    for path, artifact in by_path.items():
+        assert artifact["sha256"] == sha256_file(run_dir / path)
+        assert artifact["size_bytes"] == (run_dir / path).stat().st_size
+        assert artifact["tool_versions"]["torch"]
+    assert by_path["export/onnx/model.fp32.onnx"]["parent"] == "stages/01-train/model.pt"
+    assert by_path["stages/01-train/model.pt"]["parent"].startswith("source:")
+
+
+def test_quickstart_writes_the_run_directory(quickstart):
+    run_dir = quickstart.run_dir
+    for name in ("recipe.resolved.yaml", "manifest.json", "metrics.json", "report.md", "logs/pruneflow.log"):
+        assert (run_dir / name).is_file(), name
+    assert not list(run_dir.rglob("*.tmp")), "a temporary file was left behind"
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["flat"]["evaluate.accuracy"] == quickstart.metrics["evaluate.accuracy"]
+    assert len(metrics["tables"]["train"]["epochs"]) == 12
+    report = (run_dir / "report.md").read_text()
+    assert "## Stages" in report and "onnx/model.fp32.onnx" in report and "PASSED" in report
+    assert load_recipe(run_dir / "recipe.resolved.yaml").recipe.name == "quickstart"
+
+
+@pytest.mark.shared_data
+def test_pretrained_resnet20_on_cifar10_matches_the_published_figure(shared_data, tmp_path):
+    r = run_recipe(load_recipe(REPO / "recipes" / "resnet20-cifar10.yaml", ["stages.1.latency=null"]), out=tmp_path)
+    assert r.exit_code == 0
+    # ../shared/data/cifar10/README.md: ResNet-20 scores 81.03 % on cifar10_test.npz.
+    assert abs(r.metrics["evaluate.accuracy"] - 0.8103) <= 0.001
+    assert abs(r.metrics["onnx.fp32.accuracy"] - r.metrics["evaluate.accuracy"]) <= 0.001
+    assert r.metrics["evaluate.params"] == 269_722
+
+
+def test_atomic_path_leaves_nothing_when_the_writer_fails(tmp_path):
+    final = tmp_path / "model.onnx"
+    with pytest.raises(RuntimeError):
+        with atomic_path(final) as tmp:
+            tmp.write_bytes(b"half")
+            raise RuntimeError("crash mid-write")
+    assert list(tmp_path.iterdir()) == []
+    with atomic_path(final) as tmp:
+        tmp.write_bytes(b"whole")
+    assert final.read_bytes() == b"whole" and list(tmp_path.iterdir()) == [final]
