@@ -7,6 +7,7 @@ when our own manifest records the file's sha256: pickles run code, so we load on
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import torch
@@ -29,11 +30,15 @@ def save_checkpoint(model: nn.Module, path: Path, *, whole_module: bool = False)
 def load_checkpoint(path: Path, into: nn.Module | None = None) -> nn.Module:
     """Load a run-directory checkpoint: into ``into`` (state_dict) or, for a whole module, as a new model."""
     path = Path(path)
+    if not path.is_file():
+        raise InputError(f"checkpoint not found: {path}")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
         whole = False
-    except Exception:  # noqa: BLE001 - a pickled module is refused by weights-only loading
+    except pickle.UnpicklingError:  # a pickled module is refused by weights-only loading
         whole = True
+    except Exception as exc:  # noqa: BLE001 - truncated or not a torch file
+        raise InputError(f"{path} is not a readable checkpoint: {type(exc).__name__}: {exc}") from exc
     if whole:
         if not known_sha256(path):
             raise InputError(
@@ -50,5 +55,8 @@ def load_checkpoint(path: Path, into: nn.Module | None = None) -> nn.Module:
         raise InputError(f"{path} is not a pruneflow checkpoint", hint="use model.checkpoint for plain state_dicts")
     if into is None:
         raise InputError(f"{path} holds weights only; the model to load them into is built from the recipe")
-    into.load_state_dict(payload["state_dict"])
+    try:
+        into.load_state_dict(payload["state_dict"])
+    except RuntimeError as exc:
+        raise InputError(f"{path} does not fit the model built from the recipe: {exc}") from exc
     return into

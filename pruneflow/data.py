@@ -174,7 +174,15 @@ def _load_source(fmt: str, path: str, field_name: str):
             ds, class_names = _npz(p)
         elif fmt in ("csv", "json", "parquet"):
             files = sorted(str(f) for f in p.glob(f"*.{fmt}*")) if p.is_dir() else [str(p)]
-            ds = datasets.load_dataset(fmt, data_files=files, split="train")
+            if not files:
+                raise InputError(f"{field_name}: no *.{fmt} files in folder {p}", hint=f"point at a .{fmt} file or a folder holding some")
+            try:
+                ds = datasets.load_dataset(fmt, data_files=files, split="train")
+            except Exception:
+                # datasets fails with unrelated messages on files that hold no rows (header-only csv, 0-row parquet)
+                if _holds_no_rows(fmt, files):
+                    raise InputError(f"{field_name}: {p} holds no rows (empty dataset)", hint="point at a file with samples in it") from None
+                raise
         elif fmt == "imagefolder":
             try:
                 import PIL  # noqa: F401
@@ -185,13 +193,14 @@ def _load_source(fmt: str, path: str, field_name: str):
             ds = datasets.load_from_disk(str(p))
             if isinstance(ds, datasets.DatasetDict):
                 evals = [n for n in EVAL_SPLIT_NAMES if n in ds]
-                if "train" in ds and evals:
+                if "train" in ds and evals and field_name == "data.path":
                     return (ds["train"], ds[evals[0]]), None
                 if len(ds) == 1:
                     ds = next(iter(ds.values()))
                 else:
+                    expected = f"`train` plus one of {', '.join(EVAL_SPLIT_NAMES)}" if field_name == "data.path" else "a single split"
                     raise InputError(
-                        f"{field_name}: {p} holds splits {list(ds)}; expected `train` plus one of {', '.join(EVAL_SPLIT_NAMES)}",
+                        f"{field_name}: {p} holds splits {list(ds)}; expected {expected}",
                         hint="point data.train and data.eval at single-split folders instead",
                     )
         else:  # pragma: no cover - the recipe model restricts formats
@@ -203,6 +212,21 @@ def _load_source(fmt: str, path: str, field_name: str):
     if len(ds) == 0:
         raise InputError(f"{field_name}: {p} holds no rows (empty dataset)", hint="point at a file with samples in it")
     return ds, class_names
+
+
+def _holds_no_rows(fmt: str, files: list[str]) -> bool:
+    """True when every file is blank, a csv header alone, an empty json list or a 0-row parquet."""
+    try:
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            return all(pq.ParquetFile(f).metadata.num_rows == 0 for f in files)
+        texts = [Path(f).read_text(errors="replace").strip() for f in files]
+        if fmt == "csv":
+            return all(len(t.splitlines()) <= 1 for t in texts)
+        return all(t in ("", "[]") for t in texts)
+    except Exception:  # noqa: BLE001 - unreadable: let the original error speak
+        return False
 
 
 def _npz(path: Path):
@@ -272,13 +296,17 @@ def _as_class_label(ds, label: str):
 
     if isinstance(ds.features[label], datasets.ClassLabel):
         return ds
-    values = np.asarray(ds.with_format("numpy")[label])
-    if not np.issubdtype(values.dtype, np.integer) or values.min() < 0:
+    values = _check_labels(np.asarray(ds.with_format("numpy")[label]), label)
+    return ds.cast_column(label, datasets.ClassLabel(num_classes=int(values.max()) + 1))
+
+
+def _check_labels(values: np.ndarray, label: str) -> np.ndarray:
+    if not np.issubdtype(values.dtype, np.integer) or (len(values) and values.min() < 0):
         raise InputError(
             f"data.label_column {label!r} must hold integer class ids 0..K-1 (found {values.dtype})",
             hint="map class names to ids first, or use imagefolder, which does it",
         )
-    return ds.cast_column(label, datasets.ClassLabel(num_classes=int(values.max()) + 1))
+    return values
 
 
 def _split(ds, spec: DataSpec, seed: int):
@@ -306,8 +334,9 @@ def _to_split(ds, spec: DataSpec, role: str) -> Split:
 
     label = _label_column(ds, spec)
     columns = _input_columns(ds, spec, label)
+    layout = spec.layout
     if len(columns) == 1 and isinstance(ds.features[columns[0]], datasets.Image):
-        x = _images(ds[columns[0]], spec)
+        x, layout = _images(ds[columns[0]], spec), "nhwc"  # decoded images are always (N, H, W, C)
     else:
         fmt = ds.with_format("numpy")
         # datasets' numpy formatter widens integers to int64: cast back to the stored dtype, so that
@@ -316,10 +345,12 @@ def _to_split(ds, spec: DataSpec, role: str) -> Split:
         if any(a.dtype == object for a in arrays):
             raise InputError(f"data: column(s) {columns} hold values of different shapes or non-numbers", hint="use equal-sized arrays")
         x = arrays[0] if len(arrays) == 1 else np.stack([a.astype(np.float32) for a in arrays], axis=1)
-    y = np.asarray(ds.with_format("numpy")[label]).astype(np.int64)
+        if x.ndim == 1:
+            x = x[:, None]  # one scalar feature a sample: (N,) -> (N, 1), so input_shape is (1,), not ()
+    y = _check_labels(np.asarray(ds.with_format("numpy")[label]), label).astype(np.int64)
     if len(y) == 0:
         raise InputError(f"data: the {role} split is empty", hint="use more data or a smaller eval_fraction")
-    return Split(_preprocess(x, spec), torch.from_numpy(y))
+    return Split(_preprocess(x, spec, layout), torch.from_numpy(y))
 
 
 def _stored_dtype(arr: np.ndarray, feature) -> np.ndarray:
@@ -344,10 +375,11 @@ def _images(column, spec: DataSpec) -> np.ndarray:
     return np.stack(out)
 
 
-def _preprocess(x: np.ndarray, spec: DataSpec) -> torch.Tensor:
+def _preprocess(x: np.ndarray, spec: DataSpec, layout: str | None = None) -> torch.Tensor:
+    layout = layout or spec.layout
     scale = (1 / 255 if x.dtype == np.uint8 else 1.0) if spec.scale == "auto" else float(spec.scale)
     t = torch.from_numpy(np.ascontiguousarray(x)).float() * scale
-    if t.dim() == 4 and (spec.layout == "nhwc" or (spec.layout == "auto" and t.shape[-1] in (1, 3, 4) and t.shape[1] not in (1, 3, 4))):
+    if t.dim() == 4 and (layout == "nhwc" or (layout == "auto" and t.shape[-1] in (1, 3, 4) and t.shape[1] not in (1, 3, 4))):
         t = t.permute(0, 3, 1, 2)
     elif t.dim() == 3:
         t = t.unsqueeze(1)  # (N, H, W) grayscale → (N, 1, H, W)

@@ -35,7 +35,7 @@ def resolve_factory(factory: str) -> Callable[..., Any]:
     else:
         try:
             module = importlib.import_module(target)
-        except ImportError as exc:
+        except Exception as exc:  # noqa: BLE001 - ImportError, or whatever the module raises while importing
             raise InputError(
                 f"model.factory {factory!r}: cannot import module {target!r} ({exc})",
                 hint="install the package that provides it, or point at a file: `path/to/file.py:function`",
@@ -124,7 +124,7 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except (pickle.UnpicklingError, RuntimeError, EOFError) as exc:
             raise InputError(
-                f"model.checkpoint {path} could not be read as a weights-only state_dict: {str(exc).splitlines()[0]}",
+                f"model.checkpoint {path} could not be read as a weights-only state_dict: {_first_line(exc)}",
                 hint="save weights with torch.save(model.state_dict(), path) or as .safetensors; "
                 "pickled whole models are only loaded from pruneflow's own run directories",
             ) from exc
@@ -140,6 +140,11 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     if state and all(k.startswith("module.") for k in state):
         state = {k[len("module."):]: v for k, v in state.items()}
     return state
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of an error message; the type name when the message is empty (EOFError on an empty file)."""
+    return next(iter(str(exc).splitlines()), "") or type(exc).__name__
 
 
 def load_weights(model: nn.Module, state: dict[str, torch.Tensor], source: str | Path) -> None:

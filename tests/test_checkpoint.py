@@ -1,0 +1,131 @@
+"""pruneflow.checkpoint: state_dict and whole-module checkpoints; unpickling only what a manifest vouches for."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from pruneflow.artifacts import Artifact, Manifest, known_sha256
+from pruneflow.checkpoint import FORMAT, load_checkpoint, save_checkpoint
+from pruneflow.errors import InputError
+
+
+class _Trap:
+    """Unpickling this creates ``marker``: proof that code ran while loading."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _model(out=3, seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(4, out), nn.ReLU(), nn.BatchNorm1d(out))
+
+
+def _record(run_dir, file):
+    """What the pipeline does after writing a checkpoint: list it, with its sha256, in the run's manifest."""
+    manifest = Manifest(run_dir, "test")
+    manifest.add_stage({"id": "s"}, [Artifact.from_file(run_dir, file, kind="checkpoint", producer="s")])
+    return manifest
+
+
+def test_state_dict_round_trip(tmp_path):
+    model = _model()
+    model[2].running_mean.fill_(0.5)
+    path = tmp_path / "run" / "stages" / "01-train" / "model.pt"
+    save_checkpoint(model, path)
+    assert path.is_file()
+    assert [p.name for p in path.parent.iterdir()] == ["model.pt"]  # no temporary file left behind
+    payload = torch.load(path, map_location="cpu", weights_only=True)  # a plain weights-only file
+    assert payload["format"] == FORMAT and "module" not in payload
+    fresh = _model(seed=1)
+    loaded = load_checkpoint(path, into=fresh)
+    assert loaded is fresh
+    for k, v in model.state_dict().items():
+        assert torch.equal(fresh.state_dict()[k], v)
+
+
+def test_state_dict_checkpoint_needs_a_model_that_fits(tmp_path):
+    save_checkpoint(_model(), tmp_path / "m.pt")
+    with pytest.raises(InputError, match="holds weights only"):
+        load_checkpoint(tmp_path / "m.pt")
+    with pytest.raises(InputError, match=r"(?s)m\.pt does not fit the model built from the recipe: .*size mismatch for 0\.weight"):
+        load_checkpoint(tmp_path / "m.pt", into=_model(out=5))
+
+
+def test_whole_module_is_refused_without_manifest(tmp_path):
+    pruned = _model(out=2)
+    path = tmp_path / "run" / "model.pt"
+    save_checkpoint(pruned, path, whole_module=True)
+    assert not known_sha256(path)
+    with pytest.raises(InputError, match="holds a pickled model, and no pruneflow manifest records its sha256") as info:
+        load_checkpoint(path, into=_model(out=3))
+    assert "manifest.json" in info.value.hint
+
+
+def test_whole_module_loads_when_manifest_records_its_sha256(tmp_path):
+    run_dir = tmp_path / "run"
+    pruned = _model(out=2).eval()
+    path = run_dir / "stages" / "02-prune" / "model.pt"  # the manifest sits two folders up
+    save_checkpoint(pruned, path, whole_module=True)
+    _record(run_dir, path)
+    assert known_sha256(path)
+    loaded = load_checkpoint(path, into=_model(out=3))  # `into` is ignored: the structure comes from the file
+    assert isinstance(loaded, nn.Sequential) and loaded[0].out_features == 2
+    x = torch.randn(5, 4)
+    assert torch.equal(loaded.eval()(x), pruned(x))
+
+
+def test_whole_module_changed_after_recording_is_refused(tmp_path):
+    run_dir = tmp_path / "run"
+    path = run_dir / "model.pt"
+    save_checkpoint(_model(out=2), path, whole_module=True)
+    _record(run_dir, path)
+    save_checkpoint(_model(out=2, seed=7), path, whole_module=True)  # other bytes, same name
+    assert not known_sha256(path)
+    with pytest.raises(InputError, match="no pruneflow manifest records its sha256"):
+        load_checkpoint(path)
+
+
+def test_manifest_listing_another_file_does_not_vouch(tmp_path):
+    run_dir = tmp_path / "run"
+    good, other = run_dir / "a.pt", run_dir / "b.pt"
+    save_checkpoint(_model(), good, whole_module=True)
+    save_checkpoint(_model(), other, whole_module=True)
+    _record(run_dir, good)
+    assert load_checkpoint(good)[0].out_features == 3
+    with pytest.raises(InputError, match="no pruneflow manifest records its sha256"):
+        load_checkpoint(other)
+    # a manifest that cannot be parsed vouches for nothing
+    (run_dir / Manifest.FILE).write_text("{not json")
+    with pytest.raises(InputError, match="no pruneflow manifest"):
+        load_checkpoint(good)
+
+
+def test_pickled_code_never_runs_without_manifest(tmp_path):
+    marker = tmp_path / "pwned"
+    path = tmp_path / "run" / "model.pt"
+    path.parent.mkdir()
+    torch.save({"format": FORMAT, "state_dict": {}, "module": _Trap(str(marker))}, path)
+    (path.parent / Manifest.FILE).write_text(json.dumps({"artifacts": [{"path": "model.pt", "sha256": "0" * 64}]}))
+    with pytest.raises(InputError, match="pickled model"):
+        load_checkpoint(path)
+    assert not marker.exists()
+
+
+def test_files_that_are_not_pruneflow_checkpoints(tmp_path):
+    with pytest.raises(InputError, match=r"checkpoint not found: .*nope\.pt"):
+        load_checkpoint(tmp_path / "nope.pt", into=_model())
+    torch.save(_model().state_dict(), tmp_path / "plain.pt")
+    with pytest.raises(InputError, match="is not a pruneflow checkpoint") as info:
+        load_checkpoint(tmp_path / "plain.pt", into=_model())
+    assert "model.checkpoint" in info.value.hint
+    (tmp_path / "empty.pt").write_bytes(b"")
+    with pytest.raises(InputError, match=r"empty\.pt is not a readable checkpoint: EOFError"):
+        load_checkpoint(tmp_path / "empty.pt", into=_model())
