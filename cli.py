@@ -28,6 +28,7 @@ from pruneflow.errors import (
     EXIT_STAGE_FAILED,
     PruneflowError,
     RecipeError,
+    UsageError,
 )
 
 EPILOG = (
@@ -92,6 +93,8 @@ def handle_errors(verbose: bool, json_mode: bool = False) -> Iterator[None]:
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
         err.print("[bold yellow]interrupted[/]: finished stages are kept; run again with --resume to continue.")
+        if json_mode:
+            print(json.dumps({"exit_code": EXIT_INTERRUPTED, "error": {"type": "KeyboardInterrupt", "message": "interrupted"}}))
         raise typer.Exit(EXIT_INTERRUPTED) from None
     except Exception as exc:  # noqa: BLE001 - the last line of defence: a message, not a traceback
         if verbose:
@@ -193,6 +196,7 @@ def optimize(
 
     if verbose:
         logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)
+        logging.getLogger("pruneflow").setLevel(logging.DEBUG)
     with handle_errors(verbose, json_out):
         loaded = load_recipe(recipe, set_ or [])
         if dry_run:
@@ -351,7 +355,10 @@ def inspect_(
     from pruneflow.inspect import inspect_source
 
     with handle_errors(verbose, json_out):
-        shape = tuple(int(v) for v in input_shape.split(",")) if input_shape else None
+        try:
+            shape = tuple(int(v) for v in input_shape.split(",")) if input_shape else None
+        except ValueError:
+            raise UsageError(f"--input-shape {input_shape!r} is not a list of integers", hint="e.g. --input-shape 3,32,32") from None
         info = inspect_source(source, shape)
         if json_out:
             print(json.dumps(info, default=str))

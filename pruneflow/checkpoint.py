@@ -35,7 +35,9 @@ def load_checkpoint(path: Path, into: nn.Module | None = None) -> nn.Module:
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
         whole = False
-    except pickle.UnpicklingError:  # a pickled module is refused by weights-only loading
+    except pickle.UnpicklingError as exc:  # a pickled module is refused by weights-only loading
+        if "Unsupported global" not in str(exc) and "GLOBAL" not in str(exc):
+            raise InputError(f"{path} is not a readable checkpoint (not a torch file, or damaged)") from exc
         whole = True
     except Exception as exc:  # noqa: BLE001 - truncated or not a torch file
         raise InputError(f"{path} is not a readable checkpoint: {type(exc).__name__}: {exc}") from exc

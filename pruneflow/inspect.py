@@ -101,7 +101,10 @@ def _inspect_onnx(path: Path) -> dict:
 
     if not path.is_file():
         raise InputError(f"{path} does not exist")
-    model = onnx.load(str(path))
+    try:
+        model = onnx.load(str(path))
+    except Exception as exc:  # noqa: BLE001 - protobuf raises its own DecodeError on a corrupt file
+        raise InputError(f"{path} is not a readable ONNX model: {type(exc).__name__}: {exc}") from exc
     ops = Counter(n.op_type for n in model.graph.node)
     params = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
     rows = [{"op": op, "count": n} for op, n in ops.most_common()]

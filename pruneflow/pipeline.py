@@ -136,11 +136,6 @@ def source_key(loaded: LoadedRecipe) -> str:
 
 def run_recipe(loaded: LoadedRecipe, out: str | Path = "runs", reporter: Reporter | None = None,
                resume: bool = False) -> RunResult:
-    from .data import load_data
-    from .models import build_model, input_shape_for
-    from .report import write_reports
-    from .tasks import make_task
-
     recipe = loaded.recipe
     reporter = reporter or Reporter()
     stages = plan_stages(loaded)
@@ -148,60 +143,72 @@ def run_recipe(loaded: LoadedRecipe, out: str | Path = "runs", reporter: Reporte
     run_dir = prepare_run_dir(Path(out), recipe.name, resume)
     write_text_atomic(run_dir / "recipe.resolved.yaml", dump_recipe(recipe))
     handler = _attach_log(run_dir)
+    manifest = Manifest(run_dir, recipe.name)
+    manifest.write()
     try:
-        device = ("cuda" if torch.cuda.is_available() else "cpu") if recipe.device == "auto" else recipe.device
-        if device == "cuda" and not torch.cuda.is_available():
-            raise InputError("device: cuda was requested but torch sees no CUDA device", hint="set device: auto or cpu")
-        if recipe.threads:
-            torch.set_num_threads(recipe.threads)
-        torch.manual_seed(recipe.seed)
-        ctx = RunContext(run_dir=run_dir, recipe=recipe, recipe_file=loaded.file, seed=recipe.seed, device=device,
-                         reporter=reporter, resume=resume)
-        reporter.info(f"loading data ({recipe.data.format})")
-        data = load_data(recipe.data, recipe.seed, with_train=any(s.needs_train_split for s in stages))
-        model = build_model(recipe.model)
-        shape = input_shape_for(recipe.model, data.input_shape)
-        example = torch.zeros((1,) + tuple(shape))
-        _check_forward(model, example, data.input_shape, recipe.model.factory)
-        state = RunState(model=model.to(device), task=make_task(recipe.task), data=data,
-                         model_key=source_key(loaded), example_input=example.to(device))
-        manifest = Manifest(run_dir, recipe.name)
-        records: list[StageRecord] = []
-        key = state.model_key
-        try:
-            for stage in stages:
-                key = _hash(key, stage.config.model_dump(mode="json"), tool_versions())
-                record = _resume(stage, key, state, ctx, manifest) if resume else None
-                if record is None:
-                    record = _run_stage(stage, key, state, ctx, manifest, len(stages))
-                records.append(record)
-                state.metrics[stage.id] = record.metrics
-        except KeyboardInterrupt:
-            manifest.status = "interrupted"
-            manifest.write()
-            raise
-        except BaseException:
-            manifest.status = "failed"
-            manifest.write()
-            raise
-        flat = flat_metrics(records, manifest.artifacts)
-        gates = [GateResult(**g) for r in records for g in r.gates] + check_gates(recipe.gates, flat)
-        exit_code = EXIT_GATE_FAILED if any(not g.passed for g in gates) else EXIT_OK
-        manifest.status = "complete" if exit_code == EXIT_OK else "gate_failed"
+        result = _run(loaded, stages, run_dir, manifest, reporter, resume)
+    except KeyboardInterrupt:
+        manifest.status = "interrupted"
         manifest.write()
-        result = RunResult(run_dir, exit_code, records, list(manifest.artifacts), gates, flat)
-        write_json_atomic(run_dir / "metrics.json", {
-            "stages": {r.id: r.metrics for r in records},
-            "artifacts": {a.path: a.metrics for a in manifest.artifacts},
-            "flat": flat,
-            "gates": [g.as_dict() for g in gates],
-            "tables": {r.id: r.tables for r in records if r.tables},
-        })
-        write_reports(result, loaded, data, state)
-        return result
+        raise
+    except BaseException:
+        manifest.status = "failed"
+        manifest.write()
+        raise
     finally:
         logging.getLogger("pruneflow").removeHandler(handler)
         handler.close()
+    manifest.status = "complete" if result.exit_code == EXIT_OK else "gate_failed"
+    manifest.write()
+    return result
+
+
+def _run(loaded: LoadedRecipe, stages: list[Stage], run_dir: Path, manifest: Manifest, reporter: Reporter,
+         resume: bool) -> RunResult:
+    from .data import load_data
+    from .models import build_model, input_shape_for
+    from .report import write_reports
+    from .tasks import make_task
+
+    recipe = loaded.recipe
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if recipe.device == "auto" else recipe.device
+    if device == "cuda" and not torch.cuda.is_available():
+        raise InputError("device: cuda was requested but torch sees no CUDA device", hint="set device: auto or cpu")
+    if recipe.threads:
+        torch.set_num_threads(recipe.threads)
+    torch.manual_seed(recipe.seed)
+    ctx = RunContext(run_dir=run_dir, recipe=recipe, recipe_file=loaded.file, seed=recipe.seed, device=device,
+                     reporter=reporter, resume=resume)
+    reporter.info(f"loading data ({recipe.data.format})")
+    data = load_data(recipe.data, recipe.seed, with_train=any(s.needs_train_split for s in stages))
+    model = build_model(recipe.model)
+    shape = input_shape_for(recipe.model, data.input_shape)
+    example = torch.zeros((1,) + tuple(shape))
+    _check_forward(model, example, data.input_shape, recipe.model.factory)
+    state = RunState(model=model.to(device), task=make_task(recipe.task), data=data,
+                     model_key=source_key(loaded), example_input=example.to(device))
+    records: list[StageRecord] = []
+    key = state.model_key
+    for stage in stages:
+        key = _hash(key, stage.config.model_dump(mode="json"), tool_versions())
+        record = _resume(stage, key, state, ctx, manifest) if resume else None
+        if record is None:
+            record = _run_stage(stage, key, state, ctx, manifest, len(stages))
+        records.append(record)
+        state.metrics[stage.id] = record.metrics
+    flat = flat_metrics(records, manifest.artifacts)
+    gates = [GateResult(**g) for r in records for g in r.gates] + check_gates(recipe.gates, flat)
+    exit_code = EXIT_GATE_FAILED if any(not g.passed for g in gates) else EXIT_OK
+    result = RunResult(run_dir, exit_code, records, list(manifest.artifacts), gates, flat)
+    write_json_atomic(run_dir / "metrics.json", {
+        "stages": {r.id: r.metrics for r in records},
+        "artifacts": {a.path: a.metrics for a in manifest.artifacts},
+        "flat": flat,
+        "gates": [g.as_dict() for g in gates],
+        "tables": {r.id: r.tables for r in records if r.tables},
+    })
+    write_reports(result, loaded, data, state)
+    return result
 
 
 def _check_forward(model: torch.nn.Module, example: torch.Tensor, data_shape: tuple, factory: str) -> None:
@@ -305,6 +312,7 @@ def _attach_log(run_dir: Path) -> logging.Handler:
     handler = logging.FileHandler(run_dir / "logs" / "pruneflow.log", encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logger = logging.getLogger("pruneflow")
-    logger.setLevel(logging.INFO)
+    if logger.level == logging.NOTSET or logger.level > logging.INFO:
+        logger.setLevel(logging.INFO)
     logger.addHandler(handler)
     return handler

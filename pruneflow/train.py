@@ -37,10 +37,10 @@ class TrainSettings(StrictModel):
     eval_every: int = Field(1, ge=0, description="Evaluate every N epochs (0 = only at the end).")
 
 
-def make_optimizer(model: nn.Module, s: TrainSettings) -> torch.optim.Optimizer:
+def make_optimizer(model: nn.Module, s: TrainSettings, extra: list[nn.Module] = ()) -> torch.optim.Optimizer:
     # No weight decay on biases and normalisation parameters (standard practice).
     decay, no_decay = [], []
-    for p in model.parameters():
+    for p in [p for m in [model, *extra] for p in m.parameters()]:
         if p.requires_grad:
             (no_decay if p.dim() <= 1 else decay).append(p)
     groups = [{"params": decay, "weight_decay": s.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
@@ -63,8 +63,13 @@ def lr_factor(s: TrainSettings, step: int, steps_per_epoch: int) -> float:
 
 
 def fit(model: nn.Module, data: DataBundle, task: Task, s: TrainSettings, ctx: RunContext, *,
-        description: str = "train", extra_loss: LossFn | None = None, seed: int | None = None) -> list[dict]:
-    """Train ``model`` in place. Returns one history row per epoch (loss, accuracy, lr)."""
+        description: str = "train", extra_loss: LossFn | None = None, extra_modules: list[nn.Module] = (),
+        seed: int | None = None) -> list[dict]:
+    """Train ``model`` in place. Returns one history row per epoch (loss, accuracy, lr).
+
+    ``extra_loss(model, x, y, out)`` replaces the task loss (distillation uses it); ``extra_modules``
+    are trained alongside (e.g. feature-KD projections).
+    """
     if data.train is None:
         from .errors import InputError
 
@@ -73,7 +78,7 @@ def fit(model: nn.Module, data: DataBundle, task: Task, s: TrainSettings, ctx: R
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     model.to(ctx.device).train()
-    opt = make_optimizer(model, s)
+    opt = make_optimizer(model, s, list(extra_modules))
     steps_per_epoch = math.ceil(len(data.train) / s.batch_size)
     step = 0
     history = []

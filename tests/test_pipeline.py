@@ -76,3 +76,15 @@ def test_atomic_path_leaves_nothing_when_the_writer_fails(tmp_path):
     with atomic_path(final) as tmp:
         tmp.write_bytes(b"whole")
     assert final.read_bytes() == b"whole" and list(tmp_path.iterdir()) == [final]
+
+
+def test_a_failure_before_the_first_stage_marks_the_manifest_failed(tmp_path, write_recipe):
+    from pruneflow.errors import InputError
+
+    from conftest import tiny_recipe_dict
+
+    (tmp_path / "empty.csv").write_text("x,label\n")
+    recipe = tiny_recipe_dict(data={"format": "csv", "path": "empty.csv"})
+    with pytest.raises(InputError, match="no rows"):
+        run_recipe(load_recipe(write_recipe(recipe)), out=tmp_path / "runs")
+    assert Manifest.read(tmp_path / "runs" / "tiny")["status"] == "failed"

@@ -195,3 +195,11 @@ def test_recipe_reference_doc_is_current():
 
     committed = (REPO / "docs" / "recipe-reference.md").read_text()
     assert committed == render(), "regenerate: python -m pruneflow.recipe.reference > docs/recipe-reference.md"
+
+
+def test_a_target_listed_twice_is_rejected(write_recipe):
+    recipe = tiny_recipe_dict()
+    recipe["stages"][2]["targets"] = ["onnx", {"type": "onnx", "opset": 18}]
+    with pytest.raises(RecipeError) as err:
+        load_recipe(write_recipe(recipe))
+    assert "listed twice" in issue(err.value, "stages.2.targets").message

@@ -189,6 +189,8 @@ def apply_overrides(data: dict, positions: dict, overrides: list[str] | tuple[st
         for loc in [loc for loc in positions if loc[: len(parts)] == tuple(parts)]:
             del positions[loc]
         positions[tuple(parts)] = (source, None)
+        for cut in range(1, len(parts)):  # mappings this --set created: errors there point at it, not the file
+            positions.setdefault(tuple(parts[:cut]), (source, None))
 
 
 def _step_into(cur: Any, part: str | int, so_far: list, item: str) -> Any:
@@ -205,8 +207,10 @@ def _step_into(cur: Any, part: str | int, so_far: list, item: str) -> Any:
 
 def _bad_set(item: str, parts: list, cur: Any) -> RecipeError:
     where = ".".join(str(p) for p in parts)
-    if isinstance(cur, list):
-        message = f"{where!r} is a list of {len(cur)} entries: use an index 0..{len(cur) - 1}"
+    if isinstance(cur, list):  # ``parts`` ends with the index that is not there; the list is the path before it
+        listed = ".".join(str(p) for p in parts[:-1])
+        n = len(cur)
+        message = f"{listed!r} is a list of {n} entr{'y' if n == 1 else 'ies'}: use an index 0..{n - 1}" if cur else f"{listed!r} is an empty list"
     else:
         message = f"{where!r} holds a value, not a mapping"
     return RecipeError(
@@ -292,7 +296,7 @@ def _message(err: dict, raw_loc: tuple, model: type) -> str:
     if kind == "extra_forbidden":
         allowed = _fields_at(model, raw_loc[:-1])
         close = difflib.get_close_matches(str(raw_loc[-1]), allowed, n=1, cutoff=0.6)
-        did = f"; did you mean {close[0]!r}?" if close else ""
+        did = f"; did you mean {close[0]!r}?" if close else "."
         known = f" Known keys: {', '.join(allowed)}." if allowed else ""
         return f"unknown key{did}{known}"
     if kind == "literal_error" and raw_loc and raw_loc[-1] == "type":

@@ -51,6 +51,22 @@ class ExportConfig(StageConfig):
     def _names(cls, value: Any) -> Any:
         return normalise_target_list(value)
 
+    @field_validator("targets", mode="after")
+    @classmethod
+    def _unique(cls, value: list) -> list:
+        names = [getattr(t, "type", t.get("type") if isinstance(t, dict) else t) for t in value]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"target {', '.join(map(repr, twice))} is listed twice")
+        return value
+
+    @field_validator("precisions", mode="after")
+    @classmethod
+    def _unique_precisions(cls, value: list) -> list:
+        if len(set(value)) != len(value):
+            raise ValueError("a precision is listed twice")
+        return value
+
 
 class ExportStage(Stage):
     Config = ExportConfig
@@ -66,10 +82,7 @@ class ExportStage(Stage):
 
     def _targets(self) -> list[tuple[str, Target]]:
         made = [(t.type, registry.targets.get(t.type)(t)) for t in self.config.targets]
-        names = [n for n, _ in made]
-        if len(set(names)) != len(names):
-            raise InputError(f"stages.{self.index}.targets lists a target twice: {names}")
-        order = {n: i for i, n in enumerate(names)}
+        order = {n: i for i, (n, _) in enumerate(made)}
         # Targets that consume another target's artifact (e.g. OpenVINO from ONNX) come after it.
         made.sort(key=lambda nt: any(dep in order for dep in nt[1].depends_on))
         return made

@@ -1,0 +1,118 @@
+"""Knowledge distillation losses, shared by the prune and qat stages.
+
+NNCF 3.x dropped distillation and torch-pruning has none, so this is ours: logits KD (KL divergence
+at temperature T, Hinton et al. 2015) mixed with the hard-label loss, plus optional feature KD on
+named layers with a learned 1x1 projection when the student's width differs from the teacher's.
+
+    distiller = Distiller(student, teacher, DistillSpec(temperature=4, alpha=0.7), task, example)
+    fit(student, data, task, settings, ctx, extra_loss=distiller.loss, extra_modules=distiller.modules())
+    distiller.close()
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+from torch import nn
+
+from .errors import InputError
+from .stage import StrictModel
+from .tasks import Task
+
+
+class DistillSpec(StrictModel):
+    temperature: float = Field(4.0, gt=0, le=100, description="Softmax temperature T of the logits KD term.")
+    alpha: float = Field(0.7, ge=0, le=1, description="Weight of the KD term; (1 - alpha) weighs the hard-label loss.")
+    features: list[str] = Field(
+        default_factory=list,
+        description="Module names (as in model.named_modules()) whose outputs the student matches (MSE) in the teacher.",
+    )
+    feature_weight: float = Field(1.0, ge=0, description="Weight of the summed feature KD terms.")
+
+
+def kd_logits_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """KL(teacher_T || student_T) × T², so gradients keep their scale across temperatures."""
+    t = temperature
+    return F.kl_div(F.log_softmax(student_logits / t, -1), F.log_softmax(teacher_logits / t, -1),
+                    reduction="batchmean", log_target=True) * (t * t)
+
+
+def frozen_copy(model: nn.Module) -> nn.Module:
+    teacher = copy.deepcopy(model).eval()
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    return teacher
+
+
+class _Capture:
+    def __init__(self, model: nn.Module, names: list[str], role: str):
+        modules = dict(model.named_modules())
+        missing = [n for n in names if n not in modules]
+        if missing:
+            raise InputError(f"distill.features: the {role} has no module {', '.join(map(repr, missing))}",
+                             hint="use names from `pruneflow inspect` (the per-layer table)")
+        self.outputs: dict[str, torch.Tensor] = {}
+        self.handles = [modules[n].register_forward_hook(self._hook(n)) for n in names]
+
+    def _hook(self, name):
+        def hook(module, inputs, output):
+            self.outputs[name] = output if isinstance(output, torch.Tensor) else output[0]
+
+        return hook
+
+    def close(self):
+        for h in self.handles:
+            h.remove()
+
+
+class Distiller:
+    """Builds the training loss: ``alpha * KD + (1 - alpha) * task loss (+ feature KD)``."""
+
+    def __init__(self, student: nn.Module, teacher: nn.Module, spec: DistillSpec, task: Task, example: torch.Tensor):
+        self.student, self.teacher, self.spec, self.task = student, teacher.eval(), spec, task
+        self.projections = nn.ModuleDict()
+        self._s = _Capture(student, spec.features, "student") if spec.features else None
+        self._t = _Capture(teacher, spec.features, "teacher") if spec.features else None
+        if spec.features:
+            with torch.no_grad():
+                was = student.training
+                student.eval()
+                student(example)
+                teacher(example)
+                student.train(was)
+            for name in spec.features:
+                s, t = self._s.outputs[name], self._t.outputs[name]  # type: ignore[union-attr]
+                if s.shape[1] != t.shape[1]:
+                    conv = s.dim() == 4
+                    proj = nn.Conv2d(s.shape[1], t.shape[1], 1, bias=False) if conv else nn.Linear(s.shape[1], t.shape[1], bias=False)
+                    self.projections[name.replace(".", "__")] = proj.to(s.device)
+
+    def modules(self) -> list[nn.Module]:
+        """Trainable modules besides the student (the projections), for the optimizer."""
+        return list(self.projections.values())
+
+    def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, out) -> torch.Tensor:
+        with torch.no_grad():
+            teacher_out = self.teacher(x)
+        s_logits, t_logits = self.task.logits(out), self.task.logits(teacher_out)
+        loss = self.spec.alpha * kd_logits_loss(s_logits, t_logits, self.spec.temperature)
+        if self.spec.alpha < 1:
+            loss = loss + (1 - self.spec.alpha) * self.task.loss(out, y)
+        if self._s is not None and self._t is not None and self.spec.feature_weight:
+            feat = 0.0
+            for name in self.spec.features:
+                s, t = self._s.outputs[name], self._t.outputs[name]
+                key = name.replace(".", "__")
+                if key in self.projections:
+                    s = self.projections[key](s)
+                feat = feat + F.mse_loss(s, t)
+            loss = loss + self.spec.feature_weight * feat
+        return loss
+
+    def close(self) -> None:
+        for cap in (self._s, self._t):
+            if cap is not None:
+                cap.close()
