@@ -63,7 +63,10 @@ def _err_console() -> Console:
 
 
 def _out_console() -> Console:
-    return Console(highlight=False, soft_wrap=True)
+    console = Console(highlight=False, soft_wrap=True)
+    if not console.is_terminal:  # CI logs and pipes: wide enough that tables do not wrap
+        console = Console(highlight=False, soft_wrap=True, width=max(console.width, 140))
+    return console
 
 
 @contextlib.contextmanager

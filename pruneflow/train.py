@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Callable, Literal
 
@@ -74,6 +75,9 @@ def fit(model: nn.Module, data: DataBundle, task: Task, s: TrainSettings, ctx: R
         from .errors import InputError
 
         raise InputError("training needs a train split", hint="set data.path (split by eval_fraction) or data.train")
+    if s.label_smoothing and hasattr(task, "label_smoothing"):
+        task = copy.copy(task)
+        task.label_smoothing = s.label_smoothing  # type: ignore[attr-defined]
     seed = ctx.seed if seed is None else seed
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)

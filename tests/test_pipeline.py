@@ -26,7 +26,8 @@ def test_quickstart_meets_its_acceptance_figures(quickstart):
     assert abs(r.metrics["onnx.fp32.accuracy"] - r.metrics["evaluate.accuracy"]) <= 0.005
     assert r.metrics["onnx.fp32.top1_agreement"] >= 0.99
     assert r.metrics["evaluate.samples"] == 360  # 20 % of 1,797 digits, stratified
-    assert [s.id for s in r.stages] == ["train", "evaluate", "export"]
+    assert [s.id for s in r.stages] == ["train", "prune", "evaluate", "export"]
+    assert r.metrics["prune.macs_reduction"] >= 2.0  # target: keep half the MACs
 
 
 def test_quickstart_manifest_records_true_hashes_and_lineage(quickstart):
@@ -34,12 +35,13 @@ def test_quickstart_manifest_records_true_hashes_and_lineage(quickstart):
     manifest = Manifest.read(run_dir)
     assert manifest["status"] == "complete"
     by_path = {a["path"]: a for a in manifest["artifacts"]}
-    assert set(by_path) == {"stages/01-train/model.pt", "export/onnx/model.fp32.onnx"}
+    assert set(by_path) == {"stages/01-train/model.pt", "stages/02-prune/model.pt", "export/onnx/model.fp32.onnx"}
     for path, artifact in by_path.items():
         assert artifact["sha256"] == sha256_file(run_dir / path)
         assert artifact["size_bytes"] == (run_dir / path).stat().st_size
         assert artifact["tool_versions"]["torch"]
-    assert by_path["export/onnx/model.fp32.onnx"]["parent"] == "stages/01-train/model.pt"
+    assert by_path["export/onnx/model.fp32.onnx"]["parent"] == "stages/02-prune/model.pt"
+    assert by_path["stages/02-prune/model.pt"]["parent"] == "stages/01-train/model.pt"
     assert by_path["stages/01-train/model.pt"]["parent"].startswith("source:")
 
 

@@ -22,9 +22,7 @@ class TrainStage(Stage):
 
     def run(self, state, ctx):
         cfg: TrainConfig = self.config  # type: ignore[assignment]
-        state.task.label_smoothing = cfg.label_smoothing  # type: ignore[attr-defined]
         history = fit(state.model, state.data, state.task, cfg, ctx, description=self.id)
-        state.task.label_smoothing = 0.0  # type: ignore[attr-defined]
         last = history[-1]
         macs, params = count_macs_params(state.model, state.example_input)
         metrics = {

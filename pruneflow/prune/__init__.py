@@ -1,0 +1,1 @@
+"""Structured pruning: importance criteria, progressive schedule, torch-pruning DepGraph glue."""

@@ -1,0 +1,145 @@
+"""Structured pruning on torch-pruning's dependency graph, with targets found by search.
+
+torch-pruning prunes a *channel ratio*; users ask for a MACs or parameter budget. ``search_ratio``
+finds the ratio that meets a budget by bisection on throw-away copies (a copy, a dependency graph
+and a MACs count take ~0.3 s for ResNet-56), with the same importance scores as the real step.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch_pruning as tp
+from torch import nn
+
+from ..errors import InputError
+from .importance import SaliencyImportance
+from .surgery import ChannelEmbedConv
+
+Metric = Literal["channels", "macs", "params"]
+
+
+@dataclass
+class PruneOptions:
+    allocation: Literal["global", "uniform"] = "global"
+    max_layer_ratio: float = 0.9
+    round_to: int | None = None
+    ignored: tuple[str, ...] = ()  # module names kept intact
+
+
+def resolve_ignored(model: nn.Module, patterns: list[str] | None) -> tuple[str, ...]:
+    """Module names matching ``patterns`` (names or regexes); default: the classifier (last Linear)."""
+    names = [n for n, m in model.named_modules() if n]
+    if patterns is None:
+        linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+        return tuple(linears[-1:])
+    out = []
+    for pattern in patterns:
+        hits = [n for n in names if n == pattern or re.fullmatch(pattern, n)]
+        if not hits:
+            raise InputError(
+                f"prune.ignore: {pattern!r} matches no module of the model",
+                hint="use names from `pruneflow inspect` (first column) or a regex such as 'layer3\\..*'",
+            )
+        out += hits
+    return tuple(dict.fromkeys(out))
+
+
+def prunable_layers(model: nn.Module, ignored: tuple[str, ...]) -> list[tuple[str, nn.Module]]:
+    out = []
+    for name, m in model.named_modules():
+        if isinstance(m, (nn.Conv2d, nn.Conv1d, nn.Linear)) and not isinstance(m, ChannelEmbedConv):
+            if not any(name == i or name.startswith(i + ".") for i in ignored):
+                out.append((name, m))
+    return out
+
+
+def channel_count(model: nn.Module, ignored: tuple[str, ...]) -> int:
+    return sum(m.out_channels if hasattr(m, "out_channels") else m.out_features for _, m in prunable_layers(model, ignored))
+
+
+def measure(model: nn.Module, example: torch.Tensor, ignored: tuple[str, ...]) -> dict[str, int]:
+    was = model.training
+    model.eval()
+    macs, params = tp.utils.count_ops_and_params(model, example)
+    model.train(was)
+    return {"macs": int(macs), "params": int(params), "channels": channel_count(model, ignored)}
+
+
+def _pruner(model: nn.Module, example: torch.Tensor, saliency: dict, ratio: float, opts: PruneOptions):
+    modules = dict(model.named_modules())
+    if not prunable_layers(model, opts.ignored):
+        raise InputError("prune: every prunable layer is ignored; nothing is left to prune",
+                         hint="shorten prune.ignore (the classifier is ignored by default)")
+    return tp.pruner.MetaPruner(
+        model,
+        example,
+        importance=SaliencyImportance(model, saliency),
+        global_pruning=opts.allocation == "global",
+        pruning_ratio=ratio,
+        max_pruning_ratio=opts.max_layer_ratio,
+        ignored_layers=[modules[n] for n in opts.ignored],
+        round_to=opts.round_to,
+    )
+
+
+def prune_step(model: nn.Module, example: torch.Tensor, saliency: dict, ratio: float, opts: PruneOptions) -> None:
+    """Prune ``model`` in place by ``ratio`` of its current channels."""
+    if ratio <= 0:
+        return
+    was = model.training
+    model.eval()
+    _pruner(model, example, saliency, ratio, opts).step()
+    model.train(was)
+
+
+def search_ratio(model: nn.Module, example: torch.Tensor, saliency: dict, opts: PruneOptions, metric: Metric,
+                 goal: float, iterations: int = 14) -> tuple[float, dict[str, int]]:
+    """Smallest ratio whose pruned copy has ``metric`` <= ``goal``. Raises InputError when unreachable."""
+
+    def trial(ratio: float) -> dict[str, int]:
+        trial_model = copy.deepcopy(model)
+        prune_step(trial_model, example, saliency, ratio, opts)
+        return measure(trial_model, example, opts.ignored)
+
+    current = measure(model, example, opts.ignored)
+    if current[metric] <= goal:
+        return 0.0, current
+    hi = min(opts.max_layer_ratio, 0.99)
+    best = trial(hi)
+    if best[metric] > goal:
+        raise InputError(
+            f"prune.target: {metric} cannot go below {best[metric]:,} ({best[metric] / current[metric]:.1%} of the "
+            f"current model) with max_layer_ratio {opts.max_layer_ratio} and the ignored layers; the target needs {goal:,.0f}",
+            hint="raise prune.max_layer_ratio, ignore fewer layers, or ask for less",
+        )
+    lo, best_ratio = 0.0, hi
+    for _ in range(iterations):
+        mid = (lo + hi) / 2
+        result = trial(mid)
+        if result[metric] <= goal:
+            hi, best_ratio, best = mid, mid, result
+        else:
+            lo = mid
+    return best_ratio, best
+
+
+def auto_rounds(metric: Metric, keep: float, per_round: float = 0.1) -> int:
+    """About ``per_round`` of the channels per round: MACs and params scale ~ with channels squared."""
+    removed = 1 - keep if metric == "channels" else 1 - math.sqrt(keep)
+    return max(1, math.ceil(removed / per_round - 1e-9))
+
+
+def layer_channels(model: nn.Module) -> dict[str, int]:
+    out = {}
+    for name, m in model.named_modules():
+        if isinstance(m, (nn.Conv2d, nn.Conv1d)) and not isinstance(m, ChannelEmbedConv):
+            out[name] = m.out_channels
+        elif isinstance(m, nn.Linear):
+            out[name] = m.out_features
+    return out

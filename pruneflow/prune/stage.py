@@ -1,0 +1,213 @@
+"""`prune`: progressive structured pruning with distillation fine-tuning between rounds."""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+import time
+from pathlib import Path
+from typing import Literal
+
+import torch
+from pydantic import Field, model_validator
+
+from ..bench import measure_latency
+from ..distill import DistillSpec, Distiller, frozen_copy
+from ..evaluate import evaluate_model
+from ..recipe.models import ModelSpec
+from ..stage import Stage, StageConfig, StageResult, StrictModel
+from ..train import TrainSettings, fit
+from .engine import PruneOptions, auto_rounds, layer_channels, measure, prune_step, resolve_ignored, search_ratio
+from .fisher import fisher_diagonal, mean_gradients
+from .importance import hessian_saliency, magnitude_saliency, mixed_saliency, taylor_saliency
+from .surgery import make_prunable
+
+
+class PruneTarget(StrictModel):
+    ratio: float | None = Field(None, gt=0, lt=1, description="Share of prunable channels to remove.")
+    macs: float | None = Field(None, gt=0, lt=1, description="Share of the baseline MACs to keep (0.5 = 2x fewer).")
+    params: float | None = Field(None, gt=0, lt=1, description="Share of the baseline parameters to keep.")
+
+    @model_validator(mode="after")
+    def _one(self) -> "PruneTarget":
+        given = [k for k in ("ratio", "macs", "params") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of ratio, macs, params (got {', '.join(given) or 'none'})")
+        return self
+
+    def metric_and_keep(self) -> tuple[str, float]:
+        if self.ratio is not None:
+            return "channels", 1 - self.ratio
+        if self.macs is not None:
+            return "macs", self.macs
+        return "params", self.params  # type: ignore[return-value]
+
+
+class FinetuneSettings(TrainSettings):
+    epochs: int = Field(1, ge=0, le=10_000, description="Passes over the training split (0 = none).")
+    lr: float = Field(0.01, gt=0, le=10, description="Peak learning rate (decayed across rounds by `lr_decay`).")
+
+
+class PruneLatency(StrictModel):
+    batch_sizes: list[int] = Field([1, 32], min_length=1, description="Batch sizes timed in onnxruntime.")
+    runs: int = Field(20, ge=1, description="Timed runs per batch size.")
+
+
+class PruneConfig(StageConfig):
+    type: Literal["prune"] = Field("prune", description="Structured channel pruning with progressive rounds and KD fine-tuning.")
+    importance: Literal["magnitude", "taylor", "hessian", "hessian+taylor"] = Field(
+        "hessian", description="Channel importance: weight magnitude, first-order Taylor (|w·g|), Hessian (OBD, w²·Fisher), or both mixed."
+    )
+    target: PruneTarget = Field(description="What to reach: {ratio: 0.3} channels removed, {macs: 0.5} or {params: 0.5} kept.")
+    rounds: int | Literal["auto"] = Field("auto", description="Prune-then-fine-tune rounds; `auto` removes about 10 % of channels a round.")
+    allocation: Literal["global", "uniform"] = Field(
+        "global", description="`global` ranks channels across layers; `uniform` prunes every layer by the same ratio."
+    )
+    max_layer_ratio: float = Field(0.9, gt=0, lt=1, description="At most this share of any layer's channels is removed.")
+    round_to: int | None = Field(None, ge=1, description="Keep channel counts multiples of this (kernels run faster).")
+    ignore: list[str] | None = Field(None, description="Module names or regexes kept intact; default: the classifier.")
+    magnitude_p: Literal[1, 2] = Field(2, description="`magnitude`: L1 or L2.")
+    hessian_weight: float = Field(0.5, ge=0, le=1, description="`hessian+taylor`: weight of the Hessian term.")
+    importance_batches: int = Field(4, ge=1, description="Training batches used to score importance each round.")
+    importance_batch_size: int = Field(32, ge=1, description="Samples per importance batch.")
+    finetune: FinetuneSettings | None = Field(
+        default_factory=FinetuneSettings, description="Fine-tuning after each round (null = none)."
+    )
+    lr_decay: float = Field(0.7, gt=0, le=1, description="Fine-tune LR factor from one round to the next.")
+    final_finetune: FinetuneSettings | None = Field(None, description="A longer fine-tune after the last round.")
+    distill: DistillSpec | None = Field(
+        default_factory=DistillSpec, description="KD from the teacher during fine-tuning (null = hard labels only)."
+    )
+    teacher: ModelSpec | None = Field(None, description="Teacher model; default: a frozen copy of the model entering the stage.")
+    latency: PruneLatency | None = Field(
+        default_factory=PruneLatency, description="Time the model in onnxruntime before and after (null = skip)."
+    )
+
+
+class PruneStage(Stage):
+    Config = PruneConfig
+    modifies_model = True
+    needs_train_split = True
+
+    def run(self, state, ctx):
+        cfg: PruneConfig = self.config  # type: ignore[assignment]
+        model, example, task, data = state.model, state.example_input, state.task, state.data
+        metric, keep = cfg.target.metric_and_keep()
+        replaced = make_prunable(model, example)
+        ignored = resolve_ignored(model, cfg.ignore)
+        opts = PruneOptions(cfg.allocation, cfg.max_layer_ratio, cfg.round_to, ignored)
+        before = measure(model, example, ignored)
+        channels_before = layer_channels(model)
+        accuracy_before = evaluate_model(model, data.eval, task, ctx.recipe.data.eval_batch_size, ctx.device,
+                                         ctx.reporter, f"{self.id} baseline")["accuracy"]
+        latency_before = self._latency(model, example, data) if cfg.latency else {}
+        teacher = self._teacher(state, ctx)
+        rounds = auto_rounds(metric, keep) if cfg.rounds == "auto" else cfg.rounds
+        rows, importance_seconds, lr = [], 0.0, cfg.finetune.lr if cfg.finetune else 0.0
+        for k in range(1, rounds + 1):
+            start = time.perf_counter()
+            goal = before[metric] * (1 - (1 - keep) * k / rounds)
+            t0 = time.perf_counter()
+            saliency = self._saliency(model, data, task, ctx)
+            importance_seconds += time.perf_counter() - t0
+            ratio, _ = search_ratio(model, example, saliency, opts, metric, goal)
+            prune_step(model, example, saliency, ratio, opts)
+            model._pruneflow_restructured = True
+            after = measure(model, example, ignored)
+            accuracy = None
+            if cfg.finetune and cfg.finetune.epochs:
+                settings = cfg.finetune.model_copy(update={"lr": lr})
+                accuracy = self._finetune(model, teacher, settings, state, ctx, f"{self.id} round {k}/{rounds}")
+                lr *= cfg.lr_decay
+            if accuracy is None:
+                accuracy = evaluate_model(model, data.eval, task, ctx.recipe.data.eval_batch_size, ctx.device,
+                                          ctx.reporter, f"{self.id} round {k}")["accuracy"]
+            rows.append({"round": k, "ratio": round(ratio, 4), "channels": after["channels"], "macs": after["macs"],
+                         "params": after["params"], "macs_kept": after["macs"] / before["macs"],
+                         "accuracy": accuracy, "seconds": round(time.perf_counter() - start, 1)})
+            ctx.reporter.info(f"{self.id} round {k}/{rounds}: {after['macs'] / before['macs']:.1%} of MACs, accuracy {accuracy:.4f}")
+        final = rows[-1]["accuracy"] if rows else accuracy_before
+        if cfg.final_finetune and cfg.final_finetune.epochs:
+            final = self._finetune(model, teacher, cfg.final_finetune, state, ctx, f"{self.id} final fine-tune")
+        after = measure(model, example, ignored)
+        metrics = {
+            "accuracy": final,
+            "accuracy_before": accuracy_before,
+            "macs": after["macs"],
+            "params": after["params"],
+            "macs_before": before["macs"],
+            "params_before": before["params"],
+            "macs_reduction": before["macs"] / after["macs"],
+            "params_reduction": before["params"] / after["params"],
+            "channels_kept": after["channels"] / before["channels"],
+            "rounds": rounds,
+            "importance_seconds": round(importance_seconds, 3),
+            "shortcuts_rewritten": replaced,
+        }
+        if cfg.latency:
+            latency_after = self._latency(model, example, data)
+            for key, value in latency_before.items():
+                metrics[f"{key}_before"] = value
+                metrics[key] = latency_after[key]
+            for bs in cfg.latency.batch_sizes:
+                metrics[f"latency_b{bs}_speedup"] = latency_before[f"latency_b{bs}_median_ms"] / latency_after[f"latency_b{bs}_median_ms"]
+        layers = [{"layer": n, "before": c, "after": layer_channels(model).get(n, 0)} for n, c in channels_before.items()]
+        return StageResult(metrics=metrics, tables={"rounds": rows, "channels": layers})
+
+    # ------------------------------------------------------------------ pieces
+
+    def _teacher(self, state, ctx):
+        cfg: PruneConfig = self.config  # type: ignore[assignment]
+        if cfg.distill is None:
+            return None
+        if cfg.teacher is not None:
+            from ..models import build_model
+
+            return frozen_copy(build_model(cfg.teacher)).to(ctx.device)
+        return state.teacher if state.teacher is not None else frozen_copy(state.model)
+
+    def _importance_batches(self, data, ctx):
+        cfg: PruneConfig = self.config  # type: ignore[assignment]
+        n = cfg.importance_batches * cfg.importance_batch_size
+        x, y = data.train.x[:n].to(ctx.device), data.train.y[:n].to(ctx.device)
+        return [(x[i : i + cfg.importance_batch_size], y[i : i + cfg.importance_batch_size]) for i in range(0, len(y), cfg.importance_batch_size)]
+
+    def _saliency(self, model, data, task, ctx) -> dict[str, torch.Tensor]:
+        cfg: PruneConfig = self.config  # type: ignore[assignment]
+        if cfg.importance == "magnitude":
+            return magnitude_saliency(model, cfg.magnitude_p)
+        batches = self._importance_batches(data, ctx)
+        if cfg.importance == "taylor":
+            return taylor_saliency(model, mean_gradients(model, batches, task.loss))
+        fisher, grads = fisher_diagonal(model, batches, task.loss)
+        hessian = hessian_saliency(model, fisher)
+        if cfg.importance == "hessian":
+            return hessian
+        return mixed_saliency(hessian, taylor_saliency(model, grads), cfg.hessian_weight)
+
+    def _finetune(self, model, teacher, settings, state, ctx, description) -> float:
+        cfg: PruneConfig = self.config  # type: ignore[assignment]
+        distiller = Distiller(model, teacher, cfg.distill, state.task, state.example_input) if teacher is not None and cfg.distill else None
+        try:
+            history = fit(model, state.data, state.task, settings, ctx, description=description,
+                          extra_loss=distiller.loss if distiller else None,
+                          extra_modules=distiller.modules() if distiller else ())
+        finally:
+            if distiller:
+                distiller.close()
+        return history[-1]["eval_accuracy"]
+
+    def _latency(self, model, example, data) -> dict[str, float]:
+        from ..export.onnx import export_onnx, onnxruntime_runner
+        from ..stages.export import fresh_batch
+
+        cfg: PruneConfig = self.config  # type: ignore[assignment]
+        out = {}
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "model.onnx"
+            export_onnx(copy.deepcopy(model).cpu(), example.cpu(), path)
+            run = onnxruntime_runner(path, threads=1)
+            for bs in cfg.latency.batch_sizes:  # type: ignore[union-attr]
+                lat = measure_latency(run, fresh_batch(data.eval.x, bs).numpy(), warmup=3, runs=cfg.latency.runs)  # type: ignore[union-attr]
+                out[f"latency_b{bs}_median_ms"] = lat["median_ms"]
+        return out
