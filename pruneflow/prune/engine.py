@@ -99,8 +99,13 @@ def prune_step(model: nn.Module, example: torch.Tensor, saliency: dict, ratio: f
 
 
 def search_ratio(model: nn.Module, example: torch.Tensor, saliency: dict, opts: PruneOptions, metric: Metric,
-                 goal: float, iterations: int = 14) -> tuple[float, dict[str, int]]:
-    """Smallest ratio whose pruned copy has ``metric`` <= ``goal``. Raises InputError when unreachable."""
+                 goal: float, grid: int = 18, iterations: int = 8) -> tuple[float, dict[str, int]]:
+    """Smallest ratio whose pruned copy has ``metric`` <= ``goal``. Raises InputError when unreachable.
+
+    The result is not monotone in the ratio: torch-pruning's ``round_to`` rounds the kept channels
+    *down*, and skips a layer that would keep none, so a higher ratio can prune less. A coarse grid
+    finds the first feasible ratio; bisection then refines between it and the grid point before.
+    """
 
     def trial(ratio: float) -> dict[str, int]:
         trial_model = copy.deepcopy(model)
@@ -110,23 +115,33 @@ def search_ratio(model: nn.Module, example: torch.Tensor, saliency: dict, opts: 
     current = measure(model, example, opts.ignored)
     if current[metric] <= goal:
         return 0.0, current
-    hi = min(opts.max_layer_ratio, 0.99)
-    best = trial(hi)
-    if best[metric] > goal:
+    top = min(opts.max_layer_ratio, 0.99)
+    ratios = [top * (i + 1) / grid for i in range(grid)]
+    lo, found, lowest = 0.0, None, current
+    for ratio in ratios:
+        result = trial(ratio)
+        if result[metric] < lowest[metric]:
+            lowest = result
+        if result[metric] <= goal:
+            found = (ratio, result)
+            break
+        lo = ratio
+    if found is None:
         raise InputError(
-            f"prune.target: {metric} cannot go below {best[metric]:,} ({best[metric] / current[metric]:.1%} of the "
-            f"current model) with max_layer_ratio {opts.max_layer_ratio} and the ignored layers; the target needs {goal:,.0f}",
-            hint="raise prune.max_layer_ratio, ignore fewer layers, or ask for less",
+            f"prune.target: {metric} cannot go below {lowest[metric]:,} ({lowest[metric] / current[metric]:.1%} of the "
+            f"current model) with max_layer_ratio {opts.max_layer_ratio}, round_to {opts.round_to} and the ignored layers; "
+            f"the target needs {goal:,.0f}",
+            hint="raise prune.max_layer_ratio, lower round_to, ignore fewer layers, or ask for less",
         )
-    lo, best_ratio = 0.0, hi
+    hi, best = found
     for _ in range(iterations):
         mid = (lo + hi) / 2
         result = trial(mid)
         if result[metric] <= goal:
-            hi, best_ratio, best = mid, mid, result
+            hi, best = mid, result
         else:
             lo = mid
-    return best_ratio, best
+    return hi, best
 
 
 def auto_rounds(metric: Metric, keep: float, per_round: float = 0.1) -> int:

@@ -108,7 +108,7 @@ class PruneStage(Stage):
             start = time.perf_counter()
             goal = before[metric] * (1 - (1 - keep) * k / rounds)
             t0 = time.perf_counter()
-            saliency = self._saliency(model, data, task, ctx)
+            saliency = self._saliency(model, data, task, ctx, k)
             importance_seconds += time.perf_counter() - t0
             ratio, _ = search_ratio(model, example, saliency, opts, metric, goal)
             prune_step(model, example, saliency, ratio, opts)
@@ -166,17 +166,20 @@ class PruneStage(Stage):
             return frozen_copy(build_model(cfg.teacher)).to(ctx.device)
         return state.teacher if state.teacher is not None else frozen_copy(state.model)
 
-    def _importance_batches(self, data, ctx):
+    def _importance_batches(self, data, ctx, round_index: int):
+        """A seeded random sample of the training split (files are often sorted by class)."""
         cfg: PruneConfig = self.config  # type: ignore[assignment]
-        n = cfg.importance_batches * cfg.importance_batch_size
-        x, y = data.train.x[:n].to(ctx.device), data.train.y[:n].to(ctx.device)
+        n = min(cfg.importance_batches * cfg.importance_batch_size, len(data.train))
+        gen = torch.Generator().manual_seed(ctx.seed * 1000 + round_index)
+        idx = torch.randperm(len(data.train), generator=gen)[:n]
+        x, y = data.train.x[idx].to(ctx.device), data.train.y[idx].to(ctx.device)
         return [(x[i : i + cfg.importance_batch_size], y[i : i + cfg.importance_batch_size]) for i in range(0, len(y), cfg.importance_batch_size)]
 
-    def _saliency(self, model, data, task, ctx) -> dict[str, torch.Tensor]:
+    def _saliency(self, model, data, task, ctx, round_index: int) -> dict[str, torch.Tensor]:
         cfg: PruneConfig = self.config  # type: ignore[assignment]
         if cfg.importance == "magnitude":
             return magnitude_saliency(model, cfg.magnitude_p)
-        batches = self._importance_batches(data, ctx)
+        batches = self._importance_batches(data, ctx, round_index)
         if cfg.importance == "taylor":
             return taylor_saliency(model, mean_gradients(model, batches, task.loss))
         fisher, grads = fisher_diagonal(model, batches, task.loss)
