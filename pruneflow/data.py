@@ -22,7 +22,7 @@ from .recipe.models import AugmentSpec, DataSpec
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-INPUT_CANDIDATES = ("image", "images", "img", "pixel_values", "input", "inputs", "x", "features")
+INPUT_CANDIDATES = ("image", "images", "img", "pixel_values", "input", "inputs", "x", "features", "sentence", "text")
 LABEL_FALLBACKS = ("labels", "y", "target")
 EVAL_SPLIT_NAMES = ("validation", "eval", "test", "valid")
 
@@ -335,6 +335,9 @@ def _to_split(ds, spec: DataSpec, role: str) -> Split:
     label = _label_column(ds, spec)
     columns = _input_columns(ds, spec, label)
     layout = spec.layout
+    if spec.tokenizer:
+        y = _check_labels(np.asarray(ds.with_format("numpy")[label]), label).astype(np.int64)
+        return Split(torch.from_numpy(_tokenize(ds, columns, spec)), torch.from_numpy(y))
     if len(columns) == 1 and isinstance(ds.features[columns[0]], datasets.Image):
         x, layout = _images(ds[columns[0]], spec), "nhwc"  # decoded images are always (N, H, W, C)
     else:
@@ -351,6 +354,43 @@ def _to_split(ds, spec: DataSpec, role: str) -> Split:
     if len(y) == 0:
         raise InputError(f"data: the {role} split is empty", hint="use more data or a smaller eval_fraction")
     return Split(_preprocess(x, spec, layout), torch.from_numpy(y))
+
+
+_TOKENIZERS: dict[str, object] = {}
+
+
+def load_tokenizer(path: str):
+    """A fast tokenizer from a folder, or a BERT WordPiece tokenizer from a vocab.txt (no hub access)."""
+    if path in _TOKENIZERS:
+        return _TOKENIZERS[path]
+    try:
+        import transformers
+    except ImportError as exc:
+        raise MissingDependencyError("text data needs the `transformers` package", hint="pip install 'pruneflow[transformers]'") from exc
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"data.tokenizer: not found: {p}", hint="point at a tokenizer folder or a vocab.txt")
+    try:
+        if p.is_file():
+            # transformers 5.x: `vocab=` (the older `vocab_file=` is silently ignored there).
+            tok = transformers.BertTokenizerFast(vocab=str(p), do_lower_case=True)
+        else:
+            tok = transformers.AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+    except Exception as exc:  # noqa: BLE001 - transformers raises many types for unreadable folders
+        raise InputError(f"data.tokenizer: could not load a tokenizer from {p}: {type(exc).__name__}: {exc}") from exc
+    if len(tok) < 10:
+        raise InputError(f"data.tokenizer: {p} gave a tokenizer of only {len(tok)} tokens", hint="check the vocab file")
+    _TOKENIZERS[path] = tok
+    return tok
+
+
+def _tokenize(ds, columns: list[str], spec: DataSpec) -> np.ndarray:
+    tok = load_tokenizer(spec.tokenizer)  # type: ignore[arg-type]
+    texts = [list(ds[c]) for c in columns]
+    if any(not isinstance(t, str) for t in texts[0][:5]):
+        raise InputError(f"data.input_column: {columns[0]!r} does not hold text", hint="name the text column in data.input_column")
+    enc = tok(*texts, padding="max_length", truncation=True, max_length=spec.max_length, return_tensors="np")
+    return enc["input_ids"].astype(np.int64)
 
 
 def _stored_dtype(arr: np.ndarray, feature) -> np.ndarray:

@@ -98,8 +98,8 @@ def build_model(spec: ModelSpec) -> nn.Module:
 def input_shape_for(spec: ModelSpec, data_shape: tuple[int, ...] | None) -> tuple[int, ...]:
     if spec.input_shape:
         return tuple(spec.input_shape)
-    if spec.factory in ZOO:
-        return ZOO[spec.factory].input_shape
+    if spec.factory in ZOO and ZOO[spec.factory].input_shape:
+        return ZOO[spec.factory].input_shape  # type: ignore[return-value]
     if data_shape:
         return tuple(data_shape)
     raise InputError(

@@ -183,7 +183,7 @@ def _run(loaded: LoadedRecipe, stages: list[Stage], run_dir: Path, manifest: Man
     data = load_data(recipe.data, recipe.seed, with_train=any(s.needs_train_split for s in stages))
     model = build_model(recipe.model)
     shape = input_shape_for(recipe.model, data.input_shape)
-    example = torch.zeros((1,) + tuple(shape))
+    example = torch.zeros((1,) + tuple(shape), dtype=data.eval.x.dtype)
     _check_forward(model, example, data.input_shape, recipe.model.factory)
     state = RunState(model=model.to(device), task=make_task(recipe.task), data=data,
                      model_key=source_key(loaded), example_input=example.to(device))

@@ -50,7 +50,8 @@ def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: Path, *, op
     onnx = require("onnx", "pip install onnx", "ONNX export")
     model = model.cpu().eval()
     # A fresh tensor with batch 2: a sliced example or batch 1 can fix the batch dimension in the graph.
-    x = torch.randn((2,) + tuple(example.shape[1:]))
+    shape = (2,) + tuple(example.shape[1:])
+    x = torch.ones(shape, dtype=example.dtype) if not example.dtype.is_floating_point else torch.randn(shape)
     with atomic_path(path) as tmp:
         try:
             with warnings.catch_warnings():

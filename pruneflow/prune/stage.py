@@ -13,7 +13,8 @@ from pydantic import Field, model_validator
 
 from ..bench import measure_latency
 from ..distill import DistillSpec, Distiller, frozen_copy
-from ..evaluate import evaluate_model
+from ..errors import InputError
+from ..evaluate import count_macs_params, evaluate_model
 from ..recipe.models import ModelSpec
 from ..stage import Stage, StageConfig, StageResult, StrictModel
 from ..train import TrainSettings, fit
@@ -21,19 +22,29 @@ from .engine import PruneOptions, auto_rounds, layer_channels, measure, prune_st
 from .fisher import fisher_diagonal, mean_gradients
 from .importance import hessian_saliency, magnitude_saliency, mixed_saliency, taylor_saliency
 from .surgery import make_prunable
+from .transformer import attention_sites, ffn_sites, is_transformer, prune_heads, prune_neurons, select_lowest, unit_importance
 
 
 class PruneTarget(StrictModel):
     ratio: float | None = Field(None, gt=0, lt=1, description="Share of prunable channels to remove.")
     macs: float | None = Field(None, gt=0, lt=1, description="Share of the baseline MACs to keep (0.5 = 2x fewer).")
     params: float | None = Field(None, gt=0, lt=1, description="Share of the baseline parameters to keep.")
+    heads: float | None = Field(None, gt=0, lt=1, description="Transformers: share of attention heads to remove.")
+    ffn: float | None = Field(None, gt=0, lt=1, description="Transformers: share of FFN neurons to remove.")
 
     @model_validator(mode="after")
     def _one(self) -> "PruneTarget":
         given = [k for k in ("ratio", "macs", "params") if getattr(self, k) is not None]
-        if len(given) != 1:
-            raise ValueError(f"give exactly one of ratio, macs, params (got {', '.join(given) or 'none'})")
+        units = [k for k in ("heads", "ffn") if getattr(self, k) is not None]
+        if units and given:
+            raise ValueError("heads/ffn (transformers) and ratio/macs/params (channels) do not mix")
+        if not units and len(given) != 1:
+            raise ValueError(f"give exactly one of ratio, macs, params, or heads and/or ffn (got {', '.join(given) or 'none'})")
         return self
+
+    @property
+    def for_transformers(self) -> bool:
+        return self.heads is not None or self.ffn is not None
 
     def metric_and_keep(self) -> tuple[str, float]:
         if self.ratio is not None:
@@ -92,6 +103,15 @@ class PruneStage(Stage):
     def run(self, state, ctx):
         cfg: PruneConfig = self.config  # type: ignore[assignment]
         model, example, task, data = state.model, state.example_input, state.task, state.data
+        transformer = is_transformer(model)
+        if transformer != cfg.target.for_transformers:
+            raise InputError(
+                f"stages.{self.index}.target: " + ("this is a transformer model; prune it by heads and FFN neurons"
+                                                   if transformer else "heads/ffn targets need a BERT-style transformer model"),
+                hint="e.g. target: {heads: 0.5, ffn: 0.3}" if transformer else "use target: {macs: 0.5}, {params: 0.5} or {ratio: 0.3}",
+            )
+        if transformer:
+            return self._run_transformer(state, ctx)
         metric, keep = cfg.target.metric_and_keep()
         replaced = make_prunable(model, example)
         ignored = resolve_ignored(model, cfg.ignore)
@@ -145,14 +165,82 @@ class PruneStage(Stage):
             "shortcuts_rewritten": replaced,
         }
         if cfg.latency:
-            latency_after = self._latency(model, example, data)
-            for key, value in latency_before.items():
-                metrics[f"{key}_before"] = value
-                metrics[key] = latency_after[key]
-            for bs in cfg.latency.batch_sizes:
-                metrics[f"latency_b{bs}_speedup"] = latency_before[f"latency_b{bs}_median_ms"] / latency_after[f"latency_b{bs}_median_ms"]
+            self._add_latency(metrics, latency_before, self._latency(model, example, data))
         layers = [{"layer": n, "before": c, "after": layer_channels(model).get(n, 0)} for n, c in channels_before.items()]
         return StageResult(metrics=metrics, tables={"rounds": rows, "channels": layers})
+
+    def _run_transformer(self, state, ctx) -> StageResult:
+        """Heads and FFN neurons, removed progressively by importance, with KD fine-tuning between rounds."""
+        cfg: PruneConfig = self.config  # type: ignore[assignment]
+        model, example, task, data = state.model, state.example_input, state.task, state.data
+        heads0 = {s.name: s.heads for s in attention_sites(model)}
+        ffn0 = {s.name: s.neurons for s in ffn_sites(model)}
+        total_heads, total_ffn = sum(heads0.values()), sum(ffn0.values())
+        macs0, params0 = count_macs_params(model, example)
+        accuracy_before = evaluate_model(model, data.eval, task, ctx.recipe.data.eval_batch_size, ctx.device,
+                                         ctx.reporter, f"{self.id} baseline")["accuracy"]
+        latency_before = self._latency(model, example, data) if cfg.latency else {}
+        teacher = self._teacher(state, ctx)
+        rounds = max(1, round(max(cfg.target.heads or 0, cfg.target.ffn or 0) / 0.1)) if cfg.rounds == "auto" else cfg.rounds
+        rows, importance_seconds, lr = [], 0.0, cfg.finetune.lr if cfg.finetune else 0.0
+        for k in range(1, rounds + 1):
+            start = time.perf_counter()
+            t0 = time.perf_counter()
+            batches = self._importance_batches(data, ctx, k)
+            head_scores, ffn_scores = unit_importance(model, batches, task.loss, cfg.importance, cfg.hessian_weight)
+            importance_seconds += time.perf_counter() - t0
+            sites = {s.name: s for s in attention_sites(model)}
+            ffns = {s.name: s for s in ffn_sites(model)}
+            if cfg.target.heads:
+                now = sum(s.heads for s in sites.values())
+                goal = total_heads - round(cfg.target.heads * total_heads * k / rounds)
+                for name, remove in select_lowest(head_scores, (now - goal) / now).items():
+                    if remove:
+                        prune_heads(sites[name], remove)
+            if cfg.target.ffn:
+                now = sum(s.neurons for s in ffns.values())
+                goal = total_ffn - round(cfg.target.ffn * total_ffn * k / rounds)
+                for name, remove in select_lowest(ffn_scores, (now - goal) / now).items():
+                    if remove:
+                        prune_neurons(ffns[name], remove)
+            model._pruneflow_restructured = True
+            accuracy = None
+            if cfg.finetune and cfg.finetune.epochs:
+                accuracy = self._finetune(model, teacher, cfg.finetune.model_copy(update={"lr": lr}), state, ctx,
+                                          f"{self.id} round {k}/{rounds}")
+                lr *= cfg.lr_decay
+            if accuracy is None:
+                accuracy = evaluate_model(model, data.eval, task, ctx.recipe.data.eval_batch_size, ctx.device,
+                                          ctx.reporter, f"{self.id} round {k}")["accuracy"]
+            macs, params = count_macs_params(model, example)
+            rows.append({"round": k, "heads": sum(s.heads for s in attention_sites(model)),
+                         "ffn_neurons": sum(s.neurons for s in ffn_sites(model)), "macs": macs, "params": params,
+                         "accuracy": accuracy, "seconds": round(time.perf_counter() - start, 1)})
+        final = rows[-1]["accuracy"]
+        if cfg.final_finetune and cfg.final_finetune.epochs:
+            final = self._finetune(model, teacher, cfg.final_finetune, state, ctx, f"{self.id} final fine-tune")
+        macs, params = count_macs_params(model, example)
+        heads1 = {s.name: s.heads for s in attention_sites(model)}
+        ffn1 = {s.name: s.neurons for s in ffn_sites(model)}
+        metrics = {
+            "accuracy": final, "accuracy_before": accuracy_before, "macs": macs, "params": params,
+            "macs_before": macs0, "params_before": params0, "macs_reduction": macs0 / macs, "params_reduction": params0 / params,
+            "heads": sum(heads1.values()), "heads_before": total_heads,
+            "ffn_neurons": sum(ffn1.values()), "ffn_neurons_before": total_ffn,
+            "rounds": rounds, "importance_seconds": round(importance_seconds, 3),
+        }
+        if cfg.latency:
+            self._add_latency(metrics, latency_before, self._latency(model, example, data))
+        layers = [{"layer": n, "heads before": heads0[n], "heads after": heads1[n]} for n in heads0]
+        layers += [{"layer": n, "ffn before": ffn0[n], "ffn after": ffn1[n]} for n in ffn0]
+        return StageResult(metrics=metrics, tables={"rounds": rows, "units": layers})
+
+    def _add_latency(self, metrics: dict, before: dict, after: dict) -> None:
+        for key, value in before.items():
+            metrics[f"{key}_before"] = value
+            metrics[key] = after[key]
+            bs = key[len("latency_b"): -len("_median_ms")]
+            metrics[f"latency_b{bs}_speedup"] = value / after[key]
 
     # ------------------------------------------------------------------ pieces
 

@@ -60,7 +60,7 @@ class DataSpec(StrictModel):
     input_column: str | list[str] | None = Field(
         None,
         description="Column(s) holding the model input. Several columns are stacked into one feature vector. "
-        "Default: the first of image, images, pixel_values, input, inputs, x, features.",
+        "Default: the first of image, images, pixel_values, input, inputs, x, features, sentence, text.",
     )
     label_column: str = Field("label", description="Column holding the integer class label (`labels` and `y` are tried too).")
     eval_fraction: float = Field(0.2, gt=0, lt=1, description="Share of `path` held out for evaluation.")
@@ -76,6 +76,11 @@ class DataSpec(StrictModel):
     image_size: list[int] | None = Field(
         None, description="[height, width] to resize `imagefolder` images to.", min_length=2, max_length=2
     )
+    tokenizer: str | None = PathField(
+        description="Text data: a tokenizer folder (tokenizer.json or vocab.txt inside) or a WordPiece vocab.txt. "
+        "The input column then holds text, tokenized to `max_length` int64 token ids (0 = padding)."
+    )
+    max_length: int = Field(64, ge=2, le=4096, description="Text data: tokens a sample, padded or truncated.")
     max_train_samples: int | None = Field(None, gt=0, description="Use at most this many training samples (seeded, stratified).")
     max_eval_samples: int | None = Field(None, gt=0, description="Use at most this many evaluation samples (seeded, stratified).")
     eval_batch_size: int = Field(256, gt=0, description="Batch size for evaluation.")

@@ -8,13 +8,14 @@ from typing import Callable
 from torch import nn
 
 from .digits import digits_cnn
+from .hf import bert_classifier
 from .resnet_cifar import resnet20, resnet32, resnet44, resnet56
 
 
 @dataclass(frozen=True)
 class ZooEntry:
     factory: Callable[..., nn.Module]
-    input_shape: tuple[int, ...]
+    input_shape: tuple[int, ...] | None  # None: taken from the data
     description: str
 
 
@@ -24,6 +25,7 @@ ZOO: dict[str, ZooEntry] = {
     "resnet32": ZooEntry(resnet32, (3, 32, 32), "CIFAR ResNet-32, option-A shortcuts (0.46 M params)"),
     "resnet44": ZooEntry(resnet44, (3, 32, 32), "CIFAR ResNet-44, option-A shortcuts (0.66 M params)"),
     "resnet56": ZooEntry(resnet56, (3, 32, 32), "CIFAR ResNet-56, option-A shortcuts (0.85 M params)"),
+    "bert_classifier": ZooEntry(bert_classifier, None, "BERT-style classifier from a local folder or a config (needs transformers)"),
 }
 
-__all__ = ["ZOO", "ZooEntry", "digits_cnn", "resnet20", "resnet32", "resnet44", "resnet56"]
+__all__ = ["ZOO", "ZooEntry", "bert_classifier", "digits_cnn", "resnet20", "resnet32", "resnet44", "resnet56"]

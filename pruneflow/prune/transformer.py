@@ -1,0 +1,234 @@
+"""Attention-head and FFN-neuron pruning for BERT-style `transformers` models.
+
+transformers 5.x removed ``prune_heads`` and the ``head_mask`` argument, and torch-pruning's head
+pruning still leaves each attention module's head counts for the caller to fix, so the surgery is
+written here: remove the heads' rows from query/key/value and their columns from the output
+projection, then update ``num_attention_heads`` and ``all_head_size``. FFN neurons: rows of
+``intermediate.dense``, columns of ``output.dense``.
+
+Importance uses per-sample *masks*: the head outputs (and FFN activations) are multiplied by a
+(batch, units) tensor of ones, so one backward pass yields every sample's gradient for every unit:
+Taylor |mean g|, Hessian (Fisher) mean g², magnitude the units' weight norms.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator
+
+import torch
+from torch import nn
+
+
+@dataclass
+class AttentionSite:
+    name: str
+    attn: nn.Module  # has query, key, value, num_attention_heads, attention_head_size
+    out: nn.Linear  # the projection after attention
+
+    @property
+    def heads(self) -> int:
+        return self.attn.query.out_features // self.attn.attention_head_size
+
+
+@dataclass
+class FfnSite:
+    name: str
+    up: nn.Linear
+    down: nn.Linear
+
+    @property
+    def neurons(self) -> int:
+        return self.up.out_features
+
+
+def attention_sites(model: nn.Module) -> list[AttentionSite]:
+    sites = []
+    for name, m in model.named_modules():
+        attn, out = getattr(m, "self", None), getattr(getattr(m, "output", None), "dense", None)
+        if attn is not None and all(hasattr(attn, a) for a in ("query", "key", "value", "attention_head_size")) and isinstance(out, nn.Linear):
+            sites.append(AttentionSite(name, attn, out))
+    return sites
+
+
+def ffn_sites(model: nn.Module) -> list[FfnSite]:
+    sites = []
+    for name, m in model.named_modules():
+        up = getattr(getattr(m, "intermediate", None), "dense", None)
+        down = getattr(getattr(m, "output", None), "dense", None)
+        if isinstance(up, nn.Linear) and isinstance(down, nn.Linear) and down.in_features == up.out_features:
+            sites.append(FfnSite(name, up, down))
+    return sites
+
+
+def is_transformer(model: nn.Module) -> bool:
+    return bool(attention_sites(model))
+
+
+# --------------------------------------------------------------------------- surgery
+
+
+def _keep_rows(linear: nn.Linear, keep: torch.Tensor) -> None:
+    linear.weight = nn.Parameter(linear.weight.data[keep].clone())
+    if linear.bias is not None:
+        linear.bias = nn.Parameter(linear.bias.data[keep].clone())
+    linear.out_features = len(keep)
+
+
+def _keep_cols(linear: nn.Linear, keep: torch.Tensor) -> None:
+    linear.weight = nn.Parameter(linear.weight.data[:, keep].clone())
+    linear.in_features = len(keep)
+
+
+def prune_heads(site: AttentionSite, remove: Iterable[int]) -> None:
+    remove = sorted(set(int(h) for h in remove))
+    heads, size = site.heads, site.attn.attention_head_size
+    if len(remove) >= heads:
+        raise ValueError(f"{site.name}: cannot remove all {heads} heads")
+    kept_heads = [h for h in range(heads) if h not in remove]
+    keep = torch.cat([torch.arange(h * size, (h + 1) * size) for h in kept_heads])
+    for lin in (site.attn.query, site.attn.key, site.attn.value):
+        _keep_rows(lin, keep)
+    _keep_cols(site.out, keep)
+    # The forward reshapes with -1 heads, but these attributes are read elsewhere (and by exporters).
+    site.attn.num_attention_heads = len(kept_heads)
+    site.attn.all_head_size = len(kept_heads) * size
+    site.attn.scaling = size**-0.5  # head size is unchanged; kept explicit
+
+
+def prune_neurons(site: FfnSite, remove: Iterable[int]) -> None:
+    remove = set(int(i) for i in remove)
+    if len(remove) >= site.neurons:
+        raise ValueError(f"{site.name}: cannot remove all {site.neurons} FFN neurons")
+    keep = torch.tensor([i for i in range(site.neurons) if i not in remove])
+    _keep_rows(site.up, keep)
+    _keep_cols(site.down, keep)
+
+
+# --------------------------------------------------------------------------- masks and importance
+
+
+@contextlib.contextmanager
+def unit_masks(model: nn.Module, head_mask: dict[str, torch.Tensor] | None = None,
+               ffn_mask: dict[str, torch.Tensor] | None = None, per_sample: bool = False) -> Iterator[dict]:
+    """Multiply head outputs / FFN activations by masks.
+
+    Fixed masks (shape [units]) emulate removed units, for testing surgery against masking. With
+    ``per_sample=True`` each forward creates a ones tensor [batch, units] requiring grad; after the
+    backward, ``captured[site name]`` holds them with ``.grad`` = per-sample gradients.
+    """
+    captured: dict[str, torch.Tensor] = {}
+    handles = []
+
+    def head_hook(site: AttentionSite):
+        def hook(module, inputs, output):
+            ctx = output[0] if isinstance(output, tuple) else output
+            b, t = ctx.shape[0], ctx.shape[1]
+            heads = ctx.shape[-1] // site.attn.attention_head_size
+            mask = _mask(site.name, head_mask, b, heads, ctx)
+            scaled = (ctx.view(b, t, heads, -1) * mask.view(mask.shape[0], 1, heads, 1)).view_as(ctx)
+            return (scaled,) + tuple(output[1:]) if isinstance(output, tuple) else scaled
+
+        return hook
+
+    def ffn_hook(site: FfnSite):
+        def hook(module, inputs, output):
+            b = output.shape[0]
+            mask = _mask(site.name, ffn_mask, b, output.shape[-1], output)
+            return output * mask.view(mask.shape[0], *([1] * (output.dim() - 2)), -1)
+
+        return hook
+
+    def _mask(name, fixed, b, units, like):
+        if fixed is not None and name in fixed:
+            return fixed[name].to(like.dtype).view(1, units)
+        if per_sample:
+            m = torch.ones(b, units, dtype=like.dtype, device=like.device, requires_grad=True)
+            captured[name] = m
+            return m
+        return torch.ones(1, units, dtype=like.dtype, device=like.device)
+
+    try:
+        if head_mask is not None or per_sample:
+            handles += [s.attn.register_forward_hook(head_hook(s)) for s in attention_sites(model)]
+        if ffn_mask is not None or per_sample:
+            handles += [_activation_module(model, s).register_forward_hook(ffn_hook(s)) for s in ffn_sites(model)]
+        yield captured
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _activation_module(model: nn.Module, site: FfnSite) -> nn.Module:
+    """The module whose output is the FFN activation (BertIntermediate: dense + activation)."""
+    parent = model.get_submodule(site.name)
+    return getattr(parent, "intermediate")
+
+
+def unit_importance(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+                    loss_fn: Callable[[object, torch.Tensor], torch.Tensor], criterion: str,
+                    hessian_weight: float = 0.5) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Scores for every head and FFN neuron (higher = more important), keyed by site name."""
+    heads = {s.name: s for s in attention_sites(model)}
+    ffns = {s.name: s for s in ffn_sites(model)}
+    if criterion == "magnitude":
+        return ({n: _head_norms(s) for n, s in heads.items()},
+                {n: s.up.weight.detach().pow(2).sum(1) + s.down.weight.detach().pow(2).sum(0) for n, s in ffns.items()})
+    was = model.training
+    model.eval()
+    grad_sum: dict[str, torch.Tensor] = {}
+    sq_sum: dict[str, torch.Tensor] = {}
+    count = 0
+    for x, y in batches:
+        with unit_masks(model, per_sample=True) as masks:
+            # Sum, not mean: each sample's mask gradient is then that sample's own gradient.
+            loss = loss_fn(model(x), y) * len(y)
+            model.zero_grad(set_to_none=True)
+            loss.backward()
+            for name, m in masks.items():
+                g = m.grad.detach()
+                grad_sum[name] = grad_sum.get(name, 0) + g.sum(0)
+                sq_sum[name] = sq_sum.get(name, 0) + g.pow(2).sum(0)
+        count += len(y)
+    model.zero_grad(set_to_none=True)
+    model.train(was)
+    taylor = {n: (g / count).abs() for n, g in grad_sum.items()}
+    fisher = {n: s / count for n, s in sq_sum.items()}
+    if criterion == "taylor":
+        scores = taylor
+    elif criterion == "hessian":
+        scores = fisher
+    else:
+        scores = {n: hessian_weight * fisher[n] / _mean(fisher) + (1 - hessian_weight) * taylor[n] / _mean(taylor) for n in fisher}
+    return {n: scores[n] for n in heads}, {n: scores[n] for n in ffns}
+
+
+def _mean(d: dict[str, torch.Tensor]) -> float:
+    total = torch.cat([v.flatten() for v in d.values()])
+    return float(total.mean()) or 1.0
+
+
+def _head_norms(site: AttentionSite) -> torch.Tensor:
+    size = site.attn.attention_head_size
+    rows = sum(lin.weight.detach().pow(2).view(site.heads, size, -1).sum((1, 2)) for lin in (site.attn.query, site.attn.key, site.attn.value))
+    cols = site.out.weight.detach().pow(2).view(site.out.out_features, site.heads, size).sum((0, 2))
+    return rows + cols
+
+
+def select_lowest(scores: dict[str, torch.Tensor], ratio: float, keep_min: int = 1) -> dict[str, list[int]]:
+    """Globally remove the ``ratio`` share of units with the lowest layer-normalised scores."""
+    normed = {n: s / (s.norm() + 1e-12) for n, s in scores.items()}
+    total = sum(len(s) for s in normed.values())
+    budget = int(round(ratio * total))
+    flat = sorted((float(v), n, i) for n, s in normed.items() for i, v in enumerate(s))
+    remaining = {n: len(s) for n, s in normed.items()}
+    chosen: dict[str, list[int]] = {n: [] for n in normed}
+    for _, name, index in flat:
+        if budget <= 0:
+            break
+        if remaining[name] > keep_min:
+            chosen[name].append(index)
+            remaining[name] -= 1
+            budget -= 1
+    return chosen

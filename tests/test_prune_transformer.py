@@ -1,0 +1,112 @@
+"""Head and FFN pruning for BERT-style models: surgery equals masking, per-sample mask gradients."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+transformers = pytest.importorskip("transformers")
+
+from pruneflow.prune.transformer import (  # noqa: E402
+    attention_sites,
+    ffn_sites,
+    prune_heads,
+    prune_neurons,
+    select_lowest,
+    unit_importance,
+    unit_masks,
+)
+from pruneflow.zoo.hf import bert_classifier  # noqa: E402
+
+from conftest import SHARED_DATA  # noqa: E402
+
+
+def perturbed_bert(seed: int = 0):
+    """Random init gives near-uniform attention, which hides wrong head bookkeeping: scale weights up."""
+    model = bert_classifier(vocab_size=120, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
+                            max_positions=32, num_labels=3, seed=seed).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    return model
+
+
+def test_pruned_heads_and_neurons_equal_the_masked_reference():
+    model = perturbed_bert()
+    x = torch.randint(1, 120, (6, 14))
+    x[:, 10:] = 0  # padding, masked out of attention
+    sites, ffns = attention_sites(model), ffn_sites(model)
+    head_mask = {sites[0].name: torch.tensor([1.0, 0, 1, 0]), sites[1].name: torch.tensor([0.0, 1, 1, 1])}
+    ffn_mask = {ffns[1].name: (torch.arange(64) % 4 != 0).float()}
+    with torch.no_grad():
+        reference = model(x)
+        with unit_masks(model, head_mask=head_mask, ffn_mask=ffn_mask):
+            masked = model(x)
+        assert (masked - reference).abs().max() > 1e-3  # the masked heads matter in this model
+        prune_heads(sites[0], [1, 3])
+        prune_heads(sites[1], [0])
+        prune_neurons(ffns[1], [i for i in range(64) if i % 4 == 0])
+        pruned = model(x)
+    torch.testing.assert_close(pruned, masked, rtol=1e-5, atol=1e-6)
+    assert (sites[0].attn.num_attention_heads, sites[0].attn.all_head_size) == (2, 16)
+    assert sites[1].heads == 3 and sites[1].out.in_features == 24 and ffns[1].neurons == 48
+
+
+def test_per_sample_mask_gradients_match_a_brute_force_loop():
+    model = perturbed_bert(1)
+    x, y = torch.randint(1, 120, (5, 10)), torch.randint(0, 3, (5,))
+    heads, ffn = unit_importance(model, [(x, y)], F.cross_entropy, "hessian")
+    expected_heads = {n: torch.zeros_like(v) for n, v in heads.items()}
+    for i in range(len(y)):
+        ones = {s.name: torch.ones(s.heads, requires_grad=True) for s in attention_sites(model)}
+        with unit_masks(model, head_mask=ones):
+            F.cross_entropy(model(x[i : i + 1]), y[i : i + 1]).backward()
+        for n, m in ones.items():
+            expected_heads[n] += m.grad.pow(2) / len(y)
+    for n in heads:
+        torch.testing.assert_close(heads[n], expected_heads[n], rtol=1e-4, atol=1e-9)
+    assert all(v.shape == (64,) and torch.isfinite(v).all() for v in ffn.values())
+
+
+def test_select_lowest_removes_the_share_and_keeps_one_head_a_layer():
+    scores = {"a": torch.tensor([0.1, 0.2, 0.3, 0.4]), "b": torch.tensor([5.0, 0.01, 0.02, 0.03])}
+    chosen = select_lowest(scores, 0.5)
+    assert sum(len(v) for v in chosen.values()) == 4
+    assert set(chosen["b"]) == {1, 2, 3}  # the low heads of layer b, relative to its own scale
+    everything = select_lowest(scores, 0.99)
+    assert all(4 - len(v) >= 1 for v in everything.values())
+
+
+@pytest.mark.shared_data
+def test_bert_recipe_prunes_heads_end_to_end_and_exports(tmp_path, write_recipe):
+    if not (SHARED_DATA / "sst2").is_dir():
+        pytest.skip("shared sst2 data not found")
+    from pruneflow.pipeline import run_recipe
+    from pruneflow.recipe import load_recipe
+
+    sst2 = SHARED_DATA / "sst2"
+    recipe = {
+        "name": "bert",
+        "model": {"factory": "bert_classifier",
+                  "kwargs": {"hidden_size": 32, "num_layers": 2, "num_heads": 4, "intermediate_size": 64,
+                             "max_positions": 32, "seed": 0}},
+        "data": {"format": "parquet", "train": str(sst2 / "train.parquet"), "eval": str(sst2 / "dev.parquet"),
+                 "input_column": "sentence", "tokenizer": str(sst2 / "vocab.txt"), "max_length": 24,
+                 "max_train_samples": 256, "max_eval_samples": 64},
+        "stages": [
+            {"type": "train", "epochs": 1, "optimizer": "adamw", "lr": 0.001, "batch_size": 64},
+            {"type": "prune", "importance": "taylor", "target": {"heads": 0.5, "ffn": 0.25}, "rounds": 1,
+             "finetune": None, "latency": None},
+            {"type": "export", "targets": ["onnx"], "latency": None},
+        ],
+    }
+    result = run_recipe(load_recipe(write_recipe(json.dumps(recipe))), out=tmp_path / "runs")
+    m = result.metrics
+    assert result.exit_code == 0
+    assert (m["prune.heads_before"], m["prune.heads"]) == (8, 4)
+    assert (m["prune.ffn_neurons_before"], m["prune.ffn_neurons"]) == (128, 96)
+    assert m["onnx.fp32.top1_agreement"] == 1.0 and m["onnx.fp32.max_abs_diff"] < 1e-4
