@@ -134,14 +134,7 @@ class PruneStage(Stage):
             prune_step(model, example, saliency, ratio, opts)
             model._pruneflow_restructured = True
             after = measure(model, example, ignored)
-            accuracy = None
-            if cfg.finetune and cfg.finetune.epochs:
-                settings = cfg.finetune.model_copy(update={"lr": lr})
-                accuracy = self._finetune(model, teacher, settings, state, ctx, f"{self.id} round {k}/{rounds}")
-                lr *= cfg.lr_decay
-            if accuracy is None:
-                accuracy = evaluate_model(model, data.eval, task, ctx.recipe.data.eval_batch_size, ctx.device,
-                                          ctx.reporter, f"{self.id} round {k}")["accuracy"]
+            accuracy, lr = self._after_round(model, teacher, lr, state, ctx, k, rounds)
             rows.append({"round": k, "ratio": round(ratio, 4), "channels": after["channels"], "macs": after["macs"],
                          "params": after["params"], "macs_kept": after["macs"] / before["macs"],
                          "accuracy": accuracy, "seconds": round(time.perf_counter() - start, 1)})
@@ -191,27 +184,15 @@ class PruneStage(Stage):
             importance_seconds += time.perf_counter() - t0
             sites = {s.name: s for s in attention_sites(model)}
             ffns = {s.name: s for s in ffn_sites(model)}
+            # Each round removes its share of the *original* count: round k reaches k/rounds of the target.
             if cfg.target.heads:
-                now = sum(s.heads for s in sites.values())
-                goal = total_heads - round(cfg.target.heads * total_heads * k / rounds)
-                for name, remove in select_lowest(head_scores, (now - goal) / now).items():
-                    if remove:
-                        prune_heads(sites[name], remove)
+                _remove_lowest(head_scores, {n: s.heads for n, s in sites.items()}, total_heads, cfg.target.heads * k / rounds,
+                               lambda name, idx: prune_heads(sites[name], idx))
             if cfg.target.ffn:
-                now = sum(s.neurons for s in ffns.values())
-                goal = total_ffn - round(cfg.target.ffn * total_ffn * k / rounds)
-                for name, remove in select_lowest(ffn_scores, (now - goal) / now).items():
-                    if remove:
-                        prune_neurons(ffns[name], remove)
+                _remove_lowest(ffn_scores, {n: s.neurons for n, s in ffns.items()}, total_ffn, cfg.target.ffn * k / rounds,
+                               lambda name, idx: prune_neurons(ffns[name], idx))
             model._pruneflow_restructured = True
-            accuracy = None
-            if cfg.finetune and cfg.finetune.epochs:
-                accuracy = self._finetune(model, teacher, cfg.finetune.model_copy(update={"lr": lr}), state, ctx,
-                                          f"{self.id} round {k}/{rounds}")
-                lr *= cfg.lr_decay
-            if accuracy is None:
-                accuracy = evaluate_model(model, data.eval, task, ctx.recipe.data.eval_batch_size, ctx.device,
-                                          ctx.reporter, f"{self.id} round {k}")["accuracy"]
+            accuracy, lr = self._after_round(model, teacher, lr, state, ctx, k, rounds)
             macs, params = count_macs_params(model, example)
             rows.append({"round": k, "heads": sum(s.heads for s in attention_sites(model)),
                          "ffn_neurons": sum(s.neurons for s in ffn_sites(model)), "macs": macs, "params": params,
@@ -243,6 +224,17 @@ class PruneStage(Stage):
             metrics[f"latency_b{bs}_speedup"] = value / after[key]
 
     # ------------------------------------------------------------------ pieces
+
+    def _after_round(self, model, teacher, lr, state, ctx, k, rounds) -> tuple[float, float]:
+        """Fine-tune (with KD) at this round's LR, or just evaluate; returns (accuracy, next LR)."""
+        cfg: PruneConfig = self.config  # type: ignore[assignment]
+        if cfg.finetune and cfg.finetune.epochs:
+            accuracy = self._finetune(model, teacher, cfg.finetune.model_copy(update={"lr": lr}), state, ctx,
+                                      f"{self.id} round {k}/{rounds}")
+            return accuracy, lr * cfg.lr_decay
+        accuracy = evaluate_model(model, state.data.eval, state.task, ctx.recipe.data.eval_batch_size, ctx.device,
+                                  ctx.reporter, f"{self.id} round {k}")["accuracy"]
+        return accuracy, lr
 
     def _teacher(self, state, ctx):
         cfg: PruneConfig = self.config  # type: ignore[assignment]
@@ -302,3 +294,13 @@ class PruneStage(Stage):
                 lat = measure_latency(run, fresh_batch(data.eval.x, bs).numpy(), warmup=3, runs=cfg.latency.runs)  # type: ignore[union-attr]
                 out[f"latency_b{bs}_median_ms"] = lat["median_ms"]
         return out
+
+
+def _remove_lowest(scores: dict, counts: dict[str, int], total: int, share: float, prune) -> None:
+    """Prune the lowest-scored units until ``share`` of the original ``total`` is gone."""
+    now = sum(counts.values())
+    goal = total - round(share * total)
+    if now > goal:
+        for name, remove in select_lowest(scores, (now - goal) / now).items():
+            if remove:
+                prune(name, remove)
