@@ -329,15 +329,32 @@ def _subsample(ds, n: int, label: str, seed: int):
         return ds.shuffle(seed=seed).select(range(n))
 
 
-def _to_split(ds, spec: DataSpec, role: str) -> Split:
+def load_inputs(spec: DataSpec, fmt: str, path: str, field_name: str):
+    """Read one more source (e.g. inputs logged in production) with the recipe's preprocessing.
+
+    Labels are optional: ``Split.y`` is -1 where the source has no label column. Returns the split
+    and the underlying ``datasets.Dataset`` (for other columns, e.g. to stratify by).
+    """
     import datasets
 
-    label = _label_column(ds, spec)
+    datasets.disable_progress_bars()
+    loaded, _ = _load_source("json" if fmt == "jsonl" else fmt, path, field_name)
+    ds = datasets.concatenate_datasets(list(loaded)) if isinstance(loaded, tuple) else loaded
+    return _to_split(ds, spec, field_name, require_label=False), ds
+
+
+def _to_split(ds, spec: DataSpec, role: str, require_label: bool = True) -> Split:
+    import datasets
+
+    if require_label or any(n in ds.column_names for n in (spec.label_column,) + LABEL_FALLBACKS):
+        label = _label_column(ds, spec)
+        y = _check_labels(np.asarray(ds.with_format("numpy")[label]), label).astype(np.int64)
+    else:
+        label, y = "", np.full(len(ds), -1, dtype=np.int64)
+    if spec.tokenizer:
+        return Split(torch.from_numpy(_tokenize(ds, _input_columns(ds, spec, label), spec)), torch.from_numpy(y))
     columns = _input_columns(ds, spec, label)
     layout = spec.layout
-    if spec.tokenizer:
-        y = _check_labels(np.asarray(ds.with_format("numpy")[label]), label).astype(np.int64)
-        return Split(torch.from_numpy(_tokenize(ds, columns, spec)), torch.from_numpy(y))
     if len(columns) == 1 and isinstance(ds.features[columns[0]], datasets.Image):
         x, layout = _images(ds[columns[0]], spec), "nhwc"  # decoded images are always (N, H, W, C)
     else:
@@ -350,7 +367,6 @@ def _to_split(ds, spec: DataSpec, role: str) -> Split:
         x = arrays[0] if len(arrays) == 1 else np.stack([a.astype(np.float32) for a in arrays], axis=1)
         if x.ndim == 1:
             x = x[:, None]  # one scalar feature a sample: (N,) -> (N, 1), so input_shape is (1,), not ()
-    y = _check_labels(np.asarray(ds.with_format("numpy")[label]), label).astype(np.int64)
     if len(y) == 0:
         raise InputError(f"data: the {role} split is empty", hint="use more data or a smaller eval_fraction")
     return Split(_preprocess(x, spec, layout), torch.from_numpy(y))

@@ -285,6 +285,7 @@ def _resume(stage: Stage, key: str, state: RunState, ctx: RunContext, manifest: 
         state.model = loaded.to(ctx.device)
         state.model_artifact = checkpoint
         manifest.artifacts.remove(checkpoint)
+    stage.restore(state, ctx)
     record = StageRecord(saved["id"], saved["type"], saved["index"], saved["seconds"], saved["metrics"], key,
                          resumed=True, artifacts=saved.get("artifacts", []), tables=saved.get("tables", {}),
                          gates=saved.get("gates", []))

@@ -82,6 +82,9 @@ class Stage:
     def teardown(self, state: "RunState", ctx: "RunContext") -> None:
         """Release what ``setup`` took. Runs even when ``run`` failed."""
 
+    def restore(self, state: "RunState", ctx: "RunContext") -> None:
+        """``--resume`` skipped this stage: put what it leaves on the state back (the model is reloaded already)."""
+
     def preflight(self, ctx: "RunContext") -> list[str]:
         """Checks that need no model or data (files, toolchains). Returns human-readable notes."""
         return []

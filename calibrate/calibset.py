@@ -1,0 +1,122 @@
+"""The calibration set on disk: a `datasets` folder plus calibration.json (fingerprint and statistics).
+
+One set feeds every consumer (see ``consumers.py``), so the fingerprint in a run's manifest says
+exactly which samples set every quantization range.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from pruneflow.errors import InputError
+
+from .sampling import content_hashes
+
+FORMAT = "pruneflow-calibration/1"
+PERCENTILES = (0.1, 1.0, 50.0, 99.0, 99.9)
+
+
+@dataclass
+class CalibrationSet:
+    x: torch.Tensor
+    y: torch.Tensor | None = None  # None where the source has no labels
+    meta: dict = field(default_factory=dict)  # source, strategy, seed, indices, ...
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    @property
+    def fingerprint(self) -> str:
+        """sha256 over the selected samples' content, in order: same inputs + seed, same fingerprint."""
+        digest = hashlib.sha256()
+        for h in content_hashes(self.x):
+            digest.update(h.encode())
+        if self.y is not None:
+            digest.update(np.ascontiguousarray(self.y.numpy()).tobytes())
+        return digest.hexdigest()
+
+    def batches(self, batch_size: int = 1) -> Iterator[torch.Tensor]:
+        for start in range(0, len(self), batch_size):
+            yield self.x[start : start + batch_size]
+
+    def stats(self) -> dict:
+        x = self.x.double()
+        flat = x.flatten().numpy()
+        out = {
+            "count": len(self),
+            "shape": list(self.x.shape[1:]),
+            "dtype": str(self.x.dtype).replace("torch.", ""),
+            "input": {"min": float(flat.min()), "max": float(flat.max()), "mean": float(flat.mean()),
+                      "std": float(flat.std()),
+                      "percentiles": {str(p): float(v) for p, v in zip(PERCENTILES, np.percentile(flat, PERCENTILES))}},
+        }
+        if x.dim() == 4:  # images: per channel as well
+            per = x.transpose(0, 1).flatten(1)
+            out["per_channel"] = [{"channel": c, "min": float(v.min()), "max": float(v.max()), "mean": float(v.mean()),
+                                   "std": float(v.std())} for c, v in enumerate(per)]
+        if self.y is not None:
+            values, counts = np.unique(self.y.numpy(), return_counts=True)
+            out["histogram"] = {str(int(v)): int(c) for v, c in zip(values, counts)}
+        return out
+
+    def save(self, folder: str | Path) -> dict:
+        """Write the folder atomically (built beside it, then renamed). Returns calibration.json's content."""
+        import datasets
+
+        folder = Path(folder)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+        try:
+            arr = self.x.numpy()
+            shape = arr.shape[1:]
+            types = {2: datasets.Array2D, 3: datasets.Array3D, 4: datasets.Array4D}
+            if len(shape) == 0:
+                feature = datasets.Value(str(arr.dtype))
+            elif len(shape) == 1:
+                feature = datasets.List(datasets.Value(str(arr.dtype)), length=shape[0])
+            else:
+                feature = types[len(shape)](shape, str(arr.dtype))
+            columns = {"input": arr}
+            features = {"input": feature}
+            if self.y is not None:
+                columns["label"] = self.y.numpy()
+                features["label"] = datasets.Value("int64")
+            datasets.Dataset.from_dict(columns, features=datasets.Features(features)).save_to_disk(str(tmp / "data"))
+            info = {"format": FORMAT, "fingerprint": self.fingerprint, **self.stats(), **self.meta}
+            (tmp / "calibration.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
+            if folder.exists():
+                shutil.rmtree(folder)
+            os.replace(tmp, folder)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp)
+        return info
+
+    @classmethod
+    def load(cls, folder: str | Path) -> "CalibrationSet":
+        import datasets
+
+        folder = Path(folder)
+        info_file = folder / "calibration.json"
+        if not info_file.is_file():
+            raise InputError(f"{folder} is not a calibration set (no calibration.json)",
+                             hint="build one with `pruneflow calibrate` or a calibrate stage")
+        info = json.loads(info_file.read_text())
+        ds = datasets.load_from_disk(str(folder / "data")).with_format("numpy")
+        x = torch.from_numpy(np.asarray(ds["input"]).astype(info.get("dtype", "float32")))
+        y = torch.from_numpy(np.asarray(ds["label"]).astype(np.int64)) if "label" in ds.column_names else None
+        meta = {k: v for k, v in info.items() if k in ("source", "strategy", "seed", "size", "by", "features", "indices")}
+        calib = cls(x, y, meta)
+        if calib.fingerprint != info["fingerprint"]:
+            raise InputError(f"{folder}: the samples do not match the fingerprint in calibration.json (changed on disk?)")
+        return calib

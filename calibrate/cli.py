@@ -1,0 +1,66 @@
+"""`pruneflow calibrate SOURCE`: the calibrate stage's logic without a run directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from pruneflow.errors import InputError
+
+from .build import STRATEGIES, build_calibration_set, penultimate_features
+from .consumers import write_amct
+
+SUFFIX_FORMATS = {".jsonl": "jsonl", ".json": "json", ".csv": "csv", ".parquet": "parquet", ".npz": "npz"}
+
+
+def guess_format(source: Path) -> str:
+    if source.is_dir():
+        return "disk" if any((source / n).exists() for n in ("dataset_info.json", "state.json", "dataset_dict.json")) else "imagefolder"
+    fmt = SUFFIX_FORMATS.get(source.suffix.lower())
+    if fmt is None:
+        raise InputError(f"cannot tell the format of {source}", hint=f"pass --format, one of {', '.join(sorted(set(SUFFIX_FORMATS.values())))}, imagefolder, disk")
+    return fmt
+
+
+def calibrate_source(source: Path, out: Path, *, size: int, strategy: str, by: str = "label", seed: int = 0,
+                     recipe: Path | None = None, fmt: str | None = None, input_column: str | None = None,
+                     label_column: str | None = None, amct: bool = False,
+                     warn: Callable[[str], None] = lambda m: None) -> dict:
+    from pruneflow.data import load_inputs
+    from pruneflow.recipe.models import DataSpec
+
+    if strategy not in STRATEGIES:
+        raise InputError(f"--strategy: unknown strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
+    if size < 1:
+        raise InputError("--size must be at least 1")
+    if not source.exists():
+        raise InputError(f"calibration source not found: {source}")
+    fmt = fmt or guess_format(source)
+    model = None
+    if recipe is not None:
+        from pruneflow.models import build_model
+        from pruneflow.recipe import load_recipe
+
+        loaded = load_recipe(recipe)
+        spec = loaded.recipe.data
+        model = build_model(loaded.recipe.model)
+    else:
+        spec = DataSpec(format="npz", eval=str(source))
+    update = {k: v for k, v in (("input_column", input_column), ("label_column", label_column)) if v}
+    split, ds = load_inputs(spec.model_copy(update=update), fmt, str(source), "SOURCE")
+    groups = None
+    if strategy == "stratified" and by not in ("label", label_column or spec.label_column):
+        if by not in ds.column_names:
+            raise InputError(f"--by: the source has no column {by!r}; columns: {', '.join(ds.column_names)}")
+        groups = np.asarray([str(v) for v in ds[by]])
+    features = (lambda x: penultimate_features(model, x)) if model is not None else None
+    calib = build_calibration_set(split, size=size, strategy=strategy, seed=seed, groups=groups, features=features,
+                                  meta={"source": str(source), "by": by if strategy == "stratified" else None,
+                                        "features": ("model" if model is not None else "inputs") if strategy == "diverse" else None},
+                                  warn=warn)
+    info = calib.save(out)
+    if amct:
+        write_amct(calib, out / "amct")
+    return info

@@ -1,0 +1,66 @@
+"""One calibration set, every consumer: onnxruntime static quantization, NNCF/OpenVINO post-training
+quantization (and QAT range initialisation, which reads the same NNCF dataset), Ascend AMCT.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from pruneflow.artifacts import write_text_atomic
+from pruneflow.export import require
+
+from .calibset import CalibrationSet
+
+
+def ort_reader(calib: CalibrationSet, input_name: str = "input", batch_size: int = 1):
+    """An onnxruntime ``CalibrationDataReader`` over the set (for ``quantize_static``)."""
+    quantization = require("onnxruntime.quantization", "pip install onnxruntime", "onnxruntime calibration")
+
+    class Reader(quantization.CalibrationDataReader):
+        def __init__(self):
+            self._batches = iter(list(calib.batches(batch_size)))
+
+        def get_next(self):
+            batch = next(self._batches, None)
+            return None if batch is None else {input_name: batch.numpy()}
+
+        def rewind(self):
+            self._batches = iter(list(calib.batches(batch_size)))
+
+    return Reader()
+
+
+def nncf_dataset(calib: CalibrationSet, batch_size: int = 1, as_numpy: bool = False):
+    """An ``nncf.Dataset`` of input batches: torch tensors for torch models (QAT range init, PTQ),
+    numpy arrays for OpenVINO models."""
+    nncf = require("nncf", "pip install nncf", "NNCF quantization")
+    items = [b.numpy() if as_numpy else b for b in calib.batches(batch_size)]
+    return nncf.Dataset(items)
+
+
+def write_amct(calib: CalibrationSet, out_dir: str | Path, input_names: tuple[str, ...] = ("input",)) -> Path:
+    """Ascend AMCT / ATC calibration input: one raw little-endian .bin per sample and input, plus a list file.
+
+    Layout: ``out_dir/<input>/NNNNN.bin`` (C-order, the set's dtype), ``out_dir/calibration_list.txt``
+    (one line a sample, the inputs' paths separated by spaces), and ``inputs.json`` (names, shapes, dtypes).
+    """
+    out = Path(out_dir)
+    lines = []
+    arrays = {input_names[0]: calib.x.numpy()}
+    for name in input_names:
+        (out / name).mkdir(parents=True, exist_ok=True)
+    for i in range(len(calib)):
+        paths = []
+        for name, arr in arrays.items():
+            path = out / name / f"{i:05d}.bin"
+            np.ascontiguousarray(arr[i : i + 1]).astype(arr.dtype.newbyteorder("<")).tofile(path)
+            paths.append(path.relative_to(out).as_posix())
+        lines.append(" ".join(paths))
+    write_text_atomic(out / "calibration_list.txt", "\n".join(lines) + "\n")
+    import json
+
+    write_text_atomic(out / "inputs.json", json.dumps(
+        {name: {"shape": [1, *arr.shape[1:]], "dtype": str(arr.dtype)} for name, arr in arrays.items()}, indent=2) + "\n")
+    return out / "calibration_list.txt"

@@ -1,0 +1,99 @@
+"""`calibrate`: build the run's calibration set from the recipe's data or a separate local source."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from pruneflow.artifacts import Artifact
+from pruneflow.errors import InputError
+from pruneflow.recipe.models import PathField
+from pruneflow.stage import Stage, StageConfig, StageResult, StrictModel
+
+from .build import build_calibration_set, penultimate_features
+from .consumers import write_amct
+
+
+class CalibSource(StrictModel):
+    format: Literal["jsonl", "json", "csv", "parquet", "npz", "imagefolder", "disk"] = Field(
+        description="How the source is stored (jsonl: one JSON object a line, e.g. inputs logged in production)."
+    )
+    path: str = PathField(description="The file or folder.")
+    input_column: str | list[str] | None = Field(None, description="Column(s) holding the input (default: as for data).")
+    label_column: str | None = Field(None, description="Column holding labels, if any (default: as for data).")
+
+
+class CalibrateConfig(StageConfig):
+    type: Literal["calibrate"] = Field("calibrate", description="Choose the calibration set every quantizer reads.")
+    source: CalibSource | None = Field(None, description="A separate local source; default: the recipe's data (`split`).")
+    split: Literal["train", "eval"] = Field("train", description="Which split of the recipe's data, when no source is given.")
+    size: int = Field(512, ge=1, le=1_000_000, description="Samples in the set (all of them, with a warning, if fewer).")
+    strategy: Literal["random", "stratified", "diverse"] = Field(
+        "diverse", description="`random`; `stratified` (proportional by `by`); `diverse` (greedy k-center in feature space)."
+    )
+    by: str = Field("label", description="`stratified`: the label, or any column of the source.")
+    features: Literal["auto", "inputs", "model"] = Field(
+        "auto", description="`diverse`: the model's penultimate features (`auto` when a model is present) or the raw inputs."
+    )
+    dedupe: bool = Field(True, description="Drop samples whose content is identical to an earlier one.")
+    seed: int | None = Field(None, ge=0, description="Sampling seed (default: the recipe's).")
+    amct: bool = Field(False, description="Also write Ascend AMCT input (.bin files per input plus a list).")
+
+
+class CalibrateStage(Stage):
+    Config = CalibrateConfig
+
+    @property
+    def needs_train_split(self) -> bool:  # type: ignore[override]
+        return self.config.source is None and self.config.split == "train"
+
+    def restore(self, state, ctx) -> None:
+        from .calibset import CalibrationSet
+
+        state.calibration = CalibrationSet.load(ctx.run_dir / "calibration")
+
+    def run(self, state, ctx):
+        cfg: CalibrateConfig = self.config  # type: ignore[assignment]
+        groups = None
+        if cfg.source is not None:
+            from pruneflow.data import load_inputs
+
+            update = {k: v for k, v in (("input_column", cfg.source.input_column), ("label_column", cfg.source.label_column)) if v}
+            spec = ctx.recipe.data.model_copy(update=update)
+            split, ds = load_inputs(spec, cfg.source.format, cfg.source.path, f"stages.{self.index}.source.path")
+            where = cfg.source.path
+            if cfg.strategy == "stratified" and cfg.by not in ("label", spec.label_column):
+                if cfg.by not in ds.column_names:
+                    raise InputError(f"stages.{self.index}.by: the source has no column {cfg.by!r}; columns: {', '.join(ds.column_names)}")
+                groups = [str(v) for v in ds[cfg.by]]
+        else:
+            split = state.data.train if cfg.split == "train" else state.data.eval
+            if split is None:
+                raise InputError(f"stages.{self.index}.split: the recipe's data has no {cfg.split} split")
+            if cfg.strategy == "stratified" and cfg.by not in ("label", ctx.recipe.data.label_column):
+                raise InputError(f"stages.{self.index}.by: only the label can stratify the recipe's data",
+                                 hint="give a separate `source` to stratify by another column")
+            where = f"recipe data ({cfg.split} split)"
+        use_model = cfg.features == "model" or (cfg.features == "auto" and state.model is not None)
+        features = (lambda x: penultimate_features(state.model, x)) if use_model else None
+        import numpy as np
+
+        calib = build_calibration_set(
+            split, size=cfg.size, strategy=cfg.strategy, seed=ctx.seed if cfg.seed is None else cfg.seed,
+            groups=np.asarray(groups) if groups is not None else None, features=features, dedupe=cfg.dedupe,
+            meta={"source": where, "by": cfg.by if cfg.strategy == "stratified" else None,
+                  "features": ("model" if use_model else "inputs") if cfg.strategy == "diverse" else None},
+            warn=ctx.reporter.warning,
+        )
+        folder = ctx.run_dir / "calibration"
+        info = calib.save(folder)
+        state.calibration = calib
+        artifacts = [Artifact.from_file(ctx.run_dir, folder / "calibration.json", kind="calibration", producer=self.id,
+                                        metrics={"count": len(calib), "fingerprint": calib.fingerprint})]
+        if cfg.amct:
+            listing = write_amct(calib, folder / "amct")
+            artifacts.append(Artifact.from_file(ctx.run_dir, listing, kind="amct-calibration", producer=self.id))
+        metrics = {"count": len(calib), "fingerprint": calib.fingerprint, "duplicates_removed": info["duplicates_removed"]}
+        return StageResult(metrics=metrics, artifacts=artifacts,
+                           tables={"histogram": [{"class": k, "count": v} for k, v in info.get("histogram", {}).items()]})
