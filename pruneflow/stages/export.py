@@ -22,11 +22,23 @@ from ..recipe.models import normalise_target_list, target_union
 from ..stage import Stage, StageConfig, StageResult, StrictModel, Target
 
 
+# Per-precision parity limits; a recipe value overrides them for every precision.
+PARITY_DEFAULTS = {
+    "fp32": {"max_abs_diff": 1e-3, "min_cosine": 0.9999, "min_top1_agreement": 0.99},
+    "fp16": {"max_abs_diff": 5e-2, "min_cosine": 0.999, "min_top1_agreement": 0.98},
+}
+
+
 class ParitySpec(StrictModel):
     samples: int = Field(256, ge=1, description="Eval samples compared between torch and the artifact.")
-    max_abs_diff: float = Field(1e-3, gt=0, description="Largest allowed absolute difference of any output.")
-    min_cosine: float = Field(0.9999, ge=0, le=1, description="Smallest allowed mean cosine similarity of outputs.")
-    min_top1_agreement: float = Field(0.99, ge=0, le=1, description="Smallest allowed share of equal top-1 predictions.")
+    max_abs_diff: float | None = Field(None, gt=0, description="Largest allowed absolute difference of any output (default: 1e-3 for fp32, 0.05 for fp16).")
+    min_cosine: float | None = Field(None, ge=0, le=1, description="Smallest allowed mean cosine similarity of outputs (default: 0.9999 fp32, 0.999 fp16).")
+    min_top1_agreement: float | None = Field(None, ge=0, le=1, description="Smallest allowed share of equal top-1 predictions (default: 0.99 fp32, 0.98 fp16).")
+
+    def limits(self, precision: str) -> dict[str, float]:
+        out = dict(PARITY_DEFAULTS.get(precision, PARITY_DEFAULTS["fp32"]))
+        out.update({k: v for k, v in self.model_dump().items() if k in out and v is not None})
+        return out
 
 
 class LatencySpec(StrictModel):
@@ -41,7 +53,7 @@ class ExportConfig(StageConfig):
     targets: list[Any] = Field(
         description="Targets to build: names (`onnx`) or mappings with options (`{type: onnx, opset: 17}`).", min_length=1
     )
-    precisions: list[Literal["fp32"]] = Field(["fp32"], min_length=1, description="Numeric precisions to write.")
+    precisions: list[Literal["fp32", "fp16"]] = Field(["fp32"], min_length=1, description="Numeric precisions to write.")
     evaluate: bool = Field(True, description="Measure each artifact's accuracy on the eval split in its own runtime.")
     parity: ParitySpec = Field(default_factory=ParitySpec, description="Torch-vs-artifact parity check and its limits.")
     latency: LatencySpec | None = Field(default_factory=LatencySpec, description="Latency timing (null = skip).")
@@ -130,14 +142,14 @@ class ExportStage(Stage):
         got = np.asarray(run(x.numpy()), dtype=np.float32)
         parity = parity_metrics(ref, got)
         artifact.metrics.update(parity)
-        p = cfg.parity
+        p = cfg.parity.limits(artifact.precision or "fp32")
         problems = []
-        if parity["max_abs_diff"] > p.max_abs_diff:
-            problems.append(f"max abs diff {parity['max_abs_diff']:.3g} > {p.max_abs_diff:g}")
-        if parity["cosine"] < p.min_cosine:
-            problems.append(f"cosine {parity['cosine']:.6f} < {p.min_cosine:g}")
-        if parity["top1_agreement"] < p.min_top1_agreement:
-            problems.append(f"top-1 agreement {parity['top1_agreement']:.4f} < {p.min_top1_agreement:g}")
+        if parity["max_abs_diff"] > p["max_abs_diff"]:
+            problems.append(f"max abs diff {parity['max_abs_diff']:.3g} > {p['max_abs_diff']:g}")
+        if parity["cosine"] < p["min_cosine"]:
+            problems.append(f"cosine {parity['cosine']:.6f} < {p['min_cosine']:g}")
+        if parity["top1_agreement"] < p["min_top1_agreement"]:
+            problems.append(f"top-1 agreement {parity['top1_agreement']:.4f} < {p['min_top1_agreement']:g}")
         gate = GateResult(
             f"{label}.parity",
             not problems,

@@ -1,0 +1,67 @@
+"""OpenVINO IR target: FP32 or FP16-compressed weights, converted from the torch model."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from ..artifacts import Artifact, sha256_file
+from ..errors import ExportError
+from ..stage import Target, TargetConfig
+from . import require
+
+
+class OpenVinoConfig(TargetConfig):
+    type: Literal["openvino"] = Field("openvino", description="OpenVINO IR (model.xml + model.bin) run by the OpenVINO CPU plugin.")
+    dynamic_batch: bool = Field(True, description="Leave the batch dimension dynamic.")
+
+
+class OpenVinoTarget(Target):
+    Config = OpenVinoConfig
+    precisions = ("fp32", "fp16")
+
+    def preflight(self) -> list[str]:
+        require("openvino", "pip install openvino", "the openvino target")
+        return []
+
+    def build(self, state, ctx, out_dir: Path, precision: str) -> Artifact:
+        ov = require("openvino", "pip install openvino", "the openvino target")
+        model = state.model.cpu().eval()
+        example = state.example_input.cpu()
+        shape = [-1 if self.config.dynamic_batch else example.shape[0], *example.shape[1:]]
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                converted = ov.convert_model(model, example_input=example.repeat((2,) + (1,) * (example.dim() - 1)),
+                                             input=[shape])
+        except Exception as exc:  # noqa: BLE001
+            raise ExportError(f"OpenVINO could not convert the model: {type(exc).__name__}: {str(exc).splitlines()[0]}",
+                              hint="export ONNX first and check that it runs; OpenVINO converts from the same graph") from exc
+        xml = out_dir / f"model.{precision}.xml"
+        # Written beside the target, then renamed: .bin first, so a visible .xml always has its weights.
+        with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+            ov.save_model(converted, str(Path(tmp) / "model.xml"), compress_to_fp16=precision == "fp16")
+            os.replace(Path(tmp) / "model.bin", xml.with_suffix(".bin"))
+            os.replace(Path(tmp) / "model.xml", xml)
+        artifact = Artifact.from_file(ctx.run_dir, xml, kind="openvino", producer="export", target="openvino", precision=precision)
+        artifact.size_bytes = xml.stat().st_size + xml.with_suffix(".bin").stat().st_size
+        artifact.metrics["bin_sha256"] = sha256_file(xml.with_suffix(".bin"))
+        return artifact
+
+    def runner(self, path: Path, threads: int | None = None):
+        return openvino_runner(path, threads)
+
+
+def openvino_runner(path: Path, threads: int | None = None):
+    ov = require("openvino", "pip install openvino", "running OpenVINO models")
+    config = {"INFERENCE_PRECISION_HINT": "f32"}  # measure the artifact, not a bf16 fallback of the CPU plugin
+    if threads:
+        config["INFERENCE_NUM_THREADS"] = threads
+    compiled = ov.Core().compile_model(str(path), "CPU", config)
+    output = compiled.output(0)
+    return lambda x: compiled(x)[output]

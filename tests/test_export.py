@@ -1,0 +1,61 @@
+"""Export targets: ONNX FP32/FP16 and OpenVINO IR, each run in its own runtime against torch."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+from pruneflow.pipeline import run_recipe
+from pruneflow.recipe import load_recipe
+
+from conftest import tiny_recipe_dict
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("export")
+    recipe = tiny_recipe_dict(name="exports")
+    recipe["stages"][2] = {"type": "export", "targets": ["onnx", "openvino"], "precisions": ["fp32", "fp16"],
+                           "latency": {"batch_sizes": [1], "runs": 3}}
+    path = tmp / "recipe.yaml"
+    path.write_text(json.dumps(recipe))
+    return run_recipe(load_recipe(path), out=tmp / "runs")
+
+
+def test_every_target_and_precision_is_built_and_measured(exported):
+    r = exported
+    assert r.exit_code == 0, [g for g in r.gates if not g.passed]
+    for label in ("onnx.fp32", "onnx.fp16", "openvino.fp32", "openvino.fp16"):
+        assert r.metrics[f"{label}.top1_agreement"] >= 0.98, label
+        assert abs(r.metrics[f"{label}.accuracy"] - r.metrics["evaluate.accuracy"]) <= 0.02, label
+        assert r.metrics[f"{label}.latency_b1_median_ms"] > 0
+    assert r.metrics["onnx.fp32.max_abs_diff"] < 1e-4
+    assert r.metrics["onnx.fp16.max_abs_diff"] > 10 * r.metrics["onnx.fp32.max_abs_diff"]  # fp16 really rounds
+    assert not list(r.run_dir.rglob("*.tmp")) and not list((r.run_dir / "export").rglob("tmp*"))
+
+
+def test_fp16_onnx_keeps_fp32_inputs_and_stores_fp16_weights(exported):
+    model = onnx.load(str(exported.run_dir / "export/onnx/model.fp16.onnx"))
+    assert model.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    assert model.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    weights = [t for t in model.graph.initializer if len(t.dims) == 4]
+    assert weights and all(t.data_type == onnx.TensorProto.FLOAT16 for t in weights)
+    size32 = (exported.run_dir / "export/onnx/model.fp32.onnx").stat().st_size
+    assert (exported.run_dir / "export/onnx/model.fp16.onnx").stat().st_size < 0.6 * size32
+
+
+def test_openvino_ir_has_its_weights_and_a_dynamic_batch(exported):
+    import openvino as ov
+
+    from pruneflow.artifacts import Manifest, sha256_file
+
+    xml = exported.run_dir / "export/openvino/model.fp32.xml"
+    artifact = next(a for a in Manifest.read(exported.run_dir)["artifacts"] if a["path"] == "export/openvino/model.fp32.xml")
+    assert artifact["metrics"]["bin_sha256"] == sha256_file(xml.with_suffix(".bin"))
+    compiled = ov.Core().compile_model(str(xml), "CPU")
+    for batch in (1, 5):
+        out = compiled(np.zeros((batch, 1, 8, 8), dtype=np.float32))[compiled.output(0)]
+        assert out.shape == (batch, 10)
