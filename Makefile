@@ -21,6 +21,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	$(PIP) install $(TORCH_SPEC)
 	$(PIP) install -e '.[dev]'
+	$(BIN)/python -m qat.nncf_setup   # NNCF's C++ extension, built once into ~/.cache (about 80 s the first time)
 	touch $@ $(VENV)/.installed
 
 install: $(VENV)/.installed

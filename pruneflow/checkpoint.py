@@ -21,7 +21,13 @@ FORMAT = "pruneflow-checkpoint/1"
 
 def save_checkpoint(model: nn.Module, path: Path, *, whole_module: bool = False) -> None:
     payload = {"format": FORMAT, "state_dict": model.state_dict()}
-    if whole_module:
+    base = getattr(model, "_pruneflow_float_base", None)
+    if base is not None:
+        # NNCF-quantized: its hooks do not pickle; NNCF's own config + the float module rebuild it.
+        import nncf.torch
+
+        payload.update(module=base, nncf_config=nncf.torch.get_config(model))
+    elif whole_module:
         payload["module"] = model
     with atomic_path(path) as tmp:
         torch.save(payload, tmp)
@@ -52,6 +58,8 @@ def load_checkpoint(path: Path, into: nn.Module | None = None) -> nn.Module:
         module = payload.get("module") if isinstance(payload, dict) else None
         if not isinstance(module, nn.Module):
             raise InputError(f"{path} is not a pruneflow checkpoint")
+        if "nncf_config" in payload:
+            return _load_quantized(module, payload)
         return module
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise InputError(f"{path} is not a pruneflow checkpoint", hint="use model.checkpoint for plain state_dicts")
@@ -62,3 +70,17 @@ def load_checkpoint(path: Path, into: nn.Module | None = None) -> nn.Module:
     except RuntimeError as exc:
         raise InputError(f"{path} does not fit the model built from the recipe: {exc}") from exc
     return into
+
+
+def _load_quantized(base: nn.Module, payload: dict) -> nn.Module:
+    import copy
+
+    from qat.nncf_setup import ensure_built
+
+    ensure_built()
+    import nncf.torch
+
+    model = nncf.torch.load_from_config(copy.deepcopy(base), payload["nncf_config"])
+    model.load_state_dict(payload["state_dict"])
+    object.__setattr__(model, "_pruneflow_float_base", base)
+    return model.eval()

@@ -38,6 +38,13 @@ class TrainSettings(StrictModel):
     eval_every: int = Field(1, ge=0, description="Evaluate every N epochs (0 = only at the end).")
 
 
+class FinetuneSettings(TrainSettings):
+    """Fine-tuning inside another stage (prune rounds, QAT phases): short, at a low LR."""
+
+    epochs: int = Field(1, ge=0, le=10_000, description="Passes over the training split (0 = none).")
+    lr: float = Field(0.01, gt=0, le=10, description="Peak learning rate (prune: decayed across rounds by `lr_decay`).")
+
+
 def make_optimizer(model: nn.Module, s: TrainSettings, extra: list[nn.Module] = ()) -> torch.optim.Optimizer:
     # No weight decay on biases and normalisation parameters (standard practice).
     decay, no_decay = [], []
@@ -65,11 +72,12 @@ def lr_factor(s: TrainSettings, step: int, steps_per_epoch: int) -> float:
 
 def fit(model: nn.Module, data: DataBundle, task: Task, s: TrainSettings, ctx: RunContext, *,
         description: str = "train", extra_loss: LossFn | None = None, extra_modules: list[nn.Module] = (),
-        seed: int | None = None) -> list[dict]:
+        seed: int | None = None, on_epoch_start: Callable[[int, nn.Module], None] | None = None) -> list[dict]:
     """Train ``model`` in place. Returns one history row per epoch (loss, accuracy, lr).
 
     ``extra_loss(model, x, y, out)`` replaces the task loss (distillation uses it); ``extra_modules``
-    are trained alongside (e.g. feature-KD projections).
+    are trained alongside (e.g. feature-KD projections). ``on_epoch_start(epoch, model)`` runs after
+    the model is put in training mode (QAT freezes BatchNorm statistics there).
     """
     if data.train is None:
         from .errors import InputError
@@ -87,6 +95,9 @@ def fit(model: nn.Module, data: DataBundle, task: Task, s: TrainSettings, ctx: R
     step = 0
     history = []
     for epoch in range(1, s.epochs + 1):
+        model.train()
+        if on_epoch_start:
+            on_epoch_start(epoch, model)
         seen = correct = 0
         loss_sum = 0.0
         with ctx.reporter.progress(f"{description} epoch {epoch}/{s.epochs}", total=steps_per_epoch) as advance:

@@ -14,3 +14,21 @@ def require(module: str, install: str, purpose: str):
     except ImportError as exc:
         raise MissingDependencyError(f"{purpose} needs the Python package {module!r}, which is not installed ({exc})",
                                      hint=install) from exc
+
+
+def float_model(model):
+    """The floating-point model to export at fp32/fp16 precision.
+
+    A model quantized by the ptq/qat stages carries its float twin (``_pruneflow_float_base``, set
+    there); its trained weights are copied in, so fp32/fp16 artifacts hold what QAT learned, without
+    the fake-quantize operations.
+    """
+    import copy
+
+    base = getattr(model, "_pruneflow_float_base", None)
+    if base is None:
+        return model
+    view = copy.deepcopy(base)
+    own = view.state_dict()
+    view.load_state_dict({k: v for k, v in model.state_dict().items() if k in own})
+    return view.eval()

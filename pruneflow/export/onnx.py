@@ -13,7 +13,7 @@ from pydantic import Field
 from ..artifacts import Artifact, atomic_path
 from ..errors import ExportError
 from ..stage import Target, TargetConfig
-from . import require
+from . import float_model, require
 
 
 class OnnxConfig(TargetConfig):
@@ -39,12 +39,13 @@ class OnnxTarget(Target):
         cfg: OnnxConfig = self.config  # type: ignore[assignment]
         path = out_dir / f"model.{precision}.onnx"
         export = dict(opset=cfg.opset, dynamic_batch=cfg.dynamic_batch, exporter=cfg.exporter)
+        model = float_model(state.model)
         if precision == "fp16":
             with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
-                export_onnx(state.model, state.example_input, Path(tmp) / "fp32.onnx", **export)
+                export_onnx(model, state.example_input, Path(tmp) / "fp32.onnx", **export)
                 to_fp16(Path(tmp) / "fp32.onnx", path)
         else:
-            export_onnx(state.model, state.example_input, path, **export)
+            export_onnx(model, state.example_input, path, **export)
         return Artifact.from_file(ctx.run_dir, path, kind="onnx", producer="export", target="onnx", precision=precision)
 
     def runner(self, path: Path, threads: int | None = None):

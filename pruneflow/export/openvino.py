@@ -13,7 +13,7 @@ from pydantic import Field
 from ..artifacts import Artifact, sha256_file
 from ..errors import ExportError
 from ..stage import Target, TargetConfig
-from . import require
+from . import float_model, require
 
 
 class OpenVinoConfig(TargetConfig):
@@ -31,7 +31,7 @@ class OpenVinoTarget(Target):
 
     def build(self, state, ctx, out_dir: Path, precision: str) -> Artifact:
         ov = require("openvino", "pip install openvino", "the openvino target")
-        model = state.model.cpu().eval()
+        model = float_model(state.model).cpu().eval()
         example = state.example_input.cpu()
         shape = [-1 if self.config.dynamic_batch else example.shape[0], *example.shape[1:]]
         try:

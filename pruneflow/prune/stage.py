@@ -17,7 +17,7 @@ from ..errors import InputError
 from ..evaluate import count_macs_params, evaluate_model
 from ..recipe.models import ModelSpec
 from ..stage import Stage, StageConfig, StageResult, StrictModel
-from ..train import TrainSettings, fit
+from ..train import FinetuneSettings, fit
 from .engine import PruneOptions, auto_rounds, layer_channels, measure, prune_step, resolve_ignored, search_ratio
 from .fisher import fisher_diagonal, mean_gradients
 from .importance import hessian_saliency, magnitude_saliency, mixed_saliency, taylor_saliency
@@ -52,11 +52,6 @@ class PruneTarget(StrictModel):
         if self.macs is not None:
             return "macs", self.macs
         return "params", self.params  # type: ignore[return-value]
-
-
-class FinetuneSettings(TrainSettings):
-    epochs: int = Field(1, ge=0, le=10_000, description="Passes over the training split (0 = none).")
-    lr: float = Field(0.01, gt=0, le=10, description="Peak learning rate (decayed across rounds by `lr_decay`).")
 
 
 class PruneLatency(StrictModel):

@@ -17,6 +17,7 @@ from ..artifacts import Artifact
 from ..bench import measure_latency
 from ..errors import ExportError, InputError, PruneflowError
 from ..evaluate import evaluate_runtime
+from ..export import float_model
 from ..gates import GateResult
 from ..recipe.models import normalise_target_list, target_union
 from ..stage import Stage, StageConfig, StageResult, StrictModel, Target
@@ -136,9 +137,10 @@ class ExportStage(Stage):
         cfg: ExportConfig = self.config  # type: ignore[assignment]
         label = f"{artifact.target}.{artifact.precision}"
         x = state.data.eval.x[: cfg.parity.samples]
+        source = float_model(state.model)  # fp32/fp16 artifacts come from the float model (see float_model)
         with torch.no_grad():
-            state.model.eval()
-            ref = state.task.logits(state.model(x.to(ctx.device))).float().cpu().numpy()
+            source.eval()
+            ref = state.task.logits(source(x.to(ctx.device))).float().cpu().numpy()
         got = np.asarray(run(x.numpy()), dtype=np.float32)
         parity = parity_metrics(ref, got)
         artifact.metrics.update(parity)

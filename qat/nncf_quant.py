@@ -1,0 +1,84 @@
+"""FakeQuantize insertion through NNCF: per-channel symmetric int8 weights, per-tensor activations,
+ranges initialised from the calibration set, ignored scopes by module name or NNCF node regex."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import re
+from typing import Iterator
+
+from torch import nn
+
+from pruneflow.errors import InputError, StageError
+
+from calibrate.calibset import CalibrationSet
+from calibrate.consumers import nncf_dataset
+
+from .nncf_setup import ensure_built
+
+log = logging.getLogger("pruneflow")
+
+
+@contextlib.contextmanager
+def quiet_nncf() -> Iterator[None]:
+    """NNCF draws Rich progress bars on stdout and logs there; the CLI's stdout belongs to --json."""
+    nncf_log = logging.getLogger("nncf")
+    level = nncf_log.level
+    nncf_log.setLevel(logging.ERROR)
+    buffer = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buffer):
+            yield
+    finally:
+        nncf_log.setLevel(level)
+        if buffer.getvalue().strip():
+            log.debug("nncf: %s", buffer.getvalue().strip()[-2000:])
+
+
+def ignored_scope(model: nn.Module, ignore: list[str]):
+    """NNCF IgnoredScope from module names (``features.0``) or regexes over NNCF node names."""
+    import nncf
+
+    if not ignore:
+        return None
+    modules = {n for n, _ in model.named_modules() if n}
+    patterns = []
+    for item in ignore:
+        if item in modules:
+            patterns.append(re.escape(item.replace(".", "/")) + "(/.*)?")  # NNCF node names use '/'
+        else:
+            patterns.append(item)
+    return nncf.IgnoredScope(patterns=patterns, validate=True)
+
+
+def quantize(model: nn.Module, calib: CalibrationSet, *, ignore: list[str] | None = None, preset: str = "performance",
+             batch_size: int = 32) -> nn.Module:
+    """Insert FakeQuantize operations and set their ranges from ``calib``. Returns the quantized model."""
+    ensure_built()
+    import nncf
+
+    dataset = nncf_dataset(calib, batch_size)
+    items = -(-len(calib) // batch_size)
+    was = model.training
+    model.eval()
+    try:
+        with quiet_nncf():
+            quantized = nncf.quantize(model, dataset, subset_size=items, ignored_scope=ignored_scope(model, ignore or []),
+                                      preset=nncf.QuantizationPreset(preset))
+    except nncf.ValidationError as exc:
+        raise InputError(f"qat.ignore: {exc}", hint="use module names from `pruneflow inspect`, or NNCF node-name regexes") from exc
+    except Exception as exc:  # noqa: BLE001 - tracing failures come in many types
+        raise StageError(
+            f"NNCF could not quantize the model: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+            hint="NNCF traces the forward pass: data-dependent control flow or unsupported ops stop it; "
+            "`ignore` the module that fails, or run the ptq/qat stages on an exportable model",
+        ) from exc
+    quantized.train(was)
+    return quantized
+
+
+def quantizer_parameters(model: nn.Module) -> list:
+    """The trainable range parameters NNCF added (frozen late in QAT)."""
+    return [p for n, p in model.named_parameters() if "__nncf_hooks" in n and p.is_floating_point() and p.requires_grad]

@@ -1,0 +1,160 @@
+"""`qat` and `ptq` stages: quantization-aware training with a staged fp32 → fp16 → int8 schedule,
+and post-training quantization (the cheap path QAT must match or beat)."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from typing import Literal
+
+from pydantic import Field, field_validator
+from torch import nn
+
+from pruneflow.distill import DistillSpec, Distiller, frozen_copy
+from pruneflow.evaluate import evaluate_model
+from pruneflow.stage import Stage, StageConfig, StageResult, StrictModel
+from pruneflow.train import FinetuneSettings, fit
+
+from .nncf_quant import quantize, quantizer_parameters
+from .precision import fp16_rounding
+
+
+class Phase(StrictModel):
+    precision: Literal["fp32", "fp16", "int8"] = Field(description="Numeric precision the phase trains in.")
+    epochs: int = Field(1, ge=0, le=10_000, description="Epochs of the phase (0: int8 only inserts and calibrates).")
+    lr: float | None = Field(None, gt=0, description="Peak LR of the phase (default: finetune.lr).")
+
+
+class QuantizeSettings(StrictModel):
+    preset: Literal["performance", "mixed"] = Field(
+        "performance", description="`performance`: symmetric activations (what TensorRT wants); `mixed`: asymmetric activations."
+    )
+    ignore: list[str] = Field(default_factory=list, description="Module names, or NNCF node-name regexes, left in floating point.")
+    calibration_size: int = Field(300, ge=1, description="Samples for range initialisation when no calibrate stage ran.")
+    batch_size: int = Field(32, ge=1, description="Batch size for range initialisation.")
+
+
+class PtqConfig(StageConfig, QuantizeSettings):
+    type: Literal["ptq"] = Field("ptq", description="INT8 post-training quantization (NNCF), no training.")
+
+
+class QatConfig(StageConfig, QuantizeSettings):
+    type: Literal["qat"] = Field("qat", description="Quantization-aware training: a staged fp32 → fp16 → int8 schedule.")
+    backend: Literal["nncf"] = Field("nncf", description="FakeQuantize insertion backend.")
+    schedule: list[Phase] = Field(
+        default_factory=lambda: [Phase(precision="int8", epochs=2)],
+        min_length=1, description="Phases in order; int8 must come last (FakeQuantize is inserted once).",
+    )
+    finetune: FinetuneSettings = Field(
+        default_factory=lambda: FinetuneSettings(lr=1e-3, weight_decay=0.0),
+        description="Training settings shared by the phases (each phase sets its own epochs and may set lr).",
+    )
+    distill: DistillSpec | None = Field(
+        default_factory=lambda: DistillSpec(alpha=0.5), description="KD from the FP32 model entering the stage, in every phase."
+    )
+    freeze_bn_after: int | None = Field(
+        None, ge=0, description="Epochs into the int8 phase after which BatchNorm statistics and quantizer ranges stop changing."
+    )
+
+    @field_validator("schedule")
+    @classmethod
+    def _int8_last(cls, value: list[Phase]) -> list[Phase]:
+        names = [p.precision for p in value]
+        if "int8" in names and names.index("int8") != len(names) - 1:
+            raise ValueError("int8 must be the last phase (FakeQuantize is inserted once, at the start of int8)")
+        return value
+
+
+def _calibration(stage: Stage, state, ctx):
+    """The run's calibration set, or a random one from the training split (with a note)."""
+    if state.calibration is not None:
+        return state.calibration
+    from calibrate.build import build_calibration_set
+
+    split = state.data.train if state.data.train is not None else state.data.eval
+    ctx.reporter.warning(f"{stage.id}: no calibrate stage ran; initialising ranges from {stage.config.calibration_size} "
+                         "random training samples")
+    return build_calibration_set(split, size=stage.config.calibration_size, strategy="random", seed=ctx.seed)
+
+
+def _int8(stage: Stage, state, ctx) -> nn.Module:
+    cfg = stage.config
+    base = copy.deepcopy(state.model).cpu().eval()  # NNCF adds its hooks in place
+    quantized = quantize(state.model, _calibration(stage, state, ctx), ignore=cfg.ignore, preset=cfg.preset,
+                         batch_size=cfg.batch_size)
+    # Not a registered submodule (object.__setattr__): kept out of state_dict, used by checkpoints and export.
+    object.__setattr__(quantized, "_pruneflow_float_base", base)
+    return quantized
+
+
+class PtqStage(Stage):
+    Config = PtqConfig
+    modifies_model = True
+
+    @property
+    def needs_train_split(self) -> bool:  # type: ignore[override]
+        return True
+
+    def run(self, state, ctx):
+        before = evaluate_model(state.model, state.data.eval, state.task, ctx.recipe.data.eval_batch_size, ctx.device,
+                                ctx.reporter, f"{self.id} fp32")["accuracy"]
+        state.model = _int8(self, state, ctx)
+        after = evaluate_model(state.model, state.data.eval, state.task, ctx.recipe.data.eval_batch_size, ctx.device,
+                               ctx.reporter, f"{self.id} int8")["accuracy"]
+        return StageResult(metrics={"accuracy": after, "accuracy_fp32": before, "accuracy_drop": before - after})
+
+
+class QatStage(Stage):
+    Config = QatConfig
+    modifies_model = True
+    needs_train_split = True
+
+    def run(self, state, ctx):
+        cfg: QatConfig = self.config  # type: ignore[assignment]
+        teacher = frozen_copy(state.model) if cfg.distill else None
+        rows = []
+        fp32 = evaluate_model(state.model, state.data.eval, state.task, ctx.recipe.data.eval_batch_size, ctx.device,
+                              ctx.reporter, f"{self.id} fp32")["accuracy"]
+        rows.append({"phase": "entering", "precision": "fp32", "epochs": 0, "accuracy": fp32})
+        for i, phase in enumerate(cfg.schedule, 1):
+            if phase.precision == "int8":
+                state.model = _int8(self, state, ctx)
+            settings = cfg.finetune.model_copy(update={"epochs": phase.epochs, "lr": phase.lr or cfg.finetune.lr})
+            rounding = fp16_rounding(state.model) if phase.precision == "fp16" else contextlib.nullcontext()
+            with rounding:
+                if phase.epochs:
+                    accuracy = self._train(state, ctx, teacher, settings, phase, f"{self.id} {phase.precision}")
+                else:
+                    accuracy = evaluate_model(state.model, state.data.eval, state.task, ctx.recipe.data.eval_batch_size,
+                                              ctx.device, ctx.reporter, f"{self.id} {phase.precision}")["accuracy"]
+            rows.append({"phase": i, "precision": phase.precision, "epochs": phase.epochs, "accuracy": accuracy})
+        metrics = {"accuracy": rows[-1]["accuracy"], "accuracy_fp32": fp32, "accuracy_drop": fp32 - rows[-1]["accuracy"]}
+        for row in rows[1:]:
+            metrics[f"accuracy_{row['precision']}"] = row["accuracy"]
+        return StageResult(metrics=metrics, tables={"phases": rows})
+
+    def _train(self, state, ctx, teacher, settings, phase, description) -> float:
+        cfg: QatConfig = self.config  # type: ignore[assignment]
+        model = state.model
+        freeze = cfg.freeze_bn_after if phase.precision == "int8" else None
+        ranges = quantizer_parameters(model)
+
+        def on_epoch_start(epoch: int, m: nn.Module) -> None:
+            if freeze is not None and epoch > freeze:
+                for mod in m.modules():
+                    if isinstance(mod, nn.modules.batchnorm._BatchNorm):
+                        mod.eval()  # running statistics stop updating
+                for p in ranges:
+                    p.requires_grad_(False)
+
+        distiller = Distiller(model, teacher, cfg.distill, state.task, state.example_input) if teacher is not None else None
+        try:
+            history = fit(model, state.data, state.task, settings, ctx, description=description,
+                          extra_loss=distiller.loss if distiller else None,
+                          extra_modules=distiller.modules() if distiller else (), on_epoch_start=on_epoch_start)
+        finally:
+            if distiller:
+                distiller.close()
+            for p in ranges:
+                p.requires_grad_(True)
+        return history[-1]["eval_accuracy"]

@@ -1,0 +1,115 @@
+"""QAT and PTQ: the fp16 phase really rounds, the staged schedule runs, quantized checkpoints reload."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pruneflow.errors import InputError, RecipeError
+from pruneflow.recipe import load_recipe
+from qat.precision import fp16_rounding, round_half
+
+from conftest import tiny_recipe_dict
+
+
+def test_the_fp16_phase_rounds_weights_and_inputs_with_straight_through_gradients():
+    torch.manual_seed(0)
+    layer = nn.Linear(16, 4)
+    model = nn.Sequential(layer)
+    x = torch.randn(8, 16) * 3
+    master = layer.weight.detach().clone()
+    exact = layer(x)
+    with fp16_rounding(model) as count:
+        assert count == 1
+        out = model(x)
+        expected = F.linear(x.half().float(), master.half().float(), layer.bias)
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+        assert not torch.equal(out, exact)  # rounding changed something
+        out.sum().backward()
+    # straight-through: the gradient is the one at the rounded point, applied to the FP32 master weight
+    torch.testing.assert_close(layer.weight.grad, torch.ones(4, 1) * x.half().float().sum(0, keepdim=True))
+    assert torch.equal(layer.weight.detach(), master) and type(layer) is nn.Linear  # parametrization removed
+    assert round_half(torch.tensor([1.0001])).item() == torch.tensor([1.0001]).half().float().item()
+
+
+@pytest.fixture(scope="module")
+def qat_run(tmp_path_factory):
+    from pruneflow.pipeline import run_recipe
+
+    tmp = tmp_path_factory.mktemp("qat")
+    recipe = tiny_recipe_dict(name="qat")
+    recipe["data"]["max_train_samples"] = 400
+    recipe["stages"] = [
+        {"type": "train", "epochs": 3, "batch_size": 32, "lr": 0.05},
+        {"type": "calibrate", "size": 64},
+        {"type": "ptq"},
+        {"type": "evaluate"},
+    ]
+    ptq_path = tmp / "ptq.yaml"
+    ptq_path.write_text(json.dumps(recipe))
+    recipe = dict(recipe, name="qat2")
+    recipe["stages"] = recipe["stages"][:2] + [
+        {"type": "qat", "schedule": [{"precision": "fp16", "epochs": 1}, {"precision": "int8", "epochs": 1}],
+         "finetune": {"lr": 0.001, "batch_size": 32}, "freeze_bn_after": 0},
+        {"type": "export", "targets": ["onnx"], "latency": None},
+    ]
+    qat_path = tmp / "qat.yaml"
+    qat_path.write_text(json.dumps(recipe))
+    return run_recipe(load_recipe(ptq_path), out=tmp / "runs"), run_recipe(load_recipe(qat_path), out=tmp / "runs")
+
+
+def test_ptq_reports_int8_accuracy_beside_fp32(qat_run):
+    ptq, _ = qat_run
+    m = ptq.metrics
+    assert ptq.exit_code == 0
+    assert m["ptq.accuracy_fp32"] == m["train.accuracy"]
+    assert abs(m["ptq.accuracy_drop"]) <= 0.1 and m["evaluate.accuracy"] == m["ptq.accuracy"]
+
+
+def test_qat_runs_its_schedule_and_exports_the_float_weights(qat_run):
+    _, qat = qat_run
+    m = qat.metrics
+    assert qat.exit_code == 0, [g for g in qat.gates if not g.passed]
+    stage = next(s for s in qat.stages if s.type == "qat")
+    assert [r["precision"] for r in stage.tables["phases"]] == ["fp32", "fp16", "int8"]
+    assert {"qat.accuracy_fp16", "qat.accuracy_int8", "qat.accuracy_fp32"} <= set(m)
+    assert m["onnx.fp32.top1_agreement"] >= 0.99  # the fp32 artifact holds the QAT-trained float weights
+
+
+def test_a_quantized_checkpoint_reloads_with_its_quantizers(qat_run):
+    from pruneflow.checkpoint import load_checkpoint
+    from pruneflow.data import load_data
+    from pruneflow.evaluate import evaluate_model
+    from pruneflow.tasks import Classification
+
+    _, qat = qat_run
+    model = load_checkpoint(qat.run_dir / "stages" / "03-qat" / "model.pt")
+    assert any("__nncf_hooks" in n for n, _ in model.named_parameters())
+    recipe = load_recipe(qat.run_dir / "recipe.resolved.yaml").recipe
+    data = load_data(recipe.data, recipe.seed, with_train=False)
+    accuracy = evaluate_model(model, data.eval, Classification())["accuracy"]
+    assert accuracy == pytest.approx(qat.metrics["qat.accuracy"], abs=1e-9)
+
+
+def test_int8_must_be_the_last_phase(write_recipe):
+    recipe = tiny_recipe_dict()
+    recipe["stages"] = [{"type": "qat", "schedule": [{"precision": "int8"}, {"precision": "fp16"}]}]
+    with pytest.raises(RecipeError) as err:
+        load_recipe(write_recipe(recipe))
+    assert any("int8 must be the last phase" in i.message for i in err.value.issues)
+
+
+def test_qat_without_training_data_is_a_clear_error(tmp_path, write_recipe):
+    import numpy as np
+
+    from pruneflow.pipeline import run_recipe
+
+    np.savez(tmp_path / "eval.npz", x=np.random.rand(40, 1, 8, 8).astype(np.float32), label=np.arange(40) % 10)
+    recipe = tiny_recipe_dict(data={"format": "npz", "eval": "eval.npz"})
+    recipe["stages"] = [{"type": "qat", "schedule": [{"precision": "int8", "epochs": 1}]}]
+    with pytest.raises(InputError, match="train split"):
+        run_recipe(load_recipe(write_recipe(recipe)), out=tmp_path / "runs")
