@@ -142,6 +142,7 @@ def test_coupled_channels_are_pruned_together_and_the_model_stays_valid(factory,
     prune_step(model, example, magnitude_saliency(model), 0.5, PruneOptions(allocation="uniform", ignored=ignored))
     after = measure(model, example, ignored)
     assert after["channels"] < before["channels"] and after["macs"] < before["macs"]
+    assert not any(m.weight.requires_grad for m in model.modules() if isinstance(m, ChannelEmbedConv))
     x = torch.randn((3,) + shape)
     with torch.no_grad():
         out = model(x)
@@ -272,3 +273,19 @@ def _env():
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     return env
+
+
+def test_max_layer_ratio_holds_over_several_rounds():
+    from pruneflow.prune.engine import layer_widths
+
+    torch.manual_seed(0)
+    model = _perturbed(resnet20())
+    example = torch.zeros(1, 3, 32, 32)
+    make_prunable(model, example)
+    widths = layer_widths(model)
+    opts = PruneOptions(allocation="global", max_layer_ratio=0.5, ignored=resolve_ignored(model, None), initial_widths=widths)
+    for _ in range(4):
+        prune_step(model, example, magnitude_saliency(model), 0.3, opts)
+    now = layer_widths(model)
+    assert all(now[n][0] >= widths[n][0] * 0.5 - 1 for n in now if n not in opts.ignored), \
+        {n: (widths[n][0], now[n][0]) for n in now if now[n][0] < widths[n][0] * 0.5 - 1}

@@ -30,6 +30,19 @@ class PruneOptions:
     max_layer_ratio: float = 0.9
     round_to: int | None = None
     ignored: tuple[str, ...] = ()  # module names kept intact
+    # Layer widths (out, in) when the stage started: max_layer_ratio holds against these over all
+    # rounds (a fresh pruner each round would otherwise measure it against the current widths).
+    initial_widths: dict[str, tuple[int, int]] | None = None
+
+
+def layer_widths(model: nn.Module) -> dict[str, tuple[int, int]]:
+    out = {}
+    for name, m in model.named_modules():
+        if isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
+            out[name] = (m.out_channels, m.in_channels)
+        elif isinstance(m, nn.Linear):
+            out[name] = (m.out_features, m.in_features)
+    return out
 
 
 def resolve_ignored(model: nn.Module, patterns: list[str] | None) -> tuple[str, ...]:
@@ -76,7 +89,7 @@ def _pruner(model: nn.Module, example: torch.Tensor, saliency: dict, ratio: floa
     if not prunable_layers(model, opts.ignored):
         raise InputError("prune: every prunable layer is ignored; nothing is left to prune",
                          hint="shorten prune.ignore (the classifier is ignored by default)")
-    return tp.pruner.MetaPruner(
+    pruner = tp.pruner.MetaPruner(
         model,
         example,
         importance=SaliencyImportance(model, saliency),
@@ -86,6 +99,14 @@ def _pruner(model: nn.Module, example: torch.Tensor, saliency: dict, ratio: floa
         ignored_layers=[modules[n] for n in opts.ignored],
         round_to=opts.round_to,
     )
+    if opts.initial_widths:
+        # torch-pruning 1.6 internals: the widths its max_pruning_ratio check compares against.
+        for name, (out_ch, in_ch) in opts.initial_widths.items():
+            module = modules.get(name)
+            if module in pruner.layer_init_out_ch:
+                pruner.layer_init_out_ch[module] = out_ch
+                pruner.layer_init_in_ch[module] = in_ch
+    return pruner
 
 
 def prune_step(model: nn.Module, example: torch.Tensor, saliency: dict, ratio: float, opts: PruneOptions) -> None:
@@ -94,8 +115,44 @@ def prune_step(model: nn.Module, example: torch.Tensor, saliency: dict, ratio: f
         return
     was = model.training
     model.eval()
-    _pruner(model, example, saliency, ratio, opts).step()
+    pruner = _pruner(model, example, saliency, ratio, opts)
+    names = {m: n for n, m in model.named_modules()}
+    for group in pruner.step(interactive=True):
+        idxs = _capped(group, pruner, names, opts)
+        if idxs:
+            group.prune(idxs=idxs)
     model.train(was)
+    for m in model.modules():
+        if isinstance(m, ChannelEmbedConv):
+            # torch-pruning replaces pruned weights with new (trainable) Parameters: keep the selection frozen.
+            m.weight.requires_grad_(False)
+
+
+def _capped(group, pruner, names: dict, opts: PruneOptions) -> list[int]:
+    """The group's channels to prune, trimmed so its layer keeps (1 - max_layer_ratio) of its initial width.
+
+    torch-pruning only skips a layer that is already below that floor; one global step can still
+    take it far below. We keep the most important channels of the group (and round_to multiples).
+    """
+    dep, idxs = group[0]
+    idxs = list(idxs)
+    module = dep.target.module
+    if not opts.initial_widths or names.get(module) not in opts.initial_widths or not pruner.DG.is_out_channel_pruning_fn(dep.handler):
+        return idxs
+    current = pruner.DG.get_out_channels(module)
+    floor = math.ceil(opts.initial_widths[names[module]][0] * (1 - opts.max_layer_ratio))
+    keep = max(current - len(idxs), floor)
+    if opts.round_to:
+        keep = min(current, math.ceil(keep / opts.round_to) * opts.round_to)
+    allowed = current - keep
+    if allowed >= len(idxs):
+        return idxs
+    if allowed <= 0:
+        return []
+    scores = pruner.estimate_importance(pruner.DG.get_pruning_group(module, dep.handler, list(range(current))))
+    if scores is None:
+        return sorted(idxs)[:allowed]
+    return sorted(sorted(idxs, key=lambda i: float(scores[i]))[:allowed])
 
 
 def search_ratio(model: nn.Module, example: torch.Tensor, saliency: dict, opts: PruneOptions, metric: Metric,

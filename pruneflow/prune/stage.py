@@ -18,7 +18,8 @@ from ..evaluate import count_macs_params, evaluate_model
 from ..recipe.models import ModelSpec
 from ..stage import Stage, StageConfig, StageResult, StrictModel
 from ..train import FinetuneSettings, fit
-from .engine import PruneOptions, auto_rounds, layer_channels, measure, prune_step, resolve_ignored, search_ratio
+from .engine import (PruneOptions, auto_rounds, layer_channels, layer_widths, measure, prune_step, resolve_ignored,
+                     search_ratio)
 from .fisher import fisher_diagonal, mean_gradients
 from .importance import hessian_saliency, magnitude_saliency, mixed_saliency, taylor_saliency
 from .surgery import make_prunable
@@ -108,14 +109,16 @@ class PruneStage(Stage):
         if transformer:
             return self._run_transformer(state, ctx)
         metric, keep = cfg.target.metric_and_keep()
-        replaced = make_prunable(model, example)
-        ignored = resolve_ignored(model, cfg.ignore)
-        opts = PruneOptions(cfg.allocation, cfg.max_layer_ratio, cfg.round_to, ignored)
-        before = measure(model, example, ignored)
-        channels_before = layer_channels(model)
+        # The baseline is the model as it entered the stage, before the shortcut rewrite.
+        macs_entering, params_entering = count_macs_params(model, example)
         accuracy_before = evaluate_model(model, data.eval, task, ctx.recipe.data.eval_batch_size, ctx.device,
                                          ctx.reporter, f"{self.id} baseline")["accuracy"]
         latency_before = self._latency(model, example, data) if cfg.latency else {}
+        replaced = make_prunable(model, example)
+        ignored = resolve_ignored(model, cfg.ignore)
+        opts = PruneOptions(cfg.allocation, cfg.max_layer_ratio, cfg.round_to, ignored, layer_widths(model))
+        before = measure(model, example, ignored)  # targets count the rewritten model, as every round does
+        channels_before = layer_channels(model)
         teacher = self._teacher(state, ctx)
         rounds = auto_rounds(metric, keep) if cfg.rounds == "auto" else cfg.rounds
         rows, importance_seconds, lr = [], 0.0, cfg.finetune.lr if cfg.finetune else 0.0
@@ -143,10 +146,10 @@ class PruneStage(Stage):
             "accuracy_before": accuracy_before,
             "macs": after["macs"],
             "params": after["params"],
-            "macs_before": before["macs"],
-            "params_before": before["params"],
-            "macs_reduction": before["macs"] / after["macs"],
-            "params_reduction": before["params"] / after["params"],
+            "macs_before": macs_entering,
+            "params_before": params_entering,
+            "macs_reduction": macs_entering / after["macs"],
+            "params_reduction": params_entering / after["params"],
             "channels_kept": after["channels"] / before["channels"],
             "rounds": rounds,
             "importance_seconds": round(importance_seconds, 3),
