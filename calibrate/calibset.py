@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from pruneflow.artifacts import publish_dir
 from pruneflow.errors import InputError
 
 from .sampling import content_hashes
@@ -69,8 +69,11 @@ class CalibrationSet:
             out["histogram"] = {str(int(v)): int(c) for v, c in zip(values, counts)}
         return out
 
-    def save(self, folder: str | Path) -> dict:
-        """Write the folder atomically (built beside it, then renamed). Returns calibration.json's content."""
+    def save(self, folder: str | Path, amct: bool = False) -> dict:
+        """Write the folder atomically (built beside it, then renamed). Returns calibration.json's content.
+
+        ``amct``: also write Ascend AMCT input into ``folder/amct`` (see consumers.write_amct).
+        """
         import datasets
 
         folder = Path(folder)
@@ -94,9 +97,11 @@ class CalibrationSet:
             datasets.Dataset.from_dict(columns, features=datasets.Features(features)).save_to_disk(str(tmp / "data"))
             info = {"format": FORMAT, "fingerprint": self.fingerprint, **self.stats(), **self.meta}
             (tmp / "calibration.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
-            if folder.exists():
-                shutil.rmtree(folder)
-            os.replace(tmp, folder)
+            if amct:
+                from .consumers import write_amct
+
+                write_amct(self, tmp / "amct")
+            publish_dir(tmp, folder)
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp)

@@ -10,7 +10,6 @@ import numpy as np
 from pruneflow.errors import InputError
 
 from .build import STRATEGIES, build_calibration_set, penultimate_features
-from .consumers import write_amct
 
 SUFFIX_FORMATS = {".jsonl": "jsonl", ".json": "json", ".csv": "csv", ".parquet": "parquet", ".npz": "npz"}
 
@@ -37,6 +36,11 @@ def calibrate_source(source: Path, out: Path, *, size: int, strategy: str, by: s
         raise InputError("--size must be at least 1")
     if not source.exists():
         raise InputError(f"calibration source not found: {source}")
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "calibration.json").is_file())):
+        raise InputError(f"--out {out} exists and is not a calibration set; refusing to replace it",
+                         hint="choose a new or empty folder for --out")
+    if source.resolve() == out.resolve() or out.resolve() in source.resolve().parents:
+        raise InputError("--out must not contain SOURCE", hint="write the calibration set somewhere else")
     fmt = fmt or guess_format(source)
     model = None
     if recipe is not None:
@@ -60,7 +64,4 @@ def calibrate_source(source: Path, out: Path, *, size: int, strategy: str, by: s
                                   meta={"source": str(source), "by": by if strategy == "stratified" else None,
                                         "features": ("model" if model is not None else "inputs") if strategy == "diverse" else None},
                                   warn=warn)
-    info = calib.save(out)
-    if amct:
-        write_amct(calib, out / "amct")
-    return info
+    return calib.save(out, amct=amct)

@@ -32,11 +32,13 @@ def ort_reader(calib: CalibrationSet, input_name: str = "input", batch_size: int
     return Reader()
 
 
-def nncf_dataset(calib: CalibrationSet, batch_size: int = 1, as_numpy: bool = False):
-    """An ``nncf.Dataset`` of input batches: torch tensors for torch models (QAT range init, PTQ),
-    numpy arrays for OpenVINO models."""
+def nncf_dataset(calib: CalibrationSet, batch_size: int = 1, as_numpy: bool = False, device: str | None = None):
+    """An ``nncf.Dataset`` of input batches: torch tensors (on ``device``) for torch models (QAT range
+    init, PTQ), numpy arrays for OpenVINO models."""
     nncf = require("nncf", "pip install nncf", "NNCF quantization")
     items = [b.numpy() if as_numpy else b for b in calib.batches(batch_size)]
+    if device and not as_numpy:
+        return nncf.Dataset(items, lambda b: b.to(device))
     return nncf.Dataset(items)
 
 

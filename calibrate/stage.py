@@ -12,7 +12,6 @@ from pruneflow.recipe.models import PathField
 from pruneflow.stage import Stage, StageConfig, StageResult, StrictModel
 
 from .build import build_calibration_set, penultimate_features
-from .consumers import write_amct
 
 
 class CalibSource(StrictModel):
@@ -48,10 +47,14 @@ class CalibrateStage(Stage):
     def needs_train_split(self) -> bool:  # type: ignore[override]
         return self.config.source is None and self.config.split == "train"
 
+    def _folder(self, ctx):
+        # `calibration/` for the usual single stage; a second calibrate stage gets its own folder.
+        return ctx.run_dir / ("calibration" if self.id == "calibrate" else f"calibration-{self.id}")
+
     def restore(self, state, ctx) -> None:
         from .calibset import CalibrationSet
 
-        state.calibration = CalibrationSet.load(ctx.run_dir / "calibration")
+        state.calibration = CalibrationSet.load(self._folder(ctx))
 
     def run(self, state, ctx):
         cfg: CalibrateConfig = self.config  # type: ignore[assignment]
@@ -86,14 +89,14 @@ class CalibrateStage(Stage):
                   "features": ("model" if use_model else "inputs") if cfg.strategy == "diverse" else None},
             warn=ctx.reporter.warning,
         )
-        folder = ctx.run_dir / "calibration"
-        info = calib.save(folder)
+        folder = self._folder(ctx)
+        info = calib.save(folder, amct=cfg.amct)
         state.calibration = calib
         artifacts = [Artifact.from_file(ctx.run_dir, folder / "calibration.json", kind="calibration", producer=self.id,
                                         metrics={"count": len(calib), "fingerprint": calib.fingerprint})]
         if cfg.amct:
-            listing = write_amct(calib, folder / "amct")
-            artifacts.append(Artifact.from_file(ctx.run_dir, listing, kind="amct-calibration", producer=self.id))
+            artifacts.append(Artifact.from_file(ctx.run_dir, folder / "amct" / "calibration_list.txt",
+                                                kind="amct-calibration", producer=self.id))
         metrics = {"count": len(calib), "fingerprint": calib.fingerprint, "duplicates_removed": info["duplicates_removed"]}
         return StageResult(metrics=metrics, artifacts=artifacts,
                            tables={"histogram": [{"class": k, "count": v} for k, v in info.get("histogram", {}).items()]})

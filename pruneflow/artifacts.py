@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -48,14 +49,37 @@ def atomic_path(final: str | Path) -> Iterator[Path]:
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+    os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600 files; artifacts are shared like any other file
     os.close(fd)
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        with open(tmp_path, "rb+") as fh:  # the data reaches the disk before the rename makes it visible
+            os.fsync(fh.fileno())
         os.replace(tmp_path, final)
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def publish_dir(tmp: Path, final: Path) -> None:
+    """Rename a finished temporary folder to ``final``, replacing an older one without a gap."""
+    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700 folders
+    old = None
+    if final.exists():
+        old = final.with_name(f".{final.name}.old")
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(final, old)
+    os.replace(tmp, final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:
@@ -90,6 +114,8 @@ class Artifact:
     parent: str | None = None  # path of the artifact (or "source:..." description) it was made from
     metrics: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # Other files the artifact needs (e.g. OpenVINO's model.bin): relative path -> sha256.
+    files: dict[str, str] = field(default_factory=dict)
     tool_versions: dict[str, str] = field(default_factory=tool_versions)
 
     @classmethod
@@ -103,9 +129,15 @@ class Artifact:
         )
 
     def verify(self, run_dir: Path) -> bool:
-        """True when the file exists and still has the recorded sha256."""
-        file = run_dir / self.path
-        return file.is_file() and self.sha256 is not None and sha256_file(file) == self.sha256
+        """True when the file (and every companion file) exists and still has its recorded sha256."""
+        recorded = {self.path: self.sha256, **self.files}
+        return all(sha is not None and (run_dir / rel).is_file() and sha256_file(run_dir / rel) == sha
+                   for rel, sha in recorded.items())
+
+    def add_file(self, run_dir: Path, file: Path) -> None:
+        file = Path(file)
+        self.files[file.resolve().relative_to(run_dir.resolve()).as_posix()] = sha256_file(file)
+        self.size_bytes = (self.size_bytes or 0) + file.stat().st_size
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 from .recipe.models import GateSpec
@@ -27,6 +28,9 @@ def check_gates(specs: list[GateSpec], metrics: dict[str, float]) -> list[GateRe
         if not isinstance(value, (int, float)):
             known = ", ".join(sorted(k for k, v in metrics.items() if isinstance(v, (int, float)))[:30])
             results.append(GateResult(name, False, f"metric {spec.metric!r} was not produced by this run; produced: {known}"))
+            continue
+        if not math.isfinite(value):
+            results.append(GateResult(name, False, f"{value} is not a finite number", float(value)))
             continue
         problems = []
         if spec.min is not None and value < spec.min:

@@ -97,8 +97,10 @@ def inspect_source(source: str, input_shape: tuple[int, ...] | None = None) -> d
 
 def _inspect_onnx(path: Path) -> dict:
     import numpy as np
-    import onnx
 
+    from .export import require
+
+    onnx = require("onnx", "pip install onnx", "inspecting ONNX models")
     if not path.is_file():
         raise InputError(f"{path} does not exist")
     try:

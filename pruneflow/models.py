@@ -113,7 +113,9 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise InputError(f"model.checkpoint not found: {path}", hint="the path is relative to the recipe file")
     if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
+        from .export import require
+
+        load_file = require("safetensors.torch", "pip install safetensors", "reading .safetensors checkpoints").load_file
 
         try:
             state = load_file(str(path))

@@ -128,10 +128,23 @@ def _hash(*parts: Any) -> str:
 
 
 def source_key(loaded: LoadedRecipe) -> str:
-    """Identity of the starting model and data: the input to the first stage's resume key."""
+    """Identity of the starting model and data: the input to the first stage's resume key.
+
+    Covers the checkpoint's and a model file's content, and the data files' sizes and modification
+    times (hashing gigabytes of data on every resume would cost more than it saves).
+    """
     r = loaded.recipe
     ckpt = sha256_file(r.model.checkpoint) if r.model.checkpoint else None
-    return _hash(r.model.model_dump(mode="json"), ckpt, r.data.model_dump(mode="json"), r.seed, r.task)
+    factory_file = r.model.factory.rsplit(":", 1)[0] if ".py:" in r.model.factory else None
+    code = sha256_file(factory_file) if factory_file and Path(factory_file).is_file() else None
+    data_files = [_stat(getattr(r.data, f)) for f in ("path", "train", "eval") if getattr(r.data, f)]
+    return _hash(r.model.model_dump(mode="json"), ckpt, code, r.data.model_dump(mode="json"), data_files, r.seed, r.task)
+
+
+def _stat(path: str) -> list:
+    p = Path(path)
+    files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
+    return [(f.as_posix(), f.stat().st_size, f.stat().st_mtime_ns) for f in files if f.exists()]
 
 
 def run_recipe(loaded: LoadedRecipe, out: str | Path = "runs", reporter: Reporter | None = None,
@@ -232,8 +245,13 @@ def _run_stage(stage: Stage, key: str, state: RunState, ctx: RunContext, manifes
         stage.setup(state, ctx)
         try:
             result = stage.run(state, ctx)
-        finally:
-            stage.teardown(state, ctx)
+        except BaseException:
+            try:
+                stage.teardown(state, ctx)
+            except Exception:  # noqa: BLE001 - the run's own error is the one to report
+                log.exception("stage %s: teardown failed after an error", stage.id)
+            raise
+        stage.teardown(state, ctx)
     except (PruneflowError, KeyboardInterrupt):
         raise
     except Exception as exc:  # noqa: BLE001 - wrapped so the CLI maps it to exit 4 with the stage named
@@ -281,11 +299,20 @@ def _resume(stage: Stage, key: str, state: RunState, ctx: RunContext, manifest: 
         # Registered in the manifest first: whole-module checkpoints are unpickled only when it lists them.
         manifest.artifacts.append(checkpoint)
         manifest.write()
-        loaded = load_checkpoint(ctx.run_dir / checkpoint.path, into=state.model)
+        try:
+            loaded = load_checkpoint(ctx.run_dir / checkpoint.path, into=state.model)
+        except (PruneflowError, RuntimeError, ValueError, OSError) as exc:
+            log.warning("stage %s: checkpoint not reusable (%s); running the stage again", stage.id, exc)
+            return None
+        finally:
+            manifest.artifacts.remove(checkpoint)
         state.model = loaded.to(ctx.device)
         state.model_artifact = checkpoint
-        manifest.artifacts.remove(checkpoint)
-    stage.restore(state, ctx)
+    try:
+        stage.restore(state, ctx)
+    except (PruneflowError, ValueError, OSError) as exc:
+        log.warning("stage %s: saved results not reusable (%s); running the stage again", stage.id, exc)
+        return None
     record = StageRecord(saved["id"], saved["type"], saved["index"], saved["seconds"], saved["metrics"], key,
                          resumed=True, artifacts=saved.get("artifacts", []), tables=saved.get("tables", {}),
                          gates=saved.get("gates", []))
@@ -303,8 +330,10 @@ def flat_metrics(records: list[StageRecord], artifacts: list[Artifact]) -> dict[
             flat[f"{r.id}.{k}"] = v
     for a in artifacts:
         if a.target:
+            # A second export stage (id other than "export") is prefixed so it cannot shadow the first.
+            prefix = f"{a.target}.{a.precision}" if a.producer == "export" else f"{a.producer}.{a.target}.{a.precision}"
             for k, v in a.metrics.items():
-                flat[f"{a.target}.{a.precision}.{k}"] = v
+                flat[f"{prefix}.{k}"] = v
     return flat
 
 

@@ -98,7 +98,9 @@ def render_markdown(result: "RunResult", loaded: "LoadedRecipe", data: "DataBund
         "## Artifacts",
         "",
         "Accuracy is measured in each artifact's own runtime on the eval split; parity compares its outputs "
-        "with the torch model it came from; latency is the median of timed runs (1 thread).",
+        "with the torch model it came from; latency is the median of timed runs (threads: "
+        + (", ".join(sorted({str(a.metrics["latency_threads"] or "runtime default") for a in result.artifacts
+                             if "latency_threads" in a.metrics})) or "not timed") + ").",
         "",
         md_table(artifact_rows(result)),
         "## Gates",

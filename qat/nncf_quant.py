@@ -59,7 +59,8 @@ def quantize(model: nn.Module, calib: CalibrationSet, *, ignore: list[str] | Non
     ensure_built()
     import nncf
 
-    dataset = nncf_dataset(calib, batch_size)
+    params = next(model.parameters(), None)
+    dataset = nncf_dataset(calib, batch_size, device=str(params.device) if params is not None else None)
     items = -(-len(calib) // batch_size)
     was = model.training
     model.eval()

@@ -79,7 +79,7 @@ def _calibration(stage: Stage, state, ctx):
 
 def _int8(stage: Stage, state, ctx) -> nn.Module:
     cfg = stage.config
-    base = copy.deepcopy(state.model).cpu().eval()  # NNCF adds its hooks in place
+    base = copy.deepcopy(state.model).eval()  # NNCF adds its hooks in place
     quantized = quantize(state.model, _calibration(stage, state, ctx), ignore=cfg.ignore, preset=cfg.preset,
                          batch_size=cfg.batch_size)
     # Not a registered submodule (object.__setattr__): kept out of state_dict, used by checkpoints and export.

@@ -321,7 +321,7 @@ def _unknown_stage(tmp_path):
     r = tiny()
     r["stages"][1]["type"] = "evalute"
     return [write(tmp_path / "r.yaml", r)], ["stages.1.type", "unknown stage type", "did you mean 'evaluate'",
-                                             "Known: evaluate, export, prune, train"]
+                                             "Known: calibrate, evaluate, export, prune, ptq, qat, train"]
 
 
 def _extends_cycle(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import tempfile
 import warnings
 from pathlib import Path
@@ -56,7 +57,7 @@ def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: Path, *, op
                 dynamic_batch: bool = True, exporter: str = "legacy") -> None:
     """Export atomically, then validate with onnx.checker. A model that will not trace raises ExportError."""
     onnx = require("onnx", "pip install onnx", "ONNX export")
-    model = model.cpu().eval()
+    model = copy.deepcopy(model).cpu().eval()  # the live model may be on a GPU and still in use
     # A fresh tensor with batch 2: a sliced example or batch 1 can fix the batch dimension in the graph.
     shape = (2,) + tuple(example.shape[1:])
     x = torch.ones(shape, dtype=example.dtype) if not example.dtype.is_floating_point else torch.randn(shape)

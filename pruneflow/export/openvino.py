@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import tempfile
 import warnings
@@ -10,7 +11,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from ..artifacts import Artifact, sha256_file
+from ..artifacts import Artifact
 from ..errors import ExportError
 from ..stage import Target, TargetConfig
 from . import float_model, require
@@ -31,7 +32,7 @@ class OpenVinoTarget(Target):
 
     def build(self, state, ctx, out_dir: Path, precision: str) -> Artifact:
         ov = require("openvino", "pip install openvino", "the openvino target")
-        model = float_model(state.model).cpu().eval()
+        model = copy.deepcopy(float_model(state.model)).cpu().eval()  # never move the live model
         example = state.example_input.cpu()
         shape = [-1 if self.config.dynamic_batch else example.shape[0], *example.shape[1:]]
         try:
@@ -49,8 +50,7 @@ class OpenVinoTarget(Target):
             os.replace(Path(tmp) / "model.bin", xml.with_suffix(".bin"))
             os.replace(Path(tmp) / "model.xml", xml)
         artifact = Artifact.from_file(ctx.run_dir, xml, kind="openvino", producer="export", target="openvino", precision=precision)
-        artifact.size_bytes = xml.stat().st_size + xml.with_suffix(".bin").stat().st_size
-        artifact.metrics["bin_sha256"] = sha256_file(xml.with_suffix(".bin"))
+        artifact.add_file(ctx.run_dir, xml.with_suffix(".bin"))
         return artifact
 
     def runner(self, path: Path, threads: int | None = None):

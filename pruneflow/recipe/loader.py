@@ -59,7 +59,10 @@ def _read_yaml(file: Path) -> tuple[Any, dict[Loc, tuple[str, int | None]]]:
             f"recipe file not found: {file}",
             hint="check the path; `pruneflow init` writes a starting recipe",
         )
-    text = file.read_text(encoding="utf-8")
+    try:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise RecipeError(f"{file} is not UTF-8 text (byte {exc.start})", hint="save the recipe as UTF-8") from None
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
@@ -246,8 +249,10 @@ def _issues(exc: ValidationError, data: dict, positions: dict, main_source: str,
         if err["type"] == "missing":
             value = MISSING
         elif err["type"] in ("union_tag_invalid", "union_tag_not_found"):
-            clean = clean + ("type",)
-            value = value.get("type", MISSING) if isinstance(value, dict) else MISSING
+            if isinstance(value, dict):
+                clean, value = clean + ("type",), value.get("type", MISSING)
+            elif not isinstance(value, str):  # a bare name (`targets: [onx]`) stays as written
+                value = MISSING
         source, line = _position(clean, positions, main_source)
         path = ".".join(str(p) for p in clean)
         key = (path, err["type"] == "extra_forbidden")
@@ -308,7 +313,7 @@ def _message(err: dict, raw_loc: tuple, model: type) -> str:
         if kind == "union_tag_not_found":
             return f"missing `type`: the {what}, one of {', '.join(tags)}"
         close = difflib.get_close_matches(str(ctx.get("tag")), tags, n=1)
-        did = f"; did you mean {close[0]!r}?" if close else ""
+        did = f"; did you mean {close[0]!r}?" if close else "."
         return f"unknown {what}{did} Known: {', '.join(tags)}"
     if kind == "missing":
         return "required key is missing"

@@ -18,6 +18,10 @@ class EvaluateConfig(StageConfig):
 class EvaluateStage(Stage):
     Config = EvaluateConfig
 
+    @property
+    def needs_train_split(self) -> bool:  # type: ignore[override]
+        return self.config.split == "train"
+
     def run(self, state, ctx):
         split = state.data.eval if self.config.split == "eval" else state.data.train
         if split is None:

@@ -116,7 +116,8 @@ class ExportStage(Stage):
         cfg: ExportConfig = self.config  # type: ignore[assignment]
         result = StageResult()
         for name, target in self._targets():
-            out_dir = ctx.run_dir / "export" / name
+            # export/<target>/ for the usual single export stage; a second one gets export/<its id>/<target>/.
+            out_dir = ctx.run_dir / "export" / (name if self.id == "export" else f"{self.id}/{name}")
             out_dir.mkdir(parents=True, exist_ok=True)
             for precision in cfg.precisions:
                 ctx.reporter.info(f"{self.id}: building {name} {precision}")
@@ -138,14 +139,15 @@ class ExportStage(Stage):
         label = f"{artifact.target}.{artifact.precision}"
         x = state.data.eval.x[: cfg.parity.samples]
         source = float_model(state.model)  # fp32/fp16 artifacts come from the float model (see float_model)
+        device = next(source.parameters()).device
         with torch.no_grad():
             source.eval()
-            ref = state.task.logits(source(x.to(ctx.device))).float().cpu().numpy()
+            ref = state.task.logits(source(x.to(device))).float().cpu().numpy()
         got = np.asarray(run(x.numpy()), dtype=np.float32)
         parity = parity_metrics(ref, got)
         artifact.metrics.update(parity)
         p = cfg.parity.limits(artifact.precision or "fp32")
-        problems = []
+        problems = [] if np.isfinite(got).all() else ["the artifact's outputs hold NaN or inf"]
         if parity["max_abs_diff"] > p["max_abs_diff"]:
             problems.append(f"max abs diff {parity['max_abs_diff']:.3g} > {p['max_abs_diff']:g}")
         if parity["cosine"] < p["min_cosine"]:
@@ -169,8 +171,10 @@ class ExportStage(Stage):
             for bs in cfg.latency.batch_sizes:
                 example = fresh_batch(state.data.eval.x, bs).numpy()
                 lat = measure_latency(timed, example, cfg.latency.warmup, cfg.latency.runs)
-                artifact.metrics[f"latency_b{bs}_median_ms"] = lat["median_ms"]
-                artifact.metrics[f"latency_b{bs}_p99_ms"] = lat["p99_ms"]
+                for key in ("median_ms", "p99_ms", "max_ms"):
+                    if key in lat:
+                        artifact.metrics[f"latency_b{bs}_{key}"] = lat[key]
+            artifact.metrics["latency_threads"] = cfg.latency.threads or 0
         return [gate]
 
 
