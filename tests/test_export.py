@@ -59,3 +59,14 @@ def test_openvino_ir_has_its_weights_and_a_dynamic_batch(exported):
     for batch in (1, 5):
         out = compiled(np.zeros((batch, 1, 8, 8), dtype=np.float32))[compiled.output(0)]
         assert out.shape == (batch, 10)
+
+
+def test_a_static_batch_export_is_measured_one_sample_at_a_time(tmp_path, write_recipe):
+    recipe = tiny_recipe_dict(name="static")
+    recipe["stages"] = [{"type": "export", "targets": [{"type": "onnx", "dynamic_batch": False}],
+                         "latency": {"batch_sizes": [1, 32], "runs": 2}}]
+    r = run_recipe(load_recipe(write_recipe(recipe)), out=tmp_path / "runs")
+    assert r.exit_code == 0 and r.metrics["onnx.fp32.top1_agreement"] == 1.0
+    assert "onnx.fp32.latency_b1_median_ms" in r.metrics and "onnx.fp32.latency_b32_median_ms" not in r.metrics
+    model = onnx.load(str(r.run_dir / "export/onnx/model.fp32.onnx"))
+    assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_value == 1

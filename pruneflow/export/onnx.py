@@ -59,7 +59,8 @@ def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: Path, *, op
     onnx = require("onnx", "pip install onnx", "ONNX export")
     model = copy.deepcopy(model).cpu().eval()  # the live model may be on a GPU and still in use
     # A fresh tensor with batch 2: a sliced example or batch 1 can fix the batch dimension in the graph.
-    shape = (2,) + tuple(example.shape[1:])
+    # A static graph is exported for batch 1 (the measuring step then feeds it one sample at a time).
+    shape = (2 if dynamic_batch else 1,) + tuple(example.shape[1:])
     x = torch.ones(shape, dtype=example.dtype) if not example.dtype.is_floating_point else torch.randn(shape)
     with atomic_path(path) as tmp:
         try:

@@ -34,7 +34,7 @@ class OpenVinoTarget(Target):
         ov = require("openvino", "pip install openvino", "the openvino target")
         model = copy.deepcopy(float_model(state.model)).cpu().eval()  # never move the live model
         example = state.example_input.cpu()
-        shape = [-1 if self.config.dynamic_batch else example.shape[0], *example.shape[1:]]
+        shape = [-1 if self.config.dynamic_batch else 1, *example.shape[1:]]
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")

@@ -130,7 +130,7 @@ class ExportStage(Stage):
                 artifact.parent = state.model_artifact.path if state.model_artifact else f"source:{state.model_key}"
                 run = target.runner(ctx.run_dir / artifact.path) if artifact.status == "built" else None
                 if run is not None:
-                    result.gates += self._measure(artifact, run, target, state, ctx)
+                    result.gates += self._measure(artifact, _batched(run, target), target, state, ctx)
                 result.artifacts.append(artifact)
         return result
 
@@ -168,7 +168,10 @@ class ExportStage(Stage):
             artifact.metrics["accuracy"] = measured["accuracy"]
         if cfg.latency:
             timed = target.runner(ctx.run_dir / artifact.path, threads=cfg.latency.threads) or run
-            for bs in cfg.latency.batch_sizes:
+            static = not getattr(target.config, "dynamic_batch", True)
+            if static and any(bs != 1 for bs in cfg.latency.batch_sizes):
+                artifact.notes.append("static batch 1: latency timed at batch 1 only")
+            for bs in [1] if static else cfg.latency.batch_sizes:
                 example = fresh_batch(state.data.eval.x, bs).numpy()
                 lat = measure_latency(timed, example, cfg.latency.warmup, cfg.latency.runs)
                 for key in ("median_ms", "p99_ms", "max_ms"):
@@ -176,6 +179,13 @@ class ExportStage(Stage):
                         artifact.metrics[f"latency_b{bs}_{key}"] = lat[key]
             artifact.metrics["latency_threads"] = cfg.latency.threads or 0
         return [gate]
+
+
+def _batched(run, target: Target):
+    """A static-batch artifact (dynamic_batch: false, batch 1) runs one sample at a time."""
+    if getattr(target.config, "dynamic_batch", True):
+        return run
+    return lambda x: np.concatenate([np.asarray(run(x[i : i + 1])) for i in range(len(x))])
 
 
 def parity_metrics(ref: np.ndarray, got: np.ndarray) -> dict[str, float]:
