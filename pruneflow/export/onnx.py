@@ -96,27 +96,13 @@ def to_fp16(src: Path, dst: Path) -> None:
     """
     onnx = require("onnx", "pip install onnx", "FP16 ONNX")
     from onnxruntime.transformers.float16 import convert_float_to_float16
+    from onnxruntime.transformers.onnx_model import OnnxModel
 
     model = convert_float_to_float16(onnx.load(str(src)), keep_io_types=True)
-    _topological_sort(model.graph)  # the converter appends its input casts at the end of the node list
+    OnnxModel.graph_topological_sort(model.graph)  # the converter appends its input casts after their users
     with atomic_path(dst) as tmp:
         onnx.save(model, str(tmp))
         onnx.checker.check_model(str(tmp))
-
-
-def _topological_sort(graph) -> None:
-    available = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
-    pending, ordered = list(graph.node), []
-    while pending:
-        ready = [n for n in pending if all(i in available for i in n.input)]
-        if not ready:
-            raise ExportError("the FP16 ONNX graph has a cycle or a dangling input")
-        for node in ready:
-            ordered.append(node)
-            available.update(node.output)
-        pending = [n for n in pending if n not in ready]
-    del graph.node[:]
-    graph.node.extend(ordered)
 
 
 def onnxruntime_runner(path: Path, threads: int | None = None):
