@@ -18,6 +18,7 @@ import torch_pruning as tp
 from torch import nn
 
 from ..errors import InputError
+from ..evaluate import count_macs_params
 from .importance import SaliencyImportance
 from .surgery import ChannelEmbedConv
 
@@ -77,11 +78,8 @@ def channel_count(model: nn.Module, ignored: tuple[str, ...]) -> int:
 
 
 def measure(model: nn.Module, example: torch.Tensor, ignored: tuple[str, ...]) -> dict[str, int]:
-    was = model.training
-    model.eval()
-    macs, params = tp.utils.count_ops_and_params(model, example)
-    model.train(was)
-    return {"macs": int(macs), "params": int(params), "channels": channel_count(model, ignored)}
+    macs, params = count_macs_params(model, example)
+    return {"macs": macs, "params": params, "channels": channel_count(model, ignored)}
 
 
 def _pruner(model: nn.Module, example: torch.Tensor, saliency: dict, ratio: float, opts: PruneOptions):
