@@ -86,7 +86,9 @@ def plan_stages(loaded: LoadedRecipe) -> list[Stage]:
             stage_id = cfg.type if seen[cfg.type] == 1 else f"{cfg.type}-{seen[cfg.type]}"
         if any(s.id == stage_id for s in stages):
             raise InputError(f"stages.{index}.name: {stage_id!r} is used by two stages", hint="give each stage its own name")
-        stages.append(cls(cfg, stage_id, index))
+        stage = cls(cfg, stage_id, index)
+        stage.before = tuple(stages)
+        stages.append(stage)
     return stages
 
 

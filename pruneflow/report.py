@@ -57,7 +57,7 @@ def artifact_rows(result: "RunResult") -> list[dict]:
         m = a.metrics
         rows.append({
             "artifact": a.path.replace("stages/", "").replace("export/", ""),
-            "status": a.status + (" (gate failed)" if a.notes else ""),
+            "status": a.status + (" (parity failed)" if any(n.startswith("parity check failed") for n in a.notes) else ""),
             "size": human_bytes(a.size_bytes),
             "accuracy": m.get("accuracy"),
             "max abs diff": m.get("max_abs_diff"),
@@ -110,6 +110,9 @@ def render_markdown(result: "RunResult", loaded: "LoadedRecipe", data: "DataBund
     for s in result.stages:
         for name, rows in s.tables.items():
             lines += [f"## {s.id}: {name}", "", md_table(rows)]
+    notes = [{"artifact": a.path, "note": n} for a in result.artifacts for n in a.notes]
+    if notes:
+        lines += ["## Notes", "", md_table(notes)]
     lines += ["## Lineage", "", md_table([{"artifact": a.path, "parent": a.parent, "sha256": (a.sha256 or "")[:16]} for a in result.artifacts])]
     return "\n".join(lines)
 

@@ -67,11 +67,15 @@ class Stage:
     modifies_model: ClassVar[bool] = False
     #: True when the stage needs the training split (the pipeline skips loading it otherwise).
     needs_train_split: ClassVar[bool] = False
+    #: True when the model leaving the stage carries INT8 quantizers (what an int8 export needs).
+    quantizes_model: ClassVar[bool] = False
 
     def __init__(self, config: StageConfig, stage_id: str, index: int):
         self.config = config
         self.id = stage_id
         self.index = index
+        #: The recipe's stages before this one (set when the pipeline builds the stage list), for preflight checks.
+        self.before: tuple["Stage", ...] = ()
 
     def setup(self, state: "RunState", ctx: "RunContext") -> None:
         """Prepare (load optional libraries, check inputs). Runs right before ``run``."""
@@ -107,8 +111,12 @@ class Target:
     #: Precisions this target can write.
     precisions: ClassVar[tuple[str, ...]] = ("fp32",)
 
-    def build(self, state: "RunState", ctx: "RunContext", out_dir: Path, precision: str) -> "Artifact":  # pragma: no cover
-        """Write the artifact under ``out_dir`` (atomically) and return it."""
+    def build(self, state: "RunState", ctx: "RunContext", out_dir: Path, precision: str) -> "Artifact | list[Artifact]":  # pragma: no cover
+        """Write the artifact(s) under ``out_dir`` (atomically) and return them.
+
+        One precision may give several artifacts (e.g. ONNX INT8 in the CPU and the TensorRT form);
+        each has its own ``precision`` label, which names it in metrics and gates.
+        """
         raise NotImplementedError
 
     def runner(self, path: Path, threads: int | None = None) -> "Callable[[np.ndarray], np.ndarray] | None":

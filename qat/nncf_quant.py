@@ -54,8 +54,14 @@ def ignored_scope(model: nn.Module, ignore: list[str]):
 
 
 def quantize(model: nn.Module, calib: CalibrationSet, *, ignore: list[str] | None = None, preset: str = "performance",
-             batch_size: int = 32) -> nn.Module:
-    """Insert FakeQuantize operations and set their ranges from ``calib``. Returns the quantized model."""
+             batch_size: int = 32, activations: str = "signed") -> nn.Module:
+    """Insert FakeQuantize operations and set their ranges from ``calib``. Returns the quantized model.
+
+    ``activations="signed"`` forces every activation quantizer to int8 (-128..127, zero point 0), the
+    only activation type TensorRT accepts; the CPU INT8 form writes the same grid as uint8 with zero
+    point 128, so one set of trained scales serves both (pruneflow/export/qdq.py). ``"auto"`` lets
+    NNCF use unsigned quantizers after ReLU (one more bit there, but no exact TensorRT form).
+    """
     ensure_built()
     import nncf
 
@@ -76,8 +82,28 @@ def quantize(model: nn.Module, calib: CalibrationSet, *, ignore: list[str] | Non
             hint="NNCF traces the forward pass: data-dependent control flow or unsupported ops stop it; "
             "`ignore` the module that fails, or run the ptq/qat stages on an exportable model",
         ) from exc
+    if activations == "signed":
+        force_signed_activations(quantized)
     quantized.train(was)
     return quantized
+
+
+def force_signed_activations(model: nn.Module) -> int:
+    """Make every per-tensor symmetric activation quantizer signed (int8, zero point 0); returns how many changed.
+
+    NNCF's hardware configs do not let `signedness_to_force` constrain activations, so this is done
+    on the inserted quantizers: an unsigned one covering [0, s] in 256 steps becomes [-s·128/127, s]
+    in steps of s/127 (the same scale parameter, half the resolution for non-negative inputs), which is
+    what TensorRT would run anyway. QAT then trains with the grid that is exported.
+    """
+    from nncf.torch.quantization.layers import SymmetricQuantizer
+
+    changed = 0
+    for module in model.modules():
+        if isinstance(module, SymmetricQuantizer) and not module.per_channel and not module.signed:
+            module.signed = True
+            changed += 1
+    return changed
 
 
 def quantizer_parameters(model: nn.Module) -> list:

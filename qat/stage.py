@@ -30,6 +30,12 @@ class QuantizeSettings(StrictModel):
         "performance", description="`performance`: symmetric activations (what TensorRT wants); `mixed`: asymmetric activations."
     )
     ignore: list[str] = Field(default_factory=list, description="Module names, or NNCF node-name regexes, left in floating point.")
+    activations: Literal["signed", "auto"] = Field(
+        "signed",
+        description="`signed`: every activation quantizer is int8 with zero point 0, so the trained scales export exactly "
+        "to TensorRT's convention and (as uint8, zero point 128) to CPU runtimes; `auto`: NNCF may use unsigned "
+        "quantizers after ReLU (finer there, but no exact TensorRT form).",
+    )
     calibration_size: int = Field(300, ge=1, description="Samples for range initialisation when no calibrate stage ran.")
     batch_size: int = Field(32, ge=1, description="Batch size for range initialisation.")
 
@@ -81,7 +87,7 @@ def _int8(stage: Stage, state, ctx) -> nn.Module:
     cfg = stage.config
     base = copy.deepcopy(state.model).eval()  # NNCF adds its hooks in place
     quantized = quantize(state.model, _calibration(stage, state, ctx), ignore=cfg.ignore, preset=cfg.preset,
-                         batch_size=cfg.batch_size)
+                         batch_size=cfg.batch_size, activations=cfg.activations)
     # Not a registered submodule (object.__setattr__): kept out of state_dict, used by checkpoints and export.
     object.__setattr__(quantized, "_pruneflow_float_base", base)
     return quantized
@@ -90,6 +96,7 @@ def _int8(stage: Stage, state, ctx) -> nn.Module:
 class PtqStage(Stage):
     Config = PtqConfig
     modifies_model = True
+    quantizes_model = True
 
     @property
     def needs_train_split(self) -> bool:  # type: ignore[override]
@@ -108,6 +115,10 @@ class QatStage(Stage):
     Config = QatConfig
     modifies_model = True
     needs_train_split = True
+
+    @property
+    def quantizes_model(self) -> bool:  # type: ignore[override]
+        return any(p.precision == "int8" for p in self.config.schedule)
 
     def run(self, state, ctx):
         cfg: QatConfig = self.config  # type: ignore[assignment]

@@ -48,6 +48,7 @@ def qat_run(tmp_path_factory):
         {"type": "calibrate", "size": 64},
         {"type": "ptq"},
         {"type": "evaluate"},
+        {"type": "export", "targets": ["onnx", "openvino"], "precisions": ["fp32", "int8"], "latency": None},
     ]
     ptq_path = tmp / "ptq.yaml"
     ptq_path.write_text(json.dumps(recipe))
@@ -55,7 +56,7 @@ def qat_run(tmp_path_factory):
     recipe["stages"] = recipe["stages"][:2] + [
         {"type": "qat", "schedule": [{"precision": "fp16", "epochs": 1}, {"precision": "int8", "epochs": 1}],
          "finetune": {"lr": 0.001, "batch_size": 32}, "freeze_bn_after": 0},
-        {"type": "export", "targets": ["onnx"], "latency": None},
+        {"type": "export", "targets": ["onnx"], "precisions": ["fp32", "int8"], "latency": None},
     ]
     qat_path = tmp / "qat.yaml"
     qat_path.write_text(json.dumps(recipe))
@@ -78,6 +79,38 @@ def test_qat_runs_its_schedule_and_exports_the_float_weights(qat_run):
     assert [r["precision"] for r in stage.tables["phases"]] == ["fp32", "fp16", "int8"]
     assert {"qat.accuracy_fp16", "qat.accuracy_int8", "qat.accuracy_fp32"} <= set(m)
     assert m["onnx.fp32.top1_agreement"] >= 0.99  # the fp32 artifact holds the QAT-trained float weights
+
+
+def test_int8_artifacts_are_written_in_both_forms_and_measured_in_their_runtimes(qat_run):
+    from pruneflow.artifacts import sha256_file
+
+    for run in qat_run:
+        assert run.exit_code == 0, [g for g in run.gates if not g.passed]
+        m = run.metrics
+        int8 = {(a.target, a.precision): a for a in run.artifacts if (a.precision or "").startswith("int8")}
+        expected = {("onnx", "int8"), ("onnx", "int8_tensorrt")} | ({("openvino", "int8")} if "openvino.fp32.accuracy" in m else set())
+        assert set(int8) == expected
+        quantized_accuracy = m["ptq.accuracy"] if "ptq.accuracy" in m else m["qat.accuracy"]
+        for (target, precision), artifact in int8.items():
+            assert sha256_file(run.run_dir / artifact.path) == artifact.sha256
+            # Parity is against the quantized torch model, and its gate passed (exit code 0).
+            assert m[f"{target}.{precision}.top1_agreement"] >= 0.95
+            assert abs(m[f"{target}.{precision}.accuracy"] - quantized_accuracy) <= 0.03
+        fp32 = next(a for a in run.artifacts if a.target == "onnx" and a.precision == "fp32")
+        assert int8[("onnx", "int8")].size_bytes < fp32.size_bytes / 2  # a tiny model: scales and names weigh more
+
+
+def test_int8_export_without_a_quantizing_stage_is_refused_before_running(tmp_path, write_recipe):
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    recipe = tiny_recipe_dict()
+    recipe["stages"][2]["precisions"] = ["fp32", "int8"]
+    result = CliRunner().invoke(app, ["optimize", str(write_recipe(recipe)), "--out", str(tmp_path / "runs")])
+    assert result.exit_code == 2
+    assert "stages.2.precisions: int8 needs a quantized model" in result.output and "ptq" in result.output
+    assert not (tmp_path / "runs").exists()
 
 
 def test_a_quantized_checkpoint_reloads_with_its_quantizers(qat_run):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-from ..errors import MissingDependencyError
+from ..errors import ExportError, MissingDependencyError
 
 
 def require(module: str, install: str, purpose: str):
@@ -32,3 +32,11 @@ def float_model(model):
     own = view.state_dict()
     view.load_state_dict({k: v for k, v in model.state_dict().items() if k in own})
     return view.eval()
+
+
+def quantized_model(model):
+    """The INT8 (fake-quantized) model an int8 artifact is written from; an error if there is none."""
+    if getattr(model, "_pruneflow_float_base", None) is None:
+        raise ExportError("int8 export needs a quantized model, and the model reaching the export stage is floating point",
+                          hint="add a `ptq` stage, or a `qat` stage ending in an int8 phase, before `export`")
+    return model

@@ -1,4 +1,5 @@
-"""OpenVINO IR target: FP32 or FP16-compressed weights, converted from the torch model."""
+"""OpenVINO IR target: FP32 or FP16-compressed weights converted from the torch model; INT8 converted from
+the CPU-form INT8 ONNX (pruneflow/export/qdq.py), so it holds the same quantization parameters."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pydantic import Field
 from ..artifacts import Artifact
 from ..errors import ExportError
 from ..stage import Target, TargetConfig
-from . import float_model, require
+from . import float_model, quantized_model, require
 
 
 class OpenVinoConfig(TargetConfig):
@@ -24,7 +25,7 @@ class OpenVinoConfig(TargetConfig):
 
 class OpenVinoTarget(Target):
     Config = OpenVinoConfig
-    precisions = ("fp32", "fp16")
+    precisions = ("fp32", "fp16", "int8")
 
     def preflight(self) -> list[str]:
         require("openvino", "pip install openvino", "the openvino target")
@@ -32,20 +33,30 @@ class OpenVinoTarget(Target):
 
     def build(self, state, ctx, out_dir: Path, precision: str) -> Artifact:
         ov = require("openvino", "pip install openvino", "the openvino target")
-        model = copy.deepcopy(float_model(state.model)).cpu().eval()  # never move the live model
         example = state.example_input.cpu()
         shape = [-1 if self.config.dynamic_batch else 1, *example.shape[1:]]
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                converted = ov.convert_model(model, example_input=example.repeat((2,) + (1,) * (example.dim() - 1)),
-                                             input=[shape])
-        except Exception as exc:  # noqa: BLE001
-            raise ExportError(f"OpenVINO could not convert the model: {type(exc).__name__}: {str(exc).splitlines()[0]}",
-                              hint="export ONNX first and check that it runs; OpenVINO converts from the same graph") from exc
         xml = out_dir / f"model.{precision}.xml"
         # Written beside the target, then renamed: .bin first, so a visible .xml always has its weights.
         with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    if precision == "int8":
+                        from .qdq import export_int8_onnx
+
+                        source = Path(tmp) / "int8.onnx"
+                        export_int8_onnx(quantized_model(state.model), example, source, form="cpu",
+                                         dynamic_batch=self.config.dynamic_batch)
+                        converted = ov.convert_model(str(source))
+                    else:
+                        model = copy.deepcopy(float_model(state.model)).cpu().eval()  # never move the live model
+                        converted = ov.convert_model(model, example_input=example.repeat((2,) + (1,) * (example.dim() - 1)),
+                                                     input=[shape])
+            except ExportError:
+                raise
+            except Exception as exc:  # noqa: BLE001
+                raise ExportError(f"OpenVINO could not convert the model: {type(exc).__name__}: {str(exc).splitlines()[0]}",
+                                  hint="export ONNX first and check that it runs; OpenVINO converts from the same graph") from exc
             ov.save_model(converted, str(Path(tmp) / "model.xml"), compress_to_fp16=precision == "fp16")
             os.replace(Path(tmp) / "model.bin", xml.with_suffix(".bin"))
             os.replace(Path(tmp) / "model.xml", xml)

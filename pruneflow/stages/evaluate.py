@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from ..evaluate import count_macs_params, evaluate_model
+from ..export import float_model
 from ..stage import Stage, StageConfig, StageResult
 
 
@@ -30,6 +31,7 @@ class EvaluateStage(Stage):
             raise InputError(f"stages.{self.index}.split: the data has no {self.config.split} split")
         metrics = evaluate_model(state.model, split, state.task, ctx.recipe.data.eval_batch_size, ctx.device,
                                  ctx.reporter, description=self.id)
-        macs, params = count_macs_params(state.model, state.example_input)
+        # A quantized model is counted through its float twin (quantizer ranges are not model parameters).
+        macs, params = count_macs_params(float_model(state.model), state.example_input)
         metrics.update(macs=macs, params=params)
         return StageResult(metrics=metrics)
