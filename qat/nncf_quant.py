@@ -9,6 +9,7 @@ import logging
 import re
 from typing import Iterator
 
+import torch
 from torch import nn
 
 from pruneflow.errors import InputError, StageError
@@ -65,6 +66,14 @@ def quantize(model: nn.Module, calib: CalibrationSet, *, ignore: list[str] | Non
     ensure_built()
     import nncf
 
+    scripted = [name for name, m in model.named_modules() if name and isinstance(m, torch.jit.ScriptModule)]
+    if scripted or isinstance(model, torch.jit.ScriptModule):
+        raise StageError(
+            f"NNCF cannot trace TorchScript modules, and the model has {', '.join(map(repr, scripted[:3])) or 'a scripted root'} "
+            f"({type(model.get_submodule(scripted[0]) if scripted else model).__name__})",
+            hint="build the model from its Python class instead of torch.jit.script/torch.jit.load, "
+            "or list those modules under the stage's `ignore`",
+        )
     params = next(model.parameters(), None)
     dataset = nncf_dataset(calib, batch_size, device=str(params.device) if params is not None else None)
     items = -(-len(calib) // batch_size)
@@ -77,8 +86,10 @@ def quantize(model: nn.Module, calib: CalibrationSet, *, ignore: list[str] | Non
     except nncf.ValidationError as exc:
         raise InputError(f"qat.ignore: {exc}", hint="use module names from `pruneflow inspect`, or NNCF node-name regexes") from exc
     except Exception as exc:  # noqa: BLE001 - tracing failures come in many types
+        where = failing_module(model, exc)
         raise StageError(
-            f"NNCF could not quantize the model: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+            f"NNCF could not quantize the model{f' (failed in module {where!r})' if where else ''}: "
+            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
             hint="NNCF traces the forward pass: data-dependent control flow or unsupported ops stop it; "
             "`ignore` the module that fails, or run the ptq/qat stages on an exportable model",
         ) from exc
@@ -86,6 +97,23 @@ def quantize(model: nn.Module, calib: CalibrationSet, *, ignore: list[str] | Non
         force_signed_activations(quantized)
     quantized.train(was)
     return quantized
+
+
+def failing_module(model: nn.Module, exc: BaseException) -> str | None:
+    """The name of the innermost module of ``model`` whose code was running when ``exc`` was raised."""
+    import traceback
+
+    names = {id(m): n for n, m in model.named_modules() if n}
+    found = None
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        for frame, _ in traceback.walk_tb(exc.__traceback__):
+            owner = frame.f_locals.get("self")
+            if id(owner) in names:
+                found = names[id(owner)]
+        exc = exc.__cause__ or exc.__context__
+    return found
 
 
 def force_signed_activations(model: nn.Module) -> int:

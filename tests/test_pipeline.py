@@ -26,8 +26,11 @@ def test_quickstart_meets_its_acceptance_figures(quickstart):
     assert abs(r.metrics["onnx.fp32.accuracy"] - r.metrics["evaluate.accuracy"]) <= 0.005
     assert r.metrics["onnx.fp32.top1_agreement"] >= 0.99
     assert r.metrics["evaluate.samples"] == 360  # 20 % of 1,797 digits, stratified
-    assert [s.id for s in r.stages] == ["train", "prune", "evaluate", "export"]
+    assert [s.id for s in r.stages] == ["train", "prune", "calibrate", "qat", "evaluate", "export"]
     assert r.metrics["prune.macs_reduction"] >= 2.0  # target: keep half the MACs
+    for runtime in ("onnx", "openvino"):  # INT8 within a point of the FP32 model entering QAT, in each runtime
+        assert r.metrics[f"{runtime}.int8.accuracy"] >= r.metrics["qat.accuracy_fp32"] - 0.01
+    assert r.metrics["onnx.int8_tensorrt.top1_agreement"] >= 0.95
 
 
 def test_quickstart_manifest_records_true_hashes_and_lineage(quickstart):
@@ -35,12 +38,19 @@ def test_quickstart_manifest_records_true_hashes_and_lineage(quickstart):
     manifest = Manifest.read(run_dir)
     assert manifest["status"] == "complete"
     by_path = {a["path"]: a for a in manifest["artifacts"]}
-    assert set(by_path) == {"stages/01-train/model.pt", "stages/02-prune/model.pt", "export/onnx/model.fp32.onnx"}
+    assert set(by_path) == {
+        "stages/01-train/model.pt", "stages/02-prune/model.pt", "calibration/calibration.json", "stages/04-qat/model.pt",
+        "export/onnx/model.fp32.onnx", "export/onnx/model.int8.onnx", "export/onnx/model.int8.tensorrt.onnx",
+        "export/openvino/model.fp32.xml", "export/openvino/model.int8.xml",
+    }
     for path, artifact in by_path.items():
         assert artifact["sha256"] == sha256_file(run_dir / path)
-        assert artifact["size_bytes"] == (run_dir / path).stat().st_size
+        files = [path, *artifact["files"]]  # companion files (OpenVINO's .bin, the calibration dataset) count too
+        assert artifact["size_bytes"] == sum((run_dir / f).stat().st_size for f in files)
+        assert all(sha == sha256_file(run_dir / f) for f, sha in artifact["files"].items())
         assert artifact["tool_versions"]["torch"]
-    assert by_path["export/onnx/model.fp32.onnx"]["parent"] == "stages/02-prune/model.pt"
+    assert by_path["export/onnx/model.int8.onnx"]["parent"] == "stages/04-qat/model.pt"
+    assert by_path["stages/04-qat/model.pt"]["parent"] == "stages/02-prune/model.pt"
     assert by_path["stages/02-prune/model.pt"]["parent"] == "stages/01-train/model.pt"
     assert by_path["stages/01-train/model.pt"]["parent"].startswith("source:")
 

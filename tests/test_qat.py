@@ -146,3 +146,40 @@ def test_qat_without_training_data_is_a_clear_error(tmp_path, write_recipe):
     recipe["stages"] = [{"type": "qat", "schedule": [{"precision": "int8", "epochs": 1}]}]
     with pytest.raises(InputError, match="train split"):
         run_recipe(load_recipe(write_recipe(recipe)), out=tmp_path / "runs")
+
+
+SCRIPTED_MODEL = '''
+import torch
+from torch import nn
+
+
+def build(num_classes=10):
+    return nn.Sequential(nn.Flatten(), torch.jit.script(nn.Linear(64, 32)), nn.ReLU(), nn.Linear(32, num_classes))
+'''
+
+
+def test_a_model_nncf_cannot_trace_is_a_clear_error_naming_the_layer(tmp_path, write_recipe):
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    (tmp_path / "scripted.py").write_text(SCRIPTED_MODEL)
+    recipe = tiny_recipe_dict(model={"factory": "scripted.py:build"})
+    recipe["stages"] = [{"type": "ptq", "calibration_size": 32}]
+    result = CliRunner().invoke(app, ["optimize", str(write_recipe(recipe)), "--out", str(tmp_path / "runs")])
+    assert result.exit_code == 4, result.output
+    assert "NNCF cannot trace TorchScript modules" in result.output and "'1'" in result.output  # the scripted layer
+    assert "Fix:" in result.output
+
+
+def test_failing_module_names_the_innermost_layer_that_raised():
+    from qat.nncf_quant import failing_module
+
+    class Broken(nn.Module):
+        def forward(self, x):
+            raise RuntimeError("unsupported op")
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.Sequential(nn.ReLU(), Broken()))
+    with pytest.raises(RuntimeError) as err:
+        model(torch.zeros(1, 4))
+    assert failing_module(model, err.value) == "1.1"

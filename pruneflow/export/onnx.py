@@ -68,6 +68,8 @@ class OnnxTarget(Target):
                                       precision="int8" if form == "cpu" else "int8_tensorrt")
         artifact.metrics.update(weights_int8=report.weights_folded, batchnorms_folded=report.batchnorms_folded)
         artifact.notes += report.notes
+        if form == "cpu":
+            _check_runs_in_openvino(path, state.example_input)
         if form == "tensorrt":
             artifact.notes.append("TensorRT explicit-quantization form (int8, zero point 0, per-channel weights on axis 0); "
                                   "checked and measured here in onnxruntime, which runs it correctly but not fast")
@@ -127,6 +129,29 @@ def to_fp16(src: Path, dst: Path) -> None:
     with atomic_path(dst) as tmp:
         onnx.save(model, str(tmp))
         onnx.checker.check_model(str(tmp))
+
+
+def _check_runs_in_openvino(path: Path, example: torch.Tensor) -> None:
+    """The CPU INT8 form is meant for onnxruntime and OpenVINO: it counts only if both run it.
+
+    onnxruntime runs it in the export stage's checks; OpenVINO (when installed) compiles and runs it
+    here. OpenVINO once failed to compile onnxruntime's own QDQ output for ResNet-56 (STACK-NOTES).
+    """
+    try:
+        import openvino as ov
+    except ImportError:
+        return
+    import numpy as np
+
+    try:
+        compiled = ov.Core().compile_model(ov.convert_model(str(path)), "CPU")
+        out = compiled(np.ascontiguousarray(example.cpu().numpy()))[compiled.output(0)]
+        if not np.isfinite(out).all():
+            raise ValueError("the outputs hold NaN or inf")
+    except Exception as exc:  # noqa: BLE001
+        path.unlink(missing_ok=True)
+        raise ExportError(f"{path.name} runs in onnxruntime but not in OpenVINO: {type(exc).__name__}: {str(exc).splitlines()[0]}",
+                          hint="export `int8_forms: [tensorrt]` only, or report the model to pruneflow") from exc
 
 
 def onnxruntime_runner(path: Path, threads: int | None = None):
