@@ -56,8 +56,8 @@ def variants(epochs: int) -> dict[str, list[str]]:
     }
 
 
-def run_variant(name: str, overrides: list[str], out: Path, quick: bool) -> dict:
-    extra = ["data.max_train_samples=512", "data.max_eval_samples=512"] if quick else []
+def run_variant(name: str, overrides: list[str], out: Path, quick: bool, sets: list[str] = ()) -> dict:
+    extra = (["data.max_train_samples=512", "data.max_eval_samples=512"] if quick else []) + list(sets)
     slug = name.replace(" ", "_").replace("(", "").replace(")", "").replace("+", "-")
     loaded = load_recipe(RECIPE, overrides + extra + [f"name={slug}"])
     start = time.perf_counter()
@@ -135,6 +135,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="512 train / 512 eval samples: a smoke test")
     parser.add_argument("--force", action="store_true", help="rerun variants that already have results")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="PATH=VALUE",
+                        help="extra recipe override for every variant, e.g. 'stages.1.distill.alpha=0.3' (repeatable)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -143,6 +145,7 @@ def main() -> int:
     results = json.loads(results_file.read_text()) if results_file.exists() else {"variants": {}}
     results["budget_epochs"] = args.epochs
     results["quick"] = args.quick
+    results["overrides"] = args.sets
     chosen = variants(args.epochs)
     if args.only:
         chosen = {k: v for k, v in chosen.items() if k in args.only.split(",")}
@@ -151,7 +154,7 @@ def main() -> int:
             print(f"[skip] {name}: already measured", flush=True)
             continue
         print(f"[run ] {name}", flush=True)
-        results["variants"][name] = run_variant(name, overrides, args.out, args.quick)
+        results["variants"][name] = run_variant(name, overrides, args.out, args.quick, args.sets)
         results_file.write_text(json.dumps(results, indent=2))
         print(f"[done] {name}: accuracy {results['variants'][name]['accuracy']:.4f}, "
               f"{results['variants'][name]['macs_reduction']:.2f}x MACs", flush=True)
@@ -168,6 +171,7 @@ def report(results: dict, out: Path) -> None:
     dense = results["variants"].get("dense")
     lines = [f"# Pruning benchmark: ResNet-56, CIFAR-10 (JPEG copy), {results['budget_epochs']}-epoch fine-tuning budget"
              + (" (QUICK smoke run, not the acceptance figures)" if results.get("quick") else ""), "",
+             *([f"Overrides for every variant: {', '.join(f'`{o}`' for o in results['overrides'])}", ""] if results.get("overrides") else []),
              "| variant | MACs reduction | top-1 | ONNX top-1 | Δ vs pretrained | Δ vs dense same budget | "
              "b1 ms | b32 ms | b32 speed-up / MACs reduction | stage s |",
              "|---|---|---|---|---|---|---|---|---|---|"]

@@ -182,13 +182,13 @@ def report(results: dict, out: Path) -> None:
             lines += [f"QAT INT8 vs FP32 fine-tuned with the same budget: onnxruntime "
                       f"{100 * (q['onnx_int8_accuracy'] - ref['onnx_fp32_accuracy']):+.2f} pt, OpenVINO "
                       f"{100 * (q['openvino_int8_accuracy'] - ref['openvino_fp32_accuracy']):+.2f} pt."]
-        lines += ["", "| file | bytes | ratio to FP32 ONNX |", "|---|---|---|"]
+        lines += ["", "| file | bytes | FP32 ONNX bytes / these bytes |", "|---|---|---|"]
         base = q["onnx_fp32_bytes"]
         for key, label in (("onnx_fp32_bytes", "model.fp32.onnx"), ("onnx_int8_bytes", "model.int8.onnx (CPU form)"),
                            ("onnx_int8_tensorrt_bytes", "model.int8.tensorrt.onnx"), ("openvino_fp32_bytes", "OpenVINO fp32 (xml+bin)"),
                            ("openvino_int8_bytes", "OpenVINO int8 (xml+bin)")):
             if key in q:
-                lines.append(f"| {label} | {q[key]:,} | {base / q[key]:.2f}x smaller |")
+                lines.append(f"| {label} | {q[key]:,} | {base / q[key]:.2f}x |")
     lat = results.get("latency")
     if lat:
         lines += ["", "Latency of the QAT run's artifacts, 1 thread, interleaved, 100 runs each (ms):", "",

@@ -71,8 +71,7 @@ def quantize(model: nn.Module, calib: CalibrationSet, *, ignore: list[str] | Non
         raise StageError(
             f"NNCF cannot trace TorchScript modules, and the model has {', '.join(map(repr, scripted[:3])) or 'a scripted root'} "
             f"({type(model.get_submodule(scripted[0]) if scripted else model).__name__})",
-            hint="build the model from its Python class instead of torch.jit.script/torch.jit.load, "
-            "or list those modules under the stage's `ignore`",
+            hint="build the model from its Python class instead of torch.jit.script/torch.jit.load",
         )
     params = next(model.parameters(), None)
     dataset = nncf_dataset(calib, batch_size, device=str(params.device) if params is not None else None)
