@@ -238,7 +238,9 @@ def rewrite_activations(graph: _Graph, form: Form, report: PassReport) -> None:
         elif form == "tensorrt" and zp.dtype == np.uint8:
             raise ExportError(
                 f"{node.name}: an unsigned (uint8) activation quantizer cannot be written in TensorRT's int8 convention "
-                "without changing its scale", hint="quantize with signed activations (the qat/ptq default `activations: signed`)")
+                "without changing its scale",
+                hint="quantize with the qat/ptq defaults `preset: performance` and `activations: signed`, "
+                "or write `int8_forms: [cpu]` only")
     graph.refresh()
 
 
