@@ -391,7 +391,6 @@ def export_int8_onnx(qmodel, example, path: Path, *, form: Form, opset: int = 17
 
     import nncf
     import onnx
-    import torch
 
     from ..artifacts import atomic_path
     from .onnx import export_onnx
@@ -412,5 +411,4 @@ def export_int8_onnx(qmodel, example, path: Path, *, form: Form, opset: int = 17
     with atomic_path(path) as tmp_path:
         onnx.save(model_proto, str(tmp_path))
         onnx.checker.check_model(str(tmp_path))
-    del torch
     return report
