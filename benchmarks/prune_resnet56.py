@@ -30,6 +30,7 @@ import torch.nn.functional as F
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from pruneflow.bench import interleaved_times  # noqa: E402
 from pruneflow.pipeline import run_recipe  # noqa: E402
 from pruneflow.recipe import load_recipe  # noqa: E402
 
@@ -90,15 +91,7 @@ def side_by_side_latency(rows: list[dict], batch_sizes=(1, 32), runs: int = 30) 
     rng = np.random.default_rng(0)
     for bs in batch_sizes:
         x = rng.standard_normal((bs, 3, 32, 32)).astype(np.float32)
-        times: dict[str, list[float]] = {k: [] for k in runners}
-        for run in runners.values():
-            for _ in range(3):
-                run(x)
-        for _ in range(runs):
-            for name, run in runners.items():
-                t = time.perf_counter()
-                run(x)
-                times[name].append((time.perf_counter() - t) * 1000)
+        times = interleaved_times(runners, x, warmup=3, runs=runs)
         for r in rows:
             r[f"latency_b{bs}_ms"] = statistics.median(times[r["variant"]])
 

@@ -29,6 +29,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from pruneflow.bench import interleaved_times  # noqa: E402
 from pruneflow.pipeline import run_recipe  # noqa: E402
 from pruneflow.recipe import load_recipe  # noqa: E402
 
@@ -109,15 +110,7 @@ def side_by_side_latency(row: dict, batch_sizes=(1, 32), runs: int = 100) -> dic
     out: dict[str, dict] = {k: {} for k in runners}
     for bs in batch_sizes:
         x = rng.standard_normal((bs, 3, 32, 32)).astype(np.float32)
-        times: dict[str, list[float]] = {k: [] for k in runners}
-        for run in runners.values():
-            for _ in range(5):
-                run(x)
-        for _ in range(runs):
-            for name, run in runners.items():
-                t = time.perf_counter()
-                run(x)
-                times[name].append((time.perf_counter() - t) * 1000)
+        times = interleaved_times(runners, x, warmup=5, runs=runs)
         for name, values in times.items():
             out[name][f"b{bs}"] = {"median_ms": statistics.median(values), "p99_ms": float(np.percentile(values, 99))}
     return out

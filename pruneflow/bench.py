@@ -10,13 +10,21 @@ import numpy as np
 
 
 def measure_latency(run: Callable[[np.ndarray], object], example: np.ndarray, warmup: int = 3, runs: int = 20) -> dict[str, float]:
-    for _ in range(warmup):
-        run(example)
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        run(example)
-        times.append((time.perf_counter() - start) * 1000)
-    arr = np.asarray(times)
+    arr = np.asarray(interleaved_times({"run": run}, example, warmup, runs)["run"])
     tail = {"p99_ms": float(np.percentile(arr, 99))} if runs >= 100 else {"max_ms": float(arr.max())}
     return {"median_ms": float(np.median(arr)), **tail, "runs": runs}
+
+
+def interleaved_times(runners: dict[str, Callable[[np.ndarray], object]], example: np.ndarray, warmup: int = 3,
+                      runs: int = 20) -> dict[str, list[float]]:
+    """Run times in ms of several models, timed in turn within each repetition so machine load hits all alike."""
+    for run in runners.values():
+        for _ in range(warmup):
+            run(example)
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    for _ in range(runs):
+        for name, run in runners.items():
+            start = time.perf_counter()
+            run(example)
+            times[name].append((time.perf_counter() - start) * 1000)
+    return times

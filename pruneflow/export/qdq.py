@@ -272,9 +272,8 @@ def relu_in_integer_domain(graph: _Graph, report: PassReport) -> None:
         added.append(helper.make_node("Clip", [pre, low], [q.output[0]], name=relu.name + "_int"))
         dead += [relu, q]
         report.relus_in_integer_domain += 1
-    keep = [n for n in graph.g.node if id(n) not in {id(d) for d in dead}]
-    del graph.g.node[:]
-    graph.g.node.extend(keep + added)
+    graph.remove(dead)
+    graph.g.node.extend(added)
     _toposort(graph)
 
 
@@ -304,8 +303,7 @@ def convert(model, form: Form) -> PassReport:
     rewrite_activations(graph, form, report)
     if form == "cpu":
         relu_in_integer_domain(graph, report)
-    graph.remove([n for n in graph.g.node if n.op_type == "Identity" and n.output[0] not in graph.outputs
-                  and _bypass(graph, n)])
+    _remove_identities(graph)
     graph.prune_initializers()
     _short_tensor_names(graph)
     left = Counter(n.op_type for n in graph.g.node)
@@ -338,13 +336,13 @@ def _short_tensor_names(graph: _Graph) -> None:
     graph.refresh()
 
 
-def _bypass(graph: _Graph, node) -> bool:
-    """Reconnect the users of an Identity to its input (so it can be removed)."""
-    for user in graph.consumers.get(node.output[0], []):
-        for i, name in enumerate(user.input):
-            if name == node.output[0]:
-                user.input[i] = node.input[0]
-    return True
+def _remove_identities(graph: _Graph) -> None:
+    """Reconnect the users of each internal Identity to its input, then drop the Identity."""
+    identities = [n for n in graph.g.node if n.op_type == "Identity" and n.output[0] not in graph.outputs]
+    for node in identities:
+        for user in graph.consumers.get(node.output[0], []):
+            user.input[:] = [node.input[0] if name == node.output[0] else name for name in user.input]
+    graph.remove(identities)
 
 
 def check_convention(model, form: Form) -> list[str]:
