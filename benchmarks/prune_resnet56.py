@@ -1,22 +1,31 @@
 """Acceptance benchmark for structured pruning: pretrained ResNet-56 on ../shared/data/cifar10.
 
-Runs, with the same fine-tuning budget in epochs over the 10,000-image train subset:
-- dense: the unpruned model fine-tuned for the whole budget (the honest reference);
-- 2x MACs: plain magnitude pruning (uniform L2, the torch-pruning default) and our
-  magnitude / taylor / hessian / hessian+taylor (global allocation), each with KD fine-tuning;
-- 3x MACs: hessian with KD.
-Then times every exported ONNX model side by side in one loop (onnxruntime, 1 thread, batch 1 and 32)
-and the Hessian vs Taylor importance cost on 64 samples. Prints a table; writes results.json/.md.
+Every variant gets the same fine-tuning budget, ``--epochs`` passes over the 10,000-image train subset:
+- dense: the unpruned model fine-tuned for the whole budget (cosine LR): the honest reference;
+- pruned: the shipped recipe (recipes/resnet56-cifar10-prune.yaml): its ``adapt`` train stage first
+  (the pretrained weights meet this JPEG data; the adapted model is then the teacher and the source of
+  the importance scores), then the prune stage: progressive rounds of one KD fine-tuning epoch each,
+  then a final KD fine-tune for the rest of the budget.
+  The adapt stage is the same for every pruned variant (same seed, data and settings), so it runs once
+  and every pruned variant starts from its weights; its epochs still count in each variant's budget.
+- 2x MACs: plain magnitude (uniform L2, no round_to: the torch-pruning default) and our magnitude /
+  taylor / hessian / hessian+taylor (global allocation, round_to 8), and hessian with round_to 16
+  (this CPU's SIMD channel block: the latency-first variant); 3x MACs: hessian.
+Then every exported ONNX model is timed side by side in one interleaved loop (onnxruntime, 1 thread,
+batch 1 and 32), and the Hessian vs Taylor importance cost on 64 samples. Prints a table; writes
+results.json and results.md.
 
-    python benchmarks/prune_resnet56.py --out runs/bench-prune            # ~1 h on 2 cores
+    python benchmarks/prune_resnet56.py --out runs/bench-prune            # ~75 min on 2 cores
     python benchmarks/prune_resnet56.py --out /tmp/smoke --quick          # a few minutes, tiny data
 
 Each finished variant is saved as it completes; a rerun skips finished ones (--force to redo).
+Run it alone: two torch processes on two cores slow each other down several-fold.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import sys
@@ -26,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -33,53 +43,107 @@ sys.path.insert(0, str(REPO))
 from pruneflow.bench import interleaved_times  # noqa: E402
 from pruneflow.pipeline import run_recipe  # noqa: E402
 from pruneflow.recipe import load_recipe  # noqa: E402
+from pruneflow.recipe.loader import parse_key_path  # noqa: E402
 
 RECIPE = REPO / "recipes" / "resnet56-cifar10-prune.yaml"
 
 
-def variants(epochs: int) -> dict[str, list[str]]:
-    """Overrides of the shipped recipe per variant. Budget: `epochs` fine-tuning epochs in all."""
-    two_x = [f"stages.1.target.macs=0.5", "stages.1.rounds=3", "stages.1.finetune.epochs=1",
-             f"stages.1.final_finetune.epochs={max(epochs - 3, 0)}"]
-    three_x = [f"stages.1.target.macs={1 / 3:.6f}", "stages.1.rounds=5", "stages.1.finetune.epochs=1",
-               f"stages.1.final_finetune.epochs={max(epochs - 5, 0)}"]
-    common = ["stages.1.latency=null", "stages.3.latency=null", "gates=[]"]
+def base_recipe(quick: bool) -> dict:
+    """The shipped recipe as a dict, with absolute paths (variant recipes are written under --out)."""
+    raw = yaml.safe_load(RECIPE.read_text())
+    raw["model"]["checkpoint"] = str((RECIPE.parent / raw["model"]["checkpoint"]).resolve())
+    for key in ("train", "eval"):
+        raw["data"][key] = str((RECIPE.parent / raw["data"][key]).resolve())
+    if quick:
+        raw["data"].update(max_train_samples=512, max_eval_samples=512)
+    raw["gates"] = []
+    return raw
+
+
+def stage(raw: dict, type_: str) -> dict:
+    return next(s for s in raw["stages"] if s["type"] == type_)
+
+
+def plan(raw: dict, epochs: int) -> dict[str, dict]:
+    """Variant name -> changes to the recipe's prune stage, with the epochs that fill the budget."""
+    adapt = stage(raw, "train")["epochs"]
+
+    def pruned(rounds: int, **changes) -> dict:
+        final = epochs - adapt - rounds
+        if final < 0:
+            raise SystemExit(f"--epochs {epochs} is less than adapt ({adapt}) + {rounds} rounds")
+        return {"rounds": rounds, "finetune": {"epochs": 1},
+                "final_finetune": {"epochs": final} if final else None, **changes}
+
     return {
-        "dense": ["stages.1={type: train, epochs: %d, lr: 0.01, batch_size: 64, weight_decay: 0.0001, eval_every: 0}" % epochs,
-                  "stages.3.latency=null", "gates=[]"],
-        "2x plain magnitude (uniform L2)": two_x + common + ["stages.1.importance=magnitude", "stages.1.allocation=uniform",
-                                                           "stages.1.round_to=null"],
-        "2x magnitude": two_x + common + ["stages.1.importance=magnitude"],
-        "2x taylor": two_x + common + ["stages.1.importance=taylor"],
-        "2x hessian": two_x + common + ["stages.1.importance=hessian"],
-        "2x hessian+taylor": two_x + common + ["stages.1.importance=hessian+taylor"],
-        "3x hessian": three_x + common + ["stages.1.importance=hessian"],
+        "2x plain magnitude (uniform L2)": pruned(3, importance="magnitude", allocation="uniform", round_to=None),
+        "2x magnitude": pruned(3, importance="magnitude"),
+        "2x taylor": pruned(3, importance="taylor"),
+        "2x hessian": pruned(3, importance="hessian"),
+        "2x hessian+taylor": pruned(3, importance="hessian+taylor"),
+        "2x hessian, round_to 16": pruned(3, importance="hessian", round_to=16),
+        "3x hessian": pruned(4, importance="hessian", target={"macs": round(1 / 3, 6)}),
     }
 
 
-def run_variant(name: str, overrides: list[str], out: Path, quick: bool, sets: list[str] = ()) -> dict:
-    extra = (["data.max_train_samples=512", "data.max_eval_samples=512"] if quick else []) + list(sets)
-    slug = name.replace(" ", "_").replace("(", "").replace(")", "").replace("+", "-")
-    loaded = load_recipe(RECIPE, overrides + extra + [f"name={slug}"])
+def merge(base: dict, changes: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def apply_sets(prune: dict, sets: list[str]) -> dict:
+    """``--set distill.alpha=0.3``: KEY.PATH=VALUE inside the prune stage (VALUE parsed as YAML)."""
+    prune = copy.deepcopy(prune)
+    for item in sets:
+        key, raw = item.split("=", 1)
+        parts = parse_key_path(key.strip())
+        cur = prune
+        for part in parts[:-1]:
+            if not isinstance(cur.get(part), dict):
+                cur[part] = {}
+            cur = cur[part]
+        cur[parts[-1]] = yaml.safe_load(raw) if raw.strip() else None
+    return prune
+
+
+def run(name: str, raw: dict, out: Path) -> tuple:
+    slug = name.replace(" ", "_").replace(",", "").replace("(", "").replace(")", "").replace("+", "-")
+    raw = dict(raw, name=slug)
+    path = out / f"{slug}.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
     start = time.perf_counter()
-    result = run_recipe(loaded, out=out)
-    seconds = time.perf_counter() - start
+    result = run_recipe(load_recipe(path), out=out)
+    return result, time.perf_counter() - start
+
+
+def run_adapt(raw: dict, out: Path) -> dict:
+    """The shared first part of every pruned variant: the recipe's stages up to its prune stage."""
+    cut = next(i for i, s in enumerate(raw["stages"]) if s["type"] == "prune")
+    result, seconds = run("adapt", dict(raw, stages=raw["stages"][:cut]), out)
+    train = next(s for s in result.stages if s.type == "train")
+    return {"run_dir": str(result.run_dir), "checkpoint": str(result.run_dir / "stages" / f"{train.index + 1:02d}-{train.id}" / "model.pt"),
+            "pretrained_accuracy": result.metrics["baseline.accuracy"], "accuracy": train.metrics["accuracy"],
+            "epochs": train.metrics["epochs"], "stage_seconds": round(train.seconds, 1), "run_seconds": round(seconds, 1)}
+
+
+def row(name: str, result, seconds: float, pretrained: float, extra_seconds: float = 0.0, epochs: int = 0) -> dict:
     m = result.metrics
-    stage = "prune" if "prune.macs" in m else "train"
-    tables = next((s.tables for s in result.stages if s.type == "prune"), {})
+    prune = next((s for s in result.stages if s.type == "prune"), None)
+    tuned = prune or next(s for s in result.stages if s.type == "train")
     return {
-        "variant": name,
-        "run_dir": str(result.run_dir),
-        "baseline_accuracy": m["baseline.accuracy"],
-        "accuracy": m["evaluate.accuracy"],
-        "onnx_accuracy": m["onnx.fp32.accuracy"],
-        "macs": m["evaluate.macs"],
-        "macs_reduction": m["baseline.macs"] / m["evaluate.macs"],
-        "params": m["evaluate.params"],
-        "stage_seconds": round(next(s.seconds for s in result.stages if s.type == stage), 1),
-        "run_seconds": round(seconds, 1),
-        "rounds": tables.get("rounds", []),
-        "importance_seconds": m.get("prune.importance_seconds"),
+        "variant": name, "run_dir": str(result.run_dir),
+        "pretrained_accuracy": pretrained,
+        "accuracy": m["evaluate.accuracy"], "onnx_accuracy": m["onnx.fp32.accuracy"],
+        "macs": m["evaluate.macs"], "macs_reduction": m["baseline.macs"] / m["evaluate.macs"], "params": m["evaluate.params"],
+        # Fine-tuning time of the budget: the (shared) adapt stage plus this variant's own stage.
+        "finetune_seconds": round(tuned.seconds + extra_seconds, 1), "run_seconds": round(seconds, 1), "epochs": epochs,
+        "rounds": prune.tables.get("rounds", []) if prune else [],
+        "importance_seconds": prune.metrics.get("importance_seconds") if prune else None,
     }
 
 
@@ -123,58 +187,90 @@ def importance_cost(samples: int = 64, repeats: int = 3) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "bench-prune")
-    parser.add_argument("--epochs", type=int, default=5, help="fine-tuning budget in epochs, the same for every variant")
-    parser.add_argument("--only", default="", help="comma-separated variant names to run")
+    parser.add_argument("--epochs", type=int, default=10, help="fine-tuning budget in epochs, the same for every variant")
+    parser.add_argument("--only", default="", help="comma-separated variant names to run ('dense' included)")
     parser.add_argument("--quick", action="store_true", help="512 train / 512 eval samples: a smoke test")
     parser.add_argument("--force", action="store_true", help="rerun variants that already have results")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="PATH=VALUE",
-                        help="extra recipe override for every variant, e.g. 'stages.1.distill.alpha=0.3' (repeatable)")
+                        help="change the prune stage of every pruned variant, e.g. 'distill.alpha=0.3' (repeatable)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     results_file = args.out / "results.json"
     results = json.loads(results_file.read_text()) if results_file.exists() else {"variants": {}}
-    results["budget_epochs"] = args.epochs
-    results["quick"] = args.quick
-    results["overrides"] = args.sets
-    chosen = variants(args.epochs)
+    results.update(budget_epochs=args.epochs, quick=args.quick, overrides=args.sets, torch_threads=torch.get_num_threads())
+    save = lambda: results_file.write_text(json.dumps(results, indent=2))  # noqa: E731
+    raw = base_recipe(args.quick)
+    chosen = ["dense", *plan(raw, args.epochs)]
     if args.only:
-        chosen = {k: v for k, v in chosen.items() if k in args.only.split(",")}
-    for name, overrides in chosen.items():
-        if name in results["variants"] and not args.force:
-            print(f"[skip] {name}: already measured", flush=True)
-            continue
+        chosen = [k for k in chosen if k in args.only.split(",")]
+    todo = [k for k in chosen if args.force or k not in results["variants"]]
+    for name in sorted(set(chosen) - set(todo)):
+        print(f"[skip] {name}: already measured", flush=True)
+    if any(k != "dense" for k in todo) and (args.force or "adapt" not in results):
+        print("[run ] adapt (shared by every pruned variant)", flush=True)
+        results["adapt"] = run_adapt(raw, args.out)
+        save()
+    for name in todo:
         print(f"[run ] {name}", flush=True)
-        results["variants"][name] = run_variant(name, overrides, args.out, args.quick, args.sets)
-        results_file.write_text(json.dumps(results, indent=2))
-        print(f"[done] {name}: accuracy {results['variants'][name]['accuracy']:.4f}, "
-              f"{results['variants'][name]['macs_reduction']:.2f}x MACs", flush=True)
-    rows = list(results["variants"].values())
+        if name == "dense":
+            train = dict(stage(raw, "train"), name="finetune", epochs=args.epochs)  # in the prune stage's place
+            stages = [train if s["type"] == "prune" else s for s in raw["stages"] if s["type"] != "train"]
+            result, seconds = run(name, dict(raw, stages=_no_latency(stages)), args.out)
+            results["variants"][name] = row(name, result, seconds, result.metrics["baseline.accuracy"], epochs=args.epochs)
+        else:
+            adapt = results["adapt"]
+            prune = apply_sets(merge(stage(raw, "prune"), plan(raw, args.epochs)[name]), args.sets)
+            stages = [s for s in raw["stages"] if s["type"] != "train"]
+            stages = [prune if s["type"] == "prune" else s for s in stages]
+            variant = dict(raw, model=dict(raw["model"], checkpoint=adapt["checkpoint"]), stages=_no_latency(stages))
+            result, seconds = run(name, variant, args.out)
+            results["variants"][name] = row(name, result, seconds, adapt["pretrained_accuracy"],
+                                            extra_seconds=adapt["stage_seconds"], epochs=args.epochs)
+        save()
+        r = results["variants"][name]
+        print(f"[done] {name}: accuracy {r['accuracy']:.4f}, {r['macs_reduction']:.2f}x MACs", flush=True)
+    rows = [results["variants"][k] for k in ["dense", *plan(raw, args.epochs)] if k in results["variants"]]
     side_by_side_latency(rows)
     results["importance_cost"] = importance_cost()
-    results_file.write_text(json.dumps(results, indent=2))
+    save()
     report(results, args.out)
     return 0
 
 
+def _no_latency(stages: list[dict]) -> list[dict]:
+    """Latency is timed side by side at the end, not inside each run (load differs between runs)."""
+    return [dict(s, latency=None) if s["type"] in ("prune", "export") else s for s in stages]
+
+
 def report(results: dict, out: Path) -> None:
-    rows = list(results["variants"].values())
-    dense = results["variants"].get("dense")
+    variants = results["variants"]
+    dense = variants.get("dense")
+    adapt = results.get("adapt")
     lines = [f"# Pruning benchmark: ResNet-56, CIFAR-10 (JPEG copy), {results['budget_epochs']}-epoch fine-tuning budget"
-             + (" (QUICK smoke run, not the acceptance figures)" if results.get("quick") else ""), "",
-             *([f"Overrides for every variant: {', '.join(f'`{o}`' for o in results['overrides'])}", ""] if results.get("overrides") else []),
-             "| variant | MACs reduction | top-1 | ONNX top-1 | Δ vs pretrained | Δ vs dense same budget | "
-             "b1 ms | b32 ms | b32 speed-up / MACs reduction | stage s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
+             + (" (QUICK smoke run, not the acceptance figures)" if results.get("quick") else ""), ""]
+    if results.get("overrides"):
+        lines += [f"Changes to every prune stage: {', '.join(f'`{o}`' for o in results['overrides'])}", ""]
+    if adapt:
+        lines += [f"Pretrained: {100 * adapt['pretrained_accuracy']:.2f} %. Shared adapt stage ({adapt['epochs']} epochs, "
+                  f"{adapt['stage_seconds']} s): {100 * adapt['accuracy']:.2f} %, the teacher of every pruned variant.", ""]
+    lines += ["| variant | MACs reduction | top-1 | ONNX top-1 | Δ vs pretrained | Δ vs dense same budget | "
+              "b1 ms | b32 ms | b32 speed-up / MACs reduction | fine-tune s |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in variants.values():
         speed = dense and r is not dense and dense["latency_b32_ms"] / r["latency_b32_ms"]
         eff = f"{speed / r['macs_reduction']:.2f} ({speed:.2f}x)" if speed else ""
         vs_dense = f"{100 * (r['accuracy'] - dense['accuracy']):+.2f} pt" if dense else ""
         lines.append(f"| {r['variant']} | {r['macs_reduction']:.2f}x | {100 * r['accuracy']:.2f} % | "
-                     f"{100 * r['onnx_accuracy']:.2f} % | {100 * (r['accuracy'] - r['baseline_accuracy']):+.2f} pt | {vs_dense} | "
-                     f"{r['latency_b1_ms']:.2f} | {r['latency_b32_ms']:.2f} | {eff} | {r['stage_seconds']} |")
+                     f"{100 * r['onnx_accuracy']:.2f} % | {100 * (r['accuracy'] - r['pretrained_accuracy']):+.2f} pt | {vs_dense} | "
+                     f"{r['latency_b1_ms']:.2f} | {r['latency_b32_ms']:.2f} | {eff} | {r['finetune_seconds']} |")
+    lines += ["", "Rounds (MACs kept -> accuracy after the round's fine-tune):", ""]
+    for r in variants.values():
+        if r["rounds"]:
+            steps = ", ".join(f"{x['macs_kept']:.1%} -> {100 * x['accuracy']:.2f}" for x in r["rounds"])
+            lines.append(f"- {r['variant']}: {steps}; final {100 * r['accuracy']:.2f} %")
     cost = results["importance_cost"]
     lines += ["", f"Importance cost on {cost['samples']} samples: Taylor {cost['taylor_seconds']:.2f} s, "
               f"Hessian {cost['hessian_seconds']:.2f} s, ratio {cost['ratio']:.2f} (bar: <= 3)"]

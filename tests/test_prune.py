@@ -14,7 +14,8 @@ from torch import nn
 
 from pruneflow.errors import InputError, RecipeError
 from pruneflow.export.onnx import export_onnx, onnxruntime_runner
-from pruneflow.prune.engine import PruneOptions, measure, prune_step, resolve_ignored, search_ratio
+from pruneflow.prune.engine import (PruneOptions, layer_channels, layer_widths, measure, output_positions, prune_step,
+                                    resolve_ignored, search_ratio)
 from pruneflow.prune.fisher import fisher_diagonal, mean_gradients
 from pruneflow.prune.importance import SaliencyImportance, hessian_saliency, magnitude_saliency, taylor_saliency
 from pruneflow.prune.surgery import ChannelEmbedConv, make_prunable
@@ -289,3 +290,53 @@ def test_max_layer_ratio_holds_over_several_rounds():
     now = layer_widths(model)
     assert all(now[n][0] >= widths[n][0] * 0.5 - 1 for n in now if n not in opts.ignored), \
         {n: (widths[n][0], now[n][0]) for n in now if now[n][0] < widths[n][0] * 0.5 - 1}
+
+
+@pytest.mark.parametrize("ranking", ["relative", "absolute", "per_mac"])
+def test_every_ranking_meets_a_macs_target_and_keeps_the_model_valid(ranking, tmp_path):
+    torch.manual_seed(0)
+    model = _perturbed(resnet20())
+    example = torch.randn(2, 3, 32, 32)
+    make_prunable(model, example)
+    opts = PruneOptions(ignored=resolve_ignored(model, None), round_to=8, ranking=ranking)
+    base = measure(model, example, opts.ignored)
+    ratio, predicted = search_ratio(model, example, magnitude_saliency(model), opts, "macs", base["macs"] * 0.5)
+    prune_step(model, example, magnitude_saliency(model), ratio, opts)
+    assert measure(model, example, opts.ignored) == predicted
+    assert 0.42 <= predicted["macs"] / base["macs"] <= 0.5
+    assert all(c % 8 == 0 for n, c in layer_channels(model).items() if n != "linear")
+    out = model.eval()(example).detach()
+    export_onnx(model, example[:1], tmp_path / "m.onnx")
+    assert abs(onnxruntime_runner(tmp_path / "m.onnx")(example.numpy()) - out.numpy()).max() < 1e-4
+
+
+def test_per_mac_ranking_divides_by_what_a_channel_costs_in_every_coupled_layer():
+    """A stem conv (3 -> 8, 3x3, 16x16 output) feeding a 1x1 conv (8 -> 4): one stem channel costs
+    27 * 256 MACs as an output and 4 * 256 as an input of the next layer."""
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.ReLU(), nn.Conv2d(8, 4, 1, bias=False))
+    example = torch.zeros(1, 3, 16, 16)
+    saliency = {n: torch.ones_like(p) for n, p in net.named_parameters()}
+    graph = tp.DependencyGraph().build_dependency(net, example)
+    group = graph.get_pruning_group(net[0], tp.prune_conv_out_channels, list(range(8)))
+    absolute = SaliencyImportance(net, saliency, "absolute")(group)
+    assert torch.allclose(absolute, torch.full((8,), 27.0 + 4.0))  # summed saliency: 27 out-weights + 4 in-weights
+    per_mac = SaliencyImportance(net, saliency, "per_mac", spatial=output_positions(net, example))(group)
+    assert torch.allclose(per_mac, absolute / ((27 + 4) * 256))
+
+
+def test_a_group_wholly_below_the_global_threshold_is_pruned_to_its_floor_not_skipped():
+    """torch-pruning skips a group when every channel falls under the global threshold; we prune it
+    to what max_layer_ratio and round_to leave."""
+    torch.manual_seed(0)
+    model = _perturbed(resnet20())
+    example = torch.zeros(1, 3, 32, 32)
+    make_prunable(model, example)
+    saliency = magnitude_saliency(model)
+    for name in saliency:
+        if name.startswith("layer1.") and "conv1" in name:  # the stage-1 inner channels matter least by far
+            saliency[name] = saliency[name] * 1e-6
+    opts = PruneOptions(ignored=resolve_ignored(model, None), round_to=8, ranking="absolute",
+                        max_layer_ratio=0.5, initial_widths=layer_widths(model))
+    prune_step(model, example, saliency, 0.1, opts)
+    channels = layer_channels(model)
+    assert [channels[f"layer1.{i}.conv1"] for i in range(3)] == [8, 8, 8]

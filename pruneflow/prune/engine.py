@@ -31,6 +31,7 @@ class PruneOptions:
     max_layer_ratio: float = 0.9
     round_to: int | None = None
     ignored: tuple[str, ...] = ()  # module names kept intact
+    ranking: Literal["relative", "absolute", "per_mac"] = "relative"  # how groups compare (importance.py)
     # Layer widths (out, in) when the stage started: max_layer_ratio holds against these over all
     # rounds (a fresh pruner each round would otherwise measure it against the current widths).
     initial_widths: dict[str, tuple[int, int]] | None = None
@@ -87,10 +88,11 @@ def _pruner(model: nn.Module, example: torch.Tensor, saliency: dict, ratio: floa
     if not prunable_layers(model, opts.ignored):
         raise InputError("prune: every prunable layer is ignored; nothing is left to prune",
                          hint="shorten prune.ignore (the classifier is ignored by default)")
-    pruner = tp.pruner.MetaPruner(
+    spatial = output_positions(model, example) if opts.ranking == "per_mac" else None
+    pruner = _NearestRoundingPruner(
         model,
         example,
-        importance=SaliencyImportance(model, saliency),
+        importance=SaliencyImportance(model, saliency, opts.ranking, spatial, _floors(model, opts)),
         global_pruning=opts.allocation == "global",
         pruning_ratio=ratio,
         max_pruning_ratio=opts.max_layer_ratio,
@@ -105,6 +107,52 @@ def _pruner(model: nn.Module, example: torch.Tensor, saliency: dict, ratio: floa
                 pruner.layer_init_out_ch[module] = out_ch
                 pruner.layer_init_in_ch[module] = in_ch
     return pruner
+
+
+class _NearestRoundingPruner(tp.pruner.MetaPruner):
+    """torch-pruning rounds the channels a layer keeps *down* to a multiple of round_to: one channel
+    under the threshold in a 64-channel layer removes 8, so the smallest step of a round is already
+    large and the ranking decides little. We round the count kept to the *nearest* multiple (at least
+    one multiple), so a layer loses round_to channels only when about half of them fall under it."""
+
+    def _round_to(self, n_pruned: int, current_channels: int, round_to: int) -> int:
+        keep = current_channels - n_pruned
+        keep = max(round_to, math.floor(keep / round_to + 0.5) * round_to)
+        return max(current_channels - keep, 0)
+
+
+def _floors(model: nn.Module, opts: PruneOptions) -> dict[nn.Module, int]:
+    """Output channels each conv/Linear keeps at least: (1 - max_layer_ratio) of its initial width, in round_to steps."""
+    widths = opts.initial_widths or layer_widths(model)
+    out = {}
+    for name, module in model.named_modules():
+        if name in widths:
+            floor = math.ceil(widths[name][0] * (1 - opts.max_layer_ratio))
+            if opts.round_to:
+                floor = math.ceil(floor / opts.round_to) * opts.round_to
+            out[module] = floor
+    return out
+
+
+@torch.no_grad()
+def output_positions(model: nn.Module, example: torch.Tensor) -> dict[nn.Module, int]:
+    """Output positions per sample (H*W for a conv, tokens for a Linear) of every conv and Linear layer."""
+    out: dict[nn.Module, int] = {}
+
+    def hook(module, inputs, output):
+        out[module] = int(output[0].numel() // output.shape[1]) if isinstance(module, nn.modules.conv._ConvNd) \
+            else int(output[0].numel() // output.shape[-1])
+
+    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, (nn.modules.conv._ConvNd, nn.Linear))]
+    was = model.training
+    model.eval()
+    try:
+        model(example[:1])
+    finally:
+        model.train(was)
+        for h in handles:
+            h.remove()
+    return out
 
 
 def prune_step(model: nn.Module, example: torch.Tensor, saliency: dict, ratio: float, opts: PruneOptions) -> None:

@@ -10,6 +10,16 @@ group reduction and normalisation, but read a saliency tensor per parameter inst
                  gradients, as Optimal Brain Damage's Hessian estimate (LeCun et al. 1989)
 - ``hessian+taylor``: both, each normalised, mixed by ``hessian_weight``
 
+How groups compare in a global ranking (``ranking``):
+- ``relative`` (torch-pruning's default): a group's summed scores are divided by their mean, so a
+  channel competes against its own group's average and absolute scales do not cross layers;
+- ``absolute``: the scores summed over every coupled layer, compared as they are. For ``hessian``
+  that sum is OBD's estimate of the loss increase when the channel goes, which is comparable across
+  layers;
+- ``per_mac``: ``absolute`` divided by the multiply-accumulates the channel costs in every coupled
+  layer, so the channels that give the most MACs for the least loss go first (ours: torch-pruning has
+  no cost-aware importance).
+
 Why not tp.importance.GroupHessianImportance: in torch-pruning 1.6.1 its ``accumulate_grad``
 tests membership by parameter name but stores by parameter object, so only the last sample counts,
 and its per-sample backward loop is slow. We compute per-sample gradients with ``torch.func``
@@ -37,11 +47,34 @@ class SaliencyImportance(tp.importance.GroupMagnitudeImportance):
     convolutions that replace option-A shortcuts) are coupled but not scored.
     """
 
-    def __init__(self, model: nn.Module, saliency: dict[str, torch.Tensor], group_reduction: str = "mean",
-                 normalizer: str | None = "mean"):
-        super().__init__(p=1, group_reduction=group_reduction, normalizer=normalizer)
+    def __init__(self, model: nn.Module, saliency: dict[str, torch.Tensor], ranking: str = "relative",
+                 spatial: dict[nn.Module, int] | None = None, floors: dict[nn.Module, int] | None = None):
+        if ranking == "relative":
+            super().__init__(p=1, group_reduction="mean", normalizer="mean")
+        else:
+            super().__init__(p=1, group_reduction="sum", normalizer=None)
+        if ranking == "per_mac" and spatial is None:
+            raise ValueError("ranking 'per_mac' needs the output positions of every layer (spatial)")
+        self.ranking = ranking
+        self.spatial = spatial or {}
+        # Channels each layer keeps (max_layer_ratio, round_to). torch-pruning skips a group whose every
+        # channel falls below the global threshold instead of pruning it to its floor, which makes the
+        # result non-monotone in the ratio and, with `per_mac`, leaves the cheapest layers untouched.
+        # The floor's best channels score +inf, so a group is pruned to its floor at most.
+        self.floors = floors or {}
         self.saliency = saliency
         self.names = {id(p): n for n, p in model.named_parameters()}
+
+    def _cost(self, layer: nn.Module, fn) -> float:
+        """MACs one channel costs in ``layer`` when pruned through ``fn`` (0 for normalisation layers)."""
+        positions = self.spatial.get(layer, 1)
+        if isinstance(layer, nn.Linear):
+            return float(layer.in_features if fn in OUT_FNS else layer.out_features) * positions
+        if isinstance(layer, nn.modules.conv._ConvNd):
+            k = float(torch.tensor(layer.kernel_size).prod())
+            other = layer.in_channels // layer.groups if fn in OUT_FNS else layer.out_channels // layer.groups
+            return k * other * positions
+        return 0.0
 
     def _sal(self, param: torch.Tensor | None) -> torch.Tensor | None:
         if param is None:
@@ -50,7 +83,7 @@ class SaliencyImportance(tp.importance.GroupMagnitudeImportance):
 
     @torch.no_grad()
     def __call__(self, group):
-        group_imp, group_idxs = [], []
+        group_imp, group_idxs, group_cost = [], [], []
         for i, (dep, idxs) in enumerate(group):
             layer, fn = dep.target.module, dep.handler
             root_idxs = group[i].root_idxs
@@ -76,9 +109,19 @@ class SaliencyImportance(tp.importance.GroupMagnitudeImportance):
                 continue
             group_imp.append(local)
             group_idxs.append(root_idxs)
+            if self.ranking == "per_mac":
+                group_cost.append(torch.full_like(local, self._cost(layer, fn)))
         if not group_imp:
             return None
-        return self._normalize(self._reduce(group_imp, group_idxs), self.normalizer)
+        imp = self._normalize(self._reduce(group_imp, group_idxs), self.normalizer)
+        if self.ranking == "per_mac":
+            # Costs of skipped (frozen embedding) layers are left out too: they are cheap 1x1 selections.
+            imp = imp / self._reduce(group_cost, group_idxs).clamp_min(1.0)
+        floor = max((self.floors.get(dep.target.module, 0) for dep, _ in group if dep.handler in OUT_FNS), default=0)
+        if 0 < floor < len(imp):
+            imp = imp.clone()
+            imp[imp.topk(floor).indices] = float("inf")
+        return imp
 
 
 def magnitude_saliency(model: nn.Module, p: int = 2) -> dict[str, torch.Tensor]:

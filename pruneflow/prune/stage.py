@@ -70,6 +70,11 @@ class PruneConfig(StageConfig):
     allocation: Literal["global", "uniform"] = Field(
         "global", description="`global` ranks channels across layers; `uniform` prunes every layer by the same ratio."
     )
+    ranking: Literal["relative", "absolute", "per_mac"] = Field(
+        "relative", description="`global`: how channels of different layers compare. `relative` (torch-pruning's default): "
+        "against their own group's mean score; `absolute`: summed scores as they are (hessian: OBD's loss estimate); "
+        "`per_mac`: absolute score per MAC the channel costs, so the cheapest loss per MAC saved goes first."
+    )
     max_layer_ratio: float = Field(0.9, gt=0, lt=1, description="At most this share of any layer's channels is removed.")
     round_to: int | None = Field(None, ge=1, description="Keep channel counts multiples of this (kernels run faster).")
     ignore: list[str] | None = Field(None, description="Module names or regexes kept intact; default: the classifier.")
@@ -116,7 +121,7 @@ class PruneStage(Stage):
         latency_before = self._latency(model, example, data) if cfg.latency else {}
         replaced = make_prunable(model, example)
         ignored = resolve_ignored(model, cfg.ignore)
-        opts = PruneOptions(cfg.allocation, cfg.max_layer_ratio, cfg.round_to, ignored, layer_widths(model))
+        opts = PruneOptions(cfg.allocation, cfg.max_layer_ratio, cfg.round_to, ignored, cfg.ranking, layer_widths(model))
         before = measure(model, example, ignored)  # targets count the rewritten model, as every round does
         channels_before = layer_channels(model)
         teacher = self._teacher(state, ctx)
