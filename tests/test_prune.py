@@ -12,6 +12,7 @@ import torch.nn.functional as F
 import torch_pruning as tp
 from torch import nn
 
+from pruneflow.bench import cpu_channel_block
 from pruneflow.errors import InputError, RecipeError
 from pruneflow.export.onnx import export_onnx, onnxruntime_runner
 from pruneflow.prune.engine import (PruneOptions, layer_channels, layer_widths, measure, output_positions, prune_step,
@@ -233,6 +234,19 @@ def test_prune_stage_reports_rounds_and_reaches_its_target(pruned_run):
     assert result.metrics["onnx.fp32.top1_agreement"] >= 0.99  # the pruned model exports faithfully
     report = (result.run_dir / "report.md").read_text()
     assert "## prune: rounds" in report and "## prune: channels" in report
+    rounds = prune.tables["rounds"]
+    assert rounds[0]["goal_kept"] > rounds[1]["goal_kept"] == pytest.approx(0.6)
+    # Without round_to, pruned layers end off the CPU's channel block (where one is known): the report says so.
+    off = [r for r in prune.tables["channels"] if r["after"] != r["before"] and cpu_channel_block() and r["after"] % cpu_channel_block()[0]]
+    assert bool(off) == ("notes" in prune.tables)
+    if off:
+        assert "## prune: notes" in report and f"round_to: {cpu_channel_block()[0]}" in report
+
+
+def test_cpu_channel_block_reads_the_instruction_set():
+    assert cpu_channel_block("flags\t\t: fpu sse avx2 avx512f avx512bw\n") == (16, "AVX-512")
+    assert cpu_channel_block("processor : 0\nflags : fpu sse avx avx2 fma\n") == (8, "AVX2")
+    assert cpu_channel_block("Features : fp asimd\n") is None
 
 
 def test_a_pruned_model_reloads_in_a_fresh_process(pruned_run):

@@ -11,7 +11,7 @@ from typing import Literal
 import torch
 from pydantic import Field, model_validator
 
-from ..bench import measure_latency
+from ..bench import cpu_channel_block, measure_latency
 from ..distill import DistillSpec, Distiller, frozen_copy
 from ..errors import InputError
 from ..evaluate import count_macs_params, evaluate_model
@@ -138,7 +138,8 @@ class PruneStage(Stage):
             model._pruneflow_restructured = True
             after = measure(model, example, ignored)
             accuracy, lr = self._after_round(model, teacher, lr, state, ctx, k, rounds)
-            rows.append({"round": k, "ratio": round(ratio, 4), "channels": after["channels"], "macs": after["macs"],
+            rows.append({"round": k, "goal_kept": round(goal / before[metric], 4), "ratio": round(ratio, 4),
+                         "channels": after["channels"], "macs": after["macs"],
                          "params": after["params"], "macs_kept": after["macs"] / before["macs"],
                          "accuracy": accuracy, "seconds": round(time.perf_counter() - start, 1)})
             ctx.reporter.info(f"{self.id} round {k}/{rounds}: {after['macs'] / before['macs']:.1%} of MACs, accuracy {accuracy:.4f}")
@@ -163,7 +164,27 @@ class PruneStage(Stage):
         if cfg.latency:
             self._add_latency(metrics, latency_before, self._latency(model, example, data))
         layers = [{"layer": n, "before": c, "after": layer_channels(model).get(n, 0)} for n, c in channels_before.items()]
-        return StageResult(metrics=metrics, tables={"rounds": rows, "channels": layers})
+        tables = {"rounds": rows, "channels": layers}
+        note = self._block_note(layers)
+        if note:
+            ctx.reporter.info(f"{self.id}: {note}")
+            tables["notes"] = [{"note": note}]
+        return StageResult(metrics=metrics, tables=tables)
+
+    def _block_note(self, layers: list[dict]) -> str | None:
+        """Say so when pruned layers end off this CPU's SIMD channel block: their MACs fall, their time less."""
+        cfg: PruneConfig = self.config  # type: ignore[assignment]
+        found = cpu_channel_block()
+        if not cfg.latency or not found:
+            return None
+        block, isa = found
+        off = [r["layer"] for r in layers if r["after"] != r["before"] and r["after"] % block]
+        if not off:
+            return None
+        return (f"{len(off)} pruned layer(s) (e.g. {', '.join(off[:3])}) end with a channel count that is not a multiple of "
+                f"{block}, the channel block of onnxruntime's and OpenVINO's CPU kernels on this {isa} machine: they are "
+                f"padded up to it, so their MACs fall faster than their run time. round_to: {block} turns pruned MACs into "
+                f"time here (narrower layers then stay whole).")
 
     def _run_transformer(self, state, ctx) -> StageResult:
         """Heads and FFN neurons, removed progressively by importance, with KD fine-tuning between rounds."""
