@@ -119,10 +119,15 @@ def test_a_quantized_checkpoint_reloads_with_its_quantizers(qat_run):
     from pruneflow.evaluate import evaluate_model
     from pruneflow.tasks import Classification
 
+    from pruneflow.models import build_model
+
     _, qat = qat_run
-    model = load_checkpoint(qat.run_dir / "stages" / "03-qat" / "model.pt")
-    assert any("__nncf_hooks" in n for n, _ in model.named_parameters())
+    path = qat.run_dir / "stages" / "03-qat" / "model.pt"
+    payload = torch.load(path, map_location="cpu", weights_only=False)
+    assert "module" not in payload and "base_structure" in payload  # no pickled module: weights, structure, NNCF config
     recipe = load_recipe(qat.run_dir / "recipe.resolved.yaml").recipe
+    model = load_checkpoint(path, into=build_model(recipe.model))
+    assert any("__nncf_hooks" in n for n, _ in model.named_parameters())
     data = load_data(recipe.data, recipe.seed, with_train=False)
     accuracy = evaluate_model(model, data.eval, Classification())["accuracy"]
     assert accuracy == pytest.approx(qat.metrics["qat.accuracy"], abs=1e-9)
@@ -183,3 +188,32 @@ def test_failing_module_names_the_innermost_layer_that_raised():
     with pytest.raises(RuntimeError) as err:
         model(torch.zeros(1, 4))
     assert failing_module(model, err.value) == "1.1"
+
+
+def test_a_pruned_and_quantized_resnet_checkpoint_reloads_without_unpickling(tmp_path):
+    """The float base of an NNCF model is saved as weights + structure (here with the rewritten option-A
+    shortcuts of a pruned ResNet); the file reads with weights_only=True, NNCF's config enums allowed by name."""
+    import copy
+
+    from calibrate.calibset import CalibrationSet
+    from pruneflow.checkpoint import _weights_only_load, load_checkpoint, save_checkpoint
+    from pruneflow.prune.engine import PruneOptions, prune_step, resolve_ignored
+    from pruneflow.prune.importance import magnitude_saliency
+    from pruneflow.prune.surgery import make_prunable
+    from pruneflow.zoo import resnet20
+    from qat.nncf_quant import quantize
+
+    torch.manual_seed(0)
+    model, x = resnet20(), torch.randn(16, 3, 32, 32)
+    make_prunable(model, x[:1])
+    prune_step(model, x[:1], magnitude_saliency(model), 0.3, PruneOptions(ignored=resolve_ignored(model, None), round_to=4))
+    base = copy.deepcopy(model).eval()
+    quantized = quantize(model, CalibrationSet(x=x))
+    object.__setattr__(quantized, "_pruneflow_float_base", base)  # as the qat/ptq stages do
+    save_checkpoint(quantized, tmp_path / "model.pt")
+    payload = _weights_only_load(tmp_path / "model.pt")
+    assert "module" not in payload and "nncf_config" in payload
+    loaded = load_checkpoint(tmp_path / "model.pt", into=resnet20()).eval()
+    assert any("__nncf_hooks" in n for n, _ in loaded.named_parameters())
+    with torch.no_grad():
+        assert torch.allclose(loaded(x), quantized.eval()(x), atol=1e-5)
