@@ -205,9 +205,10 @@ def search_ratio(model: nn.Module, example: torch.Tensor, saliency: dict, opts: 
                  goal: float, grid: int = 18, iterations: int = 8) -> tuple[float, dict[str, int]]:
     """Smallest ratio whose pruned copy has ``metric`` <= ``goal``. Raises InputError when unreachable.
 
-    The result is not monotone in the ratio: torch-pruning's ``round_to`` rounds the kept channels
-    *down*, and skips a layer that would keep none, so a higher ratio can prune less. A coarse grid
-    finds the first feasible ratio; bisection then refines between it and the grid point before.
+    The result need not be monotone in the ratio: ``round_to`` rounds each layer's count to a multiple,
+    and once the global threshold reaches the protected floor channels (+inf) every group is selected
+    whole and skipped, so a higher ratio can prune less. A coarse grid finds the first feasible ratio;
+    bisection then refines between it and the grid point before.
     """
 
     def trial(ratio: float) -> dict[str, int]:
