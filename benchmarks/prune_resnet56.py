@@ -47,6 +47,7 @@ from pruneflow.recipe import load_recipe  # noqa: E402
 from pruneflow.recipe.loader import parse_key_path  # noqa: E402
 
 RECIPE = REPO / "recipes" / "resnet56-cifar10-prune.yaml"
+SCHEMA = 2  # results.json layout; a file with another (or other settings) is measured afresh
 
 
 def base_recipe(quick: bool) -> dict:
@@ -70,9 +71,7 @@ def plan(raw: dict, epochs: int) -> dict[str, dict]:
     adapt = stage(raw, "train")["epochs"]
 
     def pruned(rounds: int, **changes) -> dict:
-        final = epochs - adapt - rounds
-        if final < 0:
-            raise SystemExit(f"--epochs {epochs} is less than adapt ({adapt}) + {rounds} rounds")
+        final = epochs - adapt - rounds  # may be negative here: main() refuses it for the variants chosen
         return {"rounds": rounds, "finetune": {"epochs": 1},
                 "final_finetune": {"epochs": final} if final else None, **changes}
 
@@ -201,13 +200,22 @@ def main() -> int:
         torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     results_file = args.out / "results.json"
-    results = json.loads(results_file.read_text()) if results_file.exists() else {"variants": {}}
-    results.update(budget_epochs=args.epochs, quick=args.quick, overrides=args.sets, torch_threads=torch.get_num_threads())
+    settings = {"schema": SCHEMA, "budget_epochs": args.epochs, "quick": args.quick, "overrides": args.sets}
+    results = json.loads(results_file.read_text()) if results_file.exists() else {}
+    if {k: results.get(k) for k in settings} != settings:
+        if results:
+            print(f"[note] {results_file} was measured with other settings; starting afresh", flush=True)
+        results = {"variants": {}}
+    results.update(settings, torch_threads=torch.get_num_threads())
     save = lambda: results_file.write_text(json.dumps(results, indent=2))  # noqa: E731
     raw = base_recipe(args.quick)
-    chosen = ["dense", *plan(raw, args.epochs)]
+    planned = plan(raw, args.epochs)
+    chosen = ["dense", *planned]
     if args.only:
         chosen = [k for k in chosen if k in args.only.split(",")]
+    short = [k for k in chosen if k != "dense" and (planned[k]["final_finetune"] or {}).get("epochs", 0) < 0]
+    if short:
+        raise SystemExit(f"--epochs {args.epochs} is less than the adapt stage plus the rounds of {', '.join(short)}")
     todo = [k for k in chosen if args.force or k not in results["variants"]]
     for name in sorted(set(chosen) - set(todo)):
         print(f"[skip] {name}: already measured", flush=True)
@@ -248,7 +256,7 @@ def _no_latency(stages: list[dict]) -> list[dict]:
 
 
 def report(results: dict, out: Path) -> None:
-    variants = results["variants"]
+    variants = {k: v for k, v in results["variants"].items() if "latency_b32_ms" in v}  # the ones timed in this run
     dense = variants.get("dense")
     adapt = results.get("adapt")
     lines = [f"# Pruning benchmark: ResNet-56, CIFAR-10 (JPEG copy), {results['budget_epochs']}-epoch fine-tuning budget"

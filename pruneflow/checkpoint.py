@@ -60,27 +60,36 @@ def describe_structure(model: nn.Module) -> dict[str, dict]:
 
 
 def restore_structure(model: nn.Module, structure: dict[str, dict], state_dict: dict[str, torch.Tensor], path: Path) -> nn.Module:
-    """Reshape ``model`` (built from the recipe) to ``structure`` and load ``state_dict`` into it."""
+    """A copy of ``model`` (built from the recipe) reshaped to ``structure``, with ``state_dict`` loaded.
+
+    ``model`` itself is left as it was, also when the checkpoint does not fit.
+    """
+    import copy
+
     from .prune.surgery import ChannelEmbedConv
 
     def mismatch(detail: str) -> InputError:
         return InputError(f"{path} holds a pruned model that does not fit the model the recipe builds: {detail}",
                           hint="inspect or resume it with the recipe of the run that wrote it (its recipe.resolved.yaml)")
 
+    if not isinstance(structure, dict) or not all(isinstance(d, dict) and isinstance(d.get("attrs"), dict) for d in structure.values()):
+        raise InputError(f"{path} is not a pruneflow checkpoint (its structure is malformed)")
+    model = copy.deepcopy(model)
     for name, desc in structure.items():  # parents come before their children
         modules = dict(model.named_modules())
         module = modules.get(name)
         if module is None:
             raise mismatch(f"the recipe's model has no module {name!r}")
-        if type(module).__name__ != desc["class"]:
-            if desc["class"] != ChannelEmbedConv.__name__ or not name:
-                raise mismatch(f"module {name!r} is a {type(module).__name__}, the checkpoint's a {desc['class']}")
-            attrs = desc["attrs"]
-            module = ChannelEmbedConv(attrs["in_channels"], 0, attrs["stride"][0])  # weights come from state_dict
+        if type(module).__name__ != desc.get("class"):
+            if desc.get("class") != ChannelEmbedConv.__name__ or not name:
+                raise mismatch(f"module {name!r} is a {type(module).__name__}, the checkpoint's a {desc.get('class')}")
+            module = ChannelEmbedConv(1, 0, 1)  # its sizes and stride come from the attributes, its weight from state_dict
             parent, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent) if parent else model, child, module)
         for key, value in desc["attrs"].items():
-            if isinstance(getattr(type(module), key, None), property):
+            # Only what describe_structure writes: public plain values, never hooks, methods or dunders.
+            if not isinstance(key, str) or key.startswith("_") or not _plain(value) \
+                    or isinstance(getattr(type(module), key, None), property) or callable(getattr(module, key, None)):
                 continue
             setattr(module, key, value)
     modules = dict(model.named_modules())
@@ -93,7 +102,7 @@ def restore_structure(model: nn.Module, structure: dict[str, dict], state_dict: 
         if old is None or old.shape == tensor.shape:
             continue
         if leaf in module._parameters:
-            module._parameters[leaf] = nn.Parameter(torch.empty_like(tensor), requires_grad=old.requires_grad)
+            setattr(module, leaf, nn.Parameter(torch.empty_like(tensor), requires_grad=old.requires_grad))
         else:
             module._buffers[leaf] = torch.empty_like(tensor)
     try:
@@ -147,10 +156,13 @@ def load_checkpoint(path: Path, into: nn.Module | None = None) -> nn.Module:
     return into
 
 
+# NNCF's config (nncf.torch.get_config) holds plain values and this enum, rebuilt from its value.
+_NNCF_ENUMS = {"nncf.common.quantization.structs.QuantizationScheme"}
+
+
 def _weights_only_load(path: Path):
-    """``torch.load(weights_only=True)``, also allowing the enum classes of NNCF's config (an enum is
-    rebuilt from its value; no code of the file runs)."""
-    import enum
+    """``torch.load(weights_only=True)``, also allowing the named NNCF enum classes of a quantized
+    checkpoint (imported only when the file needs them; no code of the file runs)."""
     import importlib
     import re
 
@@ -160,13 +172,11 @@ def _weights_only_load(path: Path):
             with torch.serialization.safe_globals(allowed):
                 return torch.load(path, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as exc:
-            found = re.search(r"GLOBAL (nncf\.[\w.]+)\.(\w+)", str(exc))
-            if not found or len(allowed) > 20:
+            found = re.search(r"GLOBAL ([\w.]+)\.(\w+)", str(exc))
+            name = found and f"{found.group(1)}.{found.group(2)}"
+            if name not in _NNCF_ENUMS or any(f"{c.__module__}.{c.__qualname__}" == name for c in allowed):
                 raise
-            cls = getattr(importlib.import_module(found.group(1)), found.group(2), None)
-            if not (isinstance(cls, type) and issubclass(cls, enum.Enum)) or cls in allowed:
-                raise
-            allowed.append(cls)
+            allowed.append(getattr(importlib.import_module(found.group(1)), found.group(2)))
 
 
 def _load_quantized(base: nn.Module, payload: dict) -> nn.Module:

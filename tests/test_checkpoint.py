@@ -148,7 +148,8 @@ def test_a_pruned_model_is_saved_as_weights_and_structure_and_loads_from_anywher
         "class": "Linear", "attrs": {"in_features": 4, "out_features": 2}}
     fresh = _model(out=3, seed=5)
     loaded = load_checkpoint(path, into=fresh)
-    assert loaded is fresh and loaded[0].out_features == 2 and loaded[2].num_features == 2
+    assert loaded[0].out_features == 2 and loaded[2].num_features == 2
+    assert fresh[0].out_features == 3 and fresh[0].weight.shape == (3, 4)  # the recipe's model is left as it was
     assert loaded[0].weight.requires_grad
     x = torch.randn(6, 4)
     assert torch.equal(loaded.eval()(x), pruned(x))
@@ -156,13 +157,19 @@ def test_a_pruned_model_is_saved_as_weights_and_structure_and_loads_from_anywher
 
 def test_a_pruned_structure_that_does_not_fit_the_recipes_model_is_a_clear_error(tmp_path):
     save_checkpoint(_model(out=2), tmp_path / "m.pt", whole_module=True)
+    payload = torch.load(tmp_path / "m.pt", weights_only=True)
+    payload["structure"]["0"]["attrs"].update(_forward_hooks=None, forward="x")  # never applied: not what we write
+    torch.save(payload, tmp_path / "m.pt")
+    assert load_checkpoint(tmp_path / "m.pt", into=_model(out=3))[0].out_features == 2
     other = nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.BatchNorm1d(3))
     with pytest.raises(InputError, match=r"m\.pt holds a pruned model that does not fit the model the recipe builds: "
                                           r"module '1' is a Tanh, the checkpoint's a ReLU") as info:
         load_checkpoint(tmp_path / "m.pt", into=other)
     assert "recipe.resolved.yaml" in info.value.hint
+    short = nn.Sequential(nn.Linear(4, 3), nn.ReLU())
     with pytest.raises(InputError, match="has no module '2'"):
-        load_checkpoint(tmp_path / "m.pt", into=nn.Sequential(nn.Linear(4, 3), nn.ReLU()))
+        load_checkpoint(tmp_path / "m.pt", into=short)
+    assert short[0].out_features == 3 and short[0].weight.shape == (3, 4)  # a failed load changes nothing
 
 
 def test_a_pruned_resnet_with_rewritten_shortcuts_round_trips(tmp_path):

@@ -97,7 +97,10 @@ def _pruner(model: nn.Module, example: torch.Tensor, saliency: dict, ratio: floa
         pruning_ratio=ratio,
         max_pruning_ratio=opts.max_layer_ratio,
         ignored_layers=[modules[n] for n in opts.ignored],
-        round_to=opts.round_to,
+        # 1 when unset: our _round_to then keeps at least one channel of a group selected whole (once the
+        # global threshold reaches the +inf floor scores), and _capped restores the floor; torch-pruning
+        # would otherwise reject such a group and prune nothing there.
+        round_to=opts.round_to or 1,
     )
     if opts.initial_widths:
         # torch-pruning 1.6 internals: the widths its max_pruning_ratio check compares against.

@@ -118,9 +118,9 @@ class SaliencyImportance(tp.importance.GroupMagnitudeImportance):
             # Costs of skipped (frozen embedding) layers are left out too: they are cheap 1x1 selections.
             imp = imp / self._reduce(group_cost, group_idxs).clamp_min(1.0)
         floor = max((self.floors.get(dep.target.module, 0) for dep, _ in group if dep.handler in OUT_FNS), default=0)
-        if 0 < floor < len(imp):
+        if floor > 0:
             imp = imp.clone()
-            imp[imp.topk(floor).indices] = float("inf")
+            imp[imp.topk(min(floor, len(imp))).indices] = float("inf")
         return imp
 
 
