@@ -127,7 +127,8 @@ def run_adapt(raw: dict, out: Path) -> dict:
     cut = next(i for i, s in enumerate(raw["stages"]) if s["type"] == "prune")
     result, seconds = run("adapt", dict(raw, stages=raw["stages"][:cut]), out)
     train = next(s for s in result.stages if s.type == "train")
-    return {"run_dir": str(result.run_dir), "checkpoint": str(result.run_dir / "stages" / f"{train.index + 1:02d}-{train.id}" / "model.pt"),
+    checkpoint = (result.run_dir / "stages" / f"{train.index + 1:02d}-{train.id}" / "model.pt").resolve()
+    return {"run_dir": str(result.run_dir), "checkpoint": str(checkpoint),
             "pretrained_accuracy": result.metrics["baseline.accuracy"], "accuracy": train.metrics["accuracy"],
             "epochs": train.metrics["epochs"], "stage_seconds": round(train.seconds, 1), "run_seconds": round(seconds, 1)}
 
@@ -216,7 +217,10 @@ def main() -> int:
     short = [k for k in chosen if k != "dense" and (planned[k]["final_finetune"] or {}).get("epochs", 0) < 0]
     if short:
         raise SystemExit(f"--epochs {args.epochs} is less than the adapt stage plus the rounds of {', '.join(short)}")
-    todo = [k for k in chosen if args.force or k not in results["variants"]]
+    # The variants the bars are read from run first; the table keeps the plan's order.
+    first = ["dense", "2x hessian", "3x hessian", "2x hessian, round_to 16", "2x plain magnitude (uniform L2)"]
+    todo = sorted((k for k in chosen if args.force or k not in results["variants"]),
+                  key=lambda k: first.index(k) if k in first else len(first))
     for name in sorted(set(chosen) - set(todo)):
         print(f"[skip] {name}: already measured", flush=True)
     if any(k != "dense" for k in todo) and (args.force or "adapt" not in results):
