@@ -166,8 +166,9 @@ def prune_step(model: nn.Module, example: torch.Tensor, saliency: dict, ratio: f
     model.eval()
     pruner = _pruner(model, example, saliency, ratio, opts)
     names = {m: n for n, m in model.named_modules()}
+    widths = opts.initial_widths or layer_widths(model)  # the floors hold against these (as in _floors)
     for group in pruner.step(interactive=True):
-        idxs = _capped(group, pruner, names, opts)
+        idxs = _capped(group, pruner, names, opts, widths)
         if idxs:
             group.prune(idxs=idxs)
     model.train(was)
@@ -177,7 +178,7 @@ def prune_step(model: nn.Module, example: torch.Tensor, saliency: dict, ratio: f
             m.weight.requires_grad_(False)
 
 
-def _capped(group, pruner, names: dict, opts: PruneOptions) -> list[int]:
+def _capped(group, pruner, names: dict, opts: PruneOptions, widths: dict[str, tuple[int, int]]) -> list[int]:
     """The group's channels to prune, trimmed so its layer keeps (1 - max_layer_ratio) of its initial width.
 
     torch-pruning only skips a layer that is already below that floor; one global step can still
@@ -186,10 +187,10 @@ def _capped(group, pruner, names: dict, opts: PruneOptions) -> list[int]:
     dep, idxs = group[0]
     idxs = list(idxs)
     module = dep.target.module
-    if not opts.initial_widths or names.get(module) not in opts.initial_widths or not pruner.DG.is_out_channel_pruning_fn(dep.handler):
+    if names.get(module) not in widths or not pruner.DG.is_out_channel_pruning_fn(dep.handler):
         return idxs
     current = pruner.DG.get_out_channels(module)
-    floor = math.ceil(opts.initial_widths[names[module]][0] * (1 - opts.max_layer_ratio))
+    floor = math.ceil(widths[names[module]][0] * (1 - opts.max_layer_ratio))
     keep = max(current - len(idxs), floor)
     if opts.round_to:
         keep = min(current, math.ceil(keep / opts.round_to) * opts.round_to)
