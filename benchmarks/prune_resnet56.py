@@ -44,7 +44,7 @@ sys.path.insert(0, str(REPO))
 from pruneflow.bench import interleaved_times  # noqa: E402
 from pruneflow.pipeline import run_recipe  # noqa: E402
 from pruneflow.recipe import load_recipe  # noqa: E402
-from pruneflow.recipe.loader import parse_key_path  # noqa: E402
+from pruneflow.recipe.loader import apply_overrides, deep_merge  # noqa: E402
 
 RECIPE = REPO / "recipes" / "resnet56-cifar10-prune.yaml"
 SCHEMA = 2  # results.json layout; a file with another (or other settings) is measured afresh
@@ -87,29 +87,11 @@ def plan(raw: dict, epochs: int) -> dict[str, dict]:
     }
 
 
-def merge(base: dict, changes: dict) -> dict:
-    out = copy.deepcopy(base)
-    for key, value in changes.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
-def apply_sets(prune: dict, sets: list[str]) -> dict:
-    """``--set distill.alpha=0.3``: KEY.PATH=VALUE inside the prune stage (VALUE parsed as YAML)."""
-    prune = copy.deepcopy(prune)
-    for item in sets:
-        key, raw = item.split("=", 1)
-        parts = parse_key_path(key.strip())
-        cur = prune
-        for part in parts[:-1]:
-            if not isinstance(cur.get(part), dict):
-                cur[part] = {}
-            cur = cur[part]
-        cur[parts[-1]] = yaml.safe_load(raw) if raw.strip() else None
-    return prune
+def prune_stage(raw: dict, changes: dict, sets: list[str]) -> dict:
+    """The recipe's prune stage with a variant's ``changes`` and the ``--set`` items (paths inside the stage)."""
+    data = {"prune": copy.deepcopy(deep_merge(stage(raw, "prune"), changes))}
+    apply_overrides(data, {}, [f"prune.{item}" for item in sets])
+    return data["prune"]
 
 
 def run(name: str, raw: dict, out: Path) -> tuple:
@@ -236,7 +218,7 @@ def main() -> int:
             results["variants"][name] = row(name, result, seconds, result.metrics["baseline.accuracy"], epochs=args.epochs)
         else:
             adapt = results["adapt"]
-            prune = apply_sets(merge(stage(raw, "prune"), plan(raw, args.epochs)[name]), args.sets)
+            prune = prune_stage(raw, planned[name], args.sets)
             stages = [s for s in raw["stages"] if s["type"] != "train"]
             stages = [prune if s["type"] == "prune" else s for s in stages]
             variant = dict(raw, model=dict(raw["model"], checkpoint=adapt["checkpoint"]), stages=_no_latency(stages))
@@ -246,7 +228,7 @@ def main() -> int:
         save()
         r = results["variants"][name]
         print(f"[done] {name}: accuracy {r['accuracy']:.4f}, {r['macs_reduction']:.2f}x MACs", flush=True)
-    rows = [results["variants"][k] for k in ["dense", *plan(raw, args.epochs)] if k in results["variants"]]
+    rows = [results["variants"][k] for k in ["dense", *planned] if k in results["variants"]]
     side_by_side_latency(rows)
     results["importance_cost"] = importance_cost()
     save()

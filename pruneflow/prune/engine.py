@@ -124,17 +124,15 @@ class _NearestRoundingPruner(tp.pruner.MetaPruner):
         return max(current_channels - keep, 0)
 
 
+def _floor(width: int, opts: PruneOptions) -> int:
+    """Output channels a layer of initial ``width`` keeps at least: (1 - max_layer_ratio) of it, in round_to steps."""
+    floor = math.ceil(width * (1 - opts.max_layer_ratio))
+    return math.ceil(floor / opts.round_to) * opts.round_to if opts.round_to else floor
+
+
 def _floors(model: nn.Module, opts: PruneOptions) -> dict[nn.Module, int]:
-    """Output channels each conv/Linear keeps at least: (1 - max_layer_ratio) of its initial width, in round_to steps."""
     widths = opts.initial_widths or layer_widths(model)
-    out = {}
-    for name, module in model.named_modules():
-        if name in widths:
-            floor = math.ceil(widths[name][0] * (1 - opts.max_layer_ratio))
-            if opts.round_to:
-                floor = math.ceil(floor / opts.round_to) * opts.round_to
-            out[module] = floor
-    return out
+    return {module: _floor(widths[name][0], opts) for name, module in model.named_modules() if name in widths}
 
 
 @torch.no_grad()
@@ -190,8 +188,7 @@ def _capped(group, pruner, names: dict, opts: PruneOptions, widths: dict[str, tu
     if names.get(module) not in widths or not pruner.DG.is_out_channel_pruning_fn(dep.handler):
         return idxs
     current = pruner.DG.get_out_channels(module)
-    floor = math.ceil(widths[names[module]][0] * (1 - opts.max_layer_ratio))
-    keep = max(current - len(idxs), floor)
+    keep = max(current - len(idxs), _floor(widths[names[module]][0], opts))
     if opts.round_to:
         keep = min(current, math.ceil(keep / opts.round_to) * opts.round_to)
     allowed = current - keep
