@@ -72,8 +72,9 @@ def plan(raw: dict, epochs: int) -> dict[str, dict]:
 
     def pruned(rounds: int, **changes) -> dict:
         final = epochs - adapt - rounds  # may be negative here: main() refuses it for the variants chosen
+        # The final fine-tune is evaluated once, at its end (its epochs' evaluations change nothing but the time).
         return {"rounds": rounds, "finetune": {"epochs": 1},
-                "final_finetune": {"epochs": final} if final else None, **changes}
+                "final_finetune": {"epochs": final, "eval_every": 0} if final else None, **changes}
 
     return {
         "2x plain magnitude (uniform L2)": pruned(3, importance="magnitude", allocation="uniform", round_to=None),
@@ -82,7 +83,7 @@ def plan(raw: dict, epochs: int) -> dict[str, dict]:
         "2x taylor": pruned(3, importance="taylor"),
         "2x hessian": pruned(3, importance="hessian"),
         "2x hessian+taylor": pruned(3, importance="hessian+taylor"),
-        "2x hessian, round_to 16": pruned(3, importance="hessian", round_to=16),
+        "2x hessian round_to 16": pruned(3, importance="hessian", round_to=16),
         "3x hessian": pruned(4, importance="hessian", target={"macs": round(1 / 3, 6)}),
     }
 
@@ -200,7 +201,7 @@ def main() -> int:
     if short:
         raise SystemExit(f"--epochs {args.epochs} is less than the adapt stage plus the rounds of {', '.join(short)}")
     # The variants the bars are read from run first; the table keeps the plan's order.
-    first = ["dense", "2x hessian", "3x hessian", "2x hessian, round_to 16", "2x plain magnitude (uniform L2)"]
+    first = ["dense", "2x hessian", "3x hessian", "2x hessian round_to 16", "2x plain magnitude (uniform L2)"]
     todo = sorted((k for k in chosen if args.force or k not in results["variants"]),
                   key=lambda k: first.index(k) if k in first else len(first))
     for name in sorted(set(chosen) - set(todo)):

@@ -72,12 +72,14 @@ def lr_factor(s: TrainSettings, step: int, steps_per_epoch: int) -> float:
 
 def fit(model: nn.Module, data: DataBundle, task: Task, s: TrainSettings, ctx: RunContext, *,
         description: str = "train", extra_loss: LossFn | None = None, extra_modules: list[nn.Module] = (),
-        seed: int | None = None, on_epoch_start: Callable[[int, nn.Module], None] | None = None) -> list[dict]:
+        seed: int | None = None, on_epoch_start: Callable[[int, nn.Module], None] | None = None,
+        on_step_end: Callable[[int, int], None] | None = None) -> list[dict]:
     """Train ``model`` in place. Returns one history row per epoch (loss, accuracy, lr).
 
     ``extra_loss(model, x, y, out)`` replaces the task loss (distillation uses it); ``extra_modules``
     are trained alongside (e.g. feature-KD projections). ``on_epoch_start(epoch, model)`` runs after
-    the model is put in training mode (QAT freezes BatchNorm statistics there).
+    the model is put in training mode (QAT freezes BatchNorm statistics there); ``on_step_end(step, total)``
+    after every optimizer step (1-based; pruning fades chosen channels out there).
     """
     if data.train is None:
         from .errors import InputError
@@ -113,6 +115,8 @@ def fit(model: nn.Module, data: DataBundle, task: Task, s: TrainSettings, ctx: R
                     nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
                 opt.step()
                 step += 1
+                if on_step_end:
+                    on_step_end(step, s.epochs * steps_per_epoch)
                 seen += len(y)
                 loss_sum += float(loss.detach()) * len(y)
                 correct += int((task.logits(out).argmax(-1) == y).sum())

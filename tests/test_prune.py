@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -15,8 +16,8 @@ from torch import nn
 from pruneflow.bench import cpu_channel_block
 from pruneflow.errors import InputError, RecipeError
 from pruneflow.export.onnx import export_onnx, onnxruntime_runner
-from pruneflow.prune.engine import (PruneOptions, layer_channels, layer_widths, measure, output_positions, prune_step,
-                                    resolve_ignored, search_ratio)
+from pruneflow.prune.engine import (PruneOptions, layer_channels, layer_widths, measure, output_positions, plan_step,
+                                    prune_step, resolve_ignored, search_ratio)
 from pruneflow.prune.fisher import fisher_diagonal, mean_gradients
 from pruneflow.prune.importance import SaliencyImportance, hessian_saliency, magnitude_saliency, taylor_saliency
 from pruneflow.prune.surgery import ChannelEmbedConv, make_prunable
@@ -358,3 +359,54 @@ def test_a_group_wholly_below_the_global_threshold_is_pruned_to_its_floor_not_sk
     prune_step(model, example, saliency, 0.1, opts)
     channels = layer_channels(model)
     assert [channels[f"layer1.{i}.conv1"] for i in range(3)] == [8, 8, 8]
+
+
+@pytest.mark.parametrize("factory, shape", [(resnet20, (3, 32, 32)), (ConcatNet, (3, 8, 8)), (DepthwiseNet, (3, 8, 8))],
+                         ids=["residual", "concat", "depthwise"])
+def test_faded_channels_are_zero_and_their_removal_changes_no_output(factory, shape):
+    torch.manual_seed(0)
+    model = _perturbed(factory())
+    example = torch.zeros((1,) + shape)
+    make_prunable(model, example)
+    opts = PruneOptions(ignored=resolve_ignored(model, None), round_to=2)
+    reference = copy.deepcopy(model)
+    prune_step(reference, example, magnitude_saliency(reference), 0.4, opts)
+    plan = plan_step(model, example, magnitude_saliency(model), 0.4, opts)
+    assert plan.channels > 0 and layer_channels(model) != layer_channels(reference)  # nothing removed yet
+    x = torch.randn((4,) + shape)
+    with torch.no_grad():
+        dense = model(x)
+    fade = plan.fader(0.5)
+    total = 10
+    fade(1, total)  # a tenth of the way: scaled by 0.8, not zero
+    with torch.no_grad():
+        assert not torch.allclose(model(x), dense)
+    for step in range(2, total + 1):
+        fade(step, total)
+    with torch.no_grad():
+        faded = model(x)
+    plan.apply()
+    assert layer_channels(model) == layer_channels(reference)  # the same channels as an immediate step
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), faded, rtol=1e-5, atol=1e-5)
+    assert not any(m.weight.requires_grad for m in model.modules() if isinstance(m, ChannelEmbedConv))
+
+
+def test_fade_reaches_zero_at_its_share_of_the_steps_and_holds_it():
+    torch.manual_seed(0)
+    model = TinyNet()
+    example = torch.zeros(1, 3, 8, 8)
+    plan = plan_step(model, example, magnitude_saliency(model), 0.5, PruneOptions(ignored=resolve_ignored(model, None)))
+    (module, _, idxs), = plan.roots
+    weight = module.weight
+    start = weight.detach()[idxs].clone()
+    fade = plan.fader(0.5)
+    for step, remaining in [(1, 0.75), (2, 0.5), (3, 0.25), (4, 0.0)]:
+        fade(step, 8)
+        torch.testing.assert_close(weight.detach()[idxs], start * remaining)
+    with torch.no_grad():
+        weight[idxs] += 1.0  # an optimizer step moves them; the fade holds them at zero
+    fade(5, 8)
+    assert weight.detach()[idxs].abs().max() == 0
+    kept = [i for i in range(weight.shape[0]) if i not in idxs]
+    assert weight.detach()[kept].abs().min() > 0

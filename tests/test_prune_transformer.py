@@ -81,15 +81,9 @@ def test_select_lowest_removes_the_share_and_keeps_one_head_a_layer():
     assert all(4 - len(v) >= 1 for v in everything.values())
 
 
-@pytest.mark.shared_data
-def test_bert_recipe_prunes_heads_end_to_end_and_exports(tmp_path, write_recipe):
-    if not (SHARED_DATA / "sst2").is_dir():
-        pytest.skip("shared sst2 data not found")
-    from pruneflow.pipeline import run_recipe
-    from pruneflow.recipe import load_recipe
-
+def _bert_recipe(stages: list[dict]) -> dict:
     sst2 = SHARED_DATA / "sst2"
-    recipe = {
+    return {
         "name": "bert",
         "model": {"factory": "bert_classifier",
                   "kwargs": {"hidden_size": 32, "num_layers": 2, "num_heads": 4, "intermediate_size": 64,
@@ -97,16 +91,39 @@ def test_bert_recipe_prunes_heads_end_to_end_and_exports(tmp_path, write_recipe)
         "data": {"format": "parquet", "train": str(sst2 / "train.parquet"), "eval": str(sst2 / "dev.parquet"),
                  "input_column": "sentence", "tokenizer": str(sst2 / "vocab.txt"), "max_length": 24,
                  "max_train_samples": 256, "max_eval_samples": 64},
-        "stages": [
-            {"type": "train", "epochs": 1, "optimizer": "adamw", "lr": 0.001, "batch_size": 64},
-            {"type": "prune", "importance": "taylor", "target": {"heads": 0.5, "ffn": 0.25}, "rounds": 1,
-             "finetune": None, "latency": None},
-            {"type": "export", "targets": ["onnx"], "latency": None},
-        ],
+        "stages": stages,
     }
+
+
+@pytest.mark.shared_data
+def test_bert_recipe_prunes_heads_end_to_end_and_exports(tmp_path, write_recipe):
+    if not (SHARED_DATA / "sst2").is_dir():
+        pytest.skip("shared sst2 data not found")
+    from pruneflow.pipeline import run_recipe
+    from pruneflow.recipe import load_recipe
+
+    recipe = _bert_recipe([
+        {"type": "train", "epochs": 1, "optimizer": "adamw", "lr": 0.001, "batch_size": 64},
+        {"type": "prune", "importance": "taylor", "target": {"heads": 0.5, "ffn": 0.25}, "rounds": 1,
+         "finetune": None, "latency": None},
+        {"type": "export", "targets": ["onnx"], "latency": None},
+    ])
     result = run_recipe(load_recipe(write_recipe(json.dumps(recipe))), out=tmp_path / "runs")
     m = result.metrics
     assert result.exit_code == 0
     assert (m["prune.heads_before"], m["prune.heads"]) == (8, 4)
     assert (m["prune.ffn_neurons_before"], m["prune.ffn_neurons"]) == (128, 96)
     assert m["onnx.fp32.top1_agreement"] == 1.0 and m["onnx.fp32.max_abs_diff"] < 1e-4
+
+
+@pytest.mark.shared_data
+def test_fade_on_a_transformer_is_a_clear_error(tmp_path, write_recipe):
+    if not (SHARED_DATA / "sst2").is_dir():
+        pytest.skip("shared sst2 data not found")
+    from pruneflow.errors import InputError
+    from pruneflow.pipeline import run_recipe
+    from pruneflow.recipe import load_recipe
+
+    recipe = _bert_recipe([{"type": "prune", "target": {"heads": 0.5}, "fade": 0.5, "latency": None}])
+    with pytest.raises(InputError, match=r"stages\.0\.fade: heads and FFN neurons are removed at once"):
+        run_recipe(load_recipe(write_recipe(json.dumps(recipe))), out=tmp_path / "runs")

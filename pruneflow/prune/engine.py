@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -158,22 +158,89 @@ def output_positions(model: nn.Module, example: torch.Tensor) -> dict[nn.Module,
 
 def prune_step(model: nn.Module, example: torch.Tensor, saliency: dict, ratio: float, opts: PruneOptions) -> None:
     """Prune ``model`` in place by ``ratio`` of its current channels."""
+    plan_step(model, example, saliency, ratio, opts).apply()
+
+
+@dataclass
+class PrunePlan:
+    """The channels one step removes, chosen but not yet removed: ``fader`` can fade them out first.
+
+    Each entry is a group's root layer, its torch-pruning handler and the root indices to remove. The
+    coupled layers' indices are derived when the step is applied, one group after another, as
+    torch-pruning does itself (a concatenation's offsets change as its inputs are pruned).
+    """
+
+    model: nn.Module
+    graph: tp.DependencyGraph | None = None
+    roots: list = field(default_factory=list)  # (module, handler, idxs)
+
+    @property
+    def channels(self) -> int:
+        return sum(len(idxs) for _, _, idxs in self.roots)
+
+    def apply(self) -> None:
+        for module, handler, idxs in self.roots:
+            self.graph.get_pruning_group(module, handler, idxs).prune()  # type: ignore[union-attr]
+        self.roots = []
+        for m in self.model.modules():
+            if isinstance(m, ChannelEmbedConv):
+                # torch-pruning replaces pruned weights with new (trainable) Parameters: keep the selection frozen.
+                m.weight.requires_grad_(False)
+
+    def fader(self, share: float):
+        """A step callback for ``fit``: scale every parameter slice the plan removes (conv/Linear weights
+        and biases of the removed outputs, BatchNorm affine terms, the consumers' input weights) down
+        linearly to exactly zero over the first ``share`` of the fine-tune's steps, and hold it there.
+        The removal that follows then changes no output. torch-pruning's GrowingRegPruner grows an L2
+        penalty on all channels by their norm; it has no fade of a chosen set, so this is written here."""
+        slices = self._slices()
+
+        def on_step_end(step: int, total: int) -> None:
+            end = max(1, round(share * total))
+            before, now = max(0.0, 1 - (step - 1) / end), max(0.0, 1 - step / end)
+            factor = now / before if before > 0 else 0.0
+            with torch.no_grad():
+                for param, dim, idx in slices:
+                    param.index_copy_(dim, idx, param.index_select(dim, idx) * factor)
+
+        return on_step_end
+
+    def _slices(self) -> list[tuple[torch.Tensor, int, torch.Tensor]]:
+        out = []
+        for module, handler, idxs in self.roots:
+            for dep, dep_idxs in self.graph.get_pruning_group(module, handler, idxs):  # type: ignore[union-attr]
+                layer = dep.target.module
+                idx = torch.tensor([getattr(i, "idx", i) for i in dep_idxs], dtype=torch.long)
+                params: list[tuple[torch.Tensor | None, int]] = []
+                if isinstance(layer, nn.modules.batchnorm._BatchNorm) and layer.affine:
+                    params = [(layer.weight, 0), (layer.bias, 0)]
+                elif isinstance(layer, (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)):  # frozen selections too
+                    if self.graph.is_out_channel_pruning_fn(dep.handler):  # type: ignore[union-attr]
+                        params = [(layer.weight, 0), (layer.bias, 0)]
+                    elif isinstance(layer, nn.Linear) or layer.groups == 1:
+                        params = [(layer.weight, 1)]
+                # Other layers (grouped convs' inputs, norms without affine terms) keep their values: the
+                # faded producers already silence those channels.
+                out += [(p.data, dim, idx.to(p.device)) for p, dim in params if p is not None]
+        return out
+
+
+def plan_step(model: nn.Module, example: torch.Tensor, saliency: dict, ratio: float, opts: PruneOptions) -> PrunePlan:
+    """The channels pruning ``model`` by ``ratio`` of its current channels would remove (nothing changes yet)."""
     if ratio <= 0:
-        return
+        return PrunePlan(model)
     was = model.training
     model.eval()
     pruner = _pruner(model, example, saliency, ratio, opts)
     names = {m: n for n, m in model.named_modules()}
     widths = opts.initial_widths or layer_widths(model)  # the floors hold against these (as in _floors)
+    plan = PrunePlan(model, pruner.DG)
     for group in pruner.step(interactive=True):
         idxs = _capped(group, pruner, names, opts, widths)
         if idxs:
-            group.prune(idxs=idxs)
+            plan.roots.append((group[0].dep.target.module, group[0].dep.handler, idxs))
     model.train(was)
-    for m in model.modules():
-        if isinstance(m, ChannelEmbedConv):
-            # torch-pruning replaces pruned weights with new (trainable) Parameters: keep the selection frozen.
-            m.weight.requires_grad_(False)
+    return plan
 
 
 def _capped(group, pruner, names: dict, opts: PruneOptions, widths: dict[str, tuple[int, int]]) -> list[int]:

@@ -18,7 +18,7 @@ from ..evaluate import count_macs_params, evaluate_model
 from ..recipe.models import ModelSpec
 from ..stage import Stage, StageConfig, StageResult, StrictModel
 from ..train import FinetuneSettings, fit
-from .engine import (PruneOptions, auto_rounds, layer_channels, layer_widths, measure, prune_step, resolve_ignored,
+from .engine import (PruneOptions, auto_rounds, layer_channels, layer_widths, measure, plan_step, resolve_ignored,
                      search_ratio)
 from .fisher import fisher_diagonal, mean_gradients
 from .importance import hessian_saliency, magnitude_saliency, mixed_saliency, taylor_saliency
@@ -85,6 +85,10 @@ class PruneConfig(StageConfig):
     finetune: FinetuneSettings | None = Field(
         default_factory=FinetuneSettings, description="Fine-tuning after each round (null = none)."
     )
+    fade: float | None = Field(
+        None, gt=0, le=1, description="Fade each round's chosen channels to zero over this share of the round's fine-tune, "
+        "then remove them (the removal changes no output), instead of removing them before it; null: remove at once."
+    )
     lr_decay: float = Field(0.7, gt=0, le=1, description="Fine-tune LR factor from one round to the next.")
     final_finetune: FinetuneSettings | None = Field(None, description="A longer fine-tune after the last round.")
     distill: DistillSpec | None = Field(
@@ -134,10 +138,15 @@ class PruneStage(Stage):
             saliency = self._saliency(model, data, task, ctx, k)
             importance_seconds += time.perf_counter() - t0
             ratio, _ = search_ratio(model, example, saliency, opts, metric, goal)
-            prune_step(model, example, saliency, ratio, opts)
+            plan = plan_step(model, example, saliency, ratio, opts)
+            fading = bool(cfg.fade and cfg.finetune and cfg.finetune.epochs)
+            if not fading:
+                plan.apply()
             model._pruneflow_restructured = True
+            accuracy, lr = self._after_round(model, teacher, lr, state, ctx, k, rounds,
+                                             on_step_end=plan.fader(cfg.fade) if fading else None)  # type: ignore[arg-type]
+            plan.apply()  # a faded plan: its channels are zero now
             after = measure(model, example, ignored)
-            accuracy, lr = self._after_round(model, teacher, lr, state, ctx, k, rounds)
             rows.append({"round": k, "goal_kept": round(goal / before[metric], 4), "ratio": round(ratio, 4),
                          "channels": after["channels"], "macs": after["macs"],
                          "params": after["params"], "macs_kept": after["macs"] / before["macs"],
@@ -189,6 +198,9 @@ class PruneStage(Stage):
     def _run_transformer(self, state, ctx) -> StageResult:
         """Heads and FFN neurons, removed progressively by importance, with KD fine-tuning between rounds."""
         cfg: PruneConfig = self.config  # type: ignore[assignment]
+        if cfg.fade:
+            raise InputError(f"stages.{self.index}.fade: heads and FFN neurons are removed at once; fade applies to channel pruning",
+                             hint="remove fade from this prune stage")
         model, example, task, data = state.model, state.example_input, state.task, state.data
         heads0 = {s.name: s.heads for s in attention_sites(model)}
         ffn0 = {s.name: s.neurons for s in ffn_sites(model)}
@@ -249,12 +261,12 @@ class PruneStage(Stage):
 
     # ------------------------------------------------------------------ pieces
 
-    def _after_round(self, model, teacher, lr, state, ctx, k, rounds) -> tuple[float, float]:
+    def _after_round(self, model, teacher, lr, state, ctx, k, rounds, on_step_end=None) -> tuple[float, float]:
         """Fine-tune (with KD) at this round's LR, or just evaluate; returns (accuracy, next LR)."""
         cfg: PruneConfig = self.config  # type: ignore[assignment]
         if cfg.finetune and cfg.finetune.epochs:
             accuracy = self._finetune(model, teacher, cfg.finetune.model_copy(update={"lr": lr}), state, ctx,
-                                      f"{self.id} round {k}/{rounds}")
+                                      f"{self.id} round {k}/{rounds}", on_step_end)
             return accuracy, lr * cfg.lr_decay
         accuracy = evaluate_model(model, state.data.eval, state.task, ctx.recipe.data.eval_batch_size, ctx.device,
                                   ctx.reporter, f"{self.id} round {k}")["accuracy"]
@@ -292,13 +304,13 @@ class PruneStage(Stage):
             return hessian
         return mixed_saliency(hessian, taylor_saliency(model, grads), cfg.hessian_weight)
 
-    def _finetune(self, model, teacher, settings, state, ctx, description) -> float:
+    def _finetune(self, model, teacher, settings, state, ctx, description, on_step_end=None) -> float:
         cfg: PruneConfig = self.config  # type: ignore[assignment]
         distiller = Distiller(model, teacher, cfg.distill, state.task, state.example_input) if teacher is not None and cfg.distill else None
         try:
             history = fit(model, state.data, state.task, settings, ctx, description=description,
                           extra_loss=distiller.loss if distiller else None,
-                          extra_modules=distiller.modules() if distiller else ())
+                          extra_modules=distiller.modules() if distiller else (), on_step_end=on_step_end)
         finally:
             if distiller:
                 distiller.close()
