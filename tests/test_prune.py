@@ -392,6 +392,25 @@ def test_faded_channels_are_zero_and_their_removal_changes_no_output(factory, sh
     assert not any(m.weight.requires_grad for m in model.modules() if isinstance(m, ChannelEmbedConv))
 
 
+
+def test_a_faded_prune_stage_meets_its_target_and_its_last_removal_changes_no_accuracy(tmp_path):
+    """With fade, a round's accuracy is measured before its channels are removed: without a final
+    fine-tune, the stage's accuracy must then equal the evaluate stage's after it."""
+    from pruneflow.pipeline import run_recipe
+
+    recipe = tiny_recipe_dict(name="faded")
+    recipe["stages"].insert(1, {"type": "prune", "importance": "taylor", "target": {"macs": 0.6}, "rounds": 2, "fade": 0.5,
+                                "finetune": {"epochs": 1}, "latency": None})
+    path = tmp_path / "recipe.yaml"
+    path.write_text(json.dumps(recipe))
+    result = run_recipe(load_recipe(path), out=tmp_path / "runs")
+    assert result.exit_code == 0
+    m = result.metrics
+    assert m["prune.macs"] <= 0.6 * m["prune.macs_before"]
+    rounds = next(s for s in result.stages if s.type == "prune").tables["rounds"]
+    assert [r["round"] for r in rounds] == [1, 2] and rounds[0]["macs"] > rounds[1]["macs"]
+    assert m["prune.accuracy"] == rounds[-1]["accuracy"] == m["evaluate.accuracy"]
+
 def test_fade_reaches_zero_at_its_share_of_the_steps_and_holds_it():
     torch.manual_seed(0)
     model = TinyNet()
