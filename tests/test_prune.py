@@ -392,7 +392,6 @@ def test_faded_channels_are_zero_and_their_removal_changes_no_output(factory, sh
     assert not any(m.weight.requires_grad for m in model.modules() if isinstance(m, ChannelEmbedConv))
 
 
-
 def test_a_faded_prune_stage_meets_its_target_and_its_last_removal_changes_no_accuracy(tmp_path):
     """With fade, a round's accuracy is measured before its channels are removed: without a final
     fine-tune, the stage's accuracy must then equal the evaluate stage's after it."""
@@ -410,6 +409,7 @@ def test_a_faded_prune_stage_meets_its_target_and_its_last_removal_changes_no_ac
     rounds = next(s for s in result.stages if s.type == "prune").tables["rounds"]
     assert [r["round"] for r in rounds] == [1, 2] and rounds[0]["macs"] > rounds[1]["macs"]
     assert m["prune.accuracy"] == rounds[-1]["accuracy"] == m["evaluate.accuracy"]
+
 
 def test_fade_reaches_zero_at_its_share_of_the_steps_and_holds_it():
     torch.manual_seed(0)
