@@ -145,7 +145,8 @@ class PruneStage(Stage):
             model._pruneflow_restructured = True
             accuracy, lr = self._after_round(model, teacher, lr, state, ctx, k, rounds,
                                              on_step_end=plan.fader(cfg.fade) if fading else None)  # type: ignore[arg-type]
-            plan.apply()  # a faded plan: its channels are zero now
+            if fading:
+                plan.apply()  # its channels are zero now: the removal changes no output
             after = measure(model, example, ignored)
             rows.append({"round": k, "goal_kept": round(goal / before[metric], 4), "ratio": round(ratio, 4),
                          "channels": after["channels"], "macs": after["macs"],
