@@ -4,7 +4,7 @@ A model whose structure still matches its factory is saved as a plain state_dict
 changed (pruning) is saved as its state_dict plus a *structure*: per module, its class name and its
 plain attributes (channel and feature counts, head counts, kernel sizes). Loading builds the model
 from the recipe, sets those attributes, gives every parameter and buffer its saved shape, swaps in
-the known rewrites (the option-A shortcut's ChannelEmbedConv) and loads the weights: everything goes
+the known rewrites (the option-A shortcut's ChannelEmbedConv, a removed block's Identity) and loads the weights: everything goes
 through ``torch.load(weights_only=True)``, so a checkpoint from anywhere cannot run code.
 
 torch-pruning's own ``tp.state_dict`` pickles each module's ``__dict__``, and its ``load_pruning_history``
@@ -81,9 +81,12 @@ def restore_structure(model: nn.Module, structure: dict[str, dict], state_dict: 
         if module is None:
             raise mismatch(f"the recipe's model has no module {name!r}")
         if type(module).__name__ != desc.get("class"):
-            if desc.get("class") != ChannelEmbedConv.__name__ or not name:
+            if desc.get("class") not in (ChannelEmbedConv.__name__, "Identity") or not name:
                 raise mismatch(f"module {name!r} is a {type(module).__name__}, the checkpoint's a {desc.get('class')}")
-            module = ChannelEmbedConv(1, 0, 1)  # its sizes and stride come from the attributes, its weight from state_dict
+            if desc["class"] == "Identity":
+                module = nn.Identity()  # a residual block removed by depth pruning
+            else:
+                module = ChannelEmbedConv(1, 0, 1)  # its sizes and stride come from the attributes, its weight from state_dict
             parent, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent) if parent else model, child, module)
         for key, value in desc["attrs"].items():

@@ -18,6 +18,7 @@ from ..evaluate import count_macs_params, evaluate_model
 from ..recipe.models import ModelSpec
 from ..stage import Stage, StageConfig, StageResult, StrictModel
 from ..train import FinetuneSettings, fit
+from .blocks import block_scores, find_blocks, present, remove_blocks
 from .engine import (PruneOptions, auto_rounds, layer_channels, layer_widths, measure, plan_step, resolve_ignored,
                      search_ratio)
 from .fisher import fisher_diagonal, mean_gradients
@@ -66,6 +67,12 @@ class PruneConfig(StageConfig):
         "hessian", description="Channel importance: weight magnitude, first-order Taylor (|w·g|), Hessian (OBD, w²·Fisher), or both mixed."
     )
     target: PruneTarget = Field(description="What to reach: {ratio: 0.3} channels removed, {macs: 0.5} or {params: 0.5} kept.")
+    granularity: Literal["channels", "blocks"] = Field(
+        "channels", description="`channels`: remove channels (width). `blocks`: remove whole residual blocks (depth), ranked "
+        "by the measured loss increase of removing each; `ratio` is then the share of blocks. On CPUs, blocks turn MACs into "
+        "time one for one; channels keep the depth. `importance`, `allocation`, `ranking`, `round_to`, `max_layer_ratio` "
+        "and `fade` apply to channels."
+    )
     rounds: int | Literal["auto"] = Field("auto", description="Prune-then-fine-tune rounds; `auto` removes about 10 % of channels a round.")
     allocation: Literal["global", "uniform"] = Field(
         "global", description="`global` ranks channels across layers; `uniform` prunes every layer by the same ratio."
@@ -117,6 +124,8 @@ class PruneStage(Stage):
             )
         if transformer:
             return self._run_transformer(state, ctx)
+        if cfg.granularity == "blocks":
+            return self._run_blocks(state, ctx)
         metric, keep = cfg.target.metric_and_keep()
         # The baseline is the model as it entered the stage, before the shortcut rewrite.
         macs_entering, params_entering = count_macs_params(model, example)
@@ -180,6 +189,90 @@ class PruneStage(Stage):
             ctx.reporter.info(f"{self.id}: {note}")
             tables["notes"] = [{"note": note}]
         return StageResult(metrics=metrics, tables=tables)
+
+    def _run_blocks(self, state, ctx) -> StageResult:
+        """Depth pruning: the least important residual blocks replaced by the identity, round by round."""
+        cfg: PruneConfig = self.config  # type: ignore[assignment]
+        model, example, task, data = state.model, state.example_input, state.task, state.data
+        if cfg.fade:
+            raise InputError(f"stages.{self.index}.fade: a block is removed whole, it has no channels to fade",
+                             hint="drop fade, or use granularity: channels")
+        ignored = resolve_ignored(model, cfg.ignore)
+        candidates = find_blocks(model, example, ignored)
+        if not candidates:
+            raise InputError(
+                f"stages.{self.index}.granularity: blocks, but the model has no removable residual block (a module that keeps "
+                "its input's shape and adds its input, through an identity skip, to another branch)"
+                + (" outside prune.ignore" if cfg.ignore else ""),
+                hint="use granularity: channels for models without residual blocks",
+            )
+        metric, keep = cfg.target.metric_and_keep()
+        metric = "blocks" if metric == "channels" else metric  # ratio: the share of blocks removed
+
+        def measured() -> dict[str, int]:
+            macs, params = count_macs_params(model, example)
+            return {"macs": macs, "params": params, "blocks": len(present(model, candidates))}
+
+        before = measured()
+        final_goal = before[metric] * keep
+        # Refuse an unreachable target before any training (a copy without every candidate block).
+        bare = copy.deepcopy(model)
+        remove_blocks(bare, candidates)
+        floor = dict(zip(("macs", "params"), count_macs_params(bare, example)), blocks=0)[metric]
+        del bare
+        if floor > final_goal:
+            raise InputError(
+                f"stages.{self.index}.target: {metric} {keep:g} cannot be reached by removing blocks: without all "
+                f"{len(candidates)} removable blocks the model keeps {floor / before[metric]:.1%} of its {metric}",
+                hint=f"ask for {metric}: {floor / before[metric] + 0.05:.2f} or more, or use granularity: channels",
+            )
+        accuracy_before = evaluate_model(model, data.eval, task, ctx.recipe.data.eval_batch_size, ctx.device,
+                                         ctx.reporter, f"{self.id} baseline")["accuracy"]
+        latency_before = self._latency(model, example, data) if cfg.latency else {}
+        channels_before = layer_channels(model)
+        teacher = self._teacher(state, ctx)
+        rounds = auto_rounds("macs" if metric == "blocks" else metric, keep) if cfg.rounds == "auto" else cfg.rounds
+        rows, removed_rows, importance_seconds = [], [], 0.0
+        lr = cfg.finetune.lr if cfg.finetune else 0.0
+        for k in range(1, rounds + 1):
+            start = time.perf_counter()
+            goal = before[metric] * (1 - (1 - keep) * k / rounds)
+            t0 = time.perf_counter()
+            scores = block_scores(model, present(model, candidates), self._importance_batches(data, ctx, k), task.loss)
+            importance_seconds += time.perf_counter() - t0
+            removed = []
+            for name in sorted(scores, key=scores.get):
+                if measured()[metric] <= goal + 1e-9:
+                    break
+                remove_blocks(model, [name])
+                removed.append(name)
+                removed_rows.append({"block": name, "round": k, "loss_increase": round(scores[name], 5)})
+            model._pruneflow_restructured = True
+            accuracy, lr = self._after_round(model, teacher, lr, state, ctx, k, rounds)
+            after = measured()
+            rows.append({"round": k, "goal_kept": round(goal / before[metric], 4), "blocks": after["blocks"],
+                         "removed": ", ".join(removed), "macs": after["macs"], "params": after["params"],
+                         "macs_kept": after["macs"] / before["macs"], "accuracy": accuracy,
+                         "seconds": round(time.perf_counter() - start, 1)})
+            ctx.reporter.info(f"{self.id} round {k}/{rounds}: removed {len(removed)} block(s), "
+                              f"{after['macs'] / before['macs']:.1%} of MACs, accuracy {accuracy:.4f}")
+        final = rows[-1]["accuracy"] if rows else accuracy_before
+        if cfg.final_finetune and cfg.final_finetune.epochs:
+            final = self._finetune(model, teacher, cfg.final_finetune, state, ctx, f"{self.id} final fine-tune")
+        after = measured()
+        metrics = {
+            "accuracy": final, "accuracy_before": accuracy_before,
+            "macs": after["macs"], "params": after["params"],
+            "macs_before": before["macs"], "params_before": before["params"],
+            "macs_reduction": before["macs"] / after["macs"], "params_reduction": before["params"] / after["params"],
+            "blocks_before": before["blocks"], "blocks_removed": before["blocks"] - after["blocks"],
+            "rounds": rounds, "importance_seconds": round(importance_seconds, 3),
+        }
+        if cfg.latency:
+            self._add_latency(metrics, latency_before, self._latency(model, example, data))
+        now = layer_channels(model)
+        layers = [{"layer": n, "before": c, "after": now.get(n, 0)} for n, c in channels_before.items()]
+        return StageResult(metrics=metrics, tables={"rounds": rows, "blocks": removed_rows, "channels": layers})
 
     def _block_note(self, layers: list[dict]) -> str | None:
         """Say so when pruned layers end off this CPU's SIMD channel block: their MACs fall, their time less."""
