@@ -11,7 +11,9 @@ Every variant gets the same fine-tuning budget, ``--epochs`` passes over the 10,
 - 2x MACs: plain magnitude (uniform L2, no round_to: the torch-pruning default) and our magnitude
   (relative ranking) / taylor / hessian / hessian+taylor (the recipe's absolute ranking, global
   allocation, round_to 8), and hessian with round_to 16 (the channel block of onnxruntime's NCHWc
-  kernels on AVX-512: the latency-first variant); 3x MACs: hessian.
+  kernels on AVX-512: the latency-first variant), and whole residual blocks removed instead of channels
+  (`granularity: blocks`: depth pruning keeps every layer's width, so MACs saved are time saved);
+  3x MACs: hessian.
 Then every exported ONNX model is timed side by side in one interleaved loop (onnxruntime, 1 thread,
 batch 1 and 32), and the Hessian vs Taylor importance cost on 64 samples. Prints a table; writes
 results.json and results.md.
@@ -84,6 +86,8 @@ def plan(raw: dict, epochs: int) -> dict[str, dict]:
         "2x hessian": pruned(3, importance="hessian"),
         "2x hessian+taylor": pruned(3, importance="hessian+taylor"),
         "2x hessian round_to 16": pruned(3, importance="hessian", round_to=16),
+        # Depth instead of width: whole residual blocks go, ranked by their measured loss (importance unused).
+        "2x blocks": pruned(3, granularity="blocks"),
         "3x hessian": pruned(4, importance="hessian", target={"macs": round(1 / 3, 6)}),
     }
 
@@ -201,7 +205,7 @@ def main() -> int:
     if short:
         raise SystemExit(f"--epochs {args.epochs} is less than the adapt stage plus the rounds of {', '.join(short)}")
     # The variants the bars are read from run first; the table keeps the plan's order.
-    first = ["dense", "2x hessian", "3x hessian", "2x hessian round_to 16", "2x plain magnitude (uniform L2)"]
+    first = ["dense", "2x hessian", "3x hessian", "2x blocks", "2x hessian round_to 16", "2x plain magnitude (uniform L2)"]
     todo = sorted((k for k in chosen if args.force or k not in results["variants"]),
                   key=lambda k: first.index(k) if k in first else len(first))
     for name in sorted(set(chosen) - set(todo)):
