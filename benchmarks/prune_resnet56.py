@@ -87,7 +87,8 @@ def plan(raw: dict, epochs: int) -> dict[str, dict]:
         "2x hessian+taylor": pruned(3, importance="hessian+taylor"),
         "2x hessian round_to 16": pruned(3, importance="hessian", round_to=16),
         # Depth instead of width: whole residual blocks go, ranked by their measured loss (importance unused).
-        "2x blocks": pruned(3, granularity="blocks"),
+        # 32 batches: 1,024 samples rank blocks (the recipe's 4 batches are for channels; blocks cost one forward each).
+        "2x blocks": pruned(3, granularity="blocks", importance_batches=32),
         "3x hessian": pruned(4, importance="hessian", target={"macs": round(1 / 3, 6)}),
     }
 

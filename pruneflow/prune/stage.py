@@ -87,7 +87,10 @@ class PruneConfig(StageConfig):
     ignore: list[str] | None = Field(None, description="Module names or regexes kept intact; default: the classifier.")
     magnitude_p: Literal[1, 2] = Field(2, description="`magnitude`: L1 or L2.")
     hessian_weight: float = Field(0.5, ge=0, le=1, description="`hessian+taylor`: weight of the Hessian term.")
-    importance_batches: int = Field(4, ge=1, description="Training batches used to score importance each round.")
+    importance_batches: int | None = Field(
+        None, ge=1, description="Training batches used to score importance each round; default 4 for channels, 32 for "
+        "blocks (a block's score is one forward pass a batch, and fewer samples rank blocks by noise)."
+    )
     importance_batch_size: int = Field(32, ge=1, description="Samples per importance batch.")
     finetune: FinetuneSettings | None = Field(
         default_factory=FinetuneSettings, description="Fine-tuning after each round (null = none)."
@@ -379,7 +382,8 @@ class PruneStage(Stage):
     def _importance_batches(self, data, ctx, round_index: int):
         """A seeded random sample of the training split (files are often sorted by class)."""
         cfg: PruneConfig = self.config  # type: ignore[assignment]
-        n = min(cfg.importance_batches * cfg.importance_batch_size, len(data.train))
+        batches = cfg.importance_batches or (32 if cfg.granularity == "blocks" else 4)
+        n = min(batches * cfg.importance_batch_size, len(data.train))
         gen = torch.Generator().manual_seed(ctx.seed * 1000 + round_index)
         idx = torch.randperm(len(data.train), generator=gen)[:n]
         x, y = data.train.x[idx].to(ctx.device), data.train.y[idx].to(ctx.device)
