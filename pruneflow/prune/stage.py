@@ -73,7 +73,8 @@ class PruneConfig(StageConfig):
         "time one for one; channels keep the depth. `importance`, `allocation`, `ranking`, `round_to`, `max_layer_ratio` "
         "and `fade` apply to channels."
     )
-    rounds: int | Literal["auto"] = Field("auto", description="Prune-then-fine-tune rounds; `auto` removes about 10 % of channels a round.")
+    rounds: int | Literal["auto"] = Field("auto", description="Prune-then-fine-tune rounds; `auto` removes about 10 % of channels a round "
+                                                     "(blocks: as many rounds as channels would take for the target).")
     allocation: Literal["global", "uniform"] = Field(
         "global", description="`global` ranks channels across layers; `uniform` prunes every layer by the same ratio."
     )
