@@ -41,6 +41,18 @@ def tiny_recipe_dict(**overrides) -> dict:
     return recipe
 
 
+def run_recipe_dict(recipe: dict, folder: Path):
+    """Write ``recipe`` to FOLDER/recipe.yaml and run it into FOLDER/runs; returns (path, RunResult)."""
+    import json
+
+    from pruneflow.pipeline import run_recipe
+    from pruneflow.recipe import load_recipe
+
+    path = folder / "recipe.yaml"
+    path.write_text(json.dumps(recipe))
+    return path, run_recipe(load_recipe(path), out=folder / "runs")
+
+
 @pytest.fixture
 def write_recipe(tmp_path):
     """write_recipe(data_or_text, name="recipe.yaml") -> Path in tmp_path."""

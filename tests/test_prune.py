@@ -24,7 +24,7 @@ from pruneflow.prune.surgery import ChannelEmbedConv, make_prunable
 from pruneflow.recipe import load_recipe
 from pruneflow.zoo import resnet20
 
-from conftest import tiny_recipe_dict
+from conftest import run_recipe_dict, tiny_recipe_dict
 
 
 def _perturbed(model: nn.Module, seed: int = 0) -> nn.Module:
@@ -211,15 +211,10 @@ def test_taylor_and_hessian_saliency_are_finite_and_shaped_like_the_weights():
 
 @pytest.fixture(scope="module")
 def pruned_run(tmp_path_factory):
-    from pruneflow.pipeline import run_recipe
-
-    tmp = tmp_path_factory.mktemp("prune")
     recipe = tiny_recipe_dict(name="pruned")
     recipe["stages"].insert(1, {"type": "prune", "importance": "taylor", "target": {"macs": 0.6}, "rounds": 2,
                                 "finetune": {"epochs": 1}, "latency": {"batch_sizes": [1], "runs": 3}})
-    path = tmp / "recipe.yaml"
-    path.write_text(json.dumps(recipe))
-    return path, run_recipe(load_recipe(path), out=tmp / "runs")
+    return run_recipe_dict(recipe, tmp_path_factory.mktemp("prune"))
 
 
 def test_prune_stage_reports_rounds_and_reaches_its_target(pruned_run):
@@ -395,14 +390,10 @@ def test_faded_channels_are_zero_and_their_removal_changes_no_output(factory, sh
 def test_a_faded_prune_stage_meets_its_target_and_its_last_removal_changes_no_accuracy(tmp_path):
     """With fade, a round's accuracy is measured before its channels are removed: without a final
     fine-tune, the stage's accuracy must then equal the evaluate stage's after it."""
-    from pruneflow.pipeline import run_recipe
-
     recipe = tiny_recipe_dict(name="faded")
     recipe["stages"].insert(1, {"type": "prune", "importance": "taylor", "target": {"macs": 0.6}, "rounds": 2, "fade": 0.5,
                                 "finetune": {"epochs": 1}, "latency": None})
-    path = tmp_path / "recipe.yaml"
-    path.write_text(json.dumps(recipe))
-    result = run_recipe(load_recipe(path), out=tmp_path / "runs")
+    _, result = run_recipe_dict(recipe, tmp_path)
     assert result.exit_code == 0
     m = result.metrics
     assert m["prune.macs"] <= 0.6 * m["prune.macs_before"]

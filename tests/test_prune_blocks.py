@@ -16,7 +16,7 @@ from pruneflow.prune.blocks import block_scores, find_blocks, is_residual, prese
 from pruneflow.recipe import load_recipe
 from pruneflow.zoo import resnet20
 
-from conftest import tiny_recipe_dict
+from conftest import run_recipe_dict, tiny_recipe_dict
 from test_prune import _env, _perturbed
 
 # A user's own residual network, in torchvision's style (in-place add, ReLU module), for 1x8x8 digits.
@@ -101,17 +101,13 @@ def test_scores_are_the_measured_loss_increase_and_a_dead_branch_is_removed_for_
 
 @pytest.fixture(scope="module")
 def depth_run(tmp_path_factory):
-    from pruneflow.pipeline import run_recipe
-
     tmp = tmp_path_factory.mktemp("depth")
     (tmp / "tiny_resnet.py").write_text(TINY_RESNET)
     recipe = tiny_recipe_dict(name="depth", model={"factory": "tiny_resnet.py:build", "input_shape": [1, 8, 8]})
     recipe["stages"][0]["epochs"] = 3
     recipe["stages"].insert(1, {"type": "prune", "granularity": "blocks", "target": {"macs": 0.6}, "rounds": 2,
                                 "finetune": {"epochs": 1}, "latency": {"batch_sizes": [1], "runs": 3}})
-    path = tmp / "recipe.yaml"
-    path.write_text(json.dumps(recipe))
-    return path, run_recipe(load_recipe(path), out=tmp / "runs")
+    return run_recipe_dict(recipe, tmp)
 
 
 def test_the_blocks_stage_removes_whole_blocks_round_by_round_to_its_target(depth_run):
@@ -158,11 +154,7 @@ def test_a_depth_pruned_model_reloads_in_a_fresh_process_and_resumes(depth_run):
     (None, {"target": {"macs": 0.1}}, r"stages\.0\.target: macs 0\.1 cannot be reached by removing blocks: without all 4"),
 ])
 def test_bad_depth_pruning_configs_are_clear_errors(tmp_path, tiny_resnet_file, model, stage, message):
-    from pruneflow.pipeline import run_recipe
-
     recipe = tiny_recipe_dict(name="bad", model=model or {"factory": "tiny_resnet.py:build"})
     recipe["stages"] = [{"type": "prune", "granularity": "blocks", "finetune": {"epochs": 1}, "latency": None, **stage}]
-    path = tmp_path / "recipe.yaml"
-    path.write_text(json.dumps(recipe))
     with pytest.raises(InputError, match=message):
-        run_recipe(load_recipe(path), out=tmp_path / "runs")
+        run_recipe_dict(recipe, tmp_path)

@@ -214,16 +214,16 @@ class PruneStage(Stage):
         metric = "blocks" if metric == "channels" else metric  # ratio: the share of blocks removed
 
         def measured() -> dict[str, int]:
-            macs, params = count_macs_params(model, example)
-            return {"macs": macs, "params": params, "blocks": len(present(model, candidates))}
+            return dict(measure(model, example, ignored), blocks=len(present(model, candidates)))
 
         before = measured()
         final_goal = before[metric] * keep
         # Refuse an unreachable target before any training (a copy without every candidate block).
-        bare = copy.deepcopy(model)
-        remove_blocks(bare, candidates)
-        floor = dict(zip(("macs", "params"), count_macs_params(bare, example)), blocks=0)[metric]
-        del bare
+        floor = 0
+        if metric != "blocks":
+            bare = copy.deepcopy(model)
+            remove_blocks(bare, candidates)
+            floor = measure(bare, example, ignored)[metric]
         if floor > final_goal:
             raise InputError(
                 f"stages.{self.index}.target: {metric} {keep:g} cannot be reached by removing blocks: without all "
