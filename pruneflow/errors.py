@@ -89,6 +89,30 @@ def _short(value: object, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+class ConfigError(InputError):
+    """A recipe value is wrong, found by a rule that needs more than its own field (another stage, the
+    model or the data). ``loc`` is its key path into the recipe, e.g. ``("stages", 2, "fade")``; the
+    loader (rules that need only the recipe) and the pipeline (rules that need the model or data)
+    resolve it to FILE:LINE from the recipe's stored positions, so it reads like any validation error::
+
+        raise ConfigError(self.loc("ignore"), f"{pattern!r} matches no module of the model",
+                          value=pattern, hint="use names from `pruneflow inspect`")
+    """
+
+    title = "invalid recipe"
+
+    def __init__(self, loc: tuple, message: str, *, value: object = MISSING, hint: str | None = None):
+        super().__init__(f"{key_path(loc)}: {message}" if loc else message, hint=hint)
+        self.loc = tuple(loc)
+        self.value = value
+        self.detail = message
+
+
+def key_path(loc: tuple) -> str:
+    """The one spelling of a recipe key path in messages: ``stages.2.fade``."""
+    return ".".join(str(p) for p in loc)
+
+
 class UnknownNameError(InputError):
     """A registry lookup missed: the message lists the known names."""
 

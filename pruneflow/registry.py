@@ -10,9 +10,10 @@ A plugin that fails to import is an error naming it, never silently skipped.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 from importlib.metadata import entry_points
-from typing import Generic, TypeVar
+from typing import Generic, Iterator, TypeVar
 
 from .errors import PluginError, UnknownNameError
 
@@ -27,13 +28,31 @@ class Registry(Generic[T]):
         self._entry_points: dict[str, object] | None = None
 
     def register(self, name: str):
-        """Decorator registering ``obj`` under ``name`` (for code that is not an installed plugin)."""
+        """Decorator registering ``obj`` under ``name`` (for code that is not an installed plugin)::
+
+            @registry.stages.register("my_stage")
+            class MyStage(Stage): ...
+        """
 
         def deco(obj: T) -> T:
             self._items[name] = obj
             return obj
 
         return deco
+
+    def unregister(self, name: str) -> None:
+        """Forget what ``register`` added under ``name`` (tests clean up with this); an entry point of
+        that name is found again on the next ``get``."""
+        self._items.pop(name, None)
+
+    @contextlib.contextmanager
+    def registered(self, name: str, obj: T) -> Iterator[T]:
+        """``obj`` registered under ``name`` for the ``with`` block only."""
+        self.register(name)(obj)
+        try:
+            yield obj
+        finally:
+            self.unregister(name)
 
     def _eps(self) -> dict[str, object]:
         if self._entry_points is None:
@@ -71,3 +90,5 @@ class Registry(Generic[T]):
 
 stages: Registry = Registry("stage type", "pruneflow.stages")
 targets: Registry = Registry("export target", "pruneflow.targets")
+#: Kinds of model handle (pruneflow/handle.py): how a model is checkpointed, restored and exported.
+model_kinds: Registry = Registry("model kind", "pruneflow.model_kinds")

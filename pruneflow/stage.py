@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from .artifacts import Artifact
     from .context import RunContext, RunState
     from .gates import GateResult
+    from .handle import ModelHandle
 
 
 class StrictModel(BaseModel):
@@ -57,6 +58,9 @@ class StageResult:
     tables: dict[str, list[dict]] = field(default_factory=dict)
     # Checks the stage made itself (e.g. export parity); a failed one makes the exit code 1.
     gates: list["GateResult"] = field(default_factory=list)
+    #: The model leaving the stage when it is a new one (e.g. quantized); None: the entering handle,
+    #: possibly changed in place (training, pruning).
+    handle: "ModelHandle | None" = None
 
 
 class Stage:
@@ -76,6 +80,10 @@ class Stage:
         self.index = index
         #: The recipe's stages before this one (set when the pipeline builds the stage list), for preflight checks.
         self.before: tuple["Stage", ...] = ()
+
+    def loc(self, *keys: str | int) -> tuple:
+        """The recipe key path of one of this stage's settings, for ConfigError: ``("stages", 2, *keys)``."""
+        return ("stages", self.index, *keys)
 
     def setup(self, state: "RunState", ctx: "RunContext") -> None:
         """Prepare (load optional libraries, check inputs). Runs right before ``run``."""

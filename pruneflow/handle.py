@@ -1,0 +1,93 @@
+"""ModelHandle: the module plus what later stages must know about it.
+
+Stages pass a handle, never a bare ``nn.Module`` with private attributes. What travels on it:
+
+- ``kind``: a registered :class:`ModelKind` (``float``, or a plugin's, e.g. ``nncf`` from ``qat/``)
+  that knows how to checkpoint the module, restore it, and give the float and the INT8-exportable
+  views of it. The core asks the kind and never imports a quantization backend.
+- ``float_base``: for quantized kinds, the floating-point model that entered quantization.
+- ``meta``: plain, kind-specific values (saved in checkpoints).
+
+A stage that replaces the model returns the new handle in ``StageResult.handle``::
+
+    quantized = quantize(state.handle.module, calib)
+    return StageResult(metrics=..., handle=ModelHandle(quantized, kind="nncf", float_base=base))
+
+Checkpoints always record the module's structure (per module: class and plain attributes), so a
+stage that reshapes a model (pruning, or a third-party stage) needs no flag for it to reload.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from .errors import ExportError
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+
+@dataclass(frozen=True)
+class ModelHandle:
+    module: "nn.Module"
+    kind: str = "float"
+    float_base: "nn.Module | None" = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def evolve(self, **changes: Any) -> "ModelHandle":
+        """A copy with ``changes`` applied (the handle itself is immutable)."""
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def behaviour(self) -> "ModelKind":
+        """The registered kind's implementation."""
+        from . import registry
+
+        return registry.model_kinds.get(self.kind)()
+
+    @property
+    def quantized(self) -> bool:
+        return self.behaviour.quantized
+
+    def float_module(self) -> "nn.Module":
+        """The floating-point model fp32/fp16 artifacts and MAC counts are made from."""
+        return self.behaviour.float_module(self)
+
+    def int8_module(self, example: "torch.Tensor") -> "nn.Module":
+        """A plain torch module whose ONNX export holds QuantizeLinear/DequantizeLinear pairs."""
+        return self.behaviour.int8_module(self, example)
+
+    def to(self, device: str) -> "ModelHandle":
+        self.module.to(device)
+        return self
+
+
+class ModelKind:
+    """How one kind of model is checkpointed, restored and exported. Registered by entry point
+    (group ``pruneflow.model_kinds``) like stages and targets."""
+
+    name: ClassVar[str] = "float"
+    #: True when the module carries INT8 quantizers (what an int8 export needs).
+    quantized: ClassVar[bool] = False
+
+    def checkpoint_payload(self, handle: ModelHandle) -> dict[str, Any]:
+        """Extra checkpoint entries: plain values and tensors only (loaded with weights_only=True)."""
+        return {}
+
+    def restore(self, base: "nn.Module", payload: dict[str, Any]) -> ModelHandle:
+        """The handle a checkpoint describes. ``base`` is the float model with structure and weights restored."""
+        return ModelHandle(base, kind=self.name)
+
+    def float_module(self, handle: ModelHandle) -> "nn.Module":
+        return handle.module
+
+    def int8_module(self, handle: ModelHandle, example: "torch.Tensor") -> "nn.Module":
+        raise ExportError("int8 export needs a quantized model, and the model reaching the export stage is floating point",
+                          hint="add a `ptq` stage, or a `qat` stage ending in an int8 phase, before `export`")
+
+
+class FloatKind(ModelKind):
+    """A plain floating-point torch module (what factories build, training and pruning keep)."""
