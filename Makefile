@@ -1,5 +1,6 @@
-# Quick start:  make demo   (install + run the quickstart recipe)
-#               make test   (install with dev extras + run the test suite)
+# Quick start:  make demo       (install + run the quickstart recipe)
+#               make test       (install with dev extras + type check + the whole test suite; what CI runs)
+#               make test-fast  (the same without the end-to-end runs marked slow: the edit-test loop)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -8,7 +9,7 @@ BIN    := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PIP    := $(BIN)/python -m pip -q --disable-pip-version-check
 
-.PHONY: demo test install install-dev clean
+.PHONY: demo test test-fast typecheck install install-dev clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +33,12 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-fast: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+typecheck: $(VENV)/.installed-dev
+	$(BIN)/python -m mypy
 
 clean:
 	rm -rf runs .pytest_cache
