@@ -368,7 +368,7 @@ def calibrate_cmd(
         pruneflow calibrate logs/requests.jsonl --out calib --size 512 --strategy diverse
     """
     with handle_errors(verbose, json_out):
-        from calibrate.cli import calibrate_source
+        from calibrate.source import calibrate_source
 
         info = calibrate_source(source, out, size=size, strategy=strategy, by=by, seed=seed, recipe=recipe, fmt=fmt,
                                 input_column=input_column, label_column=label_column, amct=amct,
