@@ -10,7 +10,6 @@ import contextlib
 import json
 import sys
 import traceback
-from importlib import resources
 from pathlib import Path
 from typing import Annotated, Iterator, Optional
 
@@ -78,37 +77,57 @@ def handle_errors(verbose: bool, json_mode: bool = False) -> Iterator[None]:
     except typer.Exit:
         raise
     except PruneflowError as exc:
-        if verbose:
-            err.print(traceback.format_exc(), markup=False)
-        err.print(f"[bold red]{exc.title}:[/] ", end="")
-        err.print(exc.message, markup=False)
-        if isinstance(exc, RecipeError):
-            for issue in exc.issues:
-                err.print(issue.format(), markup=False)
-        if exc.hint:
-            err.print("[bold]Fix:[/] ", end="")
-            err.print(exc.hint, markup=False)
-        if json_mode:
-            payload = {"exit_code": exc.exit_code, "error": {"type": type(exc).__name__, "message": exc.message, "hint": exc.hint}}
-            if isinstance(exc, RecipeError):
-                payload["error"]["issues"] = [i.as_dict() for i in exc.issues]
-            print(json.dumps(payload, default=str))
-        raise typer.Exit(exc.exit_code) from None
+        _print_error(err, exc, verbose)
+        issues = [i.as_dict() for i in exc.issues] if isinstance(exc, RecipeError) else None
+        failure = (exc.exit_code, type(exc).__name__, exc.message, exc.hint, issues)
     except KeyboardInterrupt:
         err.print("[bold yellow]interrupted[/]: finished stages are kept; run again with --resume to continue.")
-        if json_mode:
-            print(json.dumps({"exit_code": EXIT_INTERRUPTED, "error": {"type": "KeyboardInterrupt", "message": "interrupted"}}))
-        raise typer.Exit(EXIT_INTERRUPTED) from None
+        failure = (EXIT_INTERRUPTED, "KeyboardInterrupt", "interrupted", None, None)
     except Exception as exc:  # noqa: BLE001 - the last line of defence: a message, not a traceback
-        if verbose:
-            err.print(traceback.format_exc(), markup=False)
-        err.print(f"[bold red]internal error:[/] {type(exc).__name__}: ", end="")
-        err.print(str(exc), markup=False)
-        if not verbose:
-            err.print("Run again with -v for the traceback, and please report it.")
-        if json_mode:
-            print(json.dumps({"exit_code": EXIT_STAGE_FAILED, "error": {"type": type(exc).__name__, "message": str(exc)}}))
-        raise typer.Exit(EXIT_STAGE_FAILED) from None
+        _print_internal_error(err, exc, verbose)
+        failure = (EXIT_STAGE_FAILED, type(exc).__name__, str(exc), None, None)
+    else:
+        return
+    if json_mode:
+        print(error_json(*failure))
+    raise typer.Exit(failure[0])
+
+
+def error_json(exit_code: int, type_name: str, message: str, hint: str | None = None,
+               issues: list[dict] | None = None) -> str:
+    """The `--json` error object, built in one place so every failure reads the same to CI.
+
+    ``{"exit_code": N, "error": {"type", "message", "hint", "issues"?}}`` (the README's contract):
+    ``issues`` only for a recipe error, one per location.
+    """
+    error: dict = {"type": type_name, "message": message, "hint": hint}
+    if issues is not None:
+        error["issues"] = issues
+    return json.dumps({"exit_code": exit_code, "error": error}, default=str)
+
+
+def _print_error(err: Console, exc: PruneflowError, verbose: bool) -> None:
+    """Our own errors: title, message, one line per recipe issue, and the fix; a traceback only with -v."""
+    if verbose:
+        err.print(traceback.format_exc(), markup=False)
+    err.print(f"[bold red]{exc.title}:[/] ", end="")
+    err.print(exc.message, markup=False)
+    if isinstance(exc, RecipeError):
+        for issue in exc.issues:
+            err.print(issue.format(), markup=False)
+    if exc.hint:
+        err.print("[bold]Fix:[/] ", end="")
+        err.print(exc.hint, markup=False)
+
+
+def _print_internal_error(err: Console, exc: Exception, verbose: bool) -> None:
+    """A bug (not a user error): one line naming it, and how to get the traceback for a report."""
+    if verbose:
+        err.print(traceback.format_exc(), markup=False)
+    err.print(f"[bold red]internal error:[/] {type(exc).__name__}: ", end="")
+    err.print(str(exc), markup=False)
+    if not verbose:
+        err.print("Run again with -v for the traceback, and please report it.")
 
 
 class RichReporter(Reporter):
@@ -311,11 +330,6 @@ def schema(
             print(text)
 
 
-def _templates() -> dict[str, resources.abc.Traversable]:
-    root = resources.files("pruneflow.templates")
-    return {p.name[: -len(".yaml")]: p for p in root.iterdir() if p.name.endswith(".yaml")}
-
-
 @app.command(epilog=EPILOG)
 def init(
     template: Annotated[str, typer.Argument(help="Template name (see --list).")] = "quickstart",
@@ -325,26 +339,18 @@ def init(
     verbose: VerboseOpt = False,
 ) -> None:
     """Write a starting recipe from a template (the example recipes shipped with pruneflow)."""
-    from pruneflow.artifacts import write_text_atomic
-    from pruneflow.errors import InputError, UnknownNameError
+    from pruneflow.recipe.templates import template_summaries, write_template
 
     with handle_errors(verbose):
-        templates = _templates()
         console = _out_console()
         if list_:
-            for name, file in sorted(templates.items()):
-                first = next((ln[1:].strip() for ln in file.read_text().splitlines() if ln.startswith("#")), "")
-                console.print(f"{name:24s} {first}")
+            for name, summary in template_summaries().items():
+                console.print(f"{name:24s} {summary}")
             raise typer.Exit(EXIT_OK)
-        if template not in templates:
-            raise UnknownNameError(f"unknown template {template!r}; known: {', '.join(sorted(templates))}")
-        target = path or Path(f"{template}.yaml")
-        if target.exists() and not force:
-            raise InputError(f"{target} exists", hint="pass --force to overwrite it, or give another PATH")
-        write_text_atomic(target, templates[template].read_text())
-        console.print(f"wrote {target}; next: pruneflow validate {target} && pruneflow optimize {target}")
-        if "../" in templates[template].read_text():
-            console.print("note: this template refers to files by relative path; edit them to point at your data.")
+        written = write_template(template, path, force=force)
+        console.print(f"wrote {written.path}; next: pruneflow validate {written.path} && pruneflow optimize {written.path}")
+        for note in written.notes:
+            console.print(f"note: {note}")
 
 
 @app.command(name="calibrate", epilog=EPILOG)
@@ -368,7 +374,7 @@ def calibrate_cmd(
         pruneflow calibrate logs/requests.jsonl --out calib --size 512 --strategy diverse
     """
     with handle_errors(verbose, json_out):
-        from calibrate.cli import calibrate_source
+        from calibrate.source import calibrate_source
 
         info = calibrate_source(source, out, size=size, strategy=strategy, by=by, seed=seed, recipe=recipe, fmt=fmt,
                                 input_column=input_column, label_column=label_column, amct=amct,

@@ -175,27 +175,14 @@ def importance_cost(samples: int = 64, repeats: int = 3) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=REPO / "runs" / "bench-prune")
-    parser.add_argument("--epochs", type=int, default=10, help="fine-tuning budget in epochs, the same for every variant")
-    parser.add_argument("--only", default="", help="comma-separated variant names to run ('dense' included)")
-    parser.add_argument("--quick", action="store_true", help="512 train / 512 eval samples: a smoke test")
-    parser.add_argument("--force", action="store_true", help="rerun variants that already have results")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="PATH=VALUE",
-                        help="change the prune stage of every pruned variant, e.g. 'distill.alpha=0.3' (repeatable)")
-    args = parser.parse_args()
+    args = parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     results_file = args.out / "results.json"
     settings = {"schema": SCHEMA, "budget_epochs": args.epochs, "quick": args.quick, "overrides": args.sets}
-    results = json.loads(results_file.read_text()) if results_file.exists() else {}
-    if {k: results.get(k) for k in settings} != settings:
-        if results:
-            print(f"[note] {results_file} was measured with other settings; starting afresh", flush=True)
-        results = {"variants": {}}
-    results.update(settings, torch_threads=torch.get_num_threads())
+    results = load_results(results_file, settings)
+    results["torch_threads"] = torch.get_num_threads()
     save = lambda: results_file.write_text(json.dumps(results, indent=2))  # noqa: E731
     raw = base_recipe(args.quick)
     planned = plan(raw, args.epochs)
@@ -217,20 +204,7 @@ def main() -> int:
         save()
     for name in todo:
         print(f"[run ] {name}", flush=True)
-        if name == "dense":
-            train = dict(stage(raw, "train"), name="finetune", epochs=args.epochs)  # in the prune stage's place
-            stages = [train if s["type"] == "prune" else s for s in raw["stages"] if s["type"] != "train"]
-            result, seconds = run(name, dict(raw, stages=_no_latency(stages)), args.out)
-            results["variants"][name] = row(name, result, seconds, result.metrics["baseline.accuracy"], epochs=args.epochs)
-        else:
-            adapt = results["adapt"]
-            prune = prune_stage(raw, planned[name], args.sets)
-            stages = [s for s in raw["stages"] if s["type"] != "train"]
-            stages = [prune if s["type"] == "prune" else s for s in stages]
-            variant = dict(raw, model=dict(raw["model"], checkpoint=adapt["checkpoint"]), stages=_no_latency(stages))
-            result, seconds = run(name, variant, args.out)
-            results["variants"][name] = row(name, result, seconds, adapt["pretrained_accuracy"],
-                                            extra_seconds=adapt["stage_seconds"], epochs=args.epochs)
+        results["variants"][name] = run_variant(name, raw, planned, results, args)
         save()
         r = results["variants"][name]
         print(f"[done] {name}: accuracy {r['accuracy']:.4f}, {r['macs_reduction']:.2f}x MACs", flush=True)
@@ -240,6 +214,48 @@ def main() -> int:
     save()
     report(results, args.out)
     return 0
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=REPO / "runs" / "bench-prune")
+    parser.add_argument("--epochs", type=int, default=10, help="fine-tuning budget in epochs, the same for every variant")
+    parser.add_argument("--only", default="", help="comma-separated variant names to run ('dense' included)")
+    parser.add_argument("--quick", action="store_true", help="512 train / 512 eval samples: a smoke test")
+    parser.add_argument("--force", action="store_true", help="rerun variants that already have results")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="PATH=VALUE",
+                        help="change the prune stage of every pruned variant, e.g. 'distill.alpha=0.3' (repeatable)")
+    return parser.parse_args()
+
+
+def load_results(results_file: Path, settings: dict) -> dict:
+    """The saved results when they were measured with these settings (so a rerun skips finished variants),
+    else a fresh start; either way stamped with the settings."""
+    results = json.loads(results_file.read_text()) if results_file.exists() else {}
+    if {k: results.get(k) for k in settings} != settings:
+        if results:
+            print(f"[note] {results_file} was measured with other settings; starting afresh", flush=True)
+        results = {"variants": {}}
+    results.update(settings)
+    return results
+
+
+def run_variant(name: str, raw: dict, planned: dict[str, dict], results: dict, args: argparse.Namespace) -> dict:
+    """Run one variant and return its row. Dense fine-tunes for the whole budget in the prune stage's place;
+    a pruned variant starts from the shared adapt checkpoint, whose stage time counts in its budget."""
+    if name == "dense":
+        train = dict(stage(raw, "train"), name="finetune", epochs=args.epochs)  # in the prune stage's place
+        stages = [train if s["type"] == "prune" else s for s in raw["stages"] if s["type"] != "train"]
+        result, seconds = run(name, dict(raw, stages=_no_latency(stages)), args.out)
+        return row(name, result, seconds, result.metrics["baseline.accuracy"], epochs=args.epochs)
+    adapt = results["adapt"]
+    prune = prune_stage(raw, planned[name], args.sets)
+    stages = [s for s in raw["stages"] if s["type"] != "train"]
+    stages = [prune if s["type"] == "prune" else s for s in stages]
+    variant = dict(raw, model=dict(raw["model"], checkpoint=adapt["checkpoint"]), stages=_no_latency(stages))
+    result, seconds = run(name, variant, args.out)
+    return row(name, result, seconds, adapt["pretrained_accuracy"], extra_seconds=adapt["stage_seconds"], epochs=args.epochs)
 
 
 def _no_latency(stages: list[dict]) -> list[dict]:

@@ -12,7 +12,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -69,10 +69,11 @@ class CalibrationSet:
             out["histogram"] = {str(int(v)): int(c) for v, c in zip(values, counts)}
         return out
 
-    def save(self, folder: str | Path, amct: bool = False) -> dict:
+    def save(self, folder: str | Path, extras: Callable[[Path], object] | None = None) -> dict:
         """Write the folder atomically (built beside it, then renamed). Returns calibration.json's content.
 
-        ``amct``: also write Ascend AMCT input into ``folder/amct`` (see consumers.write_amct).
+        ``extras(tmp)`` writes more files into the folder being built, so they appear together with the
+        set or not at all; the set knows no consumer (``consumers.save_set`` passes the AMCT writer).
         """
         import datasets
 
@@ -97,10 +98,8 @@ class CalibrationSet:
             datasets.Dataset.from_dict(columns, features=datasets.Features(features)).save_to_disk(str(tmp / "data"))
             info = {"format": FORMAT, "fingerprint": self.fingerprint, **self.stats(), **self.meta}
             (tmp / "calibration.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
-            if amct:
-                from .consumers import write_amct
-
-                write_amct(self, tmp / "amct")
+            if extras is not None:
+                extras(tmp)
             publish_dir(tmp, folder)
         finally:
             if tmp.exists():

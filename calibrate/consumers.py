@@ -4,12 +4,13 @@ quantization (and QAT range initialisation, which reads the same NNCF dataset), 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 
 from pruneflow.artifacts import write_text_atomic
-from pruneflow.export import require
+from pruneflow.deps import require
 
 from .calibset import CalibrationSet
 
@@ -61,8 +62,16 @@ def write_amct(calib: CalibrationSet, out_dir: str | Path, input_names: tuple[st
             paths.append(path.relative_to(out).as_posix())
         lines.append(" ".join(paths))
     write_text_atomic(out / "calibration_list.txt", "\n".join(lines) + "\n")
-    import json
-
     write_text_atomic(out / "inputs.json", json.dumps(
         {name: {"shape": [1, *arr.shape[1:]], "dtype": str(arr.dtype)} for name, arr in arrays.items()}, indent=2) + "\n")
     return out / "calibration_list.txt"
+
+
+def save_set(calib: CalibrationSet, folder: str | Path, *, amct: bool = False) -> dict:
+    """Save the set, with the Ascend AMCT input in ``folder/amct`` when asked; returns calibration.json's content.
+
+    Here rather than in ``CalibrationSet.save`` so the set depends on no consumer; the AMCT files are
+    written into the folder before it is published, so a set and its AMCT input never disagree.
+    """
+    extras = (lambda tmp: write_amct(calib, tmp / "amct")) if amct else None
+    return calib.save(folder, extras=extras)

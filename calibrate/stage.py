@@ -12,6 +12,7 @@ from pruneflow.recipe.models import PathField
 from pruneflow.stage import Stage, StageConfig, StageResult, StrictModel
 
 from .build import build_calibration_set, penultimate_features
+from .consumers import save_set
 
 
 class CalibSource(StrictModel):
@@ -90,7 +91,7 @@ class CalibrateStage(Stage):
             warn=ctx.reporter.warning,
         )
         folder = self._folder(ctx)
-        info = calib.save(folder, amct=cfg.amct)
+        info = save_set(calib, folder, amct=cfg.amct)
         state.calibration = calib
         artifacts = [Artifact.from_file(ctx.run_dir, folder / "calibration.json", kind="calibration", producer=self.id,
                                         metrics={"count": len(calib), "fingerprint": calib.fingerprint})]

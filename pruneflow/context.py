@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
     from .artifacts import Artifact
     from .data import DataBundle
-    from .recipe.models import Recipe
+    from .recipe.models import RecipeBase as Recipe  # recipe_model() builds the Recipe class at run time on this base
     from .tasks import Task
 
 log = logging.getLogger("pruneflow")

@@ -12,7 +12,6 @@ import json
 import logging
 import shutil
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,53 +24,10 @@ from .context import Reporter, RunContext, RunState
 from .errors import EXIT_GATE_FAILED, EXIT_OK, InputError, PruneflowError, StageError
 from .gates import GateResult, check_gates
 from .recipe import LoadedRecipe, dump_recipe
+from .results import RunResult, StageRecord, flat_metrics
 from .stage import Stage
 
 log = logging.getLogger("pruneflow")
-
-
-@dataclass
-class StageRecord:
-    id: str
-    type: str
-    index: int
-    seconds: float
-    metrics: dict[str, Any]
-    key: str
-    resumed: bool = False
-    artifacts: list[str] = field(default_factory=list)
-    tables: dict[str, list[dict]] = field(default_factory=dict)
-    gates: list[dict] = field(default_factory=list)
-    status: str = "done"
-
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-@dataclass
-class RunResult:
-    run_dir: Path
-    exit_code: int
-    stages: list[StageRecord]
-    artifacts: list[Artifact]
-    gates: list[GateResult]
-    metrics: dict[str, Any]
-
-    def as_json(self) -> dict[str, Any]:
-        """The object `pruneflow optimize --json` prints (documented in the README)."""
-        return {
-            "run_dir": str(self.run_dir),
-            "exit_code": self.exit_code,
-            "stages": [
-                {"name": s.id, "type": s.type, "seconds": round(s.seconds, 3), "resumed": s.resumed, "metrics": s.metrics}
-                for s in self.stages
-            ],
-            "artifacts": [
-                {k: a.as_dict()[k] for k in ("path", "kind", "target", "precision", "status", "sha256", "size_bytes", "parent", "metrics", "notes")}
-                for a in self.artifacts
-            ],
-            "gates": [g.as_dict() for g in self.gates],
-        }
 
 
 def plan_stages(loaded: LoadedRecipe) -> list[Stage]:
@@ -322,21 +278,6 @@ def _resume(stage: Stage, key: str, state: RunState, ctx: RunContext, manifest: 
     state.artifacts.extend(artifacts)
     ctx.reporter.stage_finished(stage.id, 0.0, record.metrics, skipped=True)
     return record
-
-
-def flat_metrics(records: list[StageRecord], artifacts: list[Artifact]) -> dict[str, Any]:
-    """One namespace for gates: ``STAGE.METRIC`` and ``TARGET.PRECISION.METRIC``."""
-    flat: dict[str, Any] = {}
-    for r in records:
-        for k, v in r.metrics.items():
-            flat[f"{r.id}.{k}"] = v
-    for a in artifacts:
-        if a.target:
-            # A second export stage (id other than "export") is prefixed so it cannot shadow the first.
-            prefix = f"{a.target}.{a.precision}" if a.producer == "export" else f"{a.producer}.{a.target}.{a.precision}"
-            for k, v in a.metrics.items():
-                flat[f"{prefix}.{k}"] = v
-    return flat
 
 
 def _attach_log(run_dir: Path) -> logging.Handler:

@@ -9,7 +9,7 @@ from .artifacts import write_text_atomic
 if TYPE_CHECKING:
     from .context import RunState
     from .data import DataBundle
-    from .pipeline import RunResult
+    from .results import RunResult
     from .recipe import LoadedRecipe
 
 

@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+# The config bases live in the kernel module config.py (so recipe/models.py need not import this one);
+# re-exported here because stages and plugins import them beside Stage.
+from .config import StageConfig as StageConfig, StrictModel as StrictModel, TargetConfig as TargetConfig
 
 if TYPE_CHECKING:
     import numpy as np
@@ -28,26 +30,6 @@ if TYPE_CHECKING:
     from .context import RunContext, RunState
     from .gates import GateResult
     from .handle import ModelHandle
-
-
-class StrictModel(BaseModel):
-    """Base for every config: unknown keys are errors, every field carries a description."""
-
-    model_config = ConfigDict(extra="forbid", validate_default=True)
-
-
-class StageConfig(StrictModel):
-    type: str = Field(description="Stage type, one of the registered stages (see `pruneflow schema`).")
-    name: str | None = Field(
-        None,
-        description="Name used for this stage's metrics and folder; defaults to its type "
-        "(with a number when the type repeats).",
-        pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$",
-    )
-
-
-class TargetConfig(StrictModel):
-    type: str = Field(description="Export target, one of the registered targets.")
 
 
 @dataclass

@@ -81,13 +81,7 @@ def fit(model: nn.Module, data: DataBundle, task: Task, s: TrainSettings, ctx: R
     the model is put in training mode (QAT freezes BatchNorm statistics there); ``on_step_end(step, total)``
     after every optimizer step (1-based; pruning fades chosen channels out there).
     """
-    if data.train is None:
-        from .errors import InputError
-
-        raise InputError("training needs a train split", hint="set data.path (split by eval_fraction) or data.train")
-    if s.label_smoothing and hasattr(task, "label_smoothing"):
-        task = copy.copy(task)
-        task.label_smoothing = s.label_smoothing  # type: ignore[attr-defined]
+    task = _training_task(data, task, s)
     seed = ctx.seed if seed is None else seed
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -104,16 +98,11 @@ def fit(model: nn.Module, data: DataBundle, task: Task, s: TrainSettings, ctx: R
         loss_sum = 0.0
         with ctx.reporter.progress(f"{description} epoch {epoch}/{s.epochs}", total=steps_per_epoch) as advance:
             for x, y in data.train_batches(s.batch_size, gen, augment=s.augment):
-                for group in opt.param_groups:
-                    group["lr"] = s.lr * lr_factor(s, step, steps_per_epoch)
+                _set_lr(opt, s, step, steps_per_epoch)
                 x, y = x.to(ctx.device), y.to(ctx.device)
                 out = model(x)
                 loss = extra_loss(model, x, y, out) if extra_loss else task.loss(out, y)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                if s.grad_clip:
-                    nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
-                opt.step()
+                _optimizer_step(model, opt, loss, s.grad_clip)
                 step += 1
                 if on_step_end:
                     on_step_end(step, s.epochs * steps_per_epoch)
@@ -126,9 +115,40 @@ def fit(model: nn.Module, data: DataBundle, task: Task, s: TrainSettings, ctx: R
             row["eval_accuracy"] = evaluate_model(model, data.eval, task, device=ctx.device, reporter=ctx.reporter,
                                                   description=f"{description} eval")["accuracy"]
         history.append(row)
-        ctx.reporter.info(
-            f"{description} epoch {epoch}: loss {row['train_loss']:.4f}"
-            + (f", eval accuracy {row['eval_accuracy']:.4f}" if "eval_accuracy" in row else "")
-        )
+        ctx.reporter.info(_epoch_line(description, row))
     model.eval()
     return history
+
+
+def _training_task(data: DataBundle, task: Task, s: TrainSettings) -> Task:
+    """The task to train with: checks there is a train split, and applies label smoothing to a copy,
+    so the run's shared task (``state.task``, used by later stages) keeps its own setting."""
+    if data.train is None:
+        from .errors import InputError
+
+        raise InputError("training needs a train split", hint="set data.path (split by eval_fraction) or data.train")
+    if s.label_smoothing and hasattr(task, "label_smoothing"):
+        task = copy.copy(task)
+        task.label_smoothing = s.label_smoothing  # type: ignore[attr-defined]
+    return task
+
+
+def _set_lr(opt: torch.optim.Optimizer, s: TrainSettings, step: int, steps_per_epoch: int) -> None:
+    """Set every group's LR for this step: the schedule is a function of the step, not optimizer state."""
+    for group in opt.param_groups:
+        group["lr"] = s.lr * lr_factor(s, step, steps_per_epoch)
+
+
+def _optimizer_step(model: nn.Module, opt: torch.optim.Optimizer, loss: torch.Tensor, grad_clip: float | None) -> None:
+    """Backward and step, clipping the model's gradient norm first when ``grad_clip`` is set."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if grad_clip:
+        nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    opt.step()
+
+
+def _epoch_line(description: str, row: dict) -> str:
+    """The log line of one epoch: its loss, and its eval accuracy when this epoch was evaluated."""
+    line = f"{description} epoch {row['epoch']}: loss {row['train_loss']:.4f}"
+    return line + (f", eval accuracy {row['eval_accuracy']:.4f}" if "eval_accuracy" in row else "")

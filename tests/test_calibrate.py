@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from calibrate.build import build_calibration_set, penultimate_features
 from calibrate.calibset import CalibrationSet
-from calibrate.consumers import nncf_dataset, ort_reader, write_amct
+from calibrate.consumers import nncf_dataset, ort_reader, save_set, write_amct
 from calibrate.sampling import coverage, select_diverse, select_random, select_stratified
 from pruneflow.data import Split
 from pruneflow.errors import InputError, RecipeError
@@ -115,6 +115,24 @@ def test_every_consumer_reads_the_same_set(tmp_path):
     first = np.fromfile(tmp_path / "amct" / lines[0], dtype=np.float32).reshape(1, 1, 8, 8)
     assert np.array_equal(first, calib.x[:1].numpy())
     assert json.loads((tmp_path / "amct" / "inputs.json").read_text())["input"]["shape"] == [1, 1, 8, 8]
+
+
+def test_save_set_publishes_the_amct_input_with_the_set_or_nothing(tmp_path):
+    calib = build_calibration_set(Split(torch.rand(20, 1, 8, 8), torch.randint(0, 10, (20,))), size=6, strategy="random",
+                                  seed=0)
+    info = save_set(calib, tmp_path / "calib", amct=True)
+    listing = (tmp_path / "calib" / "amct" / "calibration_list.txt").read_text().split()
+    assert len(listing) == 6 and info["fingerprint"] == CalibrationSet.load(tmp_path / "calib").fingerprint
+    save_set(calib, tmp_path / "plain")
+    assert (tmp_path / "plain" / "calibration.json").is_file() and not (tmp_path / "plain" / "amct").exists()
+
+    def broken(folder):
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        calib.save(tmp_path / "half", extras=broken)
+    # Nothing published, and the folder it was built in is gone too.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["calib", "plain"]
 
 
 def test_onnxruntime_static_quantization_uses_the_reader(tmp_path):

@@ -2,18 +2,8 @@
 
 from __future__ import annotations
 
-import importlib
-
-from ..errors import ExportError, MissingDependencyError
-
-
-def require(module: str, install: str, purpose: str):
-    """Import ``module`` or raise MissingDependencyError with the install command."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        raise MissingDependencyError(f"{purpose} needs the Python package {module!r}, which is not installed ({exc})",
-                                     hint=install) from exc
+from ..deps import require as require  # re-exported until every caller imports it from pruneflow.deps
+from ..errors import ExportError
 
 
 def float_model(model):

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import Field, create_model, model_validator
 
 from .. import registry
-from ..stage import StageConfig, StrictModel
+from ..config import StageConfig, StrictModel
 
 NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
 

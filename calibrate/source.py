@@ -1,4 +1,7 @@
-"""`pruneflow calibrate SOURCE`: the calibrate stage's logic without a run directory."""
+"""A calibration set from a local source (a file or folder of inputs): what `pruneflow calibrate SOURCE` calls.
+
+The calibrate stage's logic without a run directory; the CLI only parses options and renders the result.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +13,13 @@ import numpy as np
 from pruneflow.errors import InputError
 
 from .build import STRATEGIES, build_calibration_set, penultimate_features
+from .consumers import save_set
 
 SUFFIX_FORMATS = {".jsonl": "jsonl", ".json": "json", ".csv": "csv", ".parquet": "parquet", ".npz": "npz"}
 
 
 def guess_format(source: Path) -> str:
+    """The loader format of SOURCE from its suffix or folder contents, so `--format` is needed only when ambiguous."""
     if source.is_dir():
         return "disk" if any((source / n).exists() for n in ("dataset_info.json", "state.json", "dataset_dict.json")) else "imagefolder"
     fmt = SUFFIX_FORMATS.get(source.suffix.lower())
@@ -27,6 +32,11 @@ def calibrate_source(source: Path, out: Path, *, size: int, strategy: str, by: s
                      recipe: Path | None = None, fmt: str | None = None, input_column: str | None = None,
                      label_column: str | None = None, amct: bool = False,
                      warn: Callable[[str], None] = lambda m: None) -> dict:
+    """Check the options, load SOURCE, select ``size`` samples and save the set to ``out``; returns calibration.json.
+
+    Options are checked before any data loads so a typo fails in milliseconds; ``recipe`` supplies the data
+    spec and the model whose features the `diverse` strategy compares.
+    """
     from pruneflow.data import load_inputs
     from pruneflow.recipe.models import DataSpec
 
@@ -64,4 +74,4 @@ def calibrate_source(source: Path, out: Path, *, size: int, strategy: str, by: s
                                   meta={"source": str(source), "by": by if strategy == "stratified" else None,
                                         "features": ("model" if model is not None else "inputs") if strategy == "diverse" else None},
                                   warn=warn)
-    return calib.save(out, amct=amct)
+    return save_set(calib, out, amct=amct)

@@ -1,0 +1,34 @@
+"""The pydantic base types of every config: the kernel that the recipe models and the stage classes share.
+
+It imports nothing of ours, so ``recipe/models.py`` (which builds the recipe from stage configs) and
+``stage.py`` (whose classes take a run context) can both depend on it without depending on each other.
+A plugin's config subclasses these::
+
+    class Config(StageConfig):
+        type: Literal["my_stage"] = "my_stage"
+        strength: float = Field(0.5, description="How hard to squeeze.")
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class StrictModel(BaseModel):
+    """Base for every config: unknown keys are errors, every field carries a description."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class StageConfig(StrictModel):
+    type: str = Field(description="Stage type, one of the registered stages (see `pruneflow schema`).")
+    name: str | None = Field(
+        None,
+        description="Name used for this stage's metrics and folder; defaults to its type "
+        "(with a number when the type repeats).",
+        pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$",
+    )
+
+
+class TargetConfig(StrictModel):
+    type: str = Field(description="Export target, one of the registered targets.")

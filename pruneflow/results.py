@@ -1,0 +1,77 @@
+"""What a run leaves behind in memory: the record of each stage, the run's result, the flat metric namespace.
+
+Its own module so that report.py (which renders a result) and pipeline.py (which makes one) both import
+it without importing each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .artifacts import Artifact
+from .gates import GateResult
+
+
+@dataclass
+class StageRecord:
+    """One stage as the run saw it: written to stage.json, so --resume can reuse it without running it."""
+
+    id: str
+    type: str
+    index: int
+    seconds: float
+    metrics: dict[str, Any]
+    key: str
+    resumed: bool = False
+    artifacts: list[str] = field(default_factory=list)
+    tables: dict[str, list[dict]] = field(default_factory=dict)
+    gates: list[dict] = field(default_factory=list)
+    status: str = "done"
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class RunResult:
+    """What run_recipe returns: the CLI renders it and report.py writes it, neither of them reruns anything."""
+
+    run_dir: Path
+    exit_code: int
+    stages: list[StageRecord]
+    artifacts: list[Artifact]
+    gates: list[GateResult]
+    metrics: dict[str, Any]
+
+    def as_json(self) -> dict[str, Any]:
+        """The object `pruneflow optimize --json` prints (documented in the README)."""
+        return {
+            "run_dir": str(self.run_dir),
+            "exit_code": self.exit_code,
+            "stages": [
+                {"name": s.id, "type": s.type, "seconds": round(s.seconds, 3), "resumed": s.resumed, "metrics": s.metrics}
+                for s in self.stages
+            ],
+            "artifacts": [
+                {k: a.as_dict()[k] for k in ("path", "kind", "target", "precision", "status", "sha256", "size_bytes", "parent", "metrics", "notes")}
+                for a in self.artifacts
+            ],
+            "gates": [g.as_dict() for g in self.gates],
+        }
+
+
+def flat_metrics(records: list[StageRecord], artifacts: list[Artifact]) -> dict[str, Any]:
+    """One namespace for gates: ``STAGE.METRIC`` and ``TARGET.PRECISION.METRIC``."""
+    flat: dict[str, Any] = {}
+    for r in records:
+        for k, v in r.metrics.items():
+            flat[f"{r.id}.{k}"] = v
+    for a in artifacts:
+        if a.target:
+            # A second export stage (id other than "export") is prefixed so it cannot shadow the first.
+            prefix = f"{a.target}.{a.precision}" if a.producer == "export" else f"{a.producer}.{a.target}.{a.precision}"
+            for k, v in a.metrics.items():
+                flat[f"{prefix}.{k}"] = v
+    return flat
