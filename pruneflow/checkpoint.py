@@ -201,16 +201,17 @@ def _weights_only_load(path: Path) -> Any:
     import importlib
     import re
 
-    allowed: list[type] = []
+    allowed: list[Any] = []
     while True:
         try:
             with torch.serialization.safe_globals(allowed):
                 return torch.load(path, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as exc:
             found = re.search(r"GLOBAL ([\w.]+)\.(\w+)", str(exc))
-            name = found and f"{found.group(1)}.{found.group(2)}"
-            if name not in _kind_safe_globals() or any(f"{c.__module__}.{c.__qualname__}" == name for c in allowed):
+            if found is None or f"{found.group(1)}.{found.group(2)}" not in _kind_safe_globals():
                 raise
+            if any(f"{c.__module__}.{c.__qualname__}" == f"{found.group(1)}.{found.group(2)}" for c in allowed):
+                raise  # allowed already, and still refused: not what the kind declared
             allowed.append(getattr(importlib.import_module(found.group(1)), found.group(2)))
 
 

@@ -227,3 +227,14 @@ def test_a_pruned_and_quantized_resnet_checkpoint_reloads_without_unpickling(tmp
         with torch.no_grad():
             assert torch.allclose(loaded.module.eval()(x), quantized.eval()(x), atol=1e-5), file
             assert torch.equal(loaded.float_base.eval()(x), base(x)), file
+
+
+def test_a_quantized_run_resumes_from_its_checkpoints(qat_run):
+    """--resume reloads the ptq stage's nncf checkpoint as a handle; exports and metrics need nothing else.
+    (Last in the file: it rewrites the shared run's manifest.)"""
+    from pruneflow.pipeline import run_recipe
+
+    ptq, _ = qat_run
+    again = run_recipe(load_recipe(ptq.run_dir.parent.parent / "ptq.yaml"), out=ptq.run_dir.parent, resume=True)
+    assert all(s.resumed for s in again.stages), [(s.id, s.resumed) for s in again.stages]
+    assert again.exit_code == ptq.exit_code and again.metrics == ptq.metrics
