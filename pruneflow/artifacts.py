@@ -183,21 +183,3 @@ class Manifest:
     def read(cls, run_dir: Path) -> dict[str, Any]:
         return json.loads((Path(run_dir) / cls.FILE).read_text())
 
-
-def known_sha256(path: Path) -> bool:
-    """True when ``path`` lies in a run directory whose manifest records its current sha256.
-
-    Used before unpickling (``torch.load(weights_only=False)``): we only unpickle files we wrote.
-    """
-    path = Path(path).resolve()
-    for run_dir in path.parents:
-        manifest = run_dir / Manifest.FILE
-        if manifest.is_file():
-            try:
-                data = json.loads(manifest.read_text())
-            except (OSError, ValueError):
-                return False
-            rel = path.relative_to(run_dir).as_posix()
-            recorded = {a["path"]: a.get("sha256") for a in data.get("artifacts", [])}
-            return rel in recorded and recorded[rel] == sha256_file(path)
-    return False

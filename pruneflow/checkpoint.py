@@ -1,49 +1,59 @@
-"""Model checkpoints inside a run directory, loaded without unpickling code.
+"""Model checkpoints inside a run directory: weights, structure and plain values, never code.
 
-A model whose structure still matches its factory is saved as a plain state_dict. One whose structure
-changed (pruning) is saved as its state_dict plus a *structure*: per module, its class name and its
-plain attributes (channel and feature counts, head counts, kernel sizes). Loading builds the model
-from the recipe, sets those attributes, gives every parameter and buffer its saved shape, swaps in
-the known rewrites (the option-A shortcut's ChannelEmbedConv, a removed block's Identity) and loads the weights: everything goes
-through ``torch.load(weights_only=True)``, so a checkpoint from anywhere cannot run code.
+What a checkpoint (``FORMAT``, written by :func:`save_checkpoint` from a :class:`ModelHandle`) holds:
+
+- ``structure`` and ``state_dict`` of the handle's *float* module (its float base for a quantized
+  kind): per module, its class name and its plain attributes (channel and feature counts, head counts,
+  kernel sizes), and its tensors. Recorded for every model, so one that a stage reshaped (pruning, or
+  a third-party stage that knows nothing about checkpoints) reloads without a flag saying so.
+- ``kind`` (a registered :class:`~pruneflow.handle.ModelKind`), ``meta`` (the handle's plain values)
+  and ``kind_payload``: what that kind adds, e.g. NNCF's quantizer config and the quantized weights.
+
+How it is loaded (:func:`load_checkpoint`): ``torch.load(weights_only=True)``, which allows only
+tensors, plain containers and values, plus the classes the registered kinds name in ``safe_globals``
+(imported only when a file holds them). No code of the file runs, and a file that holds anything else
+(a pickled module) is refused. Then the recipe's model is copied and reshaped to ``structure``: its
+attributes set, every parameter and buffer given its saved shape, the known rewrites swapped in (the
+option-A shortcut's ChannelEmbedConv, a removed block's Identity), the weights loaded. The kind turns
+that float model into the handle (``ModelKind.restore``).
 
 torch-pruning's own ``tp.state_dict`` pickles each module's ``__dict__``, and its ``load_pruning_history``
 needs the dependency graph traced again on the right example; this needs neither (ours).
 
-Whole pickled modules (checkpoints of earlier versions, and the float base of an NNCF-quantized model,
-whose hooks NNCF rebuilds from its config) are unpickled only when our own manifest records the file's
-sha256.
+Files of the previous format (``pruneflow-checkpoint/1``: a bare state_dict, a state_dict with a
+``structure``, or an NNCF payload with ``base_structure``/``base_state_dict``/``nncf_config``) still load.
 """
 
 from __future__ import annotations
 
+import copy
 import pickle
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
-from .artifacts import atomic_path, known_sha256
+from . import registry
+from .artifacts import atomic_path
 from .errors import InputError
+from .handle import ModelHandle
 
-FORMAT = "pruneflow-checkpoint/1"
+FORMAT = "pruneflow-checkpoint/2"
+#: The previous format, still read (run folders written before the model handle).
+FORMAT_V1 = "pruneflow-checkpoint/1"
 _PLAIN = (int, float, bool, str, type(None))
 
 
-def save_checkpoint(model: nn.Module, path: Path, *, whole_module: bool = False) -> None:
-    """``whole_module``: the structure changed (pruning), so the structure is saved with the weights."""
-    payload = {"format": FORMAT, "state_dict": model.state_dict()}
-    base = getattr(model, "_pruneflow_float_base", None)
-    if base is not None:
-        # NNCF-quantized: its hooks do not pickle; NNCF's own config + the float module rebuild it.
-        import nncf.torch
+def save_checkpoint(handle: ModelHandle, path: Path) -> None:
+    """Write ``handle`` atomically: its float module's structure and weights, its kind and the kind's payload.
 
-        # The float base is described like a pruned model (never pickled); NNCF's config holds plain
-        # values and NNCF enums, which loading allows by name (see _weights_only_load).
-        payload.update(nncf_config=nncf.torch.get_config(model), base_structure=describe_structure(base),
-                       base_state_dict=base.state_dict())
-    elif whole_module:
-        payload["structure"] = describe_structure(model)
+    The structure is recorded whatever the stage did, so any reshaped model reloads.
+    """
+    base = handle.float_base if handle.float_base is not None else handle.module
+    payload = {"format": FORMAT, "kind": handle.kind, "structure": describe_structure(base),
+               "state_dict": base.state_dict(), "meta": dict(handle.meta),
+               "kind_payload": handle.behaviour.checkpoint_payload(handle)}
     with atomic_path(path) as tmp:
         torch.save(payload, tmp)
 
@@ -62,45 +72,62 @@ def describe_structure(model: nn.Module) -> dict[str, dict]:
 def restore_structure(model: nn.Module, structure: dict[str, dict], state_dict: dict[str, torch.Tensor], path: Path) -> nn.Module:
     """A copy of ``model`` (built from the recipe) reshaped to ``structure``, with ``state_dict`` loaded.
 
-    ``model`` itself is left as it was, also when the checkpoint does not fit.
+    ``model`` itself is left as it was, also when the checkpoint does not fit. Nothing is set on the
+    copy beyond what the structure and the weights describe.
     """
-    import copy
-
-    from .prune.surgery import ChannelEmbedConv
-
-    def mismatch(detail: str) -> InputError:
-        return InputError(f"{path} holds a pruned model that does not fit the model the recipe builds: {detail}",
-                          hint="inspect or resume it with the recipe of the run that wrote it (its recipe.resolved.yaml)")
-
     if not isinstance(structure, dict) or not all(isinstance(d, dict) and isinstance(d.get("attrs"), dict) for d in structure.values()):
         raise InputError(f"{path} is not a pruneflow checkpoint (its structure is malformed)")
     model = copy.deepcopy(model)
-    for name, desc in structure.items():  # parents come before their children
-        modules = dict(model.named_modules())
+    _reshape_modules(model, structure, path)
+    _reshape_tensors(model, state_dict, path)
+    try:
+        model.load_state_dict(state_dict)
+    except RuntimeError as exc:
+        raise _mismatch(path, str(exc).splitlines()[0]) from exc
+    return model
+
+
+def _mismatch(path: Path, detail: str) -> InputError:
+    return InputError(f"{path} holds a model that does not fit the model the recipe builds: {detail}",
+                      hint="inspect or resume it with the recipe of the run that wrote it (its recipe.resolved.yaml)")
+
+
+def _reshape_modules(model: nn.Module, structure: dict[str, dict], path: Path) -> None:
+    """Swap in the known rewrites and set each module's recorded plain attributes (parents before children)."""
+    from .prune.surgery import ChannelEmbedConv
+
+    modules = dict(model.named_modules())
+    for name, desc in structure.items():
         module = modules.get(name)
         if module is None:
-            raise mismatch(f"the recipe's model has no module {name!r}")
+            raise _mismatch(path, f"the recipe's model has no module {name!r}")
         if type(module).__name__ != desc.get("class"):
             if desc.get("class") not in (ChannelEmbedConv.__name__, "Identity") or not name:
-                raise mismatch(f"module {name!r} is a {type(module).__name__}, the checkpoint's a {desc.get('class')}")
+                raise _mismatch(path, f"module {name!r} is a {type(module).__name__}, the checkpoint's a {desc.get('class')}")
             if desc["class"] == "Identity":
                 module = nn.Identity()  # a residual block removed by depth pruning
             else:
                 module = ChannelEmbedConv(1, 0, 1)  # its sizes and stride come from the attributes, its weight from state_dict
             parent, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent) if parent else model, child, module)
+            modules = dict(model.named_modules())  # the replaced module's children are gone
         for key, value in desc["attrs"].items():
             # Only what describe_structure writes: public plain values, never hooks, methods or dunders.
-            if not isinstance(key, str) or key.startswith("_") or not _plain(value) \
-                    or isinstance(getattr(type(module), key, None), property) or callable(getattr(module, key, None)):
+            if not isinstance(key, str) or key.startswith("_") or not _plain(value):
+                continue
+            if isinstance(getattr(type(module), key, None), property) or callable(getattr(module, key, None)):
                 continue
             setattr(module, key, value)
+
+
+def _reshape_tensors(model: nn.Module, state_dict: dict[str, torch.Tensor], path: Path) -> None:
+    """Give every parameter and buffer the saved shape (empty; load_state_dict fills them)."""
     modules = dict(model.named_modules())
     for key, tensor in state_dict.items():
         owner, _, leaf = key.rpartition(".")
         module = modules.get(owner)
         if module is None:
-            raise mismatch(f"the recipe's model has no module {owner!r} (for {key})")
+            raise _mismatch(path, f"the recipe's model has no module {owner!r} (for {key})")
         old = module._parameters.get(leaf) if leaf in module._parameters else module._buffers.get(leaf)
         if old is None or old.shape == tensor.shape:
             continue
@@ -108,89 +135,87 @@ def restore_structure(model: nn.Module, structure: dict[str, dict], state_dict: 
             setattr(module, leaf, nn.Parameter(torch.empty_like(tensor), requires_grad=old.requires_grad))
         else:
             module._buffers[leaf] = torch.empty_like(tensor)
-    try:
-        model.load_state_dict(state_dict)
-    except RuntimeError as exc:
-        raise mismatch(str(exc).splitlines()[0]) from exc
-    model._pruneflow_restructured = True
-    return model
 
 
-def load_checkpoint(path: Path, into: nn.Module | None = None) -> nn.Module:
-    """Load a run-directory checkpoint: into ``into`` (state_dict) or, for a whole module, as a new model."""
+def load_checkpoint(path: Path, into: nn.Module | None = None) -> ModelHandle:
+    """The handle a run-directory checkpoint describes; ``into`` is the model the recipe builds (never changed
+    for a current file, reshaped in a copy).
+
+    >>> handle = load_checkpoint(run_dir / "stages/02-prune/model.pt", into=build_model(recipe.model))
+    >>> handle.kind, handle.module
+    """
     path = Path(path)
+    payload = _upgrade(_read(path), path)
+    if into is None:
+        raise InputError(f"{path} holds weights and structure, not code: the model to load them into is built from the recipe")
+    if payload["structure"] is None:  # a /1 state_dict-only file: the recipe's model, unchanged in structure
+        try:
+            into.load_state_dict(payload["state_dict"])
+        except RuntimeError as exc:
+            raise InputError(f"{path} does not fit the model built from the recipe: {exc}") from exc
+        base = into
+    else:
+        base = restore_structure(into, payload["structure"], payload["state_dict"], path)
+    handle = registry.model_kinds.get(payload["kind"])().restore(base, payload["kind_payload"])
+    return handle.evolve(meta=dict(payload["meta"])) if payload["meta"] else handle
+
+
+def _read(path: Path) -> Any:
+    """The file's contents through weights-only loading; every way that fails is an InputError naming the file."""
     if not path.is_file():
         raise InputError(f"checkpoint not found: {path}")
     try:
-        payload = _weights_only_load(path)
-        whole = False
-    except pickle.UnpicklingError as exc:  # a pickled module is refused by weights-only loading
+        return _weights_only_load(path)
+    except pickle.UnpicklingError as exc:
         if "Unsupported global" not in str(exc) and "GLOBAL" not in str(exc):
             raise InputError(f"{path} is not a readable checkpoint (not a torch file, or damaged)") from exc
-        whole = True
+        raise InputError(
+            f"{path} holds pickled Python objects (e.g. a whole module), which pruneflow never unpickles: "
+            "its checkpoints are weights, structure and plain values",
+            hint="re-run the stage that wrote it with this version of pruneflow (earlier versions pickled pruned models), "
+            "or save the model's state_dict and use model.checkpoint",
+        ) from exc
     except Exception as exc:  # noqa: BLE001 - truncated or not a torch file
         raise InputError(f"{path} is not a readable checkpoint: {type(exc).__name__}: {exc}") from exc
-    if whole:
-        if not known_sha256(path):
-            raise InputError(
-                f"{path} holds a pickled model, and no pruneflow manifest records its sha256",
-                hint="pruneflow only unpickles checkpoints its own runs wrote (the manifest.json beside them lists "
-                "their sha256); for other files, save a state_dict and use model.checkpoint",
-            )
-        payload = torch.load(path, map_location="cpu", weights_only=False)
-        module = payload.get("module") if isinstance(payload, dict) else None
-        if not isinstance(module, nn.Module):
-            raise InputError(f"{path} is not a pruneflow checkpoint")
-        if "nncf_config" in payload:
-            return _load_quantized(module, payload)
-        return module
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+
+
+def _upgrade(payload: Any, path: Path) -> dict[str, Any]:
+    """The current layout of a current or a /1 payload (kind, structure, state_dict, meta, kind_payload)."""
+    if not isinstance(payload, dict) or payload.get("format") not in (FORMAT, FORMAT_V1):
         raise InputError(f"{path} is not a pruneflow checkpoint", hint="use model.checkpoint for plain state_dicts")
-    if into is None:
-        raise InputError(f"{path} holds weights only; the model to load them into is built from the recipe")
-    if "structure" in payload:
-        return restore_structure(into, payload["structure"], payload["state_dict"], path)
-    if "nncf_config" in payload:
-        return _load_quantized(restore_structure(into, payload["base_structure"], payload["base_state_dict"], path), payload)
-    try:
-        into.load_state_dict(payload["state_dict"])
-    except RuntimeError as exc:
-        raise InputError(f"{path} does not fit the model built from the recipe: {exc}") from exc
-    return into
+    if payload["format"] == FORMAT:
+        missing = [k for k in ("kind", "structure", "state_dict", "meta", "kind_payload") if k not in payload]
+        if missing:
+            raise InputError(f"{path} is not a pruneflow checkpoint (it has no {', '.join(missing)})")
+        return payload
+    if "nncf_config" in payload:  # /1 quantized: the float base described, NNCF's config and the quantized weights
+        return {"kind": "nncf", "structure": payload["base_structure"], "state_dict": payload["base_state_dict"], "meta": {},
+                "kind_payload": {"nncf_config": payload["nncf_config"], "state_dict": payload["state_dict"]}}
+    return {"kind": "float", "structure": payload.get("structure"), "state_dict": payload["state_dict"], "meta": {},
+            "kind_payload": {}}
 
 
-# NNCF's config (nncf.torch.get_config) holds plain values and this enum, rebuilt from its value.
-_NNCF_ENUMS = {"nncf.common.quantization.structs.QuantizationScheme"}
-
-
-def _weights_only_load(path: Path):
-    """``torch.load(weights_only=True)``, also allowing the named NNCF enum classes of a quantized
-    checkpoint (imported only when the file needs them; no code of the file runs)."""
+def _weights_only_load(path: Path) -> Any:
+    """``torch.load(weights_only=True)``, also allowing the classes a registered model kind names in
+    ``safe_globals`` (imported only when the file needs them; no code of the file runs)."""
     import importlib
     import re
 
-    allowed: list[type] = []
+    allowed: list[Any] = []
     while True:
         try:
             with torch.serialization.safe_globals(allowed):
                 return torch.load(path, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as exc:
             found = re.search(r"GLOBAL ([\w.]+)\.(\w+)", str(exc))
-            name = found and f"{found.group(1)}.{found.group(2)}"
-            if name not in _NNCF_ENUMS or any(f"{c.__module__}.{c.__qualname__}" == name for c in allowed):
+            if found is None or f"{found.group(1)}.{found.group(2)}" not in _kind_safe_globals():
                 raise
+            if any(f"{c.__module__}.{c.__qualname__}" == f"{found.group(1)}.{found.group(2)}" for c in allowed):
+                raise  # allowed already, and still refused: not what the kind declared
             allowed.append(getattr(importlib.import_module(found.group(1)), found.group(2)))
 
 
-def _load_quantized(base: nn.Module, payload: dict) -> nn.Module:
-    import copy
-
-    from qat.nncf_setup import ensure_built
-
-    ensure_built()
-    import nncf.torch
-
-    model = nncf.torch.load_from_config(copy.deepcopy(base), payload["nncf_config"])
-    model.load_state_dict(payload["state_dict"])
-    object.__setattr__(model, "_pruneflow_float_base", base)
-    return model.eval()
+def _kind_safe_globals() -> set[str]:
+    """Every class name a registered model kind declares safe (asked only when a file holds a class)."""
+    kinds = registry.model_kinds
+    return {name for kind in kinds.names() for name in kinds.get(kind).safe_globals}

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 
     from .artifacts import Artifact
     from .data import DataBundle
+    from .handle import ModelHandle
     from .recipe.models import RecipeBase as Recipe  # recipe_model() builds the Recipe class at run time on this base
     from .tasks import Task
 
@@ -66,9 +67,14 @@ class RunContext:
 
 @dataclass
 class RunState:
-    """Mutable state passed from stage to stage."""
+    """Mutable state passed from stage to stage.
 
-    model: "torch.nn.Module"
+    The model travels as a :class:`~pruneflow.handle.ModelHandle` (the module plus its kind and float
+    base); a stage that makes a new model returns its handle in ``StageResult.handle`` and the pipeline
+    installs it here.
+    """
+
+    handle: "ModelHandle"
     task: "Task"
     data: "DataBundle | None" = None
     teacher: "torch.nn.Module | None" = None
@@ -80,3 +86,8 @@ class RunState:
     metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
     artifacts: list["Artifact"] = field(default_factory=list)
     example_input: "torch.Tensor | None" = None
+
+    @property
+    def model(self) -> "torch.nn.Module":
+        """The current module, for stages that only read it (read-only: a new model comes as a new handle)."""
+        return self.handle.module

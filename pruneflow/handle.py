@@ -61,7 +61,10 @@ class ModelHandle:
         return self.behaviour.int8_module(self, example)
 
     def to(self, device: str) -> "ModelHandle":
+        """Move the module and its float base (in place, like ``nn.Module.to``), so both views run on ``device``."""
         self.module.to(device)
+        if self.float_base is not None:
+            self.float_base.to(device)
         return self
 
 
@@ -72,6 +75,10 @@ class ModelKind:
     name: ClassVar[str] = "float"
     #: True when the module carries INT8 quantizers (what an int8 export needs).
     quantized: ClassVar[bool] = False
+    #: Classes (``"package.module.Class"``) that this kind's checkpoint payload holds besides plain values
+    #: and tensors, e.g. a backend's enums. Weights-only loading allows exactly these by name, importing
+    #: them only when a file needs them, so the core never imports the backend to read a checkpoint.
+    safe_globals: ClassVar[tuple[str, ...]] = ()
 
     def checkpoint_payload(self, handle: ModelHandle) -> dict[str, Any]:
         """Extra checkpoint entries: plain values and tensors only (loaded with weights_only=True)."""
@@ -82,9 +89,11 @@ class ModelKind:
         return ModelHandle(base, kind=self.name)
 
     def float_module(self, handle: ModelHandle) -> "nn.Module":
+        """The float view: a float model is its own (a quantized kind copies its trained weights into its base)."""
         return handle.module
 
     def int8_module(self, handle: ModelHandle, example: "torch.Tensor") -> "nn.Module":
+        """Only a quantized kind has an INT8 form; asked of a float model this is the user's recipe error."""
         raise ExportError("int8 export needs a quantized model, and the model reaching the export stage is floating point",
                           hint="add a `ptq` stage, or a `qat` stage ending in an int8 phase, before `export`")
 

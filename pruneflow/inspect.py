@@ -32,7 +32,8 @@ def load_run_model(run_dir: Path, checkpoint: Path | None = None) -> tuple[torch
         if checkpoints:
             checkpoint = run_dir / checkpoints[-1]["path"]
     if checkpoint is not None:
-        model = load_checkpoint(checkpoint, into=model)
+        # A quantized checkpoint is shown through its float view: the architecture, without quantizer ranges.
+        model = load_checkpoint(checkpoint, into=model).float_module()
     try:
         shape = input_shape_for(loaded.recipe.model, None)
     except InputError:

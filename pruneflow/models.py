@@ -128,7 +128,7 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
             raise InputError(
                 f"model.checkpoint {path} could not be read as a weights-only state_dict: {_first_line(exc)}",
                 hint="save weights with torch.save(model.state_dict(), path) or as .safetensors; "
-                "pickled whole models are only loaded from pruneflow's own run directories",
+                "pickled whole models are never loaded",
             ) from exc
     for key in ("state_dict", "model_state_dict", "model"):
         if isinstance(state, dict) and isinstance(state.get(key), dict):

@@ -22,6 +22,7 @@ from .artifacts import Artifact, Manifest, sha256_file, tool_versions, write_jso
 from .checkpoint import load_checkpoint, save_checkpoint
 from .context import Reporter, RunContext, RunState
 from .errors import EXIT_GATE_FAILED, EXIT_OK, InputError, PruneflowError, StageError
+from .handle import ModelHandle
 from .gates import GateResult, check_gates
 from .recipe import LoadedRecipe, dump_recipe
 from .results import RunResult, StageRecord, flat_metrics
@@ -156,7 +157,7 @@ def _run(loaded: LoadedRecipe, stages: list[Stage], run_dir: Path, manifest: Man
     shape = input_shape_for(recipe.model, data.input_shape)
     example = torch.zeros((1,) + tuple(shape), dtype=data.eval.x.dtype)
     _check_forward(model, example, data.input_shape, recipe.model.factory)
-    state = RunState(model=model.to(device), task=make_task(recipe.task), data=data,
+    state = RunState(handle=ModelHandle(model.to(device)), task=make_task(recipe.task), data=data,
                      model_key=source_key(loaded), example_input=example.to(device))
     records: list[StageRecord] = []
     key = state.model_key
@@ -217,9 +218,11 @@ def _run_stage(stage: Stage, key: str, state: RunState, ctx: RunContext, manifes
     artifacts = list(result.artifacts)
     for artifact in artifacts:
         artifact.producer = stage.id
-    if stage.modifies_model:
+    if result.handle is not None:  # a new model (e.g. quantized): it is the one checkpointed and handed on
+        state.handle = result.handle
+    if stage.modifies_model or result.handle is not None:
         path = stage_dir / "model.pt"
-        save_checkpoint(state.model, path, whole_module=getattr(state.model, "_pruneflow_restructured", False))
+        save_checkpoint(state.handle, path)
         checkpoint = Artifact.from_file(ctx.run_dir, path, kind="checkpoint", producer=stage.id, precision="fp32",
                                         parent=state.model_artifact.path if state.model_artifact else f"source:{state.model_key}",
                                         metrics=dict(result.metrics))
@@ -250,21 +253,17 @@ def _resume(stage: Stage, key: str, state: RunState, ctx: RunContext, manifest: 
     artifacts = [Artifact(**a) for a in saved.get("artifact_records", [])]
     if not all(a.verify(ctx.run_dir) for a in artifacts):
         return None
-    if stage.modifies_model:
-        checkpoint = next((a for a in artifacts if a.kind == "checkpoint"), None)
-        if checkpoint is None:
-            return None
-        # Registered in the manifest first: whole-module checkpoints are unpickled only when it lists them.
-        manifest.artifacts.append(checkpoint)
-        manifest.write()
+    checkpoint = next((a for a in artifacts if a.kind == "checkpoint"), None)
+    if stage.modifies_model and checkpoint is None:
+        return None
+    if checkpoint is not None:
         try:
-            loaded = load_checkpoint(ctx.run_dir / checkpoint.path, into=state.model)
+            # The structure is applied to (a copy of) the float model in hand: the recipe's, or an earlier stage's.
+            loaded = load_checkpoint(ctx.run_dir / checkpoint.path, into=state.handle.float_module())
         except (PruneflowError, RuntimeError, ValueError, OSError) as exc:
             log.warning("stage %s: checkpoint not reusable (%s); running the stage again", stage.id, exc)
             return None
-        finally:
-            manifest.artifacts.remove(checkpoint)
-        state.model = loaded.to(ctx.device)
+        state.handle = loaded.to(ctx.device)
         state.model_artifact = checkpoint
     try:
         stage.restore(state, ctx)

@@ -4,6 +4,7 @@ ranges initialised from the calibration set, ignored scopes by module name or NN
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import logging
 import re
@@ -131,6 +132,22 @@ def force_signed_activations(model: nn.Module) -> int:
             module.signed = True
             changed += 1
     return changed
+
+
+def strip_quantizers(model: nn.Module, example: torch.Tensor) -> nn.Module:
+    """A CPU copy of ``model`` with NNCF's quantizers replaced by torch's native fake-quant ops.
+
+    torch.onnx writes those as QuantizeLinear/DequantizeLinear pairs, the input of pruneflow's INT8 passes
+    (pruneflow/export/qdq.py). The live model may be on a GPU and still in use, hence the copy.
+    """
+    import warnings
+
+    import nncf
+
+    copied = copy.deepcopy(model).cpu().eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return nncf.strip(copied, do_copy=False, example_input=example[:1].cpu()).eval()
 
 
 def quantizer_parameters(model: nn.Module) -> list:

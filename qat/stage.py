@@ -12,6 +12,7 @@ from torch import nn
 
 from pruneflow.distill import DistillSpec, Distiller, frozen_copy
 from pruneflow.evaluate import evaluate_model
+from pruneflow.handle import ModelHandle
 from pruneflow.stage import Stage, StageConfig, StageResult, StrictModel
 from pruneflow.train import FinetuneSettings, fit
 
@@ -83,14 +84,14 @@ def _calibration(stage: Stage, state, ctx):
     return build_calibration_set(split, size=stage.config.calibration_size, strategy="random", seed=ctx.seed)
 
 
-def _int8(stage: Stage, state, ctx) -> nn.Module:
+def _int8(stage: Stage, state, ctx) -> ModelHandle:
+    """The quantized model as an ``nncf`` handle whose float base is the model that entered quantization
+    (checkpoints rebuild the quantizers on it; fp32/fp16 exports copy the trained weights into it)."""
     cfg = stage.config
     base = copy.deepcopy(state.model).eval()  # NNCF adds its hooks in place
     quantized = quantize(state.model, _calibration(stage, state, ctx), ignore=cfg.ignore, preset=cfg.preset,
                          batch_size=cfg.batch_size, activations=cfg.activations)
-    # Not a registered submodule (object.__setattr__): kept out of state_dict, used by checkpoints and export.
-    object.__setattr__(quantized, "_pruneflow_float_base", base)
-    return quantized
+    return ModelHandle(quantized, kind="nncf", float_base=base)
 
 
 class PtqStage(Stage):
@@ -105,10 +106,11 @@ class PtqStage(Stage):
     def run(self, state, ctx):
         before = evaluate_model(state.model, state.data.eval, state.task, ctx.recipe.data.eval_batch_size, ctx.device,
                                 ctx.reporter, f"{self.id} fp32")["accuracy"]
-        state.model = _int8(self, state, ctx)
-        after = evaluate_model(state.model, state.data.eval, state.task, ctx.recipe.data.eval_batch_size, ctx.device,
+        handle = _int8(self, state, ctx)
+        after = evaluate_model(handle.module, state.data.eval, state.task, ctx.recipe.data.eval_batch_size, ctx.device,
                                ctx.reporter, f"{self.id} int8")["accuracy"]
-        return StageResult(metrics={"accuracy": after, "accuracy_fp32": before, "accuracy_drop": before - after})
+        return StageResult(metrics={"accuracy": after, "accuracy_fp32": before, "accuracy_drop": before - after},
+                           handle=handle)
 
 
 class QatStage(Stage):
@@ -127,26 +129,28 @@ class QatStage(Stage):
         fp32 = evaluate_model(state.model, state.data.eval, state.task, ctx.recipe.data.eval_batch_size, ctx.device,
                               ctx.reporter, f"{self.id} fp32")["accuracy"]
         rows.append({"phase": "entering", "precision": "fp32", "epochs": 0, "accuracy": fp32})
+        quantized = None  # the int8 phase's handle: later phases train its module; the pipeline installs it
         for i, phase in enumerate(cfg.schedule, 1):
             if phase.precision == "int8":
-                state.model = _int8(self, state, ctx)
+                quantized = _int8(self, state, ctx)
+            model = quantized.module if quantized is not None else state.model
             settings = cfg.finetune.model_copy(update={"epochs": phase.epochs, "lr": phase.lr or cfg.finetune.lr})
-            rounding = fp16_rounding(state.model) if phase.precision == "fp16" else contextlib.nullcontext()
+            rounding = fp16_rounding(model) if phase.precision == "fp16" else contextlib.nullcontext()
             with rounding:
                 if phase.epochs:
-                    accuracy = self._train(state, ctx, teacher, settings, phase, f"{self.id} {phase.precision}")
+                    accuracy = self._train(model, state, ctx, teacher, settings, phase, f"{self.id} {phase.precision}")
                 else:
-                    accuracy = evaluate_model(state.model, state.data.eval, state.task, ctx.recipe.data.eval_batch_size,
+                    accuracy = evaluate_model(model, state.data.eval, state.task, ctx.recipe.data.eval_batch_size,
                                               ctx.device, ctx.reporter, f"{self.id} {phase.precision}")["accuracy"]
             rows.append({"phase": i, "precision": phase.precision, "epochs": phase.epochs, "accuracy": accuracy})
         metrics = {"accuracy": rows[-1]["accuracy"], "accuracy_fp32": fp32, "accuracy_drop": fp32 - rows[-1]["accuracy"]}
         for row in rows[1:]:
             metrics[f"accuracy_{row['precision']}"] = row["accuracy"]
-        return StageResult(metrics=metrics, tables={"phases": rows})
+        return StageResult(metrics=metrics, tables={"phases": rows}, handle=quantized)
 
-    def _train(self, state, ctx, teacher, settings, phase, description) -> float:
+    def _train(self, model: nn.Module, state, ctx, teacher, settings, phase, description) -> float:
+        """Train ``model`` (the entering float module, or the int8 phase's quantized one) for one phase."""
         cfg: QatConfig = self.config  # type: ignore[assignment]
-        model = state.model
         freeze = cfg.freeze_bn_after if phase.precision == "int8" else None
         ranges = quantizer_parameters(model)
 

@@ -1,5 +1,5 @@
-"""pruneflow.checkpoint: state_dict and pruned-structure checkpoints (never unpickled); legacy whole-module
-pickles unpickled only when a manifest vouches for them."""
+"""pruneflow.checkpoint: weights + structure + the model kind's plain payload, read with weights-only loading;
+a file holding pickled objects is refused, whoever vouches for it."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import pytest
 import torch
 from torch import nn
 
-from pruneflow.artifacts import Artifact, Manifest, known_sha256
-from pruneflow.checkpoint import FORMAT, load_checkpoint, save_checkpoint
+from pruneflow.artifacts import Artifact, Manifest
+from pruneflow.checkpoint import FORMAT, FORMAT_V1, describe_structure, load_checkpoint, save_checkpoint
 from pruneflow.errors import InputError
+from pruneflow.handle import ModelHandle
 
 
 class _Trap:
@@ -29,101 +30,78 @@ def _model(out=3, seed=0):
     return nn.Sequential(nn.Linear(4, out), nn.ReLU(), nn.BatchNorm1d(out))
 
 
-def _legacy_pickle(model, path):
-    """A whole pickled module, as earlier versions wrote pruned models (and NNCF payloads still carry)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"format": FORMAT, "state_dict": model.state_dict(), "module": model}, path)
-
-
-def _record(run_dir, file):
-    """What the pipeline does after writing a checkpoint: list it, with its sha256, in the run's manifest."""
-    manifest = Manifest(run_dir, "test")
-    manifest.add_stage({"id": "s"}, [Artifact.from_file(run_dir, file, kind="checkpoint", producer="s")])
-    return manifest
+def _hidden(model: nn.Module) -> list[str]:
+    """Every ``_pruneflow_*`` attribute on a module of ``model``: what the handle replaced."""
+    return [f"{name}.{key}" for name, m in model.named_modules() for key in vars(m) if key.startswith("_pruneflow_")]
 
 
 def test_state_dict_round_trip(tmp_path):
     model = _model()
     model[2].running_mean.fill_(0.5)
     path = tmp_path / "run" / "stages" / "01-train" / "model.pt"
-    save_checkpoint(model, path)
+    save_checkpoint(ModelHandle(model), path)
     assert path.is_file()
     assert [p.name for p in path.parent.iterdir()] == ["model.pt"]  # no temporary file left behind
     payload = torch.load(path, map_location="cpu", weights_only=True)  # a plain weights-only file
-    assert payload["format"] == FORMAT and "module" not in payload
+    assert payload["format"] == FORMAT and payload["kind"] == "float" and payload["kind_payload"] == {}
+    assert payload["structure"] == describe_structure(model) and "module" not in payload
     fresh = _model(seed=1)
     loaded = load_checkpoint(path, into=fresh)
-    assert loaded is fresh
+    assert loaded.kind == "float" and loaded.float_base is None and not loaded.quantized
     for k, v in model.state_dict().items():
-        assert torch.equal(fresh.state_dict()[k], v)
+        assert torch.equal(loaded.module.state_dict()[k], v)
+    assert not torch.equal(fresh[0].weight, model[0].weight)  # the recipe's model is left as it was
+    assert _hidden(loaded.module) == []
 
 
-def test_state_dict_checkpoint_needs_a_model_that_fits(tmp_path):
-    save_checkpoint(_model(), tmp_path / "m.pt")
-    with pytest.raises(InputError, match="holds weights only"):
+def test_a_checkpoint_needs_the_recipes_model_and_one_of_the_same_architecture(tmp_path):
+    save_checkpoint(ModelHandle(_model()), tmp_path / "m.pt")
+    with pytest.raises(InputError, match="holds weights and structure, not code"):
         load_checkpoint(tmp_path / "m.pt")
-    with pytest.raises(InputError, match=r"(?s)m\.pt does not fit the model built from the recipe: .*size mismatch for 0\.weight"):
-        load_checkpoint(tmp_path / "m.pt", into=_model(out=5))
+    other = nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.BatchNorm1d(3))
+    with pytest.raises(InputError, match=r"m\.pt holds a model that does not fit the model the recipe builds: "
+                                          r"module '1' is a Tanh, the checkpoint's a ReLU"):
+        load_checkpoint(tmp_path / "m.pt", into=other)
 
 
-def test_whole_module_is_refused_without_manifest(tmp_path):
-    pruned = _model(out=2)
-    path = tmp_path / "run" / "model.pt"
-    _legacy_pickle(pruned, path)
-    assert not known_sha256(path)
-    with pytest.raises(InputError, match="holds a pickled model, and no pruneflow manifest records its sha256") as info:
-        load_checkpoint(path, into=_model(out=3))
-    assert "manifest.json" in info.value.hint
+def test_meta_travels_through_the_checkpoint(tmp_path):
+    save_checkpoint(ModelHandle(_model(), meta={"rounds": 3, "note": "x"}), tmp_path / "m.pt")
+    assert load_checkpoint(tmp_path / "m.pt", into=_model()).meta == {"rounds": 3, "note": "x"}
 
 
-def test_whole_module_loads_when_manifest_records_its_sha256(tmp_path):
-    run_dir = tmp_path / "run"
-    pruned = _model(out=2).eval()
-    path = run_dir / "stages" / "02-prune" / "model.pt"  # the manifest sits two folders up
-    _legacy_pickle(pruned, path)
-    _record(run_dir, path)
-    assert known_sha256(path)
-    loaded = load_checkpoint(path, into=_model(out=3))  # `into` is ignored: the structure comes from the file
-    assert isinstance(loaded, nn.Sequential) and loaded[0].out_features == 2
-    x = torch.randn(5, 4)
-    assert torch.equal(loaded.eval()(x), pruned(x))
-
-
-def test_whole_module_changed_after_recording_is_refused(tmp_path):
-    run_dir = tmp_path / "run"
-    path = run_dir / "model.pt"
-    _legacy_pickle(_model(out=2), path)
-    _record(run_dir, path)
-    _legacy_pickle(_model(out=2, seed=7), path)  # other bytes, same name
-    assert not known_sha256(path)
-    with pytest.raises(InputError, match="no pruneflow manifest records its sha256"):
-        load_checkpoint(path)
-
-
-def test_manifest_listing_another_file_does_not_vouch(tmp_path):
-    run_dir = tmp_path / "run"
-    good, other = run_dir / "a.pt", run_dir / "b.pt"
-    _legacy_pickle(_model(), good)
-    _legacy_pickle(_model(), other)
-    _record(run_dir, good)
-    assert load_checkpoint(good)[0].out_features == 3
-    with pytest.raises(InputError, match="no pruneflow manifest records its sha256"):
-        load_checkpoint(other)
-    # a manifest that cannot be parsed vouches for nothing
-    (run_dir / Manifest.FILE).write_text("{not json")
-    with pytest.raises(InputError, match="no pruneflow manifest"):
-        load_checkpoint(good)
-
-
-def test_pickled_code_never_runs_without_manifest(tmp_path):
+def test_a_pickled_module_is_refused_and_runs_no_code_even_when_a_manifest_lists_it(tmp_path):
+    """Earlier versions pickled pruned models; no file is unpickled now, whatever vouches for it."""
     marker = tmp_path / "pwned"
-    path = tmp_path / "run" / "model.pt"
-    path.parent.mkdir()
-    torch.save({"format": FORMAT, "state_dict": {}, "module": _Trap(str(marker))}, path)
-    (path.parent / Manifest.FILE).write_text(json.dumps({"artifacts": [{"path": "model.pt", "sha256": "0" * 64}]}))
-    with pytest.raises(InputError, match="pickled model"):
-        load_checkpoint(path)
+    run_dir = tmp_path / "run"
+    path = run_dir / "stages" / "02-prune" / "model.pt"
+    path.parent.mkdir(parents=True)
+    torch.save({"format": FORMAT_V1, "state_dict": _model().state_dict(), "module": _model(out=2),
+                "trap": _Trap(str(marker))}, path)
+    manifest = Manifest(run_dir, "test")  # our own manifest, recording the file's exact sha256
+    manifest.add_stage({"id": "prune"}, [Artifact.from_file(run_dir, path, kind="checkpoint", producer="prune")])
+    assert json.loads((run_dir / Manifest.FILE).read_text())["artifacts"][0]["sha256"]
+    with pytest.raises(InputError, match="holds pickled Python objects .* which pruneflow never unpickles") as info:
+        load_checkpoint(path, into=_model())
+    assert info.value.exit_code == 2 and "state_dict" in info.value.hint
     assert not marker.exists()
+
+
+def test_checkpoints_of_the_previous_format_still_load(tmp_path):
+    """Run folders written before the model handle: a bare state_dict, or a state_dict with a structure."""
+    model = _model().eval()
+    torch.save({"format": FORMAT_V1, "state_dict": model.state_dict()}, tmp_path / "plain.pt")
+    fresh = _model(seed=1)
+    loaded = load_checkpoint(tmp_path / "plain.pt", into=fresh)
+    assert loaded.kind == "float" and loaded.module is fresh
+    x = torch.randn(5, 4)
+    assert torch.equal(loaded.module.eval()(x), model(x))
+    pruned = _model(out=2).eval()
+    torch.save({"format": FORMAT_V1, "state_dict": pruned.state_dict(), "structure": describe_structure(pruned)},
+               tmp_path / "pruned.pt")
+    loaded = load_checkpoint(tmp_path / "pruned.pt", into=_model(out=3))
+    assert loaded.module[0].out_features == 2 and torch.equal(loaded.module.eval()(x), pruned(x))
+    with pytest.raises(InputError, match=r"plain\.pt does not fit the model built from the recipe"):
+        load_checkpoint(tmp_path / "plain.pt", into=_model(out=5))
 
 
 def test_files_that_are_not_pruneflow_checkpoints(tmp_path):
@@ -136,18 +114,26 @@ def test_files_that_are_not_pruneflow_checkpoints(tmp_path):
     (tmp_path / "empty.pt").write_bytes(b"")
     with pytest.raises(InputError, match=r"empty\.pt is not a readable checkpoint: EOFError"):
         load_checkpoint(tmp_path / "empty.pt", into=_model())
+    torch.save({"format": FORMAT, "state_dict": {}}, tmp_path / "partial.pt")
+    with pytest.raises(InputError, match=r"partial\.pt is not a pruneflow checkpoint \(it has no kind, structure"):
+        load_checkpoint(tmp_path / "partial.pt", into=_model())
+    save_checkpoint(ModelHandle(_model()), tmp_path / "alien.pt")
+    payload = torch.load(tmp_path / "alien.pt", weights_only=True)
+    torch.save(dict(payload, kind="alien"), tmp_path / "alien.pt")
+    with pytest.raises(InputError, match="unknown model kind 'alien'"):
+        load_checkpoint(tmp_path / "alien.pt", into=_model())
 
 
 def test_a_pruned_model_is_saved_as_weights_and_structure_and_loads_from_anywhere(tmp_path):
     pruned = _model(out=2).eval()
     pruned[2].running_var.fill_(2.0)
     path = tmp_path / "copied" / "model.pt"  # no run directory, no manifest: nothing needs vouching for
-    save_checkpoint(pruned, path, whole_module=True)
+    save_checkpoint(ModelHandle(pruned), path)
     payload = torch.load(path, map_location="cpu", weights_only=True)  # no pickled code in it
     assert "module" not in payload and payload["structure"]["0"] == {
         "class": "Linear", "attrs": {"in_features": 4, "out_features": 2}}
     fresh = _model(out=3, seed=5)
-    loaded = load_checkpoint(path, into=fresh)
+    loaded = load_checkpoint(path, into=fresh).module
     assert loaded[0].out_features == 2 and loaded[2].num_features == 2
     assert fresh[0].out_features == 3 and fresh[0].weight.shape == (3, 4)  # the recipe's model is left as it was
     assert loaded[0].weight.requires_grad
@@ -156,13 +142,13 @@ def test_a_pruned_model_is_saved_as_weights_and_structure_and_loads_from_anywher
 
 
 def test_a_pruned_structure_that_does_not_fit_the_recipes_model_is_a_clear_error(tmp_path):
-    save_checkpoint(_model(out=2), tmp_path / "m.pt", whole_module=True)
+    save_checkpoint(ModelHandle(_model(out=2)), tmp_path / "m.pt")
     payload = torch.load(tmp_path / "m.pt", weights_only=True)
     payload["structure"]["0"]["attrs"].update(_forward_hooks=None, forward="x")  # never applied: not what we write
     torch.save(payload, tmp_path / "m.pt")
-    assert load_checkpoint(tmp_path / "m.pt", into=_model(out=3))[0].out_features == 2
+    assert load_checkpoint(tmp_path / "m.pt", into=_model(out=3)).module[0].out_features == 2
     other = nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.BatchNorm1d(3))
-    with pytest.raises(InputError, match=r"m\.pt holds a pruned model that does not fit the model the recipe builds: "
+    with pytest.raises(InputError, match=r"m\.pt holds a model that does not fit the model the recipe builds: "
                                           r"module '1' is a Tanh, the checkpoint's a ReLU") as info:
         load_checkpoint(tmp_path / "m.pt", into=other)
     assert "recipe.resolved.yaml" in info.value.hint
@@ -183,9 +169,10 @@ def test_a_pruned_resnet_with_rewritten_shortcuts_round_trips(tmp_path):
     make_prunable(model, example)
     prune_step(model, example, magnitude_saliency(model), 0.4, PruneOptions(ignored=resolve_ignored(model, None), round_to=4))
     model.eval()
-    save_checkpoint(model, tmp_path / "model.pt", whole_module=True)
-    loaded = load_checkpoint(tmp_path / "model.pt", into=resnet20()).eval()  # the factory's model, option-A shortcuts
+    save_checkpoint(ModelHandle(model), tmp_path / "model.pt")
+    loaded = load_checkpoint(tmp_path / "model.pt", into=resnet20()).module.eval()  # the factory's model, option-A shortcuts
     assert isinstance(loaded.layer2[0].shortcut, ChannelEmbedConv) and not loaded.layer2[0].shortcut.weight.requires_grad
+    assert _hidden(loaded) == []  # reshaping sets only what the structure records
     assert torch.equal(loaded(example), model(example))
     assert sum(p.numel() for p in loaded.parameters()) == sum(p.numel() for p in model.parameters())
 
@@ -202,8 +189,8 @@ def test_a_head_pruned_bert_round_trips(tmp_path):
     model = build(0)
     prune_heads(attention_sites(model)[0], [1, 3])
     prune_neurons(ffn_sites(model)[1], list(range(10)))
-    save_checkpoint(model, tmp_path / "model.pt", whole_module=True)
-    loaded = load_checkpoint(tmp_path / "model.pt", into=build(1)).eval()
+    save_checkpoint(ModelHandle(model), tmp_path / "model.pt")
+    loaded = load_checkpoint(tmp_path / "model.pt", into=build(1)).module.eval()
     assert [s.heads for s in attention_sites(loaded)] == [2, 4]
     ids = torch.randint(1, 120, (3, 16))
     assert torch.allclose(loaded(ids), model(ids), atol=1e-6)

@@ -276,7 +276,7 @@ def test_a_pruned_checkpoint_holds_no_pickle_and_loads_outside_its_run_directory
     payload = torch.load(copy, map_location="cpu", weights_only=True)  # would raise on any pickled object
     assert "structure" in payload and "module" not in payload
     prune = next(s for s in result.stages if s.type == "prune")
-    model = load_checkpoint(copy, into=build_model(load_recipe(path).recipe.model))
+    model = load_checkpoint(copy, into=build_model(load_recipe(path).recipe.model)).module
     assert sum(p.numel() for p in model.parameters()) == prune.metrics["params"]
 
 

@@ -114,7 +114,7 @@ def test_int8_export_without_a_quantizing_stage_is_refused_before_running(tmp_pa
 
 
 def test_a_quantized_checkpoint_reloads_with_its_quantizers(qat_run):
-    from pruneflow.checkpoint import load_checkpoint
+    from pruneflow.checkpoint import _weights_only_load, load_checkpoint
     from pruneflow.data import load_data
     from pruneflow.evaluate import evaluate_model
     from pruneflow.tasks import Classification
@@ -123,13 +123,15 @@ def test_a_quantized_checkpoint_reloads_with_its_quantizers(qat_run):
 
     _, qat = qat_run
     path = qat.run_dir / "stages" / "03-qat" / "model.pt"
-    payload = torch.load(path, map_location="cpu", weights_only=False)
-    assert "module" not in payload and "base_structure" in payload  # no pickled module: weights, structure, NNCF config
+    payload = _weights_only_load(path)  # no pickled module: weights, structure, NNCF config (its enums allowed by name)
+    assert payload["kind"] == "nncf" and "module" not in payload and "nncf_config" in payload["kind_payload"]
     recipe = load_recipe(qat.run_dir / "recipe.resolved.yaml").recipe
-    model = load_checkpoint(path, into=build_model(recipe.model))
-    assert any("__nncf_hooks" in n for n, _ in model.named_parameters())
+    handle = load_checkpoint(path, into=build_model(recipe.model))
+    assert handle.kind == "nncf" and handle.quantized and handle.float_base is not None
+    assert any("__nncf_hooks" in n for n, _ in handle.module.named_parameters())
+    assert not any("__nncf_hooks" in n for n, _ in handle.float_module().named_parameters())
     data = load_data(recipe.data, recipe.seed, with_train=False)
-    accuracy = evaluate_model(model, data.eval, Classification())["accuracy"]
+    accuracy = evaluate_model(handle.module, data.eval, Classification())["accuracy"]
     assert accuracy == pytest.approx(qat.metrics["qat.accuracy"], abs=1e-9)
 
 
@@ -192,11 +194,13 @@ def test_failing_module_names_the_innermost_layer_that_raised():
 
 def test_a_pruned_and_quantized_resnet_checkpoint_reloads_without_unpickling(tmp_path):
     """The float base of an NNCF model is saved as weights + structure (here with the rewritten option-A
-    shortcuts of a pruned ResNet); the file reads with weights_only=True, NNCF's config enums allowed by name."""
+    shortcuts of a pruned ResNet); the file reads with weights_only=True, NNCF's config enums allowed by name.
+    A file in the previous layout (pruneflow-checkpoint/1, written before the model handle) loads the same."""
     import copy
 
     from calibrate.calibset import CalibrationSet
-    from pruneflow.checkpoint import _weights_only_load, load_checkpoint, save_checkpoint
+    from pruneflow.checkpoint import FORMAT_V1, _weights_only_load, describe_structure, load_checkpoint, save_checkpoint
+    from pruneflow.handle import ModelHandle
     from pruneflow.prune.engine import PruneOptions, prune_step, resolve_ignored
     from pruneflow.prune.importance import magnitude_saliency
     from pruneflow.prune.surgery import make_prunable
@@ -209,11 +213,28 @@ def test_a_pruned_and_quantized_resnet_checkpoint_reloads_without_unpickling(tmp
     prune_step(model, x[:1], magnitude_saliency(model), 0.3, PruneOptions(ignored=resolve_ignored(model, None), round_to=4))
     base = copy.deepcopy(model).eval()
     quantized = quantize(model, CalibrationSet(x=x))
-    object.__setattr__(quantized, "_pruneflow_float_base", base)  # as the qat/ptq stages do
-    save_checkpoint(quantized, tmp_path / "model.pt")
+    save_checkpoint(ModelHandle(quantized, kind="nncf", float_base=base), tmp_path / "model.pt")  # as the qat/ptq stages do
     payload = _weights_only_load(tmp_path / "model.pt")
-    assert "module" not in payload and "nncf_config" in payload
-    loaded = load_checkpoint(tmp_path / "model.pt", into=resnet20()).eval()
-    assert any("__nncf_hooks" in n for n, _ in loaded.named_parameters())
-    with torch.no_grad():
-        assert torch.allclose(loaded(x), quantized.eval()(x), atol=1e-5)
+    assert "module" not in payload and "nncf_config" in payload["kind_payload"]
+    assert payload["structure"] == describe_structure(base)  # the float base's structure, whatever reshaped it
+    import nncf.torch
+
+    torch.save({"format": FORMAT_V1, "state_dict": quantized.state_dict(), "nncf_config": nncf.torch.get_config(quantized),
+                "base_structure": describe_structure(base), "base_state_dict": base.state_dict()}, tmp_path / "v1.pt")
+    for file in ("model.pt", "v1.pt"):
+        loaded = load_checkpoint(tmp_path / file, into=resnet20())
+        assert loaded.kind == "nncf" and any("__nncf_hooks" in n for n, _ in loaded.module.named_parameters())
+        with torch.no_grad():
+            assert torch.allclose(loaded.module.eval()(x), quantized.eval()(x), atol=1e-5), file
+            assert torch.equal(loaded.float_base.eval()(x), base(x)), file
+
+
+def test_a_quantized_run_resumes_from_its_checkpoints(qat_run):
+    """--resume reloads the ptq stage's nncf checkpoint as a handle; exports and metrics need nothing else.
+    (Last in the file: it rewrites the shared run's manifest.)"""
+    from pruneflow.pipeline import run_recipe
+
+    ptq, _ = qat_run
+    again = run_recipe(load_recipe(ptq.run_dir.parent.parent / "ptq.yaml"), out=ptq.run_dir.parent, resume=True)
+    assert all(s.resumed for s in again.stages), [(s.id, s.resumed) for s in again.stages]
+    assert again.exit_code == ptq.exit_code and again.metrics == ptq.metrics

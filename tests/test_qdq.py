@@ -16,7 +16,7 @@ from calibrate.build import build_calibration_set
 from pruneflow.data import Split
 from pruneflow.export.onnx import onnxruntime_runner
 from pruneflow.export.qdq import check_convention, export_int8_onnx
-from qat.nncf_quant import quantize
+from qat.nncf_quant import quantize, strip_quantizers
 
 
 class Net(nn.Module):
@@ -54,7 +54,7 @@ def quantized(tmp_path_factory):
     paths = {}
     for form in ("tensorrt", "cpu"):
         paths[form] = out / f"{form}.onnx"
-        export_int8_onnx(q, x[:2], paths[form], form=form)
+        export_int8_onnx(strip_quantizers(q, x), x[:2], paths[form], form=form)
     with torch.no_grad():
         ref = q(x).numpy()
     return q, x, ref, paths, model
@@ -126,12 +126,10 @@ def test_batchnorm_folding_through_the_weight_quantizer_is_exact(quantized):
     from pruneflow.export.qdq import PassReport, _Graph, fold_batchnorm, fold_weight_quantizers
 
     q, x, _, paths, _ = quantized
-    import nncf
-
     from pruneflow.export.onnx import export_onnx
 
     raw = paths["cpu"].parent / "raw.onnx"
-    export_onnx(nncf.strip(copy.deepcopy(q), example_input=x[:1]).eval(), x[:2], raw)
+    export_onnx(strip_quantizers(q, x), x[:2], raw)
     before = onnx.load(str(raw))
     after = onnx.load(str(raw))
     graph, report = _Graph(after), PassReport()
@@ -175,7 +173,7 @@ def test_an_unsigned_activation_quantizer_has_no_exact_tensorrt_form(quantized, 
     calib = build_calibration_set(Split(x, torch.zeros(len(x), dtype=torch.long)), size=64, strategy="random", seed=0)
     q = quantize(copy.deepcopy(model), calib, activations="auto").eval()
     with pytest.raises(ExportError, match="TensorRT"):
-        export_int8_onnx(q, x[:2], tmp_path / "trt.onnx", form="tensorrt")
+        export_int8_onnx(strip_quantizers(q, x), x[:2], tmp_path / "trt.onnx", form="tensorrt")
     assert not (tmp_path / "trt.onnx").exists()
-    export_int8_onnx(q, x[:2], tmp_path / "cpu.onnx", form="cpu")  # uint8 (zero point 0) is fine on a CPU
+    export_int8_onnx(strip_quantizers(q, x), x[:2], tmp_path / "cpu.onnx", form="cpu")  # uint8 (zero point 0) is fine on a CPU
     assert check_convention(onnx.load(str(tmp_path / "cpu.onnx")), "cpu") == []

@@ -14,7 +14,7 @@ from pydantic import Field
 from ..artifacts import Artifact, atomic_path
 from ..errors import ExportError
 from ..stage import Target, TargetConfig
-from . import float_model, quantized_model, require
+from . import require
 
 
 class OnnxConfig(TargetConfig):
@@ -48,7 +48,7 @@ class OnnxTarget(Target):
         export = dict(opset=cfg.opset, dynamic_batch=cfg.dynamic_batch, exporter=cfg.exporter)
         if precision == "int8":
             return [self._int8(state, ctx, out_dir, form) for form in dict.fromkeys(cfg.int8_forms)]
-        model = float_model(state.model)
+        model = state.handle.float_module()
         if precision == "fp16":
             with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
                 export_onnx(model, state.example_input, Path(tmp) / "fp32.onnx", **export)
@@ -62,7 +62,7 @@ class OnnxTarget(Target):
 
         cfg: OnnxConfig = self.config  # type: ignore[assignment]
         path = out_dir / ("model.int8.onnx" if form == "cpu" else "model.int8.tensorrt.onnx")
-        report = export_int8_onnx(quantized_model(state.model), state.example_input, path, form=form,
+        report = export_int8_onnx(state.handle.int8_module(state.example_input), state.example_input, path, form=form,
                                   opset=max(cfg.opset, 13), dynamic_batch=cfg.dynamic_batch)
         artifact = Artifact.from_file(ctx.run_dir, path, kind="onnx", producer="export", target="onnx",
                                       precision="int8" if form == "cpu" else "int8_tensorrt")

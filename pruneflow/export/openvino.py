@@ -15,7 +15,7 @@ from pydantic import Field
 from ..artifacts import Artifact
 from ..errors import ExportError
 from ..stage import Target, TargetConfig
-from . import float_model, quantized_model, require
+from . import require
 
 
 class OpenVinoConfig(TargetConfig):
@@ -45,11 +45,11 @@ class OpenVinoTarget(Target):
                         from .qdq import export_int8_onnx
 
                         source = Path(tmp) / "int8.onnx"
-                        export_int8_onnx(quantized_model(state.model), example, source, form="cpu",
+                        export_int8_onnx(state.handle.int8_module(example), example, source, form="cpu",
                                          dynamic_batch=self.config.dynamic_batch)
                         converted = ov.convert_model(str(source))
                     else:
-                        model = copy.deepcopy(float_model(state.model)).cpu().eval()  # never move the live model
+                        model = copy.deepcopy(state.handle.float_module()).cpu().eval()  # never move the live model
                         converted = ov.convert_model(model, example_input=example.repeat((2,) + (1,) * (example.dim() - 1)),
                                                      input=[shape])
             except ExportError:

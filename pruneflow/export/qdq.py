@@ -1,4 +1,4 @@
-"""INT8 ONNX from a quantized (NNCF) torch model, in the form each runtime runs best.
+"""INT8 ONNX from a quantized torch model, in the form each runtime runs best.
 
 One set of trained quantization parameters, two forms:
 
@@ -10,9 +10,11 @@ One set of trained quantization parameters, two forms:
   fastest: int8 with zero point 0 and scale s is exactly uint8 with zero point 128 and the same scale
   (both represent -128 s .. 127 s), so this rewrite changes no value. Weights stay int8 per channel.
 
-torch's exporter writes an NNCF model (after ``nncf.strip``) as Q/DQ pairs around float weights and
-leaves BatchNorm after the quantized convolution; neither runtime then runs the convolution in int8.
-No library we depend on does the two fixes below, so they are written here:
+The model comes already stripped to torch's native fake-quant ops (``ModelHandle.int8_module``: for the
+NNCF kind, ``nncf.strip`` in qat/), so this module imports no quantization backend. torch's exporter
+writes it as Q/DQ pairs around float weights and leaves BatchNorm after the quantized convolution;
+neither runtime then runs the convolution in int8. No library we depend on does the two fixes below,
+so they are written here:
 
 - weight quantizers are applied offline: ``QuantizeLinear(W)`` becomes an int8 initializer;
 - BatchNorm is folded into the preceding Conv *through* its weight quantizer. With symmetric
@@ -381,22 +383,15 @@ def check_convention(model, form: Form) -> list[str]:
     return problems
 
 
-def export_int8_onnx(qmodel, example, path: Path, *, form: Form, opset: int = 17, dynamic_batch: bool = True) -> PassReport:
-    """Strip NNCF's quantizers to torch's native fake-quant ops, export, then convert to ``form``."""
-    import copy
+def export_int8_onnx(stripped, example, path: Path, *, form: Form, opset: int = 17, dynamic_batch: bool = True) -> PassReport:
+    """Export a model stripped to torch's fake-quant ops (``handle.int8_module(example)``), then convert to ``form``."""
     import tempfile
-    import warnings
 
-    import nncf
     import onnx
 
     from ..artifacts import atomic_path
     from .onnx import export_onnx
 
-    model = copy.deepcopy(qmodel).cpu().eval()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        stripped = nncf.strip(model, do_copy=False, example_input=example[:1].cpu()).eval()
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         raw = Path(tmp) / "qdq.onnx"
         export_onnx(stripped, example.cpu(), raw, opset=max(opset, 13), dynamic_batch=dynamic_batch)

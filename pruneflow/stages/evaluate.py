@@ -7,7 +7,6 @@ from typing import Literal
 from pydantic import Field
 
 from ..evaluate import count_macs_params, evaluate_model
-from ..export import float_model
 from ..stage import Stage, StageConfig, StageResult
 
 
@@ -32,6 +31,6 @@ class EvaluateStage(Stage):
         metrics = evaluate_model(state.model, split, state.task, ctx.recipe.data.eval_batch_size, ctx.device,
                                  ctx.reporter, description=self.id)
         # A quantized model is counted through its float twin (quantizer ranges are not model parameters).
-        macs, params = count_macs_params(float_model(state.model), state.example_input)
+        macs, params = count_macs_params(state.handle.float_module(), state.example_input)
         metrics.update(macs=macs, params=params)
         return StageResult(metrics=metrics)

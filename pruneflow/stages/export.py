@@ -17,7 +17,6 @@ from ..artifacts import Artifact
 from ..bench import measure_latency
 from ..errors import ExportError, InputError, PruneflowError
 from ..evaluate import evaluate_runtime
-from ..export import float_model
 from ..gates import GateResult
 from ..recipe.models import normalise_target_list, target_union
 from ..stage import Stage, StageConfig, StageResult, StrictModel, Target
@@ -152,8 +151,8 @@ class ExportStage(Stage):
         cfg: ExportConfig = self.config  # type: ignore[assignment]
         label = f"{artifact.target}.{artifact.precision}"
         x = state.data.eval.x[: cfg.parity.samples]
-        # fp32/fp16 artifacts come from the float model (see float_model), int8 ones from the quantized model.
-        source = state.model if (artifact.precision or "").startswith("int8") else float_model(state.model)
+        # fp32/fp16 artifacts come from the float view of the model, int8 ones from the quantized model itself.
+        source = state.model if (artifact.precision or "").startswith("int8") else state.handle.float_module()
         device = next(source.parameters()).device
         with torch.no_grad():
             source.eval()

@@ -1,0 +1,71 @@
+"""The NNCF-quantized model kind: how a model the ptq/qat stages quantized is checkpointed, restored and exported.
+
+Registered through the ``pruneflow.model_kinds`` entry point (``nncf``), so the core reaches NNCF only
+through this class; nncf itself is imported inside the methods, when a quantized model is in hand.
+
+    handle = ModelHandle(quantized, kind="nncf", float_base=base)
+    handle.float_module()        # the float base with the QAT-trained weights, for fp32/fp16 artifacts
+    handle.int8_module(example)  # nncf.strip'ped: torch's own fake-quant ops, which torch.onnx writes as Q/DQ
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pruneflow.errors import StageError
+from pruneflow.handle import ModelHandle, ModelKind
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+
+class NncfKind(ModelKind):
+    """A module NNCF inserted quantizers into, with the float model that entered quantization as its base."""
+
+    name: ClassVar[str] = "nncf"
+    quantized: ClassVar[bool] = True
+    # NNCF's config (nncf.torch.get_config) holds plain values and this enum, which weights-only loading
+    # then rebuilds from its value.
+    safe_globals: ClassVar[tuple[str, ...]] = ("nncf.common.quantization.structs.QuantizationScheme",)
+
+    def checkpoint_payload(self, handle: ModelHandle) -> dict[str, Any]:
+        """NNCF's own config and the quantized weights: NNCF's hooks do not pickle, and its config plus the
+        float base (which the checkpoint records as structure + weights) rebuild them."""
+        import nncf.torch
+
+        return {"nncf_config": nncf.torch.get_config(handle.module), "state_dict": handle.module.state_dict()}
+
+    def restore(self, base: "nn.Module", payload: dict[str, Any]) -> ModelHandle:
+        """Re-insert the quantizers into a copy of ``base`` from the saved config, then load the trained weights."""
+        from .nncf_setup import ensure_built
+
+        ensure_built()
+        import nncf.torch
+
+        module = nncf.torch.load_from_config(copy.deepcopy(base), payload["nncf_config"])
+        module.load_state_dict(payload["state_dict"])
+        return ModelHandle(module.eval(), kind=self.name, float_base=base)
+
+    def float_module(self, handle: ModelHandle) -> "nn.Module":
+        """The float base with the trained weights copied in, so fp32/fp16 artifacts (and MAC counts) hold what
+        QAT learned, without the fake-quantize operations."""
+        base = _float_base(handle)
+        view = copy.deepcopy(base)
+        own = view.state_dict()
+        view.load_state_dict({k: v for k, v in handle.module.state_dict().items() if k in own})
+        return view.eval()
+
+    def int8_module(self, handle: ModelHandle, example: "torch.Tensor") -> "nn.Module":
+        """A CPU copy with NNCF's quantizers stripped to torch's native fake-quant ops (the live model is untouched)."""
+        from .nncf_quant import strip_quantizers
+
+        return strip_quantizers(handle.module, example)
+
+
+def _float_base(handle: ModelHandle) -> "nn.Module":
+    if handle.float_base is None:
+        raise StageError("an NNCF-quantized model handle has no float base",
+                         hint="build it as ModelHandle(quantized, kind='nncf', float_base=the model that entered quantization)")
+    return handle.float_base
