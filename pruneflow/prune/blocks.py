@@ -174,7 +174,7 @@ class BlockStrategy(Strategy):
     def rounds(self) -> int:
         if self.config.rounds != "auto":
             return self.config.rounds
-        return auto_rounds("macs" if self.metric == "blocks" else self.metric, self.keep)  # type: ignore[arg-type]
+        return auto_rounds("macs" if self.metric == "blocks" else self.metric, self.keep)
 
     def goal(self, index: int, rounds: int) -> dict[str, float]:
         return {self.metric: self.before[self.metric] * (1 - (1 - self.keep) * index / rounds)}

@@ -10,7 +10,8 @@ import torch
 from ..bench import cpu_channel_block
 from ..errors import ConfigError
 from ..evaluate import count_macs_params
-from .engine import PruneOptions, auto_rounds, layer_channels, layer_widths, measure, plan_step, prunable_layers, resolve_ignored, search_ratio
+from .engine import (PruneOptions, auto_rounds, layer_channels, layer_widths, measure, plan_step, prunable_layers,
+                     resolve_ignored, search_ratio)
 from .fisher import fisher_diagonal, mean_gradients
 from .importance import hessian_saliency, magnitude_saliency, mixed_saliency, taylor_saliency
 from .rounds import Batches, Plan, Round, Strategy

@@ -91,7 +91,9 @@ class _PruneBase(StageConfig):
     type: Literal["prune"] = Field("prune", description="Structured pruning with progressive rounds and KD fine-tuning.")
     granularity: str = Field(description="What a round removes.")
     target: Any = Field(description="What to reach.")
-    rounds: int | Literal["auto"] = Field("auto", description="Prune-then-fine-tune rounds; `auto`: about 10 % of the units a round.")
+    rounds: int | Literal["auto"] = Field(
+        "auto", description="Prune-then-fine-tune rounds; `auto`: about 10 % of the units a round."
+    )
     importance_batches: int | None = Field(None, ge=1, description="Training batches used to score importance each round.")
     importance_batch_size: int = Field(32, ge=1, description="Samples per importance batch.")
     finetune: FinetuneSettings | None = Field(
@@ -115,10 +117,15 @@ class ChannelPruneConfig(_PruneBase):
         "channels", description="`channels`: remove channels (width); coupled channels go together. The default."
     )
     target: PruneTarget = Field(description="What to reach: {ratio: 0.3} channels removed, {macs: 0.5} or {params: 0.5} kept.")
-    rounds: int | Literal["auto"] = Field("auto", description="Prune-then-fine-tune rounds; `auto` removes about 10 % of channels a round.")
-    importance_batches: int | None = Field(None, ge=1, description="Training batches used to score importance each round (default 4).")
+    rounds: int | Literal["auto"] = Field(
+        "auto", description="Prune-then-fine-tune rounds; `auto` removes about 10 % of channels a round."
+    )
+    importance_batches: int | None = Field(
+        None, ge=1, description="Training batches used to score importance each round (default 4)."
+    )
     importance: Importance = Field(
-        "hessian", description="Channel importance: weight magnitude, first-order Taylor (|w·g|), Hessian (OBD, w²·Fisher), or both mixed."
+        "hessian", description="Channel importance: weight magnitude, first-order Taylor (|w·g|), Hessian (OBD, w²·Fisher), "
+        "or both mixed."
     )
     allocation: Literal["global", "uniform"] = Field(
         "global", description="`global` ranks channels across layers; `uniform` prunes every layer by the same ratio."
@@ -156,7 +163,9 @@ class BlockPruneConfig(_PruneBase):
         description="`blocks`: remove whole residual blocks (depth), ranked by the measured loss increase of removing "
         "each; `ratio` is then the share of blocks. On CPUs, blocks turn MACs into time one for one; channels keep the depth."
     )
-    target: PruneTarget = Field(description="What to reach: {ratio: 0.5} of the blocks removed, {macs: 0.5} or {params: 0.5} kept.")
+    target: PruneTarget = Field(
+        description="What to reach: {ratio: 0.5} of the blocks removed, {macs: 0.5} or {params: 0.5} kept."
+    )
     rounds: int | Literal["auto"] = Field(
         "auto", description="Prune-then-fine-tune rounds; `auto`: as many rounds as channels would take for the target."
     )
@@ -178,7 +187,9 @@ class HeadPruneConfig(_PruneBase):
     rounds: int | Literal["auto"] = Field(
         "auto", description="Prune-then-fine-tune rounds; `auto`: about 10 % of the heads (or FFN neurons) a round."
     )
-    importance_batches: int | None = Field(None, ge=1, description="Training batches used to score importance each round (default 4).")
+    importance_batches: int | None = Field(
+        None, ge=1, description="Training batches used to score importance each round (default 4)."
+    )
     importance: Importance = Field(
         "hessian", description="Unit importance: weight norms, first-order Taylor (|mean g| of a unit's mask), Hessian "
         "(Fisher: mean g²), or both mixed."

@@ -181,7 +181,8 @@ class Tuner:
     def finetune(self, model: nn.Module, settings: FinetuneSettings, description: str,
                  on_step_end: StepCallback | None = None) -> float:
         state, distill = self.state, self.config.distill
-        distiller = Distiller(model, self.teacher, distill, state.task, state.example_input) if self.teacher is not None and distill else None
+        use_kd = self.teacher is not None and distill
+        distiller = Distiller(model, self.teacher, distill, state.task, state.example_input) if use_kd else None
         try:
             history = fit(model, state.data, state.task, settings, self.ctx, description=description,
                           extra_loss=distiller.loss if distiller else None,
@@ -209,7 +210,8 @@ def run_round(strategy: Strategy, tuner: Tuner, sample: Callable[[int], Batches]
     return record, scoring
 
 
-def run_rounds(strategy: Strategy, tuner: Tuner, sample: Callable[[int], Batches], reporter, label: str) -> tuple[list[Round], float]:
+def run_rounds(strategy: Strategy, tuner: Tuner, sample: Callable[[int], Batches], reporter,
+               label: str) -> tuple[list[Round], float]:
     """Every round of ``strategy``; returns the records and the seconds spent scoring importance."""
     rounds = strategy.rounds()
     records, scoring = [], 0.0
