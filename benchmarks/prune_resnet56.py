@@ -45,6 +45,7 @@ sys.path.insert(0, str(REPO))
 
 from pruneflow.bench import interleaved_times  # noqa: E402
 from pruneflow.pipeline import run_recipe  # noqa: E402
+from pruneflow.prune.config import BlockPruneConfig  # noqa: E402
 from pruneflow.recipe import load_recipe  # noqa: E402
 from pruneflow.recipe.loader import apply_overrides, deep_merge  # noqa: E402
 
@@ -96,6 +97,8 @@ def plan(raw: dict, epochs: int) -> dict[str, dict]:
 def prune_stage(raw: dict, changes: dict, sets: list[str]) -> dict:
     """The recipe's prune stage with a variant's ``changes`` and the ``--set`` items (paths inside the stage)."""
     data = {"prune": copy.deepcopy(deep_merge(stage(raw, "prune"), changes))}
+    if data["prune"].get("granularity") == "blocks":  # the recipe's channel keys (round_to, ranking...) are not blocks keys
+        data["prune"] = {k: v for k, v in data["prune"].items() if k in BlockPruneConfig.model_fields}
     apply_overrides(data, {}, [f"prune.{item}" for item in sets])
     return data["prune"]
 

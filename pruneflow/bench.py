@@ -4,9 +4,19 @@ on; below that the slowest run, named ``max``, since a p99 of 20 samples is just
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+
+def fresh_batch(x: "torch.Tensor", batch: int) -> "torch.Tensor":
+    """A new contiguous batch of ``batch`` samples (repeating the split when it is smaller): timing a view
+    of the split would measure its strides, not the model."""
+    reps = -(-batch // len(x))
+    return x.repeat((reps,) + (1,) * (x.dim() - 1))[:batch].clone().contiguous()
 
 
 def measure_latency(run: Callable[[np.ndarray], object], example: np.ndarray, warmup: int = 3, runs: int = 20) -> dict[str, float]:

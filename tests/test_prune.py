@@ -420,3 +420,137 @@ def test_fade_reaches_zero_at_its_share_of_the_steps_and_holds_it():
     assert weight.detach()[idxs].abs().max() == 0
     kept = [i for i in range(weight.shape[0]) if i not in idxs]
     assert weight.detach()[kept].abs().min() > 0
+
+
+# --------------------------------------------------------------------------- the config union and the round loop
+
+
+def _line(path, text: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
+@pytest.mark.parametrize("stage, key", [
+    ({"granularity": "blocks", "target": {"macs": 0.6}, "fade": 0.5}, "fade"),
+    ({"granularity": "blocks", "target": {"macs": 0.6}, "round_to": 8}, "round_to"),
+    ({"target": {"heads": 0.5}, "round_to": 8}, "round_to"),  # a heads/ffn target selects the transformer variant
+    ({"granularity": "heads", "target": {"ffn": 0.5}, "magnitude_p": 1}, "magnitude_p"),
+    ({"target": {"heads": 0.5}, "allocation": "uniform"}, "allocation"),
+])
+def test_a_key_of_another_granularity_is_an_unknown_key_with_its_file_and_line(write_recipe, stage, key):
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    recipe = tiny_recipe_dict()
+    recipe["stages"].insert(1, {"type": "prune", **stage})
+    path = write_recipe(recipe)
+    with pytest.raises(RecipeError) as err:
+        load_recipe(path)
+    (issue,) = err.value.issues
+    assert (issue.path, issue.location()) == (f"stages.1.{key}", f"{path}:{_line(path, key + ':')}")
+    assert issue.message.startswith("unknown key") and "Known keys:" in issue.message
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["validate", str(path)])
+    assert result.exit_code == 2 and f"{path}:{_line(path, key + ':')}  stages.1.{key}" in result.output
+
+
+def test_the_prune_variants_suggest_their_own_keys_and_name_a_bad_granularity(write_recipe):
+    recipe = tiny_recipe_dict()
+    recipe["stages"][1:1] = [
+        {"type": "prune", "granularity": "blocks", "target": {"macs": 0.6}, "round": 2},
+        {"type": "prune", "granularity": "layers", "target": {"macs": 0.6}},
+        {"type": "prune", "granularity": "channels", "target": {"heads": 0.5}},
+        {"type": "prune", "target": {"ratio": 0.95}},
+    ]
+    path = write_recipe(recipe)
+    with pytest.raises(RecipeError) as err:
+        load_recipe(path)
+    issues = {i.path: i for i in err.value.issues}
+    assert set(issues) == {"stages.1.round", "stages.2.granularity", "stages.3.target", "stages.4.max_layer_ratio"}
+    assert "did you mean 'rounds'?" in issues["stages.1.round"].message
+    assert "fade" not in issues["stages.1.round"].message  # the blocks variant's keys, not the channel variant's
+    bad = issues["stages.2.granularity"]
+    assert (bad.value, bad.line) == ("layers", _line(path, "granularity: layers"))
+    assert bad.message == "unknown granularity. Known: channels, blocks, heads"
+    assert "need `granularity: heads`" in issues["stages.3.target"].message
+    assert "target ratio 0.95 cannot be reached" in issues["stages.4.max_layer_ratio"].message
+
+
+def test_each_granularity_validates_as_its_own_variant_and_round_trips(write_recipe):
+    from pruneflow.prune.config import BlockPruneConfig, ChannelPruneConfig, HeadPruneConfig
+    from pruneflow.recipe.loader import dump_recipe
+
+    recipe = tiny_recipe_dict()
+    recipe["stages"][1:1] = [{"type": "prune", "target": {"macs": 0.6}, "fade": 0.5},
+                             {"type": "prune", "granularity": "blocks", "target": {"ratio": 0.5}},
+                             {"type": "prune", "target": {"heads": 0.5, "ffn": 0.3}}]
+    loaded = load_recipe(write_recipe(recipe)).recipe
+    kinds = [type(s) for s in loaded.stages[1:4]]
+    assert kinds == [ChannelPruneConfig, BlockPruneConfig, HeadPruneConfig]
+    assert [s.granularity for s in loaded.stages[1:4]] == ["channels", "blocks", "heads"]
+    again = load_recipe(write_recipe(dump_recipe(loaded), "again.yaml")).recipe
+    assert again.stages == loaded.stages
+
+
+class EvalOnly:
+    """The loop's tuner when `finetune` is null: the accuracy on a fixed batch, no training."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    @torch.no_grad()
+    def after_round(self, model, index, rounds, on_step_end=None) -> float:
+        model.eval()
+        return float((model(self.x).argmax(-1) == self.y).float().mean())
+
+
+def _loc(*keys):
+    return ("stages", 1, *keys)
+
+
+def test_the_round_loop_records_one_round_per_round_for_channels():
+    from pruneflow.context import Reporter
+    from pruneflow.prune.channels import ChannelStrategy
+    from pruneflow.prune.config import ChannelPruneConfig
+    from pruneflow.prune.rounds import run_rounds
+
+    torch.manual_seed(0)
+    model = _perturbed(resnet20())
+    x, y = torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))
+    cfg = ChannelPruneConfig(target={"macs": 0.6}, rounds=3, importance="taylor", round_to=4, finetune=None, latency=None)
+    strategy = ChannelStrategy(cfg, model, x[:1], F.cross_entropy, _loc)
+    entering = strategy.entering()
+    strategy.prepare()
+    records, seconds = run_rounds(strategy, EvalOnly(x, y), lambda k: [(x, y)], Reporter(), "prune")
+    assert [r.index for r in records] == [1, 2, 3] and seconds > 0
+    macs = [r.figures["macs"] for r in records]
+    assert macs[0] > macs[1] > macs[2] and macs[2] <= 0.6 * strategy.before["macs"] < entering["macs"]
+    for r in records:  # each round meets its own goal, removes channels and measures what it left
+        assert r.figures["macs"] <= r.goal["macs"] and r.removed["channels"] > 0 and 0 < r.plan["ratio"] < 1
+    assert [r.figures for r in records][-1] == strategy.measure()
+    rows = [strategy.row(r) for r in records]
+    assert [row["goal_kept"] for row in rows] == [round(1 - 0.4 * k / 3, 4) for k in (1, 2, 3)]
+    assert [row["channels"] for row in rows] == [r.figures["channels"] for r in records]
+
+
+def test_the_round_loop_records_one_round_per_round_for_blocks():
+    from pruneflow.context import Reporter
+    from pruneflow.prune.blocks import BlockStrategy
+    from pruneflow.prune.config import BlockPruneConfig
+    from pruneflow.prune.rounds import run_rounds
+
+    torch.manual_seed(0)
+    model = _perturbed(resnet20())
+    x, y = torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))
+    cfg = BlockPruneConfig(granularity="blocks", target={"ratio": 0.5}, rounds=2, finetune=None, latency=None)
+    strategy = BlockStrategy(cfg, model, x[:1], F.cross_entropy, _loc)
+    entering = strategy.entering()
+    strategy.prepare()
+    records, _ = run_rounds(strategy, EvalOnly(x, y), lambda k: [(x, y)], Reporter(), "prune")
+    assert entering["blocks"] == 7  # resnet20's 9 blocks but the 2 that downsample
+    # Goals 7 * (1 - 0.5 * k / 2) = 5.25 and 3.5 blocks: each round removes blocks until it is under its goal.
+    assert [r.index for r in records] == [1, 2] and [r.figures["blocks"] for r in records] == [5, 3]
+    for r in records:  # ascending measured loss increase, until the goal
+        assert list(r.removed.values()) == sorted(r.removed.values())
+    assert [len(r.removed) for r in records] == [2, 2]
+    table = strategy.tables(records)["blocks"]
+    assert [(row["block"], row["round"]) for row in table] == [(n, r.index) for r in records for n in r.removed]

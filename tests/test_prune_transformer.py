@@ -116,14 +116,54 @@ def test_bert_recipe_prunes_heads_end_to_end_and_exports(tmp_path, write_recipe)
     assert m["onnx.fp32.top1_agreement"] == 1.0 and m["onnx.fp32.max_abs_diff"] < 1e-4
 
 
-@pytest.mark.shared_data
-def test_fade_on_a_transformer_is_a_clear_error(tmp_path, write_recipe):
-    if not (SHARED_DATA / "sst2").is_dir():
-        pytest.skip("shared sst2 data not found")
-    from pruneflow.errors import InputError
-    from pruneflow.pipeline import run_recipe
+def test_fade_on_a_transformer_is_an_unknown_key_at_its_line(write_recipe):
+    """A heads/ffn target selects the transformer variant, which has no `fade`: the recipe does not load."""
+    from pruneflow.errors import RecipeError
     from pruneflow.recipe import load_recipe
 
     recipe = _bert_recipe([{"type": "prune", "target": {"heads": 0.5}, "fade": 0.5, "latency": None}])
-    with pytest.raises(InputError, match=r"stages\.0\.fade: heads and FFN neurons are removed at once"):
-        run_recipe(load_recipe(write_recipe(json.dumps(recipe))), out=tmp_path / "runs")
+    path = write_recipe(recipe)
+    with pytest.raises(RecipeError) as err:
+        load_recipe(path)
+    (issue,) = err.value.issues
+    assert (issue.path, issue.value, issue.location()) == ("stages.0.fade", 0.5, f"{path}:{_line(path, 'fade:')}")
+    assert issue.message.startswith("unknown key")
+
+
+def _line(path, text: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
+def test_the_round_loop_records_one_round_per_round_for_heads():
+    from pruneflow.context import Reporter
+    from pruneflow.prune.config import HeadPruneConfig
+    from pruneflow.prune.heads import HeadStrategy
+    from pruneflow.prune.rounds import run_rounds
+
+    model = perturbed_bert()
+    x, y = torch.randint(0, 120, (8, 12)), torch.randint(0, 3, (8,))
+    cfg = HeadPruneConfig(target={"heads": 0.5, "ffn": 0.25}, rounds=2, importance="taylor", finetune=None, latency=None)
+    strategy = HeadStrategy(cfg, model, x[:1], F.cross_entropy, lambda *keys: ("stages", 1, *keys))
+    before = strategy.entering()
+    strategy.prepare()
+    records, seconds = run_rounds(strategy, EvalOnly(x, y), lambda k: [(x, y)], Reporter(), "prune")
+    assert [r.index for r in records] == [1, 2] and seconds > 0
+    # Each round removes its share of the original counts: 2 of 8 heads and 16 of 128 neurons a round.
+    assert [(r.figures["heads"], r.figures["ffn_neurons"]) for r in records] == [(6, 112), (4, 96)]
+    assert [r.removed for r in records] == [{"heads": 2, "ffn_neurons": 16}] * 2
+    assert [r.goal for r in records] == [{"heads": 0.25, "ffn": 0.125}, {"heads": 0.5, "ffn": 0.25}]
+    assert records[0].figures["macs"] > records[1].figures["macs"] and before["macs"] > records[0].figures["macs"]
+    assert all(0 <= r.accuracy <= 1 for r in records)
+    assert strategy.row(records[1])["heads"] == 4 and strategy.summary(records[1].figures)["heads_before"] == 8
+
+
+class EvalOnly:
+    """The loop's tuner when `finetune` is null: the accuracy on a fixed batch, no training."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    @torch.no_grad()
+    def after_round(self, model, index, rounds, on_step_end=None) -> float:
+        model.eval()
+        return float((model(self.x).argmax(-1) == self.y).float().mean())

@@ -15,12 +15,18 @@ estimate, and cheap at the tens of blocks a network has (one forward pass per bl
 
 from __future__ import annotations
 
+import copy
 import operator
+from typing import Callable
 
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
+
+from ..errors import ConfigError
+from .engine import auto_rounds, layer_channels, measure, resolve_ignored
+from .rounds import Batches, Plan, Round, Strategy
 
 _ADDS = {operator.add, operator.iadd, torch.add}
 _ACT_FUNCTIONS = {torch.relu, F.relu, F.relu6, F.gelu, F.silu, F.hardswish, F.leaky_relu}
@@ -120,3 +126,94 @@ def block_scores(model: nn.Module, names: list[str], batches: list[tuple[torch.T
         return scores
     finally:
         model.train(was)
+
+
+class BlockStrategy(Strategy):
+    """`granularity: blocks`: each round removes the blocks of lowest measured loss increase, in ascending
+    order, until the round's goal is met. ``ratio`` counts blocks."""
+
+    #: A block's score is one forward pass a batch, and fewer samples rank blocks by noise.
+    default_importance_batches = 32
+
+    def entering(self) -> dict[str, int]:
+        cfg = self.config
+        self.check_kind()
+        self.ignored = resolve_ignored(self.model, cfg.ignore, self.loc("ignore"))
+        self.candidates = find_blocks(self.model, self.example, self.ignored)
+        if not self.candidates:
+            raise ConfigError(
+                self.loc("granularity"), "blocks, but the model has no removable residual block (a module that keeps "
+                "its input's shape and adds its input, through an identity skip, to another branch)"
+                + (" outside `ignore`" if cfg.ignore else ""),
+                hint="use granularity: channels for models without residual blocks",
+            )
+        metric, self.keep = cfg.target.metric_and_keep()
+        self.metric = "blocks" if metric == "channels" else metric  # ratio: the share of blocks removed
+        self.before = self.measure()
+        self._check_reachable()
+        return self.before
+
+    def _check_reachable(self) -> None:
+        """Refuse an unreachable target before any training (a copy without every candidate block)."""
+        if self.metric == "blocks":
+            return
+        bare = copy.deepcopy(self.model)
+        remove_blocks(bare, self.candidates)
+        floor = measure(bare, self.example, self.ignored)[self.metric]
+        if floor > self.before[self.metric] * self.keep:
+            share = floor / self.before[self.metric]
+            raise ConfigError(
+                self.loc("target"), f"{self.metric} {self.keep:g} cannot be reached by removing blocks: without all "
+                f"{len(self.candidates)} removable blocks the model keeps {share:.1%} of its {self.metric}",
+                hint=f"ask for {self.metric}: {share + 0.05:.2f} or more, or use granularity: channels",
+            )
+
+    def prepare(self) -> None:
+        self.channels_before = layer_channels(self.model)
+
+    def rounds(self) -> int:
+        if self.config.rounds != "auto":
+            return self.config.rounds
+        return auto_rounds("macs" if self.metric == "blocks" else self.metric, self.keep)
+
+    def goal(self, index: int, rounds: int) -> dict[str, float]:
+        return {self.metric: self.before[self.metric] * (1 - (1 - self.keep) * index / rounds)}
+
+    def score(self, batches: Callable[[], Batches]) -> dict[str, float]:
+        return block_scores(self.model, present(self.model, self.candidates), batches(), self.loss)
+
+    def plan(self, scores: dict[str, float], goal: dict[str, float]) -> Plan:
+        def apply() -> dict[str, float]:
+            removed = {}
+            for name in sorted(scores, key=scores.get):
+                if self.measure()[self.metric] <= goal[self.metric] + 1e-9:
+                    break
+                remove_blocks(self.model, [name])
+                removed[name] = scores[name]
+            return removed
+
+        return Plan(apply)
+
+    def measure(self) -> dict[str, int]:
+        return dict(measure(self.model, self.example, self.ignored), blocks=len(present(self.model, self.candidates)))
+
+    def row(self, record: Round) -> dict:
+        after, before = record.figures, self.before
+        return {"round": record.index, "goal_kept": round(record.goal[self.metric] / before[self.metric], 4),
+                "blocks": after["blocks"], "removed": ", ".join(record.removed), "macs": after["macs"],
+                "params": after["params"], "macs_kept": after["macs"] / before["macs"], "accuracy": record.accuracy,
+                "seconds": record.seconds}
+
+    def describe(self, record: Round) -> str:
+        return (f"removed {len(record.removed)} block(s), {record.figures['macs'] / self.before['macs']:.1%} of MACs, "
+                f"accuracy {record.accuracy:.4f}")
+
+    def summary(self, after: dict[str, int]) -> dict[str, float | int]:
+        return {"blocks_before": self.before["blocks"], "blocks_removed": self.before["blocks"] - after["blocks"]}
+
+    def tables(self, records: list[Round]) -> dict[str, list[dict]]:
+        removed = [{"block": name, "round": r.index, "loss_increase": round(score, 5)}
+                   for r in records for name, score in r.removed.items()]
+        now = layer_channels(self.model)
+        layers = [{"layer": n, "before": c, "after": now.get(n, 0)} for n, c in self.channels_before.items()]
+        return {"blocks": removed, "channels": layers}

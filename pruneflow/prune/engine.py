@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
-import torch_pruning as tp
 from torch import nn
 
-from ..errors import InputError
+from ..errors import ConfigError, InputError
 from ..evaluate import count_macs_params
 from .importance import SaliencyImportance
 from .surgery import ChannelEmbedConv
+from .tp_adapter import GroupPruner, Selection, prune, selection_members
 
 Metric = Literal["channels", "macs", "params"]
 
@@ -36,6 +36,51 @@ class PruneOptions:
     # rounds (a fresh pruner each round would otherwise measure it against the current widths).
     initial_widths: dict[str, tuple[int, int]] | None = None
 
+    @property
+    def rule(self) -> "KeepRule":
+        return KeepRule(self.round_to, self.max_layer_ratio)
+
+
+@dataclass(frozen=True)
+class KeepRule:
+    """How many output channels a layer keeps: a multiple of ``round_to``, at least its floor.
+
+    The one place for the rule: torch-pruning's rounding hook (``pruned``), the importance's protected
+    floor channels (``floor``) and the cap on one step (``capped``) all ask here.
+    """
+
+    round_to: int | None = None
+    max_layer_ratio: float = 0.9
+
+    @property
+    def step(self) -> int:
+        """The multiple kept (1 when unset)."""
+        return self.round_to or 1
+
+    def floor(self, width: int) -> int:
+        """Output channels a layer of initial ``width`` keeps at least: (1 - max_layer_ratio) of it, in round_to steps."""
+        floor = math.ceil(width * (1 - self.max_layer_ratio))
+        return math.ceil(floor / self.round_to) * self.round_to if self.round_to else floor
+
+    def pruned(self, n_pruned: int, current: int) -> int:
+        """torch-pruning's rounding hook: the channels to prune when it asks for ``n_pruned`` of ``current``.
+
+        torch-pruning rounds the count kept *down* to a multiple: one channel under the threshold in a
+        64-channel layer removes 8, so the smallest step of a round is already large and the ranking decides
+        little. We round the count kept to the *nearest* multiple (at least one multiple), so a layer loses
+        round_to channels only when about half of them fall under it.
+        """
+        keep = current - n_pruned
+        keep = max(self.step, math.floor(keep / self.step + 0.5) * self.step)
+        return max(current - keep, 0)
+
+    def capped(self, current: int, n_pruned: int, width: int) -> int:
+        """At most how many of ``current`` channels one step may prune from a layer of initial ``width``."""
+        keep = max(current - n_pruned, self.floor(width))
+        if self.round_to:
+            keep = min(current, math.ceil(keep / self.round_to) * self.round_to)
+        return current - keep
+
 
 def layer_widths(model: nn.Module) -> dict[str, tuple[int, int]]:
     out = {}
@@ -47,8 +92,12 @@ def layer_widths(model: nn.Module) -> dict[str, tuple[int, int]]:
     return out
 
 
-def resolve_ignored(model: nn.Module, patterns: list[str] | None) -> tuple[str, ...]:
-    """Module names matching ``patterns`` (names or regexes); default: the classifier (last Linear)."""
+def resolve_ignored(model: nn.Module, patterns: list[str] | None, loc: tuple = ()) -> tuple[str, ...]:
+    """Module names matching ``patterns`` (names or regexes); default: the classifier (last Linear).
+
+    ``loc`` is the recipe key of the patterns (``Stage.loc("ignore")``): a pattern matching no module is
+    reported there.
+    """
     names = [n for n, m in model.named_modules() if n]
     if patterns is None:
         linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
@@ -57,8 +106,8 @@ def resolve_ignored(model: nn.Module, patterns: list[str] | None) -> tuple[str, 
     for pattern in patterns:
         hits = [n for n in names if n == pattern or re.fullmatch(pattern, n)]
         if not hits:
-            raise InputError(
-                f"prune.ignore: {pattern!r} matches no module of the model",
+            raise ConfigError(
+                loc, f"{pattern!r} matches no module of the model", value=pattern,
                 hint="use names from `pruneflow inspect` (first column) or a regex such as 'layer3\\..*'",
             )
         out += hits
@@ -83,56 +132,24 @@ def measure(model: nn.Module, example: torch.Tensor, ignored: tuple[str, ...]) -
     return {"macs": macs, "params": params, "channels": channel_count(model, ignored)}
 
 
-def _pruner(model: nn.Module, example: torch.Tensor, saliency: dict, ratio: float, opts: PruneOptions):
+def _pruner(model: nn.Module, example: torch.Tensor, saliency: dict, ratio: float, opts: PruneOptions) -> GroupPruner:
     modules = dict(model.named_modules())
     if not prunable_layers(model, opts.ignored):
-        raise InputError("prune: every prunable layer is ignored; nothing is left to prune",
-                         hint="shorten prune.ignore (the classifier is ignored by default)")
+        raise InputError("every prunable layer is ignored; nothing is left to prune",
+                         hint="shorten `ignore` (the classifier is ignored by default)")
     spatial = output_positions(model, example) if opts.ranking == "per_mac" else None
-    pruner = _NearestRoundingPruner(
-        model,
-        example,
-        importance=SaliencyImportance(model, saliency, opts.ranking, spatial, _floors(model, opts)),
-        global_pruning=opts.allocation == "global",
-        pruning_ratio=ratio,
-        max_pruning_ratio=opts.max_layer_ratio,
-        ignored_layers=[modules[n] for n in opts.ignored],
-        # 1 when unset: our _round_to then keeps at least one channel of a group selected whole (once the
-        # global threshold reaches the +inf floor scores), and _capped restores the floor; torch-pruning
-        # would otherwise reject such a group and prune nothing there.
-        round_to=opts.round_to or 1,
+    widths = opts.initial_widths or {}
+    return GroupPruner(
+        model, example, SaliencyImportance(model, saliency, opts.ranking, spatial, _floors(model, opts)), opts.rule,
+        ratio=ratio, global_pruning=opts.allocation == "global", ignored=[modules[n] for n in opts.ignored],
+        initial_widths={modules[n]: w for n, w in widths.items() if n in modules},
     )
-    if opts.initial_widths:
-        # torch-pruning 1.6 internals: the widths its max_pruning_ratio check compares against.
-        for name, (out_ch, in_ch) in opts.initial_widths.items():
-            module = modules.get(name)
-            if module in pruner.layer_init_out_ch:
-                pruner.layer_init_out_ch[module] = out_ch
-                pruner.layer_init_in_ch[module] = in_ch
-    return pruner
-
-
-class _NearestRoundingPruner(tp.pruner.MetaPruner):
-    """torch-pruning rounds the channels a layer keeps *down* to a multiple of round_to: one channel
-    under the threshold in a 64-channel layer removes 8, so the smallest step of a round is already
-    large and the ranking decides little. We round the count kept to the *nearest* multiple (at least
-    one multiple), so a layer loses round_to channels only when about half of them fall under it."""
-
-    def _round_to(self, n_pruned: int, current_channels: int, round_to: int) -> int:
-        keep = current_channels - n_pruned
-        keep = max(round_to, math.floor(keep / round_to + 0.5) * round_to)
-        return max(current_channels - keep, 0)
-
-
-def _floor(width: int, opts: PruneOptions) -> int:
-    """Output channels a layer of initial ``width`` keeps at least: (1 - max_layer_ratio) of it, in round_to steps."""
-    floor = math.ceil(width * (1 - opts.max_layer_ratio))
-    return math.ceil(floor / opts.round_to) * opts.round_to if opts.round_to else floor
 
 
 def _floors(model: nn.Module, opts: PruneOptions) -> dict[nn.Module, int]:
     widths = opts.initial_widths or layer_widths(model)
-    return {module: _floor(widths[name][0], opts) for name, module in model.named_modules() if name in widths}
+    rule = opts.rule
+    return {module: rule.floor(widths[name][0]) for name, module in model.named_modules() if name in widths}
 
 
 @torch.no_grad()
@@ -165,22 +182,22 @@ def prune_step(model: nn.Module, example: torch.Tensor, saliency: dict, ratio: f
 class PrunePlan:
     """The channels one step removes, chosen but not yet removed: ``fader`` can fade them out first.
 
-    Each entry is a group's root layer, its torch-pruning handler and the root indices to remove. The
-    coupled layers' indices are derived when the step is applied, one group after another, as
-    torch-pruning does itself (a concatenation's offsets change as its inputs are pruned).
+    Each entry is a :class:`Selection`: a group's root layer, its torch-pruning handler and the root
+    indices to remove. The coupled layers' indices are derived when the step is applied, one group
+    after another, as torch-pruning does itself (a concatenation's offsets change as its inputs are pruned).
     """
 
     model: nn.Module
-    graph: tp.DependencyGraph | None = None
-    roots: list = field(default_factory=list)  # (module, handler, idxs)
+    graph: object = None  # torch-pruning's dependency graph (tp_adapter)
+    roots: list[Selection] = field(default_factory=list)
 
     @property
     def channels(self) -> int:
-        return sum(len(idxs) for _, _, idxs in self.roots)
+        return sum(len(s.idxs) for s in self.roots)
 
     def apply(self) -> None:
-        for module, handler, idxs in self.roots:
-            self.graph.get_pruning_group(module, handler, idxs).prune()  # type: ignore[union-attr]
+        for selection in self.roots:
+            prune(self.graph, selection)
         self.roots = []
         for m in self.model.modules():
             if isinstance(m, ChannelEmbedConv):
@@ -207,15 +224,15 @@ class PrunePlan:
 
     def _slices(self) -> list[tuple[torch.Tensor, int, torch.Tensor]]:
         out = []
-        for module, handler, idxs in self.roots:
-            for dep, dep_idxs in self.graph.get_pruning_group(module, handler, idxs):  # type: ignore[union-attr]
-                layer = dep.target.module
-                idx = torch.tensor([getattr(i, "idx", i) for i in dep_idxs], dtype=torch.long)
+        for selection in self.roots:
+            for member in selection_members(self.graph, selection):
+                layer = member.module
+                idx = torch.tensor(member.idxs, dtype=torch.long)
                 params: list[tuple[torch.Tensor | None, int]] = []
                 if isinstance(layer, nn.modules.batchnorm._BatchNorm) and layer.affine:
                     params = [(layer.weight, 0), (layer.bias, 0)]
                 elif isinstance(layer, (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)):  # frozen selections too
-                    if self.graph.is_out_channel_pruning_fn(dep.handler):  # type: ignore[union-attr]
+                    if member.out_channels:
                         params = [(layer.weight, 0), (layer.bias, 0)]
                     elif isinstance(layer, nn.Linear) or layer.groups == 1:
                         params = [(layer.weight, 1)]
@@ -234,44 +251,41 @@ def plan_step(model: nn.Module, example: torch.Tensor, saliency: dict, ratio: fl
     pruner = _pruner(model, example, saliency, ratio, opts)
     names = {m: n for n, m in model.named_modules()}
     widths = opts.initial_widths or layer_widths(model)  # the floors hold against these (as in _floors)
-    plan = PrunePlan(model, pruner.DG)
-    for group in pruner.step(interactive=True):
-        idxs = _capped(group, pruner, names, opts, widths)
+    plan = PrunePlan(model, pruner.graph)
+    for selection in pruner.selections():
+        idxs = _capped(selection, pruner, names, opts.rule, widths)
         if idxs:
-            plan.roots.append((group[0].dep.target.module, group[0].dep.handler, idxs))
+            plan.roots.append(selection._replace(idxs=idxs))
     model.train(was)
     return plan
 
 
-def _capped(group, pruner, names: dict, opts: PruneOptions, widths: dict[str, tuple[int, int]]) -> list[int]:
+def _capped(selection: Selection, pruner: GroupPruner, names: dict, rule: KeepRule,
+            widths: dict[str, tuple[int, int]]) -> list[int]:
     """The group's channels to prune, trimmed so its layer keeps (1 - max_layer_ratio) of its initial width.
 
     torch-pruning only skips a layer that is already below that floor; one global step can still
     take it far below. We keep the most important channels of the group (and round_to multiples).
     """
-    dep, idxs = group[0]
-    idxs = list(idxs)
-    module = dep.target.module
-    if names.get(module) not in widths or not pruner.DG.is_out_channel_pruning_fn(dep.handler):
+    idxs, module = selection.idxs, selection.module
+    if names.get(module) not in widths or not pruner.prunes_out_channels(selection):
         return idxs
-    current = pruner.DG.get_out_channels(module)
-    keep = max(current - len(idxs), _floor(widths[names[module]][0], opts))
-    if opts.round_to:
-        keep = min(current, math.ceil(keep / opts.round_to) * opts.round_to)
-    allowed = current - keep
+    current = pruner.out_channels(module)
+    allowed = rule.capped(current, len(idxs), widths[names[module]][0])
     if allowed >= len(idxs):
         return idxs
     if allowed <= 0:
         return []
-    scores = pruner.estimate_importance(pruner.DG.get_pruning_group(module, dep.handler, list(range(current))))
+    scores = pruner.scores(selection)
     if scores is None:
         return sorted(idxs)[:allowed]
     return sorted(sorted(idxs, key=lambda i: float(scores[i]))[:allowed])
 
 
 def search_ratio(model: nn.Module, example: torch.Tensor, saliency: dict, opts: PruneOptions, metric: Metric,
-                 goal: float, grid: int = 18, iterations: int = 8) -> tuple[float, dict[str, int]]:
-    """Smallest ratio whose pruned copy has ``metric`` <= ``goal``. Raises InputError when unreachable.
+                 goal: float, grid: int = 18, iterations: int = 8, loc: tuple = ()) -> tuple[float, dict[str, int]]:
+    """Smallest ratio whose pruned copy has ``metric`` <= ``goal``. Raises ConfigError at ``loc`` (the recipe's
+    ``target``) when unreachable.
 
     The result need not be monotone in the ratio: ``round_to`` rounds each layer's count to a multiple,
     and once the global threshold reaches the protected floor channels (+inf) every group is selected
@@ -299,11 +313,11 @@ def search_ratio(model: nn.Module, example: torch.Tensor, saliency: dict, opts: 
             break
         lo = ratio
     if found is None:
-        raise InputError(
-            f"prune.target: {metric} cannot go below {lowest[metric]:,} ({lowest[metric] / current[metric]:.1%} of the "
+        raise ConfigError(
+            loc, f"{metric} cannot go below {lowest[metric]:,} ({lowest[metric] / current[metric]:.1%} of the "
             f"current model) with max_layer_ratio {opts.max_layer_ratio}, round_to {opts.round_to} and the ignored layers; "
             f"the target needs {goal:,.0f}",
-            hint="raise prune.max_layer_ratio, lower round_to, ignore fewer layers, or ask for less",
+            hint="raise max_layer_ratio, lower round_to, ignore fewer layers, or ask for less",
         )
     hi, best = found
     for _ in range(iterations):

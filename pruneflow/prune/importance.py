@@ -30,29 +30,23 @@ and its per-sample backward loop is slow. We compute per-sample gradients with `
 from __future__ import annotations
 
 import torch
-import torch_pruning as tp
 from torch import nn
-from torch_pruning.pruner import function
 
-OUT_FNS = (function.prune_conv_out_channels, function.prune_linear_out_channels)
-IN_FNS = (function.prune_conv_in_channels, function.prune_linear_in_channels)
-NORM_FNS = (function.prune_batchnorm_out_channels, function.prune_layernorm_out_channels, function.prune_groupnorm_out_channels)
+from .surgery import ChannelEmbedConv
+from .tp_adapter import GroupImportance, Member
 
 
-class SaliencyImportance(tp.importance.GroupMagnitudeImportance):
+class SaliencyImportance(GroupImportance):
     """Group importance = reduce(per-channel sums of a saliency tensor over every coupled layer).
 
     ``saliency`` maps parameter names (``model.named_parameters()``) to tensors shaped like the
-    parameters. Modules with ``_pruneflow_skip_importance = True`` (the frozen channel-embedding
-    convolutions that replace option-A shortcuts) are coupled but not scored.
+    parameters. The frozen channel-embedding convolutions that replace option-A shortcuts
+    (:class:`ChannelEmbedConv`) are coupled but not scored: they are selections, not learned layers.
     """
 
     def __init__(self, model: nn.Module, saliency: dict[str, torch.Tensor], ranking: str = "relative",
                  spatial: dict[nn.Module, int] | None = None, floors: dict[nn.Module, int] | None = None):
-        if ranking == "relative":
-            super().__init__(p=1, group_reduction="mean", normalizer="mean")
-        else:
-            super().__init__(p=1, group_reduction="sum", normalizer=None)
+        super().__init__(relative=ranking == "relative")
         if ranking == "per_mac" and spatial is None:
             raise ValueError("ranking 'per_mac' needs the output positions of every layer (spatial)")
         self.ranking = ranking
@@ -65,14 +59,14 @@ class SaliencyImportance(tp.importance.GroupMagnitudeImportance):
         self.saliency = saliency
         self.names = {id(p): n for n, p in model.named_parameters()}
 
-    def _cost(self, layer: nn.Module, fn) -> float:
-        """MACs one channel costs in ``layer`` when pruned through ``fn`` (0 for normalisation layers)."""
+    def _cost(self, layer: nn.Module, role: str) -> float:
+        """MACs one channel costs in ``layer`` when the group prunes its ``role`` side (0 for normalisation layers)."""
         positions = self.spatial.get(layer, 1)
         if isinstance(layer, nn.Linear):
-            return float(layer.in_features if fn in OUT_FNS else layer.out_features) * positions
+            return float(layer.in_features if role == "out" else layer.out_features) * positions
         if isinstance(layer, nn.modules.conv._ConvNd):
             k = float(torch.tensor(layer.kernel_size).prod())
-            other = layer.in_channels // layer.groups if fn in OUT_FNS else layer.out_channels // layer.groups
+            other = layer.in_channels // layer.groups if role == "out" else layer.out_channels // layer.groups
             return k * other * positions
         return 0.0
 
@@ -81,43 +75,44 @@ class SaliencyImportance(tp.importance.GroupMagnitudeImportance):
             return None
         return self.saliency.get(self.names.get(id(param), ""))
 
-    @torch.no_grad()
-    def __call__(self, group):
+    def _local(self, member: Member) -> torch.Tensor | None:
+        """Per-channel saliency sums of one member, in its own channel numbering (None: not scored)."""
+        layer = member.module
+        s = None if isinstance(layer, ChannelEmbedConv) else self._sal(getattr(layer, "weight", None))
+        if s is None:
+            return None
+        idxs = sorted(member.idxs)
+        transposed = getattr(layer, "transposed", False)
+        if member.role == "out":
+            w = s.transpose(0, 1) if transposed else s
+            return w[idxs].flatten(1).sum(1)
+        if member.role == "in":
+            w = s if transposed else s.transpose(0, 1)
+            local = w.flatten(1).sum(1)
+            if isinstance(layer, nn.modules.conv._ConvNd) and layer.groups not in (1, layer.in_channels):
+                local = local.repeat(layer.groups)
+            return local[idxs]
+        if member.role == "norm":
+            return s[idxs]
+        return None
+
+    def score(self, group: list[Member]) -> torch.Tensor | None:
         group_imp, group_idxs, group_cost = [], [], []
-        for i, (dep, idxs) in enumerate(group):
-            layer, fn = dep.target.module, dep.handler
-            root_idxs = group[i].root_idxs
-            if getattr(layer, "_pruneflow_skip_importance", False):
-                continue
-            s = self._sal(getattr(layer, "weight", None))
-            if s is None:
-                continue
-            idxs = sorted(idxs)
-            transposed = getattr(layer, "transposed", False)
-            if fn in OUT_FNS:
-                w = s.transpose(0, 1) if transposed else s
-                local = w[idxs].flatten(1).sum(1)
-            elif fn in IN_FNS:
-                w = s if transposed else s.transpose(0, 1)
-                local = w.flatten(1).sum(1)
-                if fn == function.prune_conv_in_channels and layer.groups not in (1, layer.in_channels):
-                    local = local.repeat(layer.groups)
-                local = local[idxs]
-            elif fn in NORM_FNS:
-                local = s[idxs]
-            else:
+        for member in group:
+            local = self._local(member)
+            if local is None:
                 continue
             group_imp.append(local)
-            group_idxs.append(root_idxs)
+            group_idxs.append(member.root_idxs)
             if self.ranking == "per_mac":
-                group_cost.append(torch.full_like(local, self._cost(layer, fn)))
+                group_cost.append(torch.full_like(local, self._cost(member.module, member.role)))
         if not group_imp:
             return None
-        imp = self._normalize(self._reduce(group_imp, group_idxs), self.normalizer)
+        imp = self.normalize(self.reduce(group_imp, group_idxs))
         if self.ranking == "per_mac":
             # Costs of skipped (frozen embedding) layers are left out too: they are cheap 1x1 selections.
-            imp = imp / self._reduce(group_cost, group_idxs).clamp_min(1.0)
-        floor = max((self.floors.get(dep.target.module, 0) for dep, _ in group if dep.handler in OUT_FNS), default=0)
+            imp = imp / self.reduce(group_cost, group_idxs).clamp_min(1.0)
+        floor = max((self.floors.get(m.module, 0) for m in group if m.role == "out"), default=0)
         if floor > 0:
             imp = imp.clone()
             imp[imp.topk(min(floor, len(imp))).indices] = float("inf")

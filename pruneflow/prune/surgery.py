@@ -16,9 +16,8 @@ from ..zoo.resnet_cifar import ChannelPadShortcut
 
 
 class ChannelEmbedConv(nn.Conv2d):
-    """Frozen 1x1 strided conv equal to ``F.pad(x[:, :, ::s, ::s], channels (pad, pad))``."""
-
-    _pruneflow_skip_importance = True
+    """Frozen 1x1 strided conv equal to ``F.pad(x[:, :, ::s, ::s], channels (pad, pad))``. Importance
+    scores leave it out (``isinstance``): it is a selection, not a learned layer."""
 
     def __init__(self, in_channels: int, pad: int, stride: int):
         super().__init__(in_channels, in_channels + 2 * pad, 1, stride=stride, bias=False)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Tag, ValidationError
 
 from ..errors import MISSING, InputError, RecipeError, RecipeIssue, UsageError
 from .models import RecipeBase, recipe_model
@@ -244,13 +244,14 @@ def _issues(exc: ValidationError, data: dict, positions: dict, main_source: str,
     merged: dict[tuple, RecipeIssue] = {}
     for err in exc.errors(include_url=False):
         raw_loc = tuple(err["loc"])
-        clean, value = _clean_loc(raw_loc, data)
+        clean, value = _clean_loc(raw_loc, data, model)
         message = _message(err, raw_loc, model)
         if err["type"] == "missing":
             value = MISSING
         elif err["type"] in ("union_tag_invalid", "union_tag_not_found"):
             if isinstance(value, dict):
-                clean, value = clean + ("type",), value.get("type", MISSING)
+                key = _discriminator_key(err)
+                clean, value = clean + (key,), value.get(key, MISSING)
             elif not isinstance(value, str):  # a bare name (`targets: [onx]`) stays as written
                 value = MISSING
         source, line = _position(clean, positions, main_source)
@@ -263,18 +264,32 @@ def _issues(exc: ValidationError, data: dict, positions: dict, main_source: str,
     return sorted(merged.values(), key=lambda i: (i.source != main_source, i.line or 10**9, i.path))
 
 
-def _clean_loc(raw_loc: tuple, data: Any) -> tuple[tuple, Any]:
-    """Drop pydantic's union tags from a location, returning the path into ``data`` and the value there."""
+def _discriminator_key(err: dict) -> str:
+    """The key a tagged union reads: ``type``, or the key a callable discriminator is named for
+    (``granularity()`` reads ``granularity``)."""
+    name = str((err.get("ctx") or {}).get("discriminator", "type")).strip("'")
+    return name[:-2] if name.endswith("()") else name
+
+
+def _clean_loc(raw_loc: tuple, data: Any, model: Any = None) -> tuple[tuple, Any]:
+    """Drop pydantic's union tags from a location, returning the path into ``data`` and the value there.
+
+    ``model`` (the annotation the data validates against) tells the tags of callable discriminators
+    (e.g. the prune stage's granularity variants) from keys.
+    """
     clean: list = []
     cur = data
+    ann = model
     for part in raw_loc:
+        tags = _union_tags(ann)
+        ann = _unwrap(ann, part) if ann is not None else None
         if isinstance(cur, dict) and part in cur:
             clean.append(part)
             cur = cur[part]
         elif isinstance(cur, list) and isinstance(part, int) and part < len(cur):
             clean.append(part)
             cur = cur[part]
-        elif isinstance(cur, dict) and cur.get("type") == part:
+        elif isinstance(cur, dict) and (cur.get("type") == part or part in tags):
             continue  # discriminator tag
         elif isinstance(cur, dict) and isinstance(part, str) and not _looks_internal(part):
             clean.append(part)  # a missing or unknown key: point at the parent's position
@@ -309,7 +324,8 @@ def _message(err: dict, raw_loc: tuple, model: type) -> str:
         kind, ctx = "union_tag_invalid", {"tag": err.get("input"), "expected_tags": ctx.get("expected", "")}
     if kind in ("union_tag_invalid", "union_tag_not_found"):
         tags = [t.strip().strip("'") for t in str(ctx.get("expected_tags", "")).replace(" or ", ",").split(",") if t.strip()]
-        what = "export target" if "targets" in raw_loc else "stage type"
+        key = _discriminator_key(err)
+        what = key if key != "type" else "export target" if "targets" in raw_loc else "stage type"
         if kind == "union_tag_not_found":
             return f"missing `type`: the {what}, one of {', '.join(tags)}"
         close = difflib.get_close_matches(str(ctx.get("tag")), tags, n=1)
@@ -370,7 +386,40 @@ def _unwrap(ann: Any, part: Any) -> Any:
     return None
 
 
+def _union_tags(ann: Any) -> set:
+    """The tags of the tagged union ``ann`` is (Annotated and Optional peeled); empty when it is none."""
+    for _ in range(10):
+        origin = typing.get_origin(ann)
+        if origin is typing.Annotated:
+            ann = typing.get_args(ann)[0]
+            continue
+        if origin in (typing.Union, types.UnionType):
+            members = [a for a in typing.get_args(ann) if a is not type(None)]
+            if len(members) == 1:
+                ann = members[0]
+                continue
+            return {_tag_of(m) for m in members} - {None}
+        break
+    return set()
+
+
 def _tag_of(model: Any) -> Any:
+    """A union member's tag: its ``Tag(...)`` (callable discriminators), else its ``type`` literal; a nested
+    union of one stage type (the prune stage's variants) has that type as its tag."""
+    if typing.get_origin(model) is typing.Annotated:
+        args = typing.get_args(model)
+        tag = next((m.tag for m in args[1:] if isinstance(m, Tag)), None)
+        if tag is not None:
+            return tag
+        if typing.get_origin(args[0]) in (typing.Union, types.UnionType):
+            inner = {_type_tag(typing.get_args(m)[0] if typing.get_origin(m) is typing.Annotated else m)
+                     for m in typing.get_args(args[0])}
+            return inner.pop() if len(inner) == 1 else None
+        return _tag_of(args[0])
+    return _type_tag(model)
+
+
+def _type_tag(model: Any) -> Any:
     if isinstance(model, type) and issubclass(model, BaseModel) and "type" in model.model_fields:
         args = typing.get_args(model.model_fields["type"].annotation)
         return args[0] if len(args) == 1 else None

@@ -7,6 +7,7 @@ A test compares the committed file with this output.
 
 from __future__ import annotations
 
+import inspect
 import typing
 
 from pydantic import BaseModel
@@ -67,6 +68,15 @@ def _nested(model: type[BaseModel], seen: set) -> list[type[BaseModel]]:
     return out
 
 
+def _variants(config) -> list[type[BaseModel]]:
+    """The config models of a stage: the members of a union (Annotated and Tag peeled), or the one model."""
+    while typing.get_origin(config) is typing.Annotated:
+        config = typing.get_args(config)[0]
+    if typing.get_origin(config) in (typing.Union, getattr(__import__("types"), "UnionType")):
+        return [m for a in typing.get_args(config) for m in _variants(a)]
+    return [config]
+
+
 def render() -> str:
     seen: set = set()
     out = [
@@ -86,9 +96,14 @@ def render() -> str:
         out += [f"### {model.__name__}", "", *_table(model), ""]
     out += ["## Stages", "", "Every stage also takes `name` (its id in metrics, gates and folders).", ""]
     for name in registry.stages.names():
-        model = stage_config_model(registry.stages.get(name))
-        out += [f"### `type: {name}`", "", (model.model_fields["type"].description or ""), "", *_table(model, ("type", "name")), ""]
-        for sub in _nested(model, seen):
+        variants = _variants(stage_config_model(registry.stages.get(name)))
+        out += [f"### `type: {name}`", "", (variants[0].model_fields["type"].description or ""), ""]
+        if len(variants) == 1:
+            out += [*_table(variants[0], ("type", "name")), ""]
+        for model in variants if len(variants) > 1 else ():
+            # A stage whose config is a union (prune: one variant per granularity): each with its own keys.
+            out += [f"#### {model.__name__}", "", inspect.cleandoc(model.__doc__ or ""), "", *_table(model, ("type", "name")), ""]
+        for sub in [sub for model in variants for sub in _nested(model, seen)]:
             if not issubclass(sub, TargetConfig):  # targets get their own section
                 out += [f"#### {sub.__name__}", "", *_table(sub), ""]
     out += ["## Export targets", "", "Written in an export stage's `targets` list as a name or a mapping with options.", ""]

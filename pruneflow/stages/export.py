@@ -14,7 +14,7 @@ from pydantic import Field, create_model, field_validator
 
 from .. import registry
 from ..artifacts import Artifact
-from ..bench import measure_latency
+from ..bench import fresh_batch, measure_latency
 from ..errors import ExportError, InputError, PruneflowError
 from ..evaluate import evaluate_runtime
 from ..gates import GateResult
@@ -215,9 +215,3 @@ def parity_metrics(ref: np.ndarray, got: np.ndarray) -> dict[str, float]:
         "top1_agreement": float((a.argmax(1) == b.argmax(1)).mean()),
         "parity_samples": int(len(a)),
     }
-
-
-def fresh_batch(x: torch.Tensor, batch: int) -> torch.Tensor:
-    """A new contiguous batch of ``batch`` samples (repeating the split when it is smaller)."""
-    reps = -(-batch // len(x))
-    return x.repeat((reps,) + (1,) * (x.dim() - 1))[:batch].clone().contiguous()

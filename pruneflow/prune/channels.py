@@ -1,0 +1,111 @@
+"""Channel pruning (width) as a round-loop strategy: saliency → the ratio that meets the round's goal →
+torch-pruning's grouped removal, at once or faded out during the fine-tune (``fade``)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ..bench import cpu_channel_block
+from ..errors import ConfigError
+from ..evaluate import count_macs_params
+from .engine import (PruneOptions, auto_rounds, layer_channels, layer_widths, measure, plan_step, prunable_layers,
+                     resolve_ignored, search_ratio)
+from .fisher import fisher_diagonal, mean_gradients
+from .importance import hessian_saliency, magnitude_saliency, mixed_saliency, taylor_saliency
+from .rounds import Batches, Plan, Round, Strategy
+from .surgery import make_prunable
+
+
+class ChannelStrategy(Strategy):
+    """`granularity: channels`. Targets count the model after the option-A shortcut rewrite (as every
+    round does); the stage's `macs_before`/`params_before` are the model as it entered."""
+
+    def entering(self) -> dict[str, int]:
+        self.check_kind()
+        macs, params = count_macs_params(self.model, self.example)
+        return {"macs": macs, "params": params}
+
+    def prepare(self) -> None:
+        cfg, model = self.config, self.model
+        self.metric, self.keep = cfg.target.metric_and_keep()
+        self.replaced = make_prunable(model, self.example)
+        self.ignored = resolve_ignored(model, cfg.ignore, self.loc("ignore"))
+        if not prunable_layers(model, self.ignored):
+            raise ConfigError(self.loc("ignore"), "every prunable layer is ignored; nothing is left to prune",
+                              hint="shorten `ignore` (the classifier is ignored by default)")
+        self.opts = PruneOptions(cfg.allocation, cfg.max_layer_ratio, cfg.round_to, self.ignored, cfg.ranking, layer_widths(model))
+        self.before = measure(model, self.example, self.ignored)
+        self.channels_before = layer_channels(model)
+
+    def rounds(self) -> int:
+        return auto_rounds(self.metric, self.keep) if self.config.rounds == "auto" else self.config.rounds
+
+    def goal(self, index: int, rounds: int) -> dict[str, float]:
+        return {self.metric: self.before[self.metric] * (1 - (1 - self.keep) * index / rounds)}
+
+    def score(self, batches: Callable[[], Batches]) -> dict[str, torch.Tensor]:
+        cfg, model = self.config, self.model
+        if cfg.importance == "magnitude":
+            return magnitude_saliency(model, cfg.magnitude_p)
+        sample = batches()
+        if cfg.importance == "taylor":
+            return taylor_saliency(model, mean_gradients(model, sample, self.loss))
+        fisher, grads = fisher_diagonal(model, sample, self.loss)
+        hessian = hessian_saliency(model, fisher)
+        if cfg.importance == "hessian":
+            return hessian
+        return mixed_saliency(hessian, taylor_saliency(model, grads), cfg.hessian_weight)
+
+    def plan(self, scores: dict[str, torch.Tensor], goal: dict[str, float]) -> Plan:
+        cfg = self.config
+        ratio, _ = search_ratio(self.model, self.example, scores, self.opts, self.metric, goal[self.metric], loc=self.loc("target"))
+        step = plan_step(self.model, self.example, scores, ratio, self.opts)
+        fading = bool(cfg.fade and cfg.finetune and cfg.finetune.epochs)
+
+        def apply() -> dict[str, float]:
+            removed = {"channels": step.channels}
+            step.apply()
+            return removed
+
+        return Plan(apply, step.fader(cfg.fade) if fading else None, {"ratio": ratio})
+
+    def measure(self) -> dict[str, int]:
+        return measure(self.model, self.example, self.ignored)
+
+    def row(self, record: Round) -> dict:
+        after, before = record.figures, self.before
+        return {"round": record.index, "goal_kept": round(record.goal[self.metric] / before[self.metric], 4),
+                "ratio": round(record.plan["ratio"], 4), "channels": after["channels"], "macs": after["macs"],
+                "params": after["params"], "macs_kept": after["macs"] / before["macs"], "accuracy": record.accuracy,
+                "seconds": record.seconds}
+
+    def describe(self, record: Round) -> str:
+        return f"{record.figures['macs'] / self.before['macs']:.1%} of MACs, accuracy {record.accuracy:.4f}"
+
+    def summary(self, after: dict[str, int]) -> dict[str, float | int]:
+        return {"channels_kept": after["channels"] / self.before["channels"], "shortcuts_rewritten": self.replaced}
+
+    def tables(self, records: list[Round]) -> dict[str, list[dict]]:
+        now = layer_channels(self.model)
+        layers = [{"layer": n, "before": c, "after": now.get(n, 0)} for n, c in self.channels_before.items()]
+        tables = {"channels": layers}
+        note = self._block_note(layers)
+        if note:
+            tables["notes"] = [{"note": note}]
+        return tables
+
+    def _block_note(self, layers: list[dict]) -> str | None:
+        """Say so when pruned layers end off this CPU's SIMD channel block: their MACs fall, their time less."""
+        found = cpu_channel_block()
+        if not self.config.latency or not found:
+            return None
+        block, isa = found
+        off = [r["layer"] for r in layers if r["after"] != r["before"] and r["after"] % block]
+        if not off:
+            return None
+        return (f"{len(off)} pruned layer(s) (e.g. {', '.join(off[:3])}) end with a channel count that is not a multiple of "
+                f"{block}, the channel block of onnxruntime's and OpenVINO's CPU kernels on this {isa} machine: they are "
+                f"padded up to it, so their MACs fall faster than their run time. round_to: {block} turns pruned MACs into "
+                f"time here (narrower layers then stay whole).")

@@ -1,0 +1,220 @@
+"""The `prune` stage's config: one variant per granularity, each with only the keys that act on its path.
+
+A recipe picks the variant with ``granularity`` (``channels`` when absent, or ``heads`` when the target
+names ``heads``/``ffn``), so a key of another path (``fade`` with blocks, ``round_to`` with heads) is an
+unknown key at its line, found when the recipe loads rather than when the stage runs::
+
+    - type: prune
+      granularity: blocks
+      target: {macs: 0.5}
+      fade: 0.5          # recipe.yaml:14  stages.1.fade  unknown key ...
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
+
+from ..distill import DistillSpec
+from ..recipe.models import ModelSpec
+from ..stage import StageConfig, StrictModel
+from ..train import FinetuneSettings
+
+_UNIT_KEYS = ("heads", "ffn")
+_SHARE_KEYS = ("ratio", "macs", "params")
+
+
+class PruneTarget(StrictModel):
+    """Channels and blocks: exactly one of ``ratio``, ``macs`` or ``params``."""
+
+    ratio: float | None = Field(None, gt=0, lt=1, description="Share of prunable channels (blocks: of blocks) to remove.")
+    macs: float | None = Field(None, gt=0, lt=1, description="Share of the baseline MACs to keep (0.5 = 2x fewer).")
+    params: float | None = Field(None, gt=0, lt=1, description="Share of the baseline parameters to keep.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_units(cls, data: Any) -> Any:
+        """heads/ffn name a transformer target: say which granularity takes them instead of "unknown key"."""
+        if isinstance(data, dict) and any(k in data for k in _UNIT_KEYS):
+            raise ValueError("heads/ffn (transformers) and ratio/macs/params (channels, blocks) do not mix; "
+                             "heads/ffn need `granularity: heads` (or no granularity)")
+        return data
+
+    @model_validator(mode="after")
+    def _one(self) -> "PruneTarget":
+        given = [k for k in _SHARE_KEYS if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of ratio, macs, params, or heads and/or ffn (got {', '.join(given) or 'none'})")
+        return self
+
+    def metric_and_keep(self) -> tuple[str, float]:
+        """The figure the target counts and the share of it to keep: ``("macs", 0.5)``."""
+        if self.ratio is not None:
+            return "channels", 1 - self.ratio
+        if self.macs is not None:
+            return "macs", self.macs
+        return "params", self.params  # type: ignore[return-value]
+
+
+class UnitTarget(StrictModel):
+    """Transformers: the share of attention heads and/or FFN neurons to remove."""
+
+    heads: float | None = Field(None, gt=0, lt=1, description="Share of attention heads to remove.")
+    ffn: float | None = Field(None, gt=0, lt=1, description="Share of FFN neurons to remove.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_shares(cls, data: Any) -> Any:
+        if isinstance(data, dict) and any(k in data for k in _SHARE_KEYS):
+            raise ValueError("heads/ffn (transformers) and ratio/macs/params (channels, blocks) do not mix")
+        return data
+
+    @model_validator(mode="after")
+    def _some(self) -> "UnitTarget":
+        if self.heads is None and self.ffn is None:
+            raise ValueError("give heads and/or ffn")
+        return self
+
+
+class PruneLatency(StrictModel):
+    batch_sizes: list[int] = Field([1, 32], min_length=1, description="Batch sizes timed in onnxruntime.")
+    runs: int = Field(20, ge=1, description="Timed runs per batch size.")
+
+
+Importance = Literal["magnitude", "taylor", "hessian", "hessian+taylor"]
+
+
+class _PruneBase(StageConfig):
+    """What every granularity shares: the round schedule, importance sampling, fine-tuning and timing."""
+
+    type: Literal["prune"] = Field("prune", description="Structured pruning with progressive rounds and KD fine-tuning.")
+    granularity: str = Field(description="What a round removes.")
+    target: Any = Field(description="What to reach.")
+    rounds: int | Literal["auto"] = Field(
+        "auto", description="Prune-then-fine-tune rounds; `auto`: about 10 % of the units a round."
+    )
+    importance_batches: int | None = Field(None, ge=1, description="Training batches used to score importance each round.")
+    importance_batch_size: int = Field(32, ge=1, description="Samples per importance batch.")
+    finetune: FinetuneSettings | None = Field(
+        default_factory=FinetuneSettings, description="Fine-tuning after each round (null = none)."
+    )
+    lr_decay: float = Field(0.7, gt=0, le=1, description="Fine-tune LR factor from one round to the next.")
+    final_finetune: FinetuneSettings | None = Field(None, description="A longer fine-tune after the last round.")
+    distill: DistillSpec | None = Field(
+        default_factory=DistillSpec, description="KD from the teacher during fine-tuning (null = hard labels only)."
+    )
+    teacher: ModelSpec | None = Field(None, description="Teacher model; default: a frozen copy of the model entering the stage.")
+    latency: PruneLatency | None = Field(
+        default_factory=PruneLatency, description="Time the model in onnxruntime before and after (null = skip)."
+    )
+
+
+class ChannelPruneConfig(_PruneBase):
+    """`granularity: channels` (the default): remove channels (width) on torch-pruning's dependency graph."""
+
+    granularity: Literal["channels"] = Field(
+        "channels", description="`channels`: remove channels (width); coupled channels go together. The default."
+    )
+    target: PruneTarget = Field(description="What to reach: {ratio: 0.3} channels removed, {macs: 0.5} or {params: 0.5} kept.")
+    rounds: int | Literal["auto"] = Field(
+        "auto", description="Prune-then-fine-tune rounds; `auto` removes about 10 % of channels a round."
+    )
+    importance_batches: int | None = Field(
+        None, ge=1, description="Training batches used to score importance each round (default 4)."
+    )
+    importance: Importance = Field(
+        "hessian", description="Channel importance: weight magnitude, first-order Taylor (|w·g|), Hessian (OBD, w²·Fisher), "
+        "or both mixed."
+    )
+    allocation: Literal["global", "uniform"] = Field(
+        "global", description="`global` ranks channels across layers; `uniform` prunes every layer by the same ratio."
+    )
+    ranking: Literal["relative", "absolute", "per_mac"] = Field(
+        "relative", description="`global`: how channels of different layers compare. `relative` (torch-pruning's default): "
+        "against their own group's mean score; `absolute`: summed scores as they are (hessian: OBD's loss estimate); "
+        "`per_mac`: absolute score per MAC the channel costs, so the cheapest loss per MAC saved goes first."
+    )
+    max_layer_ratio: float = Field(0.9, gt=0, lt=1, description="At most this share of any layer's channels is removed.")
+    round_to: int | None = Field(None, ge=1, description="Keep channel counts multiples of this (kernels run faster).")
+    ignore: list[str] | None = Field(None, description="Module names or regexes kept intact; default: the classifier.")
+    magnitude_p: Literal[1, 2] = Field(2, description="`magnitude`: L1 or L2.")
+    hessian_weight: float = Field(0.5, ge=0, le=1, description="`hessian+taylor`: weight of the Hessian term.")
+    fade: float | None = Field(
+        None, gt=0, le=1, description="Fade each round's chosen channels to zero over this share of the round's fine-tune, "
+        "then remove them (the removal changes no output), instead of removing them before it; null: remove at once."
+    )
+
+    @field_validator("max_layer_ratio", mode="after")
+    @classmethod
+    def _ratio_reachable(cls, value: float, info) -> float:
+        """No layer loses more than max_layer_ratio of its channels, so neither can all of them together."""
+        target = info.data.get("target")
+        if target is not None and target.ratio is not None and target.ratio > value:
+            raise ValueError(f"target ratio {target.ratio:g} cannot be reached when at most {value:g} of any layer's "
+                             f"channels go: raise max_layer_ratio to {target.ratio:g} or more, or lower the ratio")
+        return value
+
+
+class BlockPruneConfig(_PruneBase):
+    """`granularity: blocks`: remove whole residual blocks (depth), ranked by the measured loss increase of removing each."""
+
+    granularity: Literal["blocks"] = Field(
+        description="`blocks`: remove whole residual blocks (depth), ranked by the measured loss increase of removing "
+        "each; `ratio` is then the share of blocks. On CPUs, blocks turn MACs into time one for one; channels keep the depth."
+    )
+    target: PruneTarget = Field(
+        description="What to reach: {ratio: 0.5} of the blocks removed, {macs: 0.5} or {params: 0.5} kept."
+    )
+    rounds: int | Literal["auto"] = Field(
+        "auto", description="Prune-then-fine-tune rounds; `auto`: as many rounds as channels would take for the target."
+    )
+    importance_batches: int | None = Field(
+        None, ge=1, description="Training batches a round ranks blocks on; default 32 (a block's score is one forward pass "
+        "a batch, and fewer samples rank blocks by noise)."
+    )
+    ignore: list[str] | None = Field(None, description="Module names or regexes kept intact (their blocks are never removed).")
+
+
+class HeadPruneConfig(_PruneBase):
+    """`granularity: heads`: BERT-style transformers lose attention heads and FFN neurons (the default for a heads/ffn target)."""
+
+    granularity: Literal["heads"] = Field(
+        "heads", description="`heads`: remove attention heads and FFN neurons of a BERT-style transformer; the default "
+        "when the target names heads or ffn."
+    )
+    target: UnitTarget = Field(description="What to remove: {heads: 0.5, ffn: 0.3} (shares of the original counts).")
+    rounds: int | Literal["auto"] = Field(
+        "auto", description="Prune-then-fine-tune rounds; `auto`: about 10 % of the heads (or FFN neurons) a round."
+    )
+    importance_batches: int | None = Field(
+        None, ge=1, description="Training batches used to score importance each round (default 4)."
+    )
+    importance: Importance = Field(
+        "hessian", description="Unit importance: weight norms, first-order Taylor (|mean g| of a unit's mask), Hessian "
+        "(Fisher: mean g²), or both mixed."
+    )
+    hessian_weight: float = Field(0.5, ge=0, le=1, description="`hessian+taylor`: weight of the Hessian term.")
+
+
+def granularity(value: Any) -> str:
+    """The variant a prune stage's mapping validates as: its ``granularity``, else ``heads`` for a heads/ffn
+    target (transformer recipes written before granularity had that value), else ``channels``.
+
+    Named for the key it reads: pydantic's error for an unknown value names it (``granularity()``).
+    """
+    if not isinstance(value, dict):
+        return getattr(value, "granularity", "channels")
+    given = value.get("granularity")
+    if given is not None:
+        return given
+    target = value.get("target")
+    return "heads" if isinstance(target, dict) and any(k in target for k in _UNIT_KEYS) else "channels"
+
+
+PruneConfig = Annotated[
+    Union[Annotated[ChannelPruneConfig, Tag("channels")], Annotated[BlockPruneConfig, Tag("blocks")],
+          Annotated[HeadPruneConfig, Tag("heads")]],
+    Discriminator(granularity),
+]
+AnyPruneConfig = Union[ChannelPruneConfig, BlockPruneConfig, HeadPruneConfig]

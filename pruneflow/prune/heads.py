@@ -1,0 +1,92 @@
+"""Transformer pruning (`granularity: heads`) as a round-loop strategy: attention heads and FFN neurons
+scored through per-sample masks and removed by hand-written surgery (see ``transformer.py``)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ..evaluate import count_macs_params
+from .rounds import Batches, Plan, Round, Strategy
+from .transformer import attention_sites, ffn_sites, prune_heads, prune_neurons, select_lowest, unit_importance
+
+
+class HeadStrategy(Strategy):
+    """Each round removes its share of the *original* counts: round k of n reaches k/n of the target."""
+
+    for_transformers = True
+
+    def entering(self) -> dict[str, int]:
+        self.check_kind()
+        self.heads0 = self._heads()
+        self.ffn0 = self._neurons()
+        self.total_heads, self.total_ffn = sum(self.heads0.values()), sum(self.ffn0.values())
+        macs, params = count_macs_params(self.model, self.example)
+        return {"macs": macs, "params": params}
+
+    def _heads(self) -> dict[str, int]:
+        return {s.name: s.heads for s in attention_sites(self.model)}
+
+    def _neurons(self) -> dict[str, int]:
+        return {s.name: s.neurons for s in ffn_sites(self.model)}
+
+    def rounds(self) -> int:
+        target = self.config.target
+        return max(1, round(max(target.heads or 0, target.ffn or 0) / 0.1)) if self.config.rounds == "auto" else self.config.rounds
+
+    def goal(self, index: int, rounds: int) -> dict[str, float]:
+        target = self.config.target
+        return {unit: share * index / rounds for unit, share in (("heads", target.heads), ("ffn", target.ffn)) if share}
+
+    def score(self, batches: Callable[[], Batches]):
+        return unit_importance(self.model, batches(), self.loss, self.config.importance, self.config.hessian_weight)
+
+    def plan(self, scores, goal: dict[str, float]) -> Plan:
+        head_scores, ffn_scores = scores
+        sites = {s.name: s for s in attention_sites(self.model)}
+        ffns = {s.name: s for s in ffn_sites(self.model)}
+
+        def apply() -> dict[str, float]:
+            heads, neurons = sum(s.heads for s in sites.values()), sum(s.neurons for s in ffns.values())
+            if "heads" in goal:
+                _remove_lowest(head_scores, {n: s.heads for n, s in sites.items()}, self.total_heads, goal["heads"],
+                               lambda name, idx: prune_heads(sites[name], idx))
+            if "ffn" in goal:
+                _remove_lowest(ffn_scores, {n: s.neurons for n, s in ffns.items()}, self.total_ffn, goal["ffn"],
+                               lambda name, idx: prune_neurons(ffns[name], idx))
+            return {"heads": heads - sum(s.heads for s in sites.values()),
+                    "ffn_neurons": neurons - sum(s.neurons for s in ffns.values())}
+
+        return Plan(apply)
+
+    def measure(self) -> dict[str, int]:
+        macs, params = count_macs_params(self.model, self.example)
+        return {"macs": macs, "params": params, "heads": sum(self._heads().values()), "ffn_neurons": sum(self._neurons().values())}
+
+    def row(self, record: Round) -> dict:
+        after = record.figures
+        return {"round": record.index, "heads": after["heads"], "ffn_neurons": after["ffn_neurons"], "macs": after["macs"],
+                "params": after["params"], "accuracy": record.accuracy, "seconds": record.seconds}
+
+    def describe(self, record: Round) -> str:
+        after = record.figures
+        return f"{after['heads']} heads, {after['ffn_neurons']} FFN neurons left, accuracy {record.accuracy:.4f}"
+
+    def summary(self, after: dict[str, int]) -> dict[str, float | int]:
+        return {"heads": after["heads"], "heads_before": self.total_heads,
+                "ffn_neurons": after["ffn_neurons"], "ffn_neurons_before": self.total_ffn}
+
+    def tables(self, records: list[Round]) -> dict[str, list[dict]]:
+        heads1, ffn1 = self._heads(), self._neurons()
+        layers = [{"layer": n, "heads before": self.heads0[n], "heads after": heads1[n]} for n in self.heads0]
+        layers += [{"layer": n, "ffn before": self.ffn0[n], "ffn after": ffn1[n]} for n in self.ffn0]
+        return {"units": layers}
+
+
+def _remove_lowest(scores: dict, counts: dict[str, int], total: int, share: float, prune) -> None:
+    """Prune the lowest-scored units until ``share`` of the original ``total`` is gone."""
+    now = sum(counts.values())
+    goal = total - round(share * total)
+    if now > goal:
+        for name, remove in select_lowest(scores, (now - goal) / now).items():
+            if remove:
+                prune(name, remove)

@@ -1,0 +1,172 @@
+"""Our one adapter over torch-pruning: every use of its internals lives in this module.
+
+torch-pruning's public surface is a pruner and an importance callable; what we build on goes further
+(a MetaPruner subclass that rounds differently, the widths its ratio cap compares against, interactive
+groups read member by member, an importance's reduction and normalisation). Those parts change between
+its releases, so pyproject.toml pins the tested range and an upgrade touches this file alone.
+
+The rest of ``pruneflow.prune`` sees three small things: a :class:`Selection` (a group's root layer and
+the channels chosen there), a :class:`Member` (one coupled layer of a group, with what pruning does to
+it) and a :class:`GroupPruner` (one global or uniform step, yielded group by group)::
+
+    pruner = GroupPruner(model, example, importance, rule, ratio=0.3, global_pruning=True, ignored=[model.fc])
+    chosen = [s for s in pruner.selections()]     # nothing is pruned yet
+    for s in chosen:
+        prune(pruner.graph, s)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterator, Literal, NamedTuple
+
+import torch
+import torch_pruning as tp
+from torch import nn
+from torch_pruning.pruner import function
+
+if TYPE_CHECKING:
+    from .engine import KeepRule
+
+_OUT = (function.prune_conv_out_channels, function.prune_linear_out_channels)
+_IN = (function.prune_conv_in_channels, function.prune_linear_in_channels)
+_NORM = (function.prune_batchnorm_out_channels, function.prune_layernorm_out_channels, function.prune_groupnorm_out_channels)
+
+Role = Literal["out", "in", "norm", "other"]
+
+
+class Selection(NamedTuple):
+    """A group's root layer, torch-pruning's handler for it and the root's channel indices chosen."""
+
+    module: nn.Module
+    handler: object
+    idxs: list[int]
+
+
+@dataclass(frozen=True)
+class Member:
+    """One layer of a coupled group: ``role`` says which of its dimensions the group prunes.
+
+    ``role`` is ``out`` for a conv/Linear's outputs, ``in`` for its inputs, ``norm`` for a
+    normalisation layer's channels, ``other`` for anything else. ``out_channels`` is torch-pruning's
+    own test (it also holds for layers our roles do not list). ``idxs`` number the member's own
+    channels, ``root_idxs`` the same channels as the root layer numbers them.
+    """
+
+    module: nn.Module
+    role: Role
+    out_channels: bool
+    idxs: list[int]
+    root_idxs: list[int]
+
+
+def _role(handler) -> Role:
+    return "out" if handler in _OUT else "in" if handler in _IN else "norm" if handler in _NORM else "other"
+
+
+def members(group, graph: tp.DependencyGraph | None = None) -> list[Member]:
+    """The layers of a torch-pruning group as :class:`Member` records (``graph``: to test out-channel pruning)."""
+    out = []
+    for i, (dep, idxs) in enumerate(group):
+        plain = [getattr(j, "idx", j) for j in idxs]
+        root = getattr(group[i], "root_idxs", plain)
+        is_out = graph.is_out_channel_pruning_fn(dep.handler) if graph is not None else dep.handler in _OUT
+        out.append(Member(dep.target.module, _role(dep.handler), is_out, plain, list(root)))
+    return out
+
+
+def selection_members(graph: tp.DependencyGraph, selection: Selection) -> list[Member]:
+    """Every layer that removing ``selection`` touches (the group torch-pruning derives from it)."""
+    return members(graph.get_pruning_group(selection.module, selection.handler, selection.idxs), graph)
+
+
+def prune(graph: tp.DependencyGraph, selection: Selection) -> None:
+    """Remove ``selection``'s channels and every coupled one (indices derived now, as torch-pruning does)."""
+    graph.get_pruning_group(selection.module, selection.handler, selection.idxs).prune()
+
+
+class GroupImportance(tp.importance.GroupMagnitudeImportance):
+    """Base for our group importances: subclasses score a list of :class:`Member` records.
+
+    ``relative`` keeps torch-pruning's default (mean reduction, divided by the group's mean); otherwise the
+    scores are summed and compared as they are. ``reduce`` and ``normalize`` are torch-pruning's own.
+    """
+
+    def __init__(self, relative: bool):
+        if relative:
+            super().__init__(p=1, group_reduction="mean", normalizer="mean")
+        else:
+            super().__init__(p=1, group_reduction="sum", normalizer=None)
+
+    def reduce(self, scores: list[torch.Tensor], root_idxs: list[list[int]]) -> torch.Tensor:
+        """One score per root channel from per-member scores (torch-pruning's group reduction)."""
+        return self._reduce(scores, root_idxs)
+
+    def normalize(self, scores: torch.Tensor) -> torch.Tensor:
+        return self._normalize(scores, self.normalizer)
+
+    def score(self, group: list[Member]) -> torch.Tensor | None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def __call__(self, group):
+        return self.score(members(group))
+
+
+class _NearestRoundingPruner(tp.pruner.MetaPruner):
+    """torch-pruning rounds the channels a layer keeps *down* to a multiple of round_to; ``rule`` decides
+    instead (see ``KeepRule.pruned``)."""
+
+    def __init__(self, *args, rule: "KeepRule", **kwargs):
+        self.rule = rule
+        super().__init__(*args, **kwargs)
+
+    def _round_to(self, n_pruned: int, current_channels: int, round_to: int) -> int:
+        return self.rule.pruned(n_pruned, current_channels)
+
+
+class GroupPruner:
+    """One pruning step of ``ratio`` on torch-pruning's dependency graph, yielded group by group.
+
+    ``initial_widths`` maps layers to their (out, in) widths when the stage started: torch-pruning's
+    ``max_pruning_ratio`` then holds against those over every round (a fresh pruner would measure it
+    against the current widths).
+    """
+
+    def __init__(self, model: nn.Module, example: torch.Tensor, importance: GroupImportance, rule: "KeepRule", *,
+                 ratio: float, global_pruning: bool, ignored: list[nn.Module],
+                 initial_widths: dict[nn.Module, tuple[int, int]] | None = None):
+        self._pruner = _NearestRoundingPruner(
+            model, example, importance=importance, global_pruning=global_pruning, pruning_ratio=ratio,
+            max_pruning_ratio=rule.max_layer_ratio, ignored_layers=ignored,
+            # 1 when unset: the rule then keeps at least one channel of a group selected whole (once the global
+            # threshold reaches the +inf floor scores), and the cap restores the floor; torch-pruning would
+            # otherwise reject such a group and prune nothing there.
+            round_to=rule.step, rule=rule,
+        )
+        for module, (out_ch, in_ch) in (initial_widths or {}).items():
+            if module in self._pruner.layer_init_out_ch:
+                self._pruner.layer_init_out_ch[module] = out_ch
+                self._pruner.layer_init_in_ch[module] = in_ch
+
+    @property
+    def graph(self) -> tp.DependencyGraph:
+        return self._pruner.DG
+
+    def selections(self) -> Iterator[Selection]:
+        """The step's choice, one group at a time (root layer first); nothing is pruned."""
+        for group in self._pruner.step(interactive=True):
+            dep, idxs = group[0]
+            yield Selection(dep.target.module, dep.handler, list(idxs))
+
+    def prunes_out_channels(self, selection: Selection) -> bool:
+        return self.graph.is_out_channel_pruning_fn(selection.handler)
+
+    def out_channels(self, module: nn.Module) -> int:
+        return self.graph.get_out_channels(module)
+
+    def scores(self, selection: Selection) -> torch.Tensor | None:
+        """The importance of every channel of ``selection``'s root layer (None: torch-pruning could not score it)."""
+        current = self.out_channels(selection.module)
+        return self._pruner.estimate_importance(self.graph.get_pruning_group(selection.module, selection.handler,
+                                                                             list(range(current))))
