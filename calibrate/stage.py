@@ -64,7 +64,7 @@ class CalibrateStage(Stage):
     def preflight(self, ctx) -> list[str]:
         """A separate source must exist: checked before a run starts, like the recipe's own data files."""
         if self.config.source is not None and not Path(self.config.source.path).exists():
-            raise ConfigError(self.loc("source", "path"), "file not found", value=self.config.source.path,
+            raise ConfigError(self.loc("source", "path"), f"file not found: {self.config.source.path}",
                               hint="a relative path is relative to the recipe file that sets it")
         return []
 

@@ -102,7 +102,7 @@ def preflight(loaded: LoadedRecipe, stages: list[Stage]) -> list[str]:
         for section, name in files:
             value = getattr(getattr(recipe, section), name)
             if value and not (Path(value).is_file() if name == "checkpoint" else Path(value).exists()):
-                raise ConfigError((section, name), "file not found", value=value,
+                raise ConfigError((section, name), f"file not found: {value}",
                                   hint="a relative path is relative to the recipe file that sets it")
         notes = []
         for stage in stages:

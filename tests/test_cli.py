@@ -351,7 +351,7 @@ def _set_new_mapping(tmp_path):
 
 def _duplicate_stage_names(tmp_path):
     return [write(tmp_path / "r.yaml", tiny()), "--set", "stages.1.name=train"], [
-        "stages.1.name: 'train' is used by two stages"]
+        "--set stages.1.name=train  stages.1.name  'train' is used by two stages (stages.0 and this one)"]
 
 
 def _missing_file(tmp_path):
@@ -566,7 +566,8 @@ def test_dry_run_checks_files(tmp_path):
     recipe = write(tmp_path / "r.yaml", tiny(model={"factory": "digits_cnn", "checkpoint": "missing.pt"}))
     result = invoke("optimize", recipe, "--out", tmp_path / "runs", "--dry-run")
     assert result.exit_code == 2
-    assert "model.checkpoint not found" in result.stderr
+    line = recipe.read_text().splitlines().index("  checkpoint: missing.pt") + 1
+    assert f"{recipe}:{line}  model.checkpoint  file not found: {tmp_path / 'missing.pt'}" in result.stderr
 
 
 # --------------------------------------------------------------------------- schema, init, --version
