@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
 from pydantic import Field
 
@@ -63,8 +63,9 @@ class CalibrateStage(Stage):
 
     def preflight(self, ctx) -> list[str]:
         """A separate source must exist: checked before a run starts, like the recipe's own data files."""
-        if self.config.source is not None and not Path(self.config.source.path).exists():
-            raise ConfigError(self.loc("source", "path"), f"file not found: {self.config.source.path}",
+        source = cast(CalibrateConfig, self.config).source
+        if source is not None and not Path(source.path).exists():
+            raise ConfigError(self.loc("source", "path"), f"file not found: {source.path}",
                               hint="a relative path is relative to the recipe file that sets it")
         return []
 

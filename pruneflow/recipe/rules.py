@@ -41,7 +41,8 @@ def stage_ids(stages: Sequence[StageConfig]) -> list[str]:
     One function for the pipeline (folders, metric names) and the rules (duplicate names, gate
     metrics), so a gate is checked against exactly the names the run will use.
     """
-    ids, seen = [], {}
+    ids: list[str] = []
+    seen: dict[str, int] = {}
     for config in stages:
         if config.name:
             ids.append(config.name)
