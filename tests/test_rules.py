@@ -298,6 +298,16 @@ def test_a_calibration_helper_error_is_located_under_the_stage(tmp_path):
     assert issue.line == line_of(path, "- type: calibrate")  # `by` is a default: the stage's line
 
 
+def test_the_calibrate_command_names_its_own_option_not_a_recipe_key(tmp_path):
+    (tmp_path / "logs.jsonl").write_text("".join(json.dumps({"input": [i, i + 1.0]}) + "\n" for i in range(20)))
+    args = ["calibrate", str(tmp_path / "logs.jsonl"), "--out", str(tmp_path / "c"), "--size", "4"]
+    unlabelled = runner.invoke(app, [*args, "--strategy", "stratified"])
+    assert unlabelled.exit_code == 2
+    assert "usage error: --by: the source has no labels to stratify by" in unlabelled.stderr
+    unknown = runner.invoke(app, [*args, "--strategy", "best"])
+    assert unknown.exit_code == 2 and "usage error: --strategy: unknown strategy 'best'" in unknown.stderr
+
+
 def test_config_error_under_prefixes_the_key_path():
     inner = ConfigError(("by",), "no labels", value="label", hint="name a column")
     outer = inner.under("stages", 2)
