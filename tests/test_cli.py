@@ -514,7 +514,7 @@ def test_an_interrupted_run_exits_130_and_keeps_finished_stages(tmp_path, plugin
 
 
 def test_an_interrupted_run_with_json_still_prints_one_object(tmp_path, plugins):
-    recipe = write(tmp_path / "r.yaml", no_train(stages=[{"type": "interrupt_stage"}]))
+    recipe = write(tmp_path / "r.yaml", no_train(stages=[{"type": "interrupt_stage"}], gates=[]))
     result = invoke("optimize", recipe, "--out", tmp_path / "runs", "--json")
     assert result.exit_code == 130
     assert one_json(result)["exit_code"] == 130
@@ -534,7 +534,7 @@ def test_traceback_only_with_verbose_for_an_invalid_recipe(tmp_path):
 
 
 def test_traceback_only_with_verbose_for_a_failing_stage(tmp_path, plugins):
-    recipe = write(tmp_path / "r.yaml", no_train(stages=[{"type": "fail_stage"}]))
+    recipe = write(tmp_path / "r.yaml", no_train(stages=[{"type": "fail_stage"}], gates=[]))
     quiet = invoke("optimize", recipe, "--out", tmp_path / "runs")
     loud = invoke("optimize", recipe, "--out", tmp_path / "runs", "--verbose")
     assert quiet.exit_code == loud.exit_code == 4
