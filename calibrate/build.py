@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from pruneflow.data import Split
-from pruneflow.errors import InputError
+from pruneflow.errors import ConfigError, InputError
 
 from .calibset import CalibrationSet
 from .sampling import content_hashes, first_occurrences, select_diverse, select_random, select_stratified
@@ -21,8 +21,8 @@ def penultimate_features(model: nn.Module, x: torch.Tensor, batch_size: int = 25
     """The input of the model's last Linear layer (the classifier's features), for every sample."""
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
     if not linears:
-        raise InputError("calibrate.features: model features need a model ending in a Linear layer",
-                         hint="use features: inputs")
+        raise ConfigError(("features",), "model features need a model ending in a Linear layer", value="model",
+                          hint="use features: inputs")
     captured: list[torch.Tensor] = []
     handle = linears[-1].register_forward_hook(lambda m, inp, out: captured.append(inp[0].detach().flatten(1).cpu()))
     was = model.training
@@ -44,12 +44,14 @@ def build_calibration_set(split: Split, *, size: int, strategy: str, seed: int, 
     """Choose ``size`` samples of ``split`` by ``strategy``.
 
     ``groups``: one value a sample for ``stratified`` (labels, or any column). ``features``: maps
-    inputs to feature vectors for ``diverse`` (default: the inputs themselves).
+    inputs to feature vectors for ``diverse`` (default: the inputs themselves). A wrong setting raises
+    ConfigError at the setting's own key (``("by",)``): the caller knows where that sits (the stage:
+    ``exc.under(*self.loc())``).
     """
     if strategy not in STRATEGIES:
-        raise InputError(f"calibrate.strategy: unknown strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
+        raise ConfigError(("strategy",), f"unknown strategy; known: {', '.join(STRATEGIES)}", value=strategy)
     if size < 1:
-        raise InputError("calibrate.size must be at least 1")
+        raise ConfigError(("size",), "must be at least 1", value=size)
     if len(split) == 0:
         raise InputError("calibrate: the source holds no samples", hint="point at a source with data in it")
     keep = first_occurrences(content_hashes(split.x)) if dedupe else np.arange(len(split))
@@ -63,8 +65,8 @@ def build_calibration_set(split: Split, *, size: int, strategy: str, seed: int, 
     elif strategy == "stratified":
         values = (y.numpy() if groups is None else np.asarray(groups)[keep])
         if groups is None and (values < 0).all():
-            raise InputError("calibrate.by: the source has no labels to stratify by",
-                             hint="name a column with `by`, or use strategy: random or diverse")
+            raise ConfigError(("by",), "the source has no labels to stratify by",
+                              hint="name a column with `by`, or use strategy: random or diverse")
         chosen = select_stratified(values, size, seed)
     else:
         feats = features(x) if features else x.float().flatten(1).numpy()

@@ -10,7 +10,7 @@ from typing import Callable
 
 import numpy as np
 
-from pruneflow.errors import InputError
+from pruneflow.errors import ConfigError, InputError, UsageError
 
 from .build import STRATEGIES, build_calibration_set, penultimate_features
 from .consumers import save_set
@@ -41,9 +41,9 @@ def calibrate_source(source: Path, out: Path, *, size: int, strategy: str, by: s
     from pruneflow.recipe.models import DataSpec
 
     if strategy not in STRATEGIES:
-        raise InputError(f"--strategy: unknown strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
+        raise UsageError(f"--strategy: unknown strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
     if size < 1:
-        raise InputError("--size must be at least 1")
+        raise UsageError("--size must be at least 1")
     if not source.exists():
         raise InputError(f"calibration source not found: {source}")
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "calibration.json").is_file())):
@@ -67,11 +67,15 @@ def calibrate_source(source: Path, out: Path, *, size: int, strategy: str, by: s
     groups = None
     if strategy == "stratified" and by not in ("label", label_column or spec.label_column):
         if by not in ds.column_names:
-            raise InputError(f"--by: the source has no column {by!r}; columns: {', '.join(ds.column_names)}")
+            raise UsageError(f"--by: the source has no column {by!r}; columns: {', '.join(ds.column_names)}")
         groups = np.asarray([str(v) for v in ds[by]])
     features = (lambda x: penultimate_features(model, x)) if model is not None else None
-    calib = build_calibration_set(split, size=size, strategy=strategy, seed=seed, groups=groups, features=features,
-                                  meta={"source": str(source), "by": by if strategy == "stratified" else None,
-                                        "features": ("model" if model is not None else "inputs") if strategy == "diverse" else None},
-                                  warn=warn)
+    try:
+        calib = build_calibration_set(split, size=size, strategy=strategy, seed=seed, groups=groups, features=features,
+                                      meta={"source": str(source), "by": by if strategy == "stratified" else None,
+                                            "features": ("model" if model is not None else "inputs") if strategy == "diverse" else None},
+                                      warn=warn)
+    except ConfigError as exc:  # a setting of the build (e.g. `by`): here it is the command-line option
+        option = "--recipe" if exc.loc == ("features",) else f"--{exc.loc[-1]}"
+        raise UsageError(f"{option}: {exc.detail}", hint=exc.hint) from None
     return save_set(calib, out, amct=amct)

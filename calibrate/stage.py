@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from pathlib import Path
+from typing import Literal, cast
 
 from pydantic import Field
 
 from pruneflow.artifacts import Artifact
-from pruneflow.errors import InputError
+from pruneflow.errors import ConfigError, key_path
 from pruneflow.recipe.models import PathField
+from pruneflow.recipe.rules import has_train_split
 from pruneflow.stage import Stage, StageConfig, StageResult, StrictModel
 
 from .build import build_calibration_set, penultimate_features
@@ -48,6 +50,26 @@ class CalibrateStage(Stage):
     def needs_train_split(self) -> bool:  # type: ignore[override]
         return self.config.source is None and self.config.split == "train"
 
+    @classmethod
+    def recipe_rules(cls, config, index, recipe):
+        """Settings that the recipe's own data cannot serve, found before any data is read."""
+        if config.source is not None:
+            return
+        if config.split == "train" and not has_train_split(recipe.data):
+            yield ConfigError(("stages", index, "split"), "the recipe's data has no train split", value="train",
+                              hint="use `split: eval`, give a separate `source`, or give the data a `path` or a `train` source")
+        if config.strategy == "stratified" and config.by not in ("label", recipe.data.label_column):
+            yield ConfigError(("stages", index, "by"), "only the label can stratify the recipe's data", value=config.by,
+                              hint="give a separate `source` to stratify by another column")
+
+    def preflight(self, ctx) -> list[str]:
+        """A separate source must exist: checked before a run starts, like the recipe's own data files."""
+        source = cast(CalibrateConfig, self.config).source
+        if source is not None and not Path(source.path).exists():
+            raise ConfigError(self.loc("source", "path"), f"file not found: {source.path}",
+                              hint="a relative path is relative to the recipe file that sets it")
+        return []
+
     def _folder(self, ctx):
         # `calibration/` for the usual single stage; a second calibrate stage gets its own folder.
         return ctx.run_dir / ("calibration" if self.id == "calibrate" else f"calibration-{self.id}")
@@ -65,31 +87,32 @@ class CalibrateStage(Stage):
 
             update = {k: v for k, v in (("input_column", cfg.source.input_column), ("label_column", cfg.source.label_column)) if v}
             spec = ctx.recipe.data.model_copy(update=update)
-            split, ds = load_inputs(spec, cfg.source.format, cfg.source.path, f"stages.{self.index}.source.path")
+            split, ds = load_inputs(spec, cfg.source.format, cfg.source.path, key_path(self.loc("source", "path")))
             where = cfg.source.path
             if cfg.strategy == "stratified" and cfg.by not in ("label", spec.label_column):
                 if cfg.by not in ds.column_names:
-                    raise InputError(f"stages.{self.index}.by: the source has no column {cfg.by!r}; columns: {', '.join(ds.column_names)}")
+                    raise ConfigError(self.loc("by"), f"the source has no such column; columns: {', '.join(ds.column_names)}",
+                                      value=cfg.by)
                 groups = [str(v) for v in ds[cfg.by]]
-        else:
+        else:  # stratifying the recipe's data by another column than the label: refused by recipe_rules
             split = state.data.train if cfg.split == "train" else state.data.eval
             if split is None:
-                raise InputError(f"stages.{self.index}.split: the recipe's data has no {cfg.split} split")
-            if cfg.strategy == "stratified" and cfg.by not in ("label", ctx.recipe.data.label_column):
-                raise InputError(f"stages.{self.index}.by: only the label can stratify the recipe's data",
-                                 hint="give a separate `source` to stratify by another column")
+                raise ConfigError(self.loc("split"), f"the recipe's data has no {cfg.split} split", value=cfg.split)
             where = f"recipe data ({cfg.split} split)"
         use_model = cfg.features == "model" or (cfg.features == "auto" and state.model is not None)
         features = (lambda x: penultimate_features(state.model, x)) if use_model else None
         import numpy as np
 
-        calib = build_calibration_set(
-            split, size=cfg.size, strategy=cfg.strategy, seed=ctx.seed if cfg.seed is None else cfg.seed,
-            groups=np.asarray(groups) if groups is not None else None, features=features, dedupe=cfg.dedupe,
-            meta={"source": where, "by": cfg.by if cfg.strategy == "stratified" else None,
-                  "features": ("model" if use_model else "inputs") if cfg.strategy == "diverse" else None},
-            warn=ctx.reporter.warning,
-        )
+        try:
+            calib = build_calibration_set(
+                split, size=cfg.size, strategy=cfg.strategy, seed=ctx.seed if cfg.seed is None else cfg.seed,
+                groups=np.asarray(groups) if groups is not None else None, features=features, dedupe=cfg.dedupe,
+                meta={"source": where, "by": cfg.by if cfg.strategy == "stratified" else None,
+                      "features": ("model" if use_model else "inputs") if cfg.strategy == "diverse" else None},
+                warn=ctx.reporter.warning,
+            )
+        except ConfigError as exc:  # located at this stage's key (e.g. stages.1.by)
+            raise exc.under(*self.loc()) from None
         folder = self._folder(ctx)
         info = save_set(calib, folder, amct=cfg.amct)
         state.calibration = calib

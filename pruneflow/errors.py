@@ -6,6 +6,8 @@ unavailable target · 4 a stage or export failed · 130 interrupted.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 EXIT_OK = 0
 EXIT_GATE_FAILED = 1
 EXIT_INVALID = 2
@@ -53,10 +55,11 @@ class RecipeError(InputError):
 
 
 class RecipeIssue:
-    """One validation problem: ``FILE:LINE  key.path  value  message``."""
+    """One validation problem: ``FILE:LINE  key.path  value  message``; ``hint``, when known, is its fix."""
 
-    def __init__(self, source: str, line: int | None, path: str, value: object, message: str):
+    def __init__(self, source: str, line: int | None, path: str, value: object, message: str, hint: str | None = None):
         self.source, self.line, self.path, self.value, self.message = source, line, path, value, message
+        self.hint = hint
 
     def location(self) -> str:
         return f"{self.source}:{self.line}" if self.line else self.source
@@ -72,6 +75,7 @@ class RecipeIssue:
             "path": self.path,
             "value": None if self.value is _MISSING else self.value,
             "message": self.message,
+            "hint": self.hint,
         }
 
 
@@ -107,8 +111,19 @@ class ConfigError(InputError):
         self.value = value
         self.detail = message
 
+    def under(self, *prefix: str | int) -> "ConfigError":
+        """The same problem with ``prefix`` put before its key path.
 
-def key_path(loc: tuple) -> str:
+        A helper shared by a stage and a command (calibration building) knows only the key it checks
+        (``("by",)``); the stage that called it knows where it sits in the recipe::
+
+            except ConfigError as exc:
+                raise exc.under(*self.loc()) from None
+        """
+        return ConfigError((*prefix, *self.loc), self.detail, value=self.value, hint=self.hint)
+
+
+def key_path(loc: Sequence[str | int]) -> str:
     """The one spelling of a recipe key path in messages: ``stages.2.fade``."""
     return ".".join(str(p) for p in loc)
 

@@ -21,10 +21,11 @@ from . import registry
 from .artifacts import Artifact, Manifest, sha256_file, tool_versions, write_json_atomic, write_text_atomic
 from .checkpoint import load_checkpoint, save_checkpoint
 from .context import Reporter, RunContext, RunState
-from .errors import EXIT_GATE_FAILED, EXIT_OK, InputError, PruneflowError, StageError
-from .handle import ModelHandle
+from .errors import EXIT_GATE_FAILED, EXIT_OK, ConfigError, InputError, PruneflowError, StageError
 from .gates import GateResult, check_gates
+from .handle import ModelHandle
 from .recipe import LoadedRecipe, dump_recipe
+from .recipe.rules import stage_ids
 from .results import RunResult, StageRecord, flat_metrics
 from .stage import Stage
 
@@ -32,38 +33,37 @@ log = logging.getLogger("pruneflow")
 
 
 def plan_stages(loaded: LoadedRecipe) -> list[Stage]:
-    """Instantiate every stage with a unique id (its `name`, else its type, numbered when repeated)."""
-    stages, seen = [], {}
-    for index, cfg in enumerate(loaded.recipe.stages):
-        cls = registry.stages.get(cfg.type)
-        if cfg.name:
-            stage_id = cfg.name
-        else:
-            seen[cfg.type] = seen.get(cfg.type, 0) + 1
-            stage_id = cfg.type if seen[cfg.type] == 1 else f"{cfg.type}-{seen[cfg.type]}"
-        if any(s.id == stage_id for s in stages):
-            raise InputError(f"stages.{index}.name: {stage_id!r} is used by two stages", hint="give each stage its own name")
-        stage = cls(cfg, stage_id, index)
+    """Instantiate every stage with its id (its `name`, else its type, numbered when repeated).
+
+    The ids are unique: ``load_recipe`` rejected a recipe that names two stages alike (``recipe/rules.py``).
+    """
+    stages: list[Stage] = []
+    for index, (cfg, stage_id) in enumerate(zip(loaded.recipe.stages, stage_ids(loaded.recipe.stages))):
+        stage = registry.stages.get(cfg.type)(cfg, stage_id, index)
         stage.before = tuple(stages)
         stages.append(stage)
     return stages
 
 
 def preflight(loaded: LoadedRecipe, stages: list[Stage]) -> list[str]:
-    """Checks that need neither model nor data: factory import, files, toolchains. Returns notes."""
+    """Checks that need neither model nor data but the machine: factory import, files, toolchains.
+
+    Returns notes; a ConfigError (a file the recipe names is absent) comes out located, FILE:LINE.
+    """
     from .models import resolve_factory
 
     recipe = loaded.recipe
-    resolve_factory(recipe.model.factory)
-    if recipe.model.checkpoint and not Path(recipe.model.checkpoint).is_file():
-        raise InputError(f"model.checkpoint not found: {recipe.model.checkpoint}", hint="the path is relative to the recipe file")
-    for field_name in ("path", "train", "eval"):
-        value = getattr(recipe.data, field_name)
-        if value and not Path(value).exists():
-            raise InputError(f"data.{field_name}: file not found: {value}", hint="paths are relative to the recipe file")
-    notes = []
-    for stage in stages:
-        notes += stage.preflight(None)
+    with loaded.locating():
+        resolve_factory(recipe.model.factory)
+        files = [("model", "checkpoint")] + [("data", name) for name in ("path", "train", "eval")]
+        for section, name in files:
+            value = getattr(getattr(recipe, section), name)
+            if value and not (Path(value).is_file() if name == "checkpoint" else Path(value).exists()):
+                raise ConfigError((section, name), f"file not found: {value}",
+                                  hint="a relative path is relative to the recipe file that sets it")
+        notes = []
+        for stage in stages:
+            notes += stage.preflight(None)
     return notes
 
 
@@ -118,7 +118,9 @@ def run_recipe(loaded: LoadedRecipe, out: str | Path = "runs", reporter: Reporte
     manifest = Manifest(run_dir, recipe.name)
     manifest.write()
     try:
-        result = _run(loaded, stages, run_dir, manifest, reporter, resume)
+        # A rule that needs the model or data raises ConfigError(stage.loc(...)): reported at its FILE:LINE.
+        with loaded.locating():
+            result = _run(loaded, stages, run_dir, manifest, reporter, resume)
     except KeyboardInterrupt:
         manifest.status = "interrupted"
         manifest.write()

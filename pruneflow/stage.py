@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, ClassVar
+from typing import TYPE_CHECKING, Callable, ClassVar, Iterable
 
 # The config bases live in the kernel module config.py (so recipe/models.py need not import this one);
 # re-exported here because stages and plugins import them beside Stage.
@@ -28,8 +28,10 @@ if TYPE_CHECKING:
 
     from .artifacts import Artifact
     from .context import RunContext, RunState
+    from .errors import ConfigError
     from .gates import GateResult
     from .handle import ModelHandle
+    from .recipe.models import RecipeBase
 
 
 @dataclass
@@ -53,8 +55,6 @@ class Stage:
     modifies_model: ClassVar[bool] = False
     #: True when the stage needs the training split (the pipeline skips loading it otherwise).
     needs_train_split: ClassVar[bool] = False
-    #: True when the model leaving the stage carries INT8 quantizers (what an int8 export needs).
-    quantizes_model: ClassVar[bool] = False
 
     def __init__(self, config: StageConfig, stage_id: str, index: int):
         self.config = config
@@ -62,6 +62,27 @@ class Stage:
         self.index = index
         #: The recipe's stages before this one (set when the pipeline builds the stage list), for preflight checks.
         self.before: tuple["Stage", ...] = ()
+
+    @classmethod
+    def quantizes(cls, config: StageConfig) -> bool:
+        """True when the model leaving a stage so configured carries INT8 quantizers.
+
+        A class method on the config, not on a running stage, so the recipe rules can tell at load
+        time whether an int8 export has a quantized model to write.
+        """
+        return False
+
+    @classmethod
+    def recipe_rules(cls, config: StageConfig, index: int, recipe: "RecipeBase") -> Iterable[ConfigError]:
+        """Problems of this stage's settings that the recipe alone shows (other stages, targets, data
+        sources), each a ``ConfigError`` at its key path: ``("stages", index, "precisions", 1)``.
+
+        Pydantic checks one field or one stage; a rule here may look across the recipe. ``load_recipe``
+        runs every stage's rules right after validation, so `pruneflow validate` and ``--dry-run``
+        report them with FILE:LINE in milliseconds, instead of the run failing after the data and
+        model load. Yield (or return) every problem: the user sees them all at once. Default: none.
+        """
+        return ()
 
     def loc(self, *keys: str | int) -> tuple:
         """The recipe key path of one of this stage's settings, for ConfigError: ``("stages", 2, *keys)``."""

@@ -13,7 +13,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from pruneflow.errors import InputError, StageError
+from pruneflow.errors import ConfigError, StageError
 
 from calibrate.calibset import CalibrationSet
 from calibrate.consumers import nncf_dataset
@@ -56,8 +56,11 @@ def ignored_scope(model: nn.Module, ignore: list[str]):
 
 
 def quantize(model: nn.Module, calib: CalibrationSet, *, ignore: list[str] | None = None, preset: str = "performance",
-             batch_size: int = 32, activations: str = "signed") -> nn.Module:
+             batch_size: int = 32, activations: str = "signed", ignore_loc: tuple = ("ignore",)) -> nn.Module:
     """Insert FakeQuantize operations and set their ranges from ``calib``. Returns the quantized model.
+
+    ``ignore_loc``: the recipe key path of ``ignore`` (the stage's ``self.loc("ignore")``), for the error
+    when NNCF refuses a pattern.
 
     ``activations="signed"`` forces every activation quantizer to int8 (-128..127, zero point 0), the
     only activation type TensorRT accepts; the CPU INT8 form writes the same grid as uint8 with zero
@@ -84,7 +87,7 @@ def quantize(model: nn.Module, calib: CalibrationSet, *, ignore: list[str] | Non
             quantized = nncf.quantize(model, dataset, subset_size=items, ignored_scope=ignored_scope(model, ignore or []),
                                       preset=nncf.QuantizationPreset(preset))
     except nncf.ValidationError as exc:
-        raise InputError(f"qat.ignore: {exc}", hint="use module names from `pruneflow inspect`, or NNCF node-name regexes") from exc
+        raise ConfigError(ignore_loc, str(exc), hint="use module names from `pruneflow inspect`, or NNCF node-name regexes") from exc
     except Exception as exc:  # noqa: BLE001 - tracing failures come in many types
         where = failing_module(model, exc)
         raise StageError(

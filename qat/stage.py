@@ -97,7 +97,11 @@ def _int8(stage: Stage, state, ctx) -> ModelHandle:
 class PtqStage(Stage):
     Config = PtqConfig
     modifies_model = True
-    quantizes_model = True
+
+    @classmethod
+    def quantizes(cls, config) -> bool:
+        """PTQ always leaves an INT8 model, whatever its settings."""
+        return True
 
     @property
     def needs_train_split(self) -> bool:  # type: ignore[override]
@@ -118,9 +122,10 @@ class QatStage(Stage):
     modifies_model = True
     needs_train_split = True
 
-    @property
-    def quantizes_model(self) -> bool:  # type: ignore[override]
-        return any(p.precision == "int8" for p in self.config.schedule)
+    @classmethod
+    def quantizes(cls, config) -> bool:
+        """Only a schedule with an int8 phase inserts quantizers (an fp16-ending one leaves a float model)."""
+        return any(p.precision == "int8" for p in config.schedule)
 
     def run(self, state, ctx):
         cfg: QatConfig = self.config  # type: ignore[assignment]

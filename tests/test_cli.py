@@ -351,7 +351,7 @@ def _set_new_mapping(tmp_path):
 
 def _duplicate_stage_names(tmp_path):
     return [write(tmp_path / "r.yaml", tiny()), "--set", "stages.1.name=train"], [
-        "stages.1.name: 'train' is used by two stages"]
+        "--set stages.1.name=train  stages.1.name  'train' is used by two stages (stages.0 and this one)"]
 
 
 def _missing_file(tmp_path):
@@ -514,7 +514,7 @@ def test_an_interrupted_run_exits_130_and_keeps_finished_stages(tmp_path, plugin
 
 
 def test_an_interrupted_run_with_json_still_prints_one_object(tmp_path, plugins):
-    recipe = write(tmp_path / "r.yaml", no_train(stages=[{"type": "interrupt_stage"}]))
+    recipe = write(tmp_path / "r.yaml", no_train(stages=[{"type": "interrupt_stage"}], gates=[]))
     result = invoke("optimize", recipe, "--out", tmp_path / "runs", "--json")
     assert result.exit_code == 130
     assert one_json(result)["exit_code"] == 130
@@ -534,7 +534,7 @@ def test_traceback_only_with_verbose_for_an_invalid_recipe(tmp_path):
 
 
 def test_traceback_only_with_verbose_for_a_failing_stage(tmp_path, plugins):
-    recipe = write(tmp_path / "r.yaml", no_train(stages=[{"type": "fail_stage"}]))
+    recipe = write(tmp_path / "r.yaml", no_train(stages=[{"type": "fail_stage"}], gates=[]))
     quiet = invoke("optimize", recipe, "--out", tmp_path / "runs")
     loud = invoke("optimize", recipe, "--out", tmp_path / "runs", "--verbose")
     assert quiet.exit_code == loud.exit_code == 4
@@ -566,7 +566,8 @@ def test_dry_run_checks_files(tmp_path):
     recipe = write(tmp_path / "r.yaml", tiny(model={"factory": "digits_cnn", "checkpoint": "missing.pt"}))
     result = invoke("optimize", recipe, "--out", tmp_path / "runs", "--dry-run")
     assert result.exit_code == 2
-    assert "model.checkpoint not found" in result.stderr
+    line = recipe.read_text().splitlines().index("  checkpoint: missing.pt") + 1
+    assert f"{recipe}:{line}  model.checkpoint  file not found: {tmp_path / 'missing.pt'}" in result.stderr
 
 
 # --------------------------------------------------------------------------- schema, init, --version

@@ -109,7 +109,7 @@ def test_int8_export_without_a_quantizing_stage_is_refused_before_running(tmp_pa
     recipe["stages"][2]["precisions"] = ["fp32", "int8"]
     result = CliRunner().invoke(app, ["optimize", str(write_recipe(recipe)), "--out", str(tmp_path / "runs")])
     assert result.exit_code == 2
-    assert "stages.2.precisions: int8 needs a quantized model" in result.output and "ptq" in result.output
+    assert "stages.2.precisions.1  'int8'  int8 needs a quantized model" in result.output and "ptq" in result.output
     assert not (tmp_path / "runs").exists()
 
 

@@ -7,18 +7,20 @@ Every validation error is mapped back to the file and line that set the value::
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Iterator
 
 import yaml
 from pydantic import BaseModel, Tag, ValidationError
 
-from ..errors import MISSING, InputError, RecipeError, RecipeIssue, UsageError
+from ..errors import MISSING, ConfigError, InputError, RecipeError, RecipeIssue, UsageError, key_path
 from .models import RecipeBase, recipe_model
+from .rules import recipe_problems
 
 Loc = tuple  # a key path: str keys and int list indices
 SET_SOURCE = "--set"
@@ -33,15 +35,50 @@ class LoadedRecipe:
     #: The files read, the recipe itself first, then what it extends.
     chain: list[Path] = field(default_factory=list)
 
+    def locate(self, loc: Loc) -> tuple[str, int | None]:
+        """FILE and LINE that set the value at ``loc`` (a default: its nearest written parent)."""
+        return locate(loc, self.positions, str(self.file))
+
+    def error(self, problems: Iterable[ConfigError]) -> RecipeError:
+        """One RecipeError listing every problem at its FILE:LINE, like a validation error.
+
+        The same form whether a rule found the problems at load time or a stage at run time, so the
+        CLI prints (and ``--json`` carries) both alike.
+        """
+        issues = _sorted([RecipeIssue(*self.locate(p.loc), key_path(p.loc), p.value, p.detail, p.hint) for p in problems],
+                         str(self.file))
+        return RecipeError(_problem_count(str(self.file), issues), issues, hint=_hints(issues))
+
+    @contextlib.contextmanager
+    def locating(self) -> Iterator[None]:
+        """Turn a ConfigError escaping the block (a rule that needs the model or data) into a located RecipeError."""
+        try:
+            yield
+        except ConfigError as exc:
+            raise self.error([exc]) from exc
+
+
+def _hints(issues: list[RecipeIssue]) -> str | None:
+    """The fix of each issue that has one; with several, each on its own line after the key it fixes."""
+    hinted = [i for i in issues if i.hint]
+    if len({i.hint for i in hinted}) == 1:
+        return hinted[0].hint
+    return "\n     ".join(f"{i.path}: {i.hint}" for i in hinted) or None
+
 
 def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> LoadedRecipe:
-    """Load, merge, override, validate and resolve paths. Raises RecipeError (exit 2) on any problem."""
+    """Load, merge, override, validate, resolve paths, then run the rules that need only the recipe
+    (``rules.py``). Raises RecipeError (exit 2), with FILE:LINE for each problem, on any problem."""
     file = Path(path)
     data, positions, chain = _load_with_extends(file, ())
     apply_overrides(data, positions, overrides)
     recipe = validate(data, positions, str(file))
     _resolve_paths(recipe, positions, file)
-    return LoadedRecipe(recipe=recipe, file=file, positions=positions, chain=chain)
+    loaded = LoadedRecipe(recipe=recipe, file=file, positions=positions, chain=chain)
+    problems = recipe_problems(recipe)
+    if problems:
+        raise loaded.error(problems)
+    return loaded
 
 
 def dump_recipe(recipe: RecipeBase) -> str:
@@ -209,9 +246,9 @@ def _step_into(cur: Any, part: str | int, so_far: list, item: str) -> Any:
 
 
 def _bad_set(item: str, parts: list, cur: Any) -> RecipeError:
-    where = ".".join(str(p) for p in parts)
+    where = key_path(parts)
     if isinstance(cur, list):  # ``parts`` ends with the index that is not there; the list is the path before it
-        listed = ".".join(str(p) for p in parts[:-1])
+        listed = key_path(parts[:-1])
         n = len(cur)
         message = f"{listed!r} is a list of {n} entr{'y' if n == 1 else 'ies'}: use an index 0..{n - 1}" if cur else f"{listed!r} is an empty list"
     else:
@@ -232,9 +269,8 @@ def validate(data: dict, positions: dict, main_source: str) -> RecipeBase:
         return model.model_validate(data)
     except ValidationError as exc:
         issues = _issues(exc, data, positions, main_source, model)
-        count = len(issues)
         raise RecipeError(
-            f"{main_source}: {count} problem{'s' if count != 1 else ''} in the recipe",
+            _problem_count(main_source, issues),
             issues,
             hint="`pruneflow schema` prints every field with its description",
         ) from None
@@ -254,14 +290,24 @@ def _issues(exc: ValidationError, data: dict, positions: dict, main_source: str,
                 clean, value = clean + (key,), value.get(key, MISSING)
             elif not isinstance(value, str):  # a bare name (`targets: [onx]`) stays as written
                 value = MISSING
-        source, line = _position(clean, positions, main_source)
-        path = ".".join(str(p) for p in clean)
+        source, line = locate(clean, positions, main_source)
+        path = key_path(clean)
         key = (path, err["type"] == "extra_forbidden")
         if key in merged and merged[key].message != message:
             merged[key].message += f"; or {message[:1].lower()}{message[1:]}"
         else:
             merged[key] = RecipeIssue(source, line, path, value, message)
-    return sorted(merged.values(), key=lambda i: (i.source != main_source, i.line or 10**9, i.path))
+    return _sorted(merged.values(), main_source)
+
+
+def _sorted(issues: Iterable[RecipeIssue], main_source: str) -> list[RecipeIssue]:
+    """The recipe's own lines first, top to bottom, then what `extends` and `--set` gave."""
+    return sorted(issues, key=lambda i: (i.source != main_source, i.line or 10**9, i.path))
+
+
+def _problem_count(main_source: str, issues: list[RecipeIssue]) -> str:
+    count = len(issues)
+    return f"{main_source}: {count} problem{'s' if count != 1 else ''} in the recipe"
 
 
 def _discriminator_key(err: dict) -> str:
@@ -303,7 +349,9 @@ def _looks_internal(part: str) -> bool:
     return any(ch in part for ch in "[]()")
 
 
-def _position(loc: tuple, positions: dict, main_source: str) -> tuple[str, int | None]:
+def locate(loc: tuple, positions: dict, main_source: str) -> tuple[str, int | None]:
+    """Where the value at ``loc`` was written; a key the recipe does not write (a default, a missing
+    key) points at its nearest parent that it does, so every problem gets a line to look at."""
     for cut in range(len(loc), -1, -1):
         if loc[:cut] in positions:
             return positions[loc[:cut]]

@@ -6,7 +6,9 @@ from typing import Literal
 
 from pydantic import Field
 
+from ..errors import ConfigError
 from ..evaluate import count_macs_params, evaluate_model
+from ..recipe.rules import has_train_split
 from ..stage import Stage, StageConfig, StageResult
 
 
@@ -22,12 +24,17 @@ class EvaluateStage(Stage):
     def needs_train_split(self) -> bool:  # type: ignore[override]
         return self.config.split == "train"
 
+    @classmethod
+    def recipe_rules(cls, config, index, recipe):
+        """`split: train` on data without a training source fails at load time, not after the earlier stages ran."""
+        if config.split == "train" and not has_train_split(recipe.data):
+            yield ConfigError(("stages", index, "split"), "the recipe's data has no train split", value="train",
+                              hint="measure `split: eval`, or give the data a `path` (split by eval_fraction) or a `train` source")
+
     def run(self, state, ctx):
         split = state.data.eval if self.config.split == "eval" else state.data.train
         if split is None:
-            from ..errors import InputError
-
-            raise InputError(f"stages.{self.index}.split: the data has no {self.config.split} split")
+            raise ConfigError(self.loc("split"), f"the data has no {self.config.split} split", value=self.config.split)
         metrics = evaluate_model(state.model, split, state.task, ctx.recipe.data.eval_batch_size, ctx.device,
                                  ctx.reporter, description=self.id)
         # A quantized model is counted through its float twin (quantizer ranges are not model parameters).

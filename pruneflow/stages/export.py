@@ -15,10 +15,11 @@ from pydantic import Field, create_model, field_validator
 from .. import registry
 from ..artifacts import Artifact
 from ..bench import fresh_batch, measure_latency
-from ..errors import ExportError, InputError, PruneflowError
+from ..errors import ConfigError, ExportError, PruneflowError
 from ..evaluate import evaluate_runtime
 from ..gates import GateResult
 from ..recipe.models import normalise_target_list, target_union
+from ..recipe.rules import quantized_before
 from ..stage import Stage, StageConfig, StageResult, StrictModel, Target
 
 
@@ -107,21 +108,28 @@ class ExportStage(Stage):
         made.sort(key=lambda nt: any(dep in order for dep in nt[1].depends_on))
         return made
 
-    def preflight(self, ctx) -> list[str]:
-        notes = []
-        for name, target in self._targets():
-            for precision in self.config.precisions:
-                if precision not in target.precisions:
-                    raise InputError(
-                        f"stages.{self.index}.precisions: target {name!r} cannot write {precision}",
-                        hint=f"{name} supports {', '.join(target.precisions)}",
-                    )
-            notes += target.preflight()
-        if "int8" in self.config.precisions and not any(s.quantizes_model for s in self.before):
-            raise InputError(
-                f"stages.{self.index}.precisions: int8 needs a quantized model, and no stage before this export quantizes it",
+    @classmethod
+    def recipe_rules(cls, config, index, recipe):
+        """Each target writes each precision asked for (``Target.precisions``), and int8 has a quantized
+        model to write: a `ptq` stage, or a `qat` stage ending in int8, before this export."""
+        for target in config.targets:
+            writes = registry.targets.get(target.type).precisions
+            for i, precision in enumerate(config.precisions):
+                if precision not in writes:
+                    yield ConfigError(("stages", index, "precisions", i), f"target {target.type!r} cannot write {precision}",
+                                      value=precision, hint=f"{target.type} writes {', '.join(writes)}")
+        if "int8" in config.precisions and not quantized_before(recipe, index):
+            yield ConfigError(
+                ("stages", index, "precisions", config.precisions.index("int8")),
+                "int8 needs a quantized model, and no stage before this export quantizes it", value="int8",
                 hint="add a `ptq` stage (no training) or a `qat` stage whose schedule ends in an int8 phase before `export`",
             )
+
+    def preflight(self, ctx) -> list[str]:
+        """Each target's toolchain (what it writes was checked with the recipe, see ``recipe_rules``)."""
+        notes = []
+        for _, target in self._targets():
+            notes += target.preflight()
         return notes
 
     def run(self, state, ctx):

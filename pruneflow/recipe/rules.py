@@ -1,0 +1,100 @@
+"""Rules that need only the recipe: run by ``load_recipe`` right after pydantic validation.
+
+Pydantic checks each field and each stage on its own; the rules here look across the recipe (two
+stages with one name, an int8 export with no quantizing stage before it, a gate naming a stage that
+does not exist). They run in milliseconds, so `pruneflow validate` and ``--dry-run`` catch what
+would otherwise fail a run after the data and model load. Each problem is a ``ConfigError`` at its
+key path; the loader turns them all, at once, into one ``RecipeError`` with FILE:LINE per problem.
+
+A stage contributes its own rules through ``Stage.recipe_rules`` (see ``pruneflow/stage.py``)::
+
+    @classmethod
+    def recipe_rules(cls, config, index, recipe):
+        if config.split == "train" and not has_train_split(recipe.data):
+            yield ConfigError(("stages", index, "split"), "the recipe's data has no train split")
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import TYPE_CHECKING, Iterator, Sequence
+
+from .. import registry
+from ..errors import ConfigError, key_path
+
+if TYPE_CHECKING:
+    from ..stage import StageConfig
+    from .models import DataSpec, RecipeBase
+
+
+def recipe_problems(recipe: RecipeBase) -> list[ConfigError]:
+    """Every problem the recipe alone shows: the recipe-wide rules, then each stage's own, in order."""
+    problems = [*_duplicate_names(recipe.stages), *_gate_metrics(recipe)]
+    for index, config in enumerate(recipe.stages):
+        problems += registry.stages.get(config.type).recipe_rules(config, index, recipe)
+    return problems
+
+
+def stage_ids(stages: Sequence[StageConfig]) -> list[str]:
+    """Each stage's id: its `name`, else its type, numbered when the type repeats (``evaluate-2``).
+
+    One function for the pipeline (folders, metric names) and the rules (duplicate names, gate
+    metrics), so a gate is checked against exactly the names the run will use.
+    """
+    ids: list[str] = []
+    seen: dict[str, int] = {}
+    for config in stages:
+        if config.name:
+            ids.append(config.name)
+            continue
+        seen[config.type] = seen.get(config.type, 0) + 1
+        ids.append(config.type if seen[config.type] == 1 else f"{config.type}-{seen[config.type]}")
+    return ids
+
+
+def has_train_split(data: DataSpec) -> bool:
+    """True when the data gives a training split: the built-in set and `path` are split, else `train`
+    must be set (what ``pruneflow.data.load_data`` does; an `eval`-only recipe has no train split)."""
+    return data.format == "digits" or bool(data.path) or bool(data.train)
+
+
+def quantized_before(recipe: RecipeBase, index: int) -> bool:
+    """True when a stage before ``index`` leaves an INT8-quantized model (what an int8 export writes)."""
+    return any(registry.stages.get(c.type).quantizes(c) for c in recipe.stages[:index])
+
+
+def _duplicate_names(stages: Sequence[StageConfig]) -> Iterator[ConfigError]:
+    """A stage id names the stage's folder and its metrics: two stages with one id would overwrite each other."""
+    first: dict[str, int] = {}
+    for index, stage_id in enumerate(stage_ids(stages)):
+        if stage_id in first:
+            yield ConfigError(("stages", index, "name"),
+                              f"{stage_id!r} is used by two stages ({key_path(('stages', first[stage_id]))} and this one)",
+                              hint="give each stage its own `name`")
+        first.setdefault(stage_id, index)
+
+
+def _gate_metrics(recipe: RecipeBase) -> Iterator[ConfigError]:
+    """A gate's metric (and baseline) must start with a stage id or a target of the `export` stage:
+    a typo there would otherwise surface only after the whole run, as a failed gate."""
+    prefixes = _metric_prefixes(recipe)
+    for index, gate in enumerate(recipe.gates):
+        for key in ("metric", "baseline"):
+            name = getattr(gate, key)
+            if name is None or any(name.startswith(f"{p}.") and len(name) > len(p) + 1 for p in prefixes):
+                continue
+            close = difflib.get_close_matches(name.split(".")[0], prefixes, n=1)
+            did = f"; did you mean {close[0]!r}?" if close else ""
+            yield ConfigError(("gates", index, key), f"names no stage or export target of this recipe{did}", value=name,
+                              hint=f"write STAGE.METRIC or TARGET.PRECISION.METRIC; stages and targets: {', '.join(prefixes)}")
+
+
+def _metric_prefixes(recipe: RecipeBase) -> list[str]:
+    """What a gate's metric may start with (``pruneflow.pipeline.flat_metrics``): a stage id, or, for
+    the stage with id ``export``, one of its targets (``onnx.fp32.accuracy``)."""
+    ids = stage_ids(recipe.stages)
+    prefixes = list(ids)
+    if "export" in ids:
+        targets = getattr(recipe.stages[ids.index("export")], "targets", None) or []
+        prefixes += [t.type for t in targets if hasattr(t, "type")]
+    return list(dict.fromkeys(prefixes))
