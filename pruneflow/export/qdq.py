@@ -7,8 +7,23 @@ One set of trained quantization parameters, two forms:
   axis 0 (output channels); activations are per-tensor. Q/DQ sit on the inputs of Conv/Gemm/MatMul
   (and of residual Adds, which TensorRT fuses).
 - ``cpu``: the same grid written with uint8 activations (u8s8), which x86 onnxruntime and OpenVINO run
-  fastest: int8 with zero point 0 and scale s is exactly uint8 with zero point 128 and the same scale
-  (both represent -128 s .. 127 s), so this rewrite changes no value. Weights stay int8 per channel.
+  fastest. Weights stay int8 per channel. Each activation gets one of two exact encodings:
+
+  - a tensor that cannot be negative (after a ReLU, or a pooling of one): uint8 with zero point 0,
+    then ``Clip(0, 127)`` on the quantized tensor (int8 stops at 127 where uint8 would go on to 255);
+  - any other tensor: uint8 with zero point 128 (the same values as int8 with zero point 0, -128 s .. 127 s).
+
+  Why not zero point 128 everywhere: x86 CPUs without VNNI (AVX2, AVX-512 without VNNI) multiply u8 by
+  s8 with ``vpmaddubsw``, which adds *pairs* of products in a saturating int16. Raw activations are
+  what the kernels multiply, and with zero point 128 a ReLU output is 128..255, so two large weights of
+  the same sign (|w0 + w1| > 128) can push a pair past 32767: onnxruntime's QLinearConv/QGemm and
+  OpenVINO's int8 convolutions then return wrong values (measured: 5-70x the error of the float
+  reference path of the same graph; ``session.x64quantprecision=1``, onnxruntime's slower u8u8 path,
+  removed it). With raw values 0..127 a pair is at most 2 * 127 * 127 = 32258, so it cannot saturate on
+  any x86 CPU, and the graph runs the same integer kernels. Signed tensors (the network input, a
+  residual branch) keep zero point 128; NNCF's overflow fix quantizes the first layer's weights to
+  7 bits (|w| <= 64), which makes those safe too. ``u8s8_overflow_risks`` lists the weighted ops that
+  could still saturate; the export adds them to the artifact's notes.
 
 torch's exporter writes an NNCF model (after ``nncf.strip``) as Q/DQ pairs around float weights and
 leaves BatchNorm after the quantized convolution; neither runtime then runs the convolution in int8.
