@@ -15,7 +15,7 @@ from torch import nn
 from calibrate.build import build_calibration_set
 from pruneflow.data import Split
 from pruneflow.export.onnx import onnxruntime_runner
-from pruneflow.export.qdq import check_convention, export_int8_onnx
+from pruneflow.export.qdq import check_convention, export_int8_onnx, u8s8_overflow_risks
 from qat.nncf_quant import quantize, strip_quantizers
 
 
@@ -98,12 +98,53 @@ def test_cpu_form_writes_the_same_grid_with_uint8_activations(quantized):
     _, _, _, paths, _ = quantized
     model = onnx.load(str(paths["cpu"]))
     consts = _consts(model)
-    activation_zps = [consts[n.input[2]] for n in model.graph.node
-                      if n.op_type in ("QuantizeLinear", "DequantizeLinear") and n.input[0] not in consts]
-    assert activation_zps and all(z.dtype == np.uint8 and (z == 128).all() for z in activation_zps)
+    producers = {o: n for n in model.graph.node for o in n.output}
+    activation_dqs = [n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0] not in consts]
+    zps = {n.name: consts[n.input[2]] for n in activation_dqs}
+    assert zps and all(z.dtype == np.uint8 and z.size == 1 and int(z) in (0, 128) for z in zps.values())
+    # Non-negative tensors (after each ReLU, and the pooling of one) are uint8 zero point 0 clipped to int8's 127;
+    # the network input and the residual branch before the Add stay zero point 128.
+    unsigned = [n for n in activation_dqs if int(zps[n.name]) == 0]
+    assert len(unsigned) == 3 and len(activation_dqs) - len(unsigned) == 2
+    for dq in unsigned:
+        clip = producers[dq.input[0]]
+        assert clip.op_type == "Clip" and producers[clip.input[0]].op_type == "QuantizeLinear"
+        assert (int(consts[clip.input[1]]), int(consts[clip.input[2]])) == (0, 127)
     ops = [n.op_type for n in model.graph.node]
-    assert "Relu" not in ops and "Clip" in ops  # ReLU runs on the quantized tensor (see relu_in_integer_domain)
+    assert "Relu" not in ops  # the uint8 zero point 0 quantizer saturates negatives itself
     assert check_convention(model, "cpu") == []
+    assert u8s8_overflow_risks(model) == []  # no int16 pair sum can saturate on a CPU without VNNI
+
+
+def test_the_overflow_check_finds_what_a_cpu_without_vnni_saturates():
+    from onnx import TensorProto, helper
+
+    def graph(zp: int, high: int | None, weights: np.ndarray):
+        inits = [numpy_helper.from_array(np.array(0.1, np.float32), "s"),
+                 numpy_helper.from_array(np.array(zp, np.uint8), "z"),
+                 numpy_helper.from_array(weights.astype(np.int8), "w"),
+                 numpy_helper.from_array(np.full(weights.shape[0], 0.01, np.float32), "ws"),
+                 numpy_helper.from_array(np.zeros(weights.shape[0], np.int8), "wz")]
+        nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"])]
+        src = "q"
+        if high is not None:
+            inits += [numpy_helper.from_array(np.array(0, np.uint8), "lo"), numpy_helper.from_array(np.array(high, np.uint8), "hi")]
+            nodes.append(helper.make_node("Clip", ["q", "lo", "hi"], ["qc"]))
+            src = "qc"
+        nodes += [helper.make_node("DequantizeLinear", [src, "s", "z"], ["a"]),
+                  helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wf"], axis=0),
+                  helper.make_node("Conv", ["a", "wf"], ["y"], name="conv")]
+        return helper.make_model(helper.make_graph(
+            nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3, 3])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits))
+
+    big = np.full((1, 2, 3, 3), 127)  # two input channels: every pair of weights sums to 254
+    assert u8s8_overflow_risks(graph(128, None, big))  # raw activations up to 255: 255 * 254 > 32767
+    assert u8s8_overflow_risks(graph(0, None, -big))
+    assert u8s8_overflow_risks(graph(0, 127, big)) == []  # 127 * 254 = 32258
+    assert u8s8_overflow_risks(graph(128, None, big // 2)) == []  # NNCF's 7-bit first layer: 255 * 126
+    opposite = np.array([[[[127]], [[-127]]]])  # a pair of opposite signs stays within 255 * 127
+    assert u8s8_overflow_risks(graph(128, None, opposite)) == []
 
 
 def test_both_forms_compute_what_the_quantized_torch_model_computes(quantized):
@@ -118,8 +159,10 @@ def test_both_forms_compute_what_the_quantized_torch_model_computes(quantized):
         assert np.abs(out - ref).max() < 0.1 * scale
         assert np.abs(out - ref).mean() < 0.5 * np.abs(fp32 - ref).mean() + 1e-3 * scale
         assert (out.argmax(1) == ref.argmax(1)).mean() >= 0.95
-    # The same grid in two encodings: int8 (zero point 0) and uint8 (zero point 128).
+    # The same grid in two encodings (int8 zero point 0; uint8 zero point 0 or 128): the cpu form is as
+    # close to the quantized model as the tensorrt form, on CPUs with and without VNNI.
     assert np.abs(outs["cpu"] - outs["tensorrt"]).max() < 0.05 * scale
+    assert np.abs(outs["cpu"] - ref).mean() < 2 * np.abs(outs["tensorrt"] - ref).mean() + 1e-4 * scale
 
 
 def test_batchnorm_folding_through_the_weight_quantizer_is_exact(quantized):
@@ -160,10 +203,14 @@ def _plain_runner(path: Path, levels):
 def test_the_cpu_form_runs_in_openvino(quantized, tmp_path):
     import openvino as ov
 
-    _, x, ref, paths, _ = quantized
+    _, x, ref, paths, model = quantized
     compiled = ov.Core().compile_model(ov.convert_model(str(paths["cpu"])), "CPU")
     out = compiled(x.numpy())[compiled.output(0)]
     assert (out.argmax(1) == ref.argmax(1)).mean() >= 0.95
+    with torch.no_grad():
+        fp32 = model(x).numpy()
+    # OpenVINO's int8 kernels add u8 x s8 pairs in int16 on CPUs without VNNI too (see the module docstring).
+    assert np.abs(out - ref).mean() < 0.5 * np.abs(fp32 - ref).mean() + 1e-3 * np.abs(ref).max()
 
 
 def test_an_unsigned_activation_quantizer_has_no_exact_tensorrt_form(quantized, tmp_path):

@@ -7,8 +7,25 @@ One set of trained quantization parameters, two forms:
   axis 0 (output channels); activations are per-tensor. Q/DQ sit on the inputs of Conv/Gemm/MatMul
   (and of residual Adds, which TensorRT fuses).
 - ``cpu``: the same grid written with uint8 activations (u8s8), which x86 onnxruntime and OpenVINO run
-  fastest: int8 with zero point 0 and scale s is exactly uint8 with zero point 128 and the same scale
-  (both represent -128 s .. 127 s), so this rewrite changes no value. Weights stay int8 per channel.
+  fastest. Weights stay int8 per channel. Each activation gets one of two exact encodings:
+
+  - a tensor that cannot be negative (after a ReLU, or a pooling of one): uint8 with zero point 0,
+    then ``Clip(0, 127)`` on the quantized tensor (int8 stops at 127 where uint8 would go on to 255);
+  - any other tensor: uint8 with zero point 128 (the same values as int8 with zero point 0, -128 s .. 127 s).
+
+  Why not zero point 128 everywhere: x86 CPUs without VNNI (AVX2, AVX-512 without VNNI) multiply u8 by
+  s8 with ``vpmaddubsw``, which adds *pairs* of products in a saturating int16. Raw activations are
+  what the kernels multiply, and with zero point 128 a ReLU output is 128..255, so two large weights of
+  the same sign (|w0 + w1| > 128) can push a pair past 32767: onnxruntime's QLinearConv/QGemm and
+  OpenVINO's int8 convolutions and FC then return wrong values. Measured on an AVX2 EPYC (no VNNI):
+  onnxruntime's mean |error| to the float reference path of the same graph (``ORT_DISABLE_ALL``) was
+  2.2x (pretrained ResNet-20) to 76x (tests/test_qdq.py's net) what its slower, non-saturating u8u8
+  path (``session.x64quantprecision=1``) gives. With raw values 0..127 a pair is at most
+  2 * 127 * 127 = 32258, so it cannot saturate on any x86 CPU; the graph runs the same integer kernels
+  (now equal, bit for bit, to the u8u8 path) at the same speed. Signed tensors (the network input, a
+  residual branch) keep zero point 128; NNCF's overflow fix quantizes the first layer's weights to
+  7 bits (|w| <= 64), which makes those safe too. ``u8s8_overflow_risks`` lists the weighted ops that
+  could still saturate; the export adds them to the artifact's notes.
 
 The model comes already stripped to torch's native fake-quant ops (``ModelHandle.int8_module``: for the
 NNCF kind, ``nncf.strip`` in qat/), so this module imports no quantization backend. torch's exporter
@@ -45,6 +62,7 @@ class PassReport:
     weights_folded: int = 0
     batchnorms_folded: int = 0
     activations_rewritten: int = 0
+    activations_unsigned: int = 0
     relus_in_integer_domain: int = 0
     notes: list[str] = field(default_factory=list)
 
@@ -221,62 +239,125 @@ def fold_batchnorm(graph: _Graph, report: PassReport) -> None:
 
 
 def rewrite_activations(graph: _Graph, form: Form, report: PassReport) -> None:
-    """Per-tensor activation Q/DQ pairs into the target form's dtype (see the module docstring)."""
-    seen: dict[str, str] = {}
-    for node in graph.g.node:
+    """Per-tensor activation Q/DQ pairs into the target form's dtype (see the module docstring).
+
+    cpu form: a tensor that cannot be negative (after a ReLU, a pooling of one, ...) becomes uint8 with
+    zero point 0 followed by ``Clip(0, 127)``; any other tensor becomes uint8 with zero point 128.
+    """
+    from onnx import helper
+
+    zps: dict[tuple[str, int], str] = {}
+    memo: dict[str, bool] = {}
+    if form == "cpu":  # decided on the graph as exported, before any rewrite below
+        for node in graph.g.node:
+            if node.op_type == "QuantizeLinear":
+                _nonnegative(graph, node.input[0], memo)
+    clips = []
+    for node in list(graph.g.node):
         if node.op_type not in QUANT_OPS or len(node.input) < 3 or node.input[0] in graph.inits:
             continue
         scale, zp = graph.const(node.input[1]), graph.const(node.input[2])
         if scale is None or zp is None or scale.size != 1:
             continue
-        key = node.input[2]
-        if form == "cpu" and zp.dtype == np.int8:
-            if np.any(zp != 0):
-                raise ExportError(f"{node.name}: an int8 activation zero point is not 0; expected symmetric activations")
-            if key not in seen:
-                seen[key] = graph.add_init(key + "_u8", np.full(zp.shape, 128, np.uint8))
-                report.activations_rewritten += 1
-            node.input[2] = seen[key]
-        elif form == "tensorrt" and zp.dtype == np.uint8:
-            raise ExportError(
-                f"{node.name}: an unsigned (uint8) activation quantizer cannot be written in TensorRT's int8 convention "
-                "without changing its scale",
-                hint="quantize with the qat/ptq defaults `preset: performance` and `activations: signed`, "
-                "or write `int8_forms: [cpu]` only")
-    graph.refresh()
+        if form == "tensorrt":
+            if zp.dtype == np.uint8:
+                raise ExportError(
+                    f"{node.name}: an unsigned (uint8) activation quantizer cannot be written in TensorRT's int8 convention "
+                    "without changing its scale",
+                    hint="quantize with the qat/ptq defaults `preset: performance` and `activations: signed`, "
+                    "or write `int8_forms: [cpu]` only")
+            continue
+        if node.op_type != "QuantizeLinear" or zp.dtype != np.int8:
+            continue  # DQs follow their Q; an unsigned quantizer (`activations: auto`) runs as it is (`activations: auto`): runs as it is
+        if np.any(zp != 0):
+            raise ExportError(f"{node.name}: an int8 activation zero point is not 0; expected symmetric activations")
+        users = graph.consumers.get(node.output[0], [])
+        dqs = [c for c in users if c.op_type == "DequantizeLinear" and c.input[1:3] == node.input[1:3]]
+        # zero point 0 (and its Clip) only where every reader of the quantized tensor is its own DQ
+        unsigned = memo[node.input[0]] and len(dqs) == len(users) and node.output[0] not in graph.outputs
+        value = 0 if unsigned else 128
+        key = (node.input[2], value)
+        if key not in zps:
+            zps[key] = graph.add_init(f"{node.input[2]}_u8_{value}", np.full(zp.shape, value, np.uint8))
+        for n in (node, *dqs):
+            n.input[2] = zps[key]
+        report.activations_rewritten += 1
+        if unsigned:
+            # int8 saturates at 127 where uint8 would go on to 255: the Clip keeps the int8 grid exactly,
+            # and keeps every integer dot product inside the u8s8 kernels' 16-bit pair sums (127 * 2 * 127).
+            low = graph.add_init(node.name + "_u8_min", np.zeros((), np.uint8))
+            high = graph.add_init(node.name + "_u8_max", np.full((), 127, np.uint8))
+            clipped = node.output[0] + "_int8_range"
+            for dq in dqs:
+                dq.input[0] = clipped
+            clips.append(helper.make_node("Clip", [node.output[0], low, high], [clipped], name=node.name + "_int8_range"))
+            report.activations_unsigned += 1
+    if form == "cpu":  # anything left (a DQ no Q feeds, a shared zero point): the same values as uint8 zero point 128
+        for node in graph.g.node:
+            if node.op_type not in QUANT_OPS or len(node.input) < 3 or node.input[0] in graph.inits:
+                continue
+            scale, zp = graph.const(node.input[1]), graph.const(node.input[2])
+            if scale is not None and zp is not None and scale.size == 1 and zp.dtype == np.int8:
+                if np.any(zp != 0):
+                    raise ExportError(f"{node.name}: an int8 activation zero point is not 0; expected symmetric activations")
+                key = (node.input[2], 128)
+                if key not in zps:
+                    zps[key] = graph.add_init(f"{node.input[2]}_u8_128", np.full(zp.shape, 128, np.uint8))
+                node.input[2] = zps[key]
+    if clips:
+        graph.g.node.extend(clips)
+        _toposort(graph)
+    else:
+        graph.refresh()
+
+
+_NONNEG_PASS_THROUGH = PASS_THROUGH + ("GlobalMaxPool", "Identity", "Slice", "DequantizeLinear", "QuantizeLinear")
+
+
+def _nonnegative(graph: _Graph, name: str, memo: dict[str, bool]) -> bool:
+    """Whether the tensor ``name`` cannot be negative, from the ops that produce it (ReLU, pooling of one, ...)."""
+    if name in memo:
+        return memo[name]
+    memo[name] = False  # a cycle (none in a valid graph) counts as unknown
+    node = graph.producer.get(name)
+    result = False
+    if node is None:
+        value = graph.const(name) if name in graph.inits else None
+        result = value is not None and bool(np.all(value >= 0))
+    elif node.op_type in ("Relu", "Sigmoid", "Softmax"):
+        result = True
+    elif node.op_type == "Clip":
+        low = graph.const(node.input[1]) if len(node.input) > 1 and node.input[1] else _attr(node, "min", None)
+        result = low is not None and bool(np.all(np.asarray(low) >= 0))
+    elif node.op_type in _NONNEG_PASS_THROUGH:
+        # Q/DQ keep the sign with a zero point of 0 (the only activation zero point this pass accepts).
+        result = _nonnegative(graph, node.input[0], memo)
+    elif node.op_type in ("Concat", "Max", "Add", "Mul"):
+        result = all(_nonnegative(graph, i, memo) for i in node.input if i)
+    memo[name] = result
+    return result
 
 
 def relu_in_integer_domain(graph: _Graph, report: PassReport) -> None:
-    """``Conv|Add -> Relu -> Q(s, z)`` becomes ``Conv|Add -> Q(s, z) -> Clip(min=z)`` (cpu form).
+    """``Relu -> Q(uint8, zero point 0)`` becomes ``Q`` (cpu form): Q already saturates negatives to 0.
 
     onnxruntime fuses ``DQ -> Conv -> Q`` into an integer QLinearConv (and Add into QLinearAdd) only
-    when Q follows directly; it drops a Relu only when the zero point is the type's minimum, which a
-    symmetric grid's (uint8, zero point 128) is not, and otherwise runs DQ -> Relu -> Q in float.
-    On a grid that contains 0, Q(relu(x)) == max(Q(x), z) exactly (round and clip are monotone and
-    Q(0) == z), so the Relu becomes an integer Clip on the quantized tensor.
+    when Q follows directly. For a zero point at the type's minimum Q(relu(x)) == Q(x) exactly.
     """
-    from onnx import helper
-
-    added, dead = [], []
+    dead = []
     for relu in list(graph.g.node):
         if relu.op_type != "Relu":
             continue
         q = graph.only_consumer(relu.output[0])
-        src = graph.producer.get(relu.input[0])
-        if q is None or q.op_type != "QuantizeLinear" or src is None or src.op_type not in ("Conv", "Add", "Gemm", "MatMul"):
+        if q is None or q.op_type != "QuantizeLinear":
             continue
         zp = graph.const(q.input[2]) if len(q.input) > 2 and q.input[2] else None
-        if zp is None or zp.size != 1 or graph.only_consumer(src.output[0]) is not relu:
+        if zp is None or zp.dtype != np.uint8 or np.any(zp != 0):
             continue
-        pre = relu.input[0] + "_q"
-        added.append(helper.make_node("QuantizeLinear", [relu.input[0], *q.input[1:]], [pre], name=relu.name + "_q"))
-        low = graph.add_init(relu.name + "_zero", zp.reshape(()).astype(zp.dtype))
-        added.append(helper.make_node("Clip", [pre, low], [q.output[0]], name=relu.name + "_int"))
-        dead += [relu, q]
+        q.input[0] = relu.input[0]
+        dead.append(relu)
         report.relus_in_integer_domain += 1
     graph.remove(dead)
-    graph.g.node.extend(added)
-    _toposort(graph)
 
 
 def _toposort(graph: _Graph) -> None:
@@ -309,6 +390,9 @@ def convert(model, form: Form) -> PassReport:
     graph.prune_initializers()
     _short_tensor_names(graph)
     left = Counter(n.op_type for n in graph.g.node)
+    if form == "cpu":
+        for risk in u8s8_overflow_risks(model):
+            report.notes.append("may saturate in u8s8 kernels of x86 CPUs without VNNI (signed input, 8-bit weights): " + risk)
     if left.get("BatchNormalization"):
         report.notes.append(f"{left['BatchNormalization']} BatchNormalization node(s) could not be folded")
     return report
@@ -345,6 +429,45 @@ def _remove_identities(graph: _Graph) -> None:
         for user in graph.consumers.get(node.output[0], []):
             user.input[:] = [node.input[0] if name == node.output[0] else name for name in user.input]
     graph.remove(identities)
+
+
+def u8s8_overflow_risks(model) -> list[str]:
+    """Weighted ops whose integer dot products can leave the 16-bit pair sums of x86 u8s8 kernels.
+
+    Without VNNI, onnxruntime's and OpenVINO's u8s8 kernels (vpmaddubsw) add two uint8 x int8 products
+    in a saturating int16 before widening: a0 w0 + a1 w1 must stay within -32768..32767. With raw
+    activations up to ``a_max`` (255, or the max of a Clip on the quantized tensor) that holds for any
+    pairing when the two largest positive (and negative) weights of each output channel sum to at most
+    32767 / a_max in magnitude.
+    """
+    graph = _Graph(model)
+    risks = []
+    for node in graph.g.node:
+        if node.op_type not in WEIGHTED_OPS or len(node.input) < 2:
+            continue
+        src = graph.producer.get(node.input[0])
+        while src is not None and src.op_type in PASS_THROUGH:
+            src = graph.producer.get(src.input[0])
+        wdq = graph.producer.get(node.input[1])
+        if src is None or src.op_type != "DequantizeLinear" or wdq is None or wdq.op_type != "DequantizeLinear":
+            continue
+        zp = graph.const(src.input[2]) if len(src.input) > 2 and src.input[2] else None
+        w = graph.const(wdq.input[0])
+        if zp is None or zp.dtype != np.uint8 or w is None or w.dtype != np.int8:
+            continue
+        clip = graph.producer.get(src.input[0])
+        high = graph.const(clip.input[2]) if clip is not None and clip.op_type == "Clip" and len(clip.input) > 2 and clip.input[2] else None
+        a_max = int(high) if high is not None and high.size == 1 else 255
+        out_axis = {"Conv": 0, "Gemm": 0 if _attr(node, "transB", 0) else 1, "MatMul": w.ndim - 1}.get(node.op_type)
+        w = w.astype(np.int32)
+        per_channel = np.moveaxis(w, out_axis, 0).reshape(w.shape[out_axis], -1) if out_axis is not None else w.reshape(1, -1)
+        top = np.sort(np.clip(per_channel, 0, None), axis=1)[:, -2:].sum(1)
+        bottom = np.sort(np.clip(-per_channel, 0, None), axis=1)[:, -2:].sum(1)
+        worst = int(a_max * max(top.max(), bottom.max()))
+        if worst > 32767:
+            risks.append(f"{node.op_type} {node.name}: activations up to {a_max} times weight pairs up to "
+                         f"{int(max(top.max(), bottom.max()))} reach {worst} > 32767")
+    return risks
 
 
 def check_convention(model, form: Form) -> list[str]:
