@@ -22,7 +22,6 @@ from pruneflow import __version__
 from pruneflow.context import Reporter
 from pruneflow.errors import (
     EXIT_INTERRUPTED,
-    EXIT_INVALID,
     EXIT_OK,
     EXIT_STAGE_FAILED,
     PruneflowError,

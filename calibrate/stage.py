@@ -43,7 +43,7 @@ class CalibrateConfig(StageConfig):
     amct: bool = Field(False, description="Also write Ascend AMCT input (.bin files per input plus a list).")
 
 
-class CalibrateStage(Stage):
+class CalibrateStage(Stage[CalibrateConfig]):
     Config = CalibrateConfig
 
     @property

@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from .errors import InputError
-from .stage import StrictModel
+from .errors import ConfigError
+from .config import StrictModel
 from .tasks import Task
 
 
@@ -48,12 +48,12 @@ def frozen_copy(model: nn.Module) -> nn.Module:
 
 
 class _Capture:
-    def __init__(self, model: nn.Module, names: list[str], role: str):
+    def __init__(self, model: nn.Module, names: list[str], role: str, loc: tuple):
         modules = dict(model.named_modules())
         missing = [n for n in names if n not in modules]
         if missing:
-            raise InputError(f"distill.features: the {role} has no module {', '.join(map(repr, missing))}",
-                             hint="use names from `pruneflow inspect` (the per-layer table)")
+            raise ConfigError(loc, f"the {role} has no module {', '.join(map(repr, missing))}", value=missing,
+                              hint="use names from `pruneflow inspect` (the per-layer table)")
         self.outputs: dict[str, torch.Tensor] = {}
         self.handles = [modules[n].register_forward_hook(self._hook(n)) for n in names]
 
@@ -71,11 +71,14 @@ class _Capture:
 class Distiller:
     """Builds the training loss: ``alpha * KD + (1 - alpha) * task loss (+ feature KD)``."""
 
-    def __init__(self, student: nn.Module, teacher: nn.Module, spec: DistillSpec, task: Task, example: torch.Tensor):
+    def __init__(self, student: nn.Module, teacher: nn.Module, spec: DistillSpec, task: Task, example: torch.Tensor,
+                 loc: tuple = ("distill",)):
+        """``loc``: the recipe key path of ``spec`` (the stage's ``self.loc("distill")``), for errors."""
         self.student, self.teacher, self.spec, self.task = student, teacher.eval(), spec, task
         self.projections = nn.ModuleDict()
-        self._s = _Capture(student, spec.features, "student") if spec.features else None
-        self._t = _Capture(teacher, spec.features, "teacher") if spec.features else None
+        where = (*loc, "features")
+        self._s = _Capture(student, spec.features, "student", where) if spec.features else None
+        self._t = _Capture(teacher, spec.features, "teacher", where) if spec.features else None
         if spec.features:
             with torch.no_grad():
                 was = student.training

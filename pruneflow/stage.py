@@ -3,13 +3,15 @@
 A stage is a class with a pydantic ``Config`` and ``run(state, ctx)``; a target likewise with
 ``build(state, ctx, out_dir)``. Both are registered by entry point (see ``registry.py``)::
 
-    class MyStage(Stage):
-        class Config(StageConfig):
-            type: Literal["my_stage"] = "my_stage"
-            strength: float = Field(0.5, description="How hard to squeeze.")
+    class MyConfig(StageConfig):
+        type: Literal["my_stage"] = "my_stage"
+        strength: float = Field(0.5, description="How hard to squeeze.")
 
-        def run(self, state, ctx):
-            ...
+    class MyStage(Stage[MyConfig]):
+        Config = MyConfig
+
+        def run(self, state: RunState, ctx: RunContext) -> StageResult:
+            ...  # self.config is a MyConfig
             return StageResult(metrics={"accuracy": 0.98})
 """
 
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, ClassVar, Iterable
+from typing import TYPE_CHECKING, Callable, ClassVar, Generic, Iterable, TypeVar
 
 # The config bases live in the kernel module config.py (so recipe/models.py need not import this one);
 # re-exported here because stages and plugins import them beside Stage.
@@ -34,6 +36,10 @@ if TYPE_CHECKING:
     from .recipe.models import RecipeBase
 
 
+C = TypeVar("C", bound=StageConfig)
+T = TypeVar("T", bound=TargetConfig)
+
+
 @dataclass
 class StageResult:
     metrics: dict[str, float | int | str] = field(default_factory=dict)
@@ -47,8 +53,9 @@ class StageResult:
     handle: "ModelHandle | None" = None
 
 
-class Stage:
-    """Base class of stages. Subclasses set ``Config`` and implement ``run``."""
+class Stage(Generic[C]):
+    """Base class of stages, generic over its config: ``class MyStage(Stage[MyConfig])`` types
+    ``self.config``. Subclasses set ``Config`` (the pydantic class the recipe validates) and implement ``run``."""
 
     Config: ClassVar[type[StageConfig]] = StageConfig
     #: True when the stage changes the model's weights or structure: it then checkpoints the model.
@@ -56,15 +63,15 @@ class Stage:
     #: True when the stage needs the training split (the pipeline skips loading it otherwise).
     needs_train_split: ClassVar[bool] = False
 
-    def __init__(self, config: StageConfig, stage_id: str, index: int):
-        self.config = config
+    def __init__(self, config: C, stage_id: str, index: int):
+        self.config: C = config
         self.id = stage_id
         self.index = index
         #: The recipe's stages before this one (set when the pipeline builds the stage list), for preflight checks.
-        self.before: tuple["Stage", ...] = ()
+        self.before: tuple["Stage[StageConfig]", ...] = ()
 
     @classmethod
-    def quantizes(cls, config: StageConfig) -> bool:
+    def quantizes(cls, config: C) -> bool:
         """True when the model leaving a stage so configured carries INT8 quantizers.
 
         A class method on the config, not on a running stage, so the recipe rules can tell at load
@@ -73,7 +80,7 @@ class Stage:
         return False
 
     @classmethod
-    def recipe_rules(cls, config: StageConfig, index: int, recipe: "RecipeBase") -> Iterable[ConfigError]:
+    def recipe_rules(cls, config: C, index: int, recipe: "RecipeBase") -> Iterable["ConfigError"]:
         """Problems of this stage's settings that the recipe alone shows (other stages, targets, data
         sources), each a ``ConfigError`` at its key path: ``("stages", index, "precisions", 1)``.
 
@@ -100,20 +107,22 @@ class Stage:
     def restore(self, state: "RunState", ctx: "RunContext") -> None:
         """``--resume`` skipped this stage: put what it leaves on the state back (the model is reloaded already)."""
 
-    def preflight(self, ctx: "RunContext") -> list[str]:
-        """Checks that need no model or data (files, toolchains). Returns human-readable notes."""
+    def preflight(self, ctx: "RunContext | None") -> list[str]:
+        """Checks that need no model or data (files, toolchains). Returns human-readable notes.
+
+        Runs before the run directory exists (``--dry-run`` too), so ``ctx`` is None there."""
         return []
 
 
-class Target:
-    """Base class of export targets: one folder, one or more artifacts."""
+class Target(Generic[T]):
+    """Base class of export targets, generic over its config: one folder, one or more artifacts."""
 
     Config: ClassVar[type[TargetConfig]] = TargetConfig
     #: Targets that must be built first (their artifacts are inputs here), e.g. ["onnx"].
     depends_on: ClassVar[list[str]] = []
 
-    def __init__(self, config: TargetConfig):
-        self.config = config
+    def __init__(self, config: T):
+        self.config: T = config
 
     def preflight(self) -> list[str]:
         """Raise MissingDependencyError when the toolchain is absent; return notes otherwise."""

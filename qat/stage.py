@@ -90,11 +90,11 @@ def _int8(stage: Stage, state, ctx) -> ModelHandle:
     cfg = stage.config
     base = copy.deepcopy(state.model).eval()  # NNCF adds its hooks in place
     quantized = quantize(state.model, _calibration(stage, state, ctx), ignore=cfg.ignore, preset=cfg.preset,
-                         batch_size=cfg.batch_size, activations=cfg.activations)
+                         batch_size=cfg.batch_size, activations=cfg.activations, ignore_loc=stage.loc("ignore"))
     return ModelHandle(quantized, kind="nncf", float_base=base)
 
 
-class PtqStage(Stage):
+class PtqStage(Stage[PtqConfig]):
     Config = PtqConfig
     modifies_model = True
 
@@ -117,7 +117,7 @@ class PtqStage(Stage):
                            handle=handle)
 
 
-class QatStage(Stage):
+class QatStage(Stage[QatConfig]):
     Config = QatConfig
     modifies_model = True
     needs_train_split = True
@@ -167,7 +167,7 @@ class QatStage(Stage):
                 for p in ranges:
                     p.requires_grad_(False)
 
-        distiller = Distiller(model, teacher, cfg.distill, state.task, state.example_input) if teacher is not None else None
+        distiller = Distiller(model, teacher, cfg.distill, state.task, state.example_input, self.loc("distill")) if teacher is not None else None
         try:
             history = fit(model, state.data, state.task, settings, ctx, description=description,
                           extra_loss=distiller.loss if distiller else None,

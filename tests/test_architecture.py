@@ -22,12 +22,12 @@ PLUGINS = ("qat", "calibrate", "nncf")  # what the core reaches only through ent
 MAX_FUNCTION_LINES = 60
 
 # export/onnx.py ↔ export/qdq.py: the export branch of issue 11 breaks it.
-KNOWN_IMPORT_CIRCLES: list[set[str]] = [{"pruneflow.export.onnx", "pruneflow.export.qdq"}]
+KNOWN_IMPORT_CIRCLES: list[set[str]] = []
 # The model-handle branch moves the NNCF code behind the `nncf` model kind in qat/.
-KNOWN_PLUGIN_IMPORTS = {"pruneflow/checkpoint.py", "pruneflow/export/qdq.py"}
+KNOWN_PLUGIN_IMPORTS: set[str] = set()
 # The one-round-loop branch of issue 11 splits these.
-KNOWN_LONG_FUNCTIONS = {"pruneflow/prune/stage.py:PruneStage.run", "pruneflow/prune/stage.py:PruneStage._run_blocks"}
-KNOWN_BACKSLASH_FILES = {"pruneflow/checkpoint.py", "pruneflow/prune/engine.py", "tests/test_prune.py"}
+KNOWN_LONG_FUNCTIONS: set[str] = set()
+KNOWN_BACKSLASH_FILES: set[str] = set()
 
 
 def rel(path: Path) -> str:

@@ -122,8 +122,6 @@ def test_a_third_party_stage_that_reshapes_the_model_writes_a_checkpoint_that_re
     assert result.metrics["evaluate.params"] == sum(p.numel() for p in model.parameters())
 
 
-@pytest.mark.xfail(strict=True, reason="pruneflow/prune/stage.py still sets _pruneflow_restructured; the prune rewrite "
-                   "deletes those lines (issue 11): drop this mark when it lands")
 def test_no_module_carries_hidden_pruneflow_state_after_prune_and_qat(plugins, tmp_path):
     recipe = tiny_recipe_dict(name="hidden")
     recipe["stages"] = [

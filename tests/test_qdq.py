@@ -14,8 +14,8 @@ from torch import nn
 
 from calibrate.build import build_calibration_set
 from pruneflow.data import Split
-from pruneflow.export.onnx import onnxruntime_runner
-from pruneflow.export.qdq import check_convention, export_int8_onnx, u8s8_overflow_risks
+from pruneflow.export.onnx import export_int8_onnx, onnxruntime_runner
+from pruneflow.export.qdq import check_convention, u8s8_overflow_risks
 from qat.nncf_quant import quantize, strip_quantizers
 
 
@@ -173,7 +173,6 @@ def test_batchnorm_folding_through_the_weight_quantizer_is_exact(quantized):
 
     raw = paths["cpu"].parent / "raw.onnx"
     export_onnx(strip_quantizers(q, x), x[:2], raw)
-    before = onnx.load(str(raw))
     after = onnx.load(str(raw))
     graph, report = _Graph(after), PassReport()
     fold_weight_quantizers(graph, report)

@@ -328,9 +328,6 @@ def test_locate_falls_back_to_the_nearest_written_parent(tmp_path):
 # A message that starts with a hand-typed key path (`f"stages.{self.index}.fade: ..."`, `"qat.ignore: ..."`)
 # cannot be located and drifts from the real path; raise ConfigError(self.loc("fade"), ...) instead.
 HAND_TYPED = re.compile(r"""(?<!\w)f?["'](stages\.\{|prune\.|qat\.|calibrate\.)""")
-# pruneflow/prune/ is excluded for now: its messages are being rewritten on the prune branch (issue 11);
-# drop the exclusion when that lands.
-NOT_YET = ("pruneflow/prune/",)
 
 
 def test_no_message_hand_types_a_recipe_key_path():
@@ -338,8 +335,6 @@ def test_no_message_hand_types_a_recipe_key_path():
     for folder in ("pruneflow", "qat", "calibrate"):
         for file in sorted((REPO / folder).rglob("*.py")):
             rel = file.relative_to(REPO).as_posix()
-            if rel.startswith(NOT_YET):
-                continue
             for number, text in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
                 if HAND_TYPED.search(text):
                     offenders.append(f"{rel}:{number}: {text.strip()}")

@@ -6,7 +6,7 @@ import copy
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from pydantic import Field
@@ -14,7 +14,10 @@ from pydantic import Field
 from ..artifacts import Artifact, atomic_path
 from ..errors import ExportError
 from ..stage import Target, TargetConfig
-from . import require
+from ..deps import require
+
+if TYPE_CHECKING:
+    from .qdq import Form, PassReport
 
 
 class OnnxConfig(TargetConfig):
@@ -33,7 +36,7 @@ class OnnxConfig(TargetConfig):
     )
 
 
-class OnnxTarget(Target):
+class OnnxTarget(Target[OnnxConfig]):
     Config = OnnxConfig
     precisions = ("fp32", "fp16", "int8")
 
@@ -58,8 +61,6 @@ class OnnxTarget(Target):
         return Artifact.from_file(ctx.run_dir, path, kind="onnx", producer="export", target="onnx", precision=precision)
 
     def _int8(self, state, ctx, out_dir: Path, form: str) -> Artifact:
-        from .qdq import export_int8_onnx
-
         cfg: OnnxConfig = self.config  # type: ignore[assignment]
         path = out_dir / ("model.int8.onnx" if form == "cpu" else "model.int8.tensorrt.onnx")
         report = export_int8_onnx(state.handle.int8_module(state.example_input), state.example_input, path, form=form,
@@ -164,3 +165,24 @@ def onnxruntime_runner(path: Path, threads: int | None = None):
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
     return lambda x: session.run(None, {name: x})[0]
+
+
+def export_int8_onnx(stripped: torch.nn.Module, example: torch.Tensor, path: Path, *, form: "Form", opset: int = 17,
+                     dynamic_batch: bool = True) -> "PassReport":
+    """Export a model stripped to torch's fake-quant ops (``handle.int8_module(example)``), then convert to ``form``."""
+    from .qdq import check_convention, convert
+
+    onnx = require("onnx", "pip install onnx", "INT8 ONNX export")
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+        raw = Path(tmp) / "qdq.onnx"
+        export_onnx(stripped, example.cpu(), raw, opset=max(opset, 13), dynamic_batch=dynamic_batch)
+        model_proto = onnx.load(str(raw))
+    report = convert(model_proto, form)
+    problems = check_convention(model_proto, form)
+    if problems:
+        raise ExportError(f"the INT8 ONNX ({form}) does not meet its convention: " + "; ".join(problems[:3])
+                          + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""))
+    with atomic_path(path) as tmp_path:
+        onnx.save(model_proto, str(tmp_path))
+        onnx.checker.check_model(str(tmp_path))
+    return report

@@ -23,7 +23,7 @@ class OpenVinoConfig(TargetConfig):
     dynamic_batch: bool = Field(True, description="Leave the batch dimension dynamic.")
 
 
-class OpenVinoTarget(Target):
+class OpenVinoTarget(Target[OpenVinoConfig]):
     Config = OpenVinoConfig
     precisions = ("fp32", "fp16", "int8")
 
@@ -42,7 +42,7 @@ class OpenVinoTarget(Target):
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     if precision == "int8":
-                        from .qdq import export_int8_onnx
+                        from .onnx import export_int8_onnx
 
                         source = Path(tmp) / "int8.onnx"
                         export_int8_onnx(state.handle.int8_module(example), example, source, form="cpu",

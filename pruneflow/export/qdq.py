@@ -44,7 +44,6 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -238,72 +237,87 @@ def fold_batchnorm(graph: _Graph, report: PassReport) -> None:
     graph.remove(dead)
 
 
+def _activation_zero_point(graph: _Graph, node) -> np.ndarray | None:
+    """The zero point of a per-tensor activation Q/DQ node; None for weights and per-channel nodes."""
+    if node.op_type not in QUANT_OPS or len(node.input) < 3 or node.input[0] in graph.inits:
+        return None
+    scale, zp = graph.const(node.input[1]), graph.const(node.input[2])
+    return zp if scale is not None and zp is not None and scale.size == 1 else None
+
+
+def _u8_zero_point(graph: _Graph, zps: dict[tuple[str, int], str], node, zp: np.ndarray, value: int) -> str:
+    """The uint8 initializer (shared per int8 zero point and value) replacing ``node``'s int8 zero point."""
+    if np.any(zp != 0):
+        raise ExportError(f"{node.name}: an int8 activation zero point is not 0; expected symmetric activations")
+    key = (node.input[2], value)
+    if key not in zps:
+        zps[key] = graph.add_init(f"{node.input[2]}_u8_{value}", np.full(zp.shape, value, np.uint8))
+    return zps[key]
+
+
+def _rewrite_cpu_quantizer(graph: _Graph, node, zp: np.ndarray, nonnegative: bool, zps: dict, report: PassReport):
+    """One int8 QuantizeLinear (and its DQs) as uint8: zero point 0 + Clip(0, 127) for a tensor that cannot
+    be negative, zero point 128 otherwise. Returns the Clip node to add, or None."""
+    from onnx import helper
+
+    users = graph.consumers.get(node.output[0], [])
+    dqs = [c for c in users if c.op_type == "DequantizeLinear" and c.input[1:3] == node.input[1:3]]
+    # zero point 0 (and its Clip) only where every reader of the quantized tensor is its own DQ
+    unsigned = nonnegative and len(dqs) == len(users) and node.output[0] not in graph.outputs
+    name = _u8_zero_point(graph, zps, node, zp, 0 if unsigned else 128)
+    for n in (node, *dqs):
+        n.input[2] = name
+    report.activations_rewritten += 1
+    if not unsigned:
+        return None
+    # int8 saturates at 127 where uint8 would go on to 255: the Clip keeps the int8 grid exactly,
+    # and keeps every integer dot product inside the u8s8 kernels' 16-bit pair sums (127 * 2 * 127).
+    low = graph.add_init(node.name + "_u8_min", np.zeros((), np.uint8))
+    high = graph.add_init(node.name + "_u8_max", np.full((), 127, np.uint8))
+    clipped = node.output[0] + "_int8_range"
+    for dq in dqs:
+        dq.input[0] = clipped
+    report.activations_unsigned += 1
+    return helper.make_node("Clip", [node.output[0], low, high], [clipped], name=node.name + "_int8_range")
+
+
+def _check_tensorrt_activations(graph: _Graph) -> None:
+    for node in graph.g.node:
+        zp = _activation_zero_point(graph, node)
+        if zp is not None and zp.dtype == np.uint8:
+            raise ExportError(
+                f"{node.name}: an unsigned (uint8) activation quantizer cannot be written in TensorRT's int8 convention "
+                "without changing its scale",
+                hint="quantize with the qat/ptq defaults `preset: performance` and `activations: signed`, "
+                "or write `int8_forms: [cpu]` only")
+
+
 def rewrite_activations(graph: _Graph, form: Form, report: PassReport) -> None:
     """Per-tensor activation Q/DQ pairs into the target form's dtype (see the module docstring).
 
     cpu form: a tensor that cannot be negative (after a ReLU, a pooling of one, ...) becomes uint8 with
     zero point 0 followed by ``Clip(0, 127)``; any other tensor becomes uint8 with zero point 128.
     """
-    from onnx import helper
-
-    zps: dict[tuple[str, int], str] = {}
+    if form == "tensorrt":
+        _check_tensorrt_activations(graph)
+        graph.refresh()
+        return
     memo: dict[str, bool] = {}
-    if form == "cpu":  # decided on the graph as exported, before any rewrite below
-        for node in graph.g.node:
-            if node.op_type == "QuantizeLinear":
-                _nonnegative(graph, node.input[0], memo)
+    for node in graph.g.node:  # decided on the graph as exported, before any rewrite below
+        if node.op_type == "QuantizeLinear":
+            _nonnegative(graph, node.input[0], memo)
+    zps: dict[tuple[str, int], str] = {}
     clips = []
     for node in list(graph.g.node):
-        if node.op_type not in QUANT_OPS or len(node.input) < 3 or node.input[0] in graph.inits:
-            continue
-        scale, zp = graph.const(node.input[1]), graph.const(node.input[2])
-        if scale is None or zp is None or scale.size != 1:
-            continue
-        if form == "tensorrt":
-            if zp.dtype == np.uint8:
-                raise ExportError(
-                    f"{node.name}: an unsigned (uint8) activation quantizer cannot be written in TensorRT's int8 convention "
-                    "without changing its scale",
-                    hint="quantize with the qat/ptq defaults `preset: performance` and `activations: signed`, "
-                    "or write `int8_forms: [cpu]` only")
-            continue
-        if node.op_type != "QuantizeLinear" or zp.dtype != np.int8:
-            continue  # DQs follow their Q; an unsigned quantizer (`activations: auto`) runs as it is (`activations: auto`): runs as it is
-        if np.any(zp != 0):
-            raise ExportError(f"{node.name}: an int8 activation zero point is not 0; expected symmetric activations")
-        users = graph.consumers.get(node.output[0], [])
-        dqs = [c for c in users if c.op_type == "DequantizeLinear" and c.input[1:3] == node.input[1:3]]
-        # zero point 0 (and its Clip) only where every reader of the quantized tensor is its own DQ
-        unsigned = memo[node.input[0]] and len(dqs) == len(users) and node.output[0] not in graph.outputs
-        value = 0 if unsigned else 128
-        key = (node.input[2], value)
-        if key not in zps:
-            zps[key] = graph.add_init(f"{node.input[2]}_u8_{value}", np.full(zp.shape, value, np.uint8))
-        for n in (node, *dqs):
-            n.input[2] = zps[key]
-        report.activations_rewritten += 1
-        if unsigned:
-            # int8 saturates at 127 where uint8 would go on to 255: the Clip keeps the int8 grid exactly,
-            # and keeps every integer dot product inside the u8s8 kernels' 16-bit pair sums (127 * 2 * 127).
-            low = graph.add_init(node.name + "_u8_min", np.zeros((), np.uint8))
-            high = graph.add_init(node.name + "_u8_max", np.full((), 127, np.uint8))
-            clipped = node.output[0] + "_int8_range"
-            for dq in dqs:
-                dq.input[0] = clipped
-            clips.append(helper.make_node("Clip", [node.output[0], low, high], [clipped], name=node.name + "_int8_range"))
-            report.activations_unsigned += 1
-    if form == "cpu":  # anything left (a DQ no Q feeds, a shared zero point): the same values as uint8 zero point 128
-        for node in graph.g.node:
-            if node.op_type not in QUANT_OPS or len(node.input) < 3 or node.input[0] in graph.inits:
-                continue
-            scale, zp = graph.const(node.input[1]), graph.const(node.input[2])
-            if scale is not None and zp is not None and scale.size == 1 and zp.dtype == np.int8:
-                if np.any(zp != 0):
-                    raise ExportError(f"{node.name}: an int8 activation zero point is not 0; expected symmetric activations")
-                key = (node.input[2], 128)
-                if key not in zps:
-                    zps[key] = graph.add_init(f"{node.input[2]}_u8_128", np.full(zp.shape, 128, np.uint8))
-                node.input[2] = zps[key]
+        zp = _activation_zero_point(graph, node)
+        # DQs follow their Q; an unsigned quantizer (`activations: auto`) runs as it is
+        if zp is not None and node.op_type == "QuantizeLinear" and zp.dtype == np.int8:
+            clip = _rewrite_cpu_quantizer(graph, node, zp, memo[node.input[0]], zps, report)
+            clips += [clip] if clip is not None else []
+    for node in graph.g.node:  # anything left (a DQ no Q feeds, a shared zero point): uint8 zero point 128
+        zp = _activation_zero_point(graph, node)
+        if zp is not None and zp.dtype == np.int8:
+            node.input[2] = _u8_zero_point(graph, zps, node, zp, 128)
     if clips:
         graph.g.node.extend(clips)
         _toposort(graph)
@@ -504,27 +518,3 @@ def check_convention(model, form: Form) -> list[str]:
                 if src is None or src.op_type != "DequantizeLinear":
                     problems.append(f"{node.op_type} {node.name}: input {name!r} is not dequantized from int8")
     return problems
-
-
-def export_int8_onnx(stripped, example, path: Path, *, form: Form, opset: int = 17, dynamic_batch: bool = True) -> PassReport:
-    """Export a model stripped to torch's fake-quant ops (``handle.int8_module(example)``), then convert to ``form``."""
-    import tempfile
-
-    import onnx
-
-    from ..artifacts import atomic_path
-    from .onnx import export_onnx
-
-    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-        raw = Path(tmp) / "qdq.onnx"
-        export_onnx(stripped, example.cpu(), raw, opset=max(opset, 13), dynamic_batch=dynamic_batch)
-        model_proto = onnx.load(str(raw))
-    report = convert(model_proto, form)
-    problems = check_convention(model_proto, form)
-    if problems:
-        raise ExportError(f"the INT8 ONNX ({form}) does not meet its convention: " + "; ".join(problems[:3])
-                          + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""))
-    with atomic_path(path) as tmp_path:
-        onnx.save(model_proto, str(tmp_path))
-        onnx.checker.check_model(str(tmp_path))
-    return report

@@ -142,9 +142,9 @@ class BlockStrategy(Strategy):
         self.candidates = find_blocks(self.model, self.example, self.ignored)
         if not self.candidates:
             raise ConfigError(
-                self.loc("granularity"), "blocks, but the model has no removable residual block (a module that keeps "
+                self.loc("granularity"), "the model has no removable residual block (a module that keeps "
                 "its input's shape and adds its input, through an identity skip, to another branch)"
-                + (" outside `ignore`" if cfg.ignore else ""),
+                + (" outside `ignore`" if cfg.ignore else ""), value="blocks",
                 hint="use granularity: channels for models without residual blocks",
             )
         metric, self.keep = cfg.target.metric_and_keep()

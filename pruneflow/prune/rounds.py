@@ -145,8 +145,8 @@ class Tuner:
     """Fine-tuning between rounds, shared by every strategy: KD from one teacher, the LR decayed round by
     round, evaluation alone when there is no fine-tune, and the final fine-tune."""
 
-    def __init__(self, config: Any, state, ctx, label: str):
-        self.config, self.state, self.ctx, self.label = config, state, ctx, label
+    def __init__(self, config: Any, state, ctx, label: str, distill_loc: tuple = ("distill",)):
+        self.config, self.state, self.ctx, self.label, self.distill_loc = config, state, ctx, label, distill_loc
         self.teacher = self._teacher()
         self.lr = config.finetune.lr if config.finetune else 0.0
 
@@ -182,7 +182,7 @@ class Tuner:
                  on_step_end: StepCallback | None = None) -> float:
         state, distill = self.state, self.config.distill
         use_kd = self.teacher is not None and distill
-        distiller = Distiller(model, self.teacher, distill, state.task, state.example_input) if use_kd else None
+        distiller = Distiller(model, self.teacher, distill, state.task, state.example_input, self.distill_loc) if use_kd else None
         try:
             history = fit(model, state.data, state.task, settings, self.ctx, description=description,
                           extra_loss=distiller.loss if distiller else None,

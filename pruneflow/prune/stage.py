@@ -16,7 +16,7 @@ from ..evaluate import evaluate_model
 from ..stage import Stage, StageResult
 from .blocks import BlockStrategy
 from .channels import ChannelStrategy
-from .config import BlockPruneConfig, ChannelPruneConfig, HeadPruneConfig, PruneConfig
+from .config import AnyPruneConfig, BlockPruneConfig, ChannelPruneConfig, HeadPruneConfig, PruneConfig
 from .heads import HeadStrategy
 from .rounds import Strategy, Tuner, importance_batches, run_rounds
 
@@ -30,7 +30,7 @@ _STRATEGIES: dict[type, type[Strategy]] = {
 }
 
 
-class PruneStage(Stage):
+class PruneStage(Stage[AnyPruneConfig]):
     Config = ChannelPruneConfig  # the default variant; the recipe validates against config_model()
     modifies_model = True
     needs_train_split = True
@@ -49,7 +49,7 @@ class PruneStage(Stage):
                                          ctx.reporter, f"{self.id} baseline")["accuracy"]
         latency_before = self._latency(model, example, data) if cfg.latency else {}
         strategy.prepare()
-        tuner = Tuner(cfg, state, ctx, self.id)
+        tuner = Tuner(cfg, state, ctx, self.id, self.loc("distill"))
         batches = cfg.importance_batches or strategy.default_importance_batches
 
         def sample(index: int):

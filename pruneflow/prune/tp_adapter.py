@@ -26,7 +26,7 @@ from torch import nn
 from torch_pruning.pruner import function
 
 if TYPE_CHECKING:
-    from .engine import KeepRule
+    from .keep import KeepRule
 
 _OUT = (function.prune_conv_out_channels, function.prune_linear_out_channels)
 _IN = (function.prune_conv_in_channels, function.prune_linear_in_channels)

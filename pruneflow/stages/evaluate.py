@@ -17,7 +17,7 @@ class EvaluateConfig(StageConfig):
     split: Literal["eval", "train"] = Field("eval", description="Which split to measure.")
 
 
-class EvaluateStage(Stage):
+class EvaluateStage(Stage[EvaluateConfig]):
     Config = EvaluateConfig
 
     @property

@@ -89,7 +89,7 @@ class ExportConfig(StageConfig):
         return value
 
 
-class ExportStage(Stage):
+class ExportStage(Stage[ExportConfig]):
     Config = ExportConfig
 
     @classmethod

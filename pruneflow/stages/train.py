@@ -15,7 +15,7 @@ class TrainConfig(TrainSettings, StageConfig):
     type: Literal["train"] = Field("train", description="Train or fine-tune the model.")
 
 
-class TrainStage(Stage):
+class TrainStage(Stage[TrainConfig]):
     Config = TrainConfig
     modifies_model = True
     needs_train_split = True
