@@ -15,6 +15,17 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 
+# Module-scoped end-to-end runs (tens of seconds each on 2 cores): every test that reads one is marked
+# `slow`, so `make test-fast` (pytest -m "not slow") skips them; `make test` (CI) runs everything.
+SLOW_FIXTURES = {"quickstart", "qat_run", "depth_run"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     """../shared/data beside the checkout (present locally and in CI); skip where it is absent."""

@@ -68,6 +68,7 @@ def test_quickstart_writes_the_run_directory(quickstart):
     assert load_recipe(run_dir / "recipe.resolved.yaml").recipe.name == "quickstart"
 
 
+@pytest.mark.slow
 @pytest.mark.shared_data
 def test_pretrained_resnet20_on_cifar10_matches_the_published_figure(shared_data, tmp_path):
     r = run_recipe(load_recipe(REPO / "recipes" / "resnet20-cifar10.yaml", ["stages.1.latency=null"]), out=tmp_path)

@@ -95,6 +95,7 @@ def _bert_recipe(stages: list[dict]) -> dict:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.shared_data
 def test_bert_recipe_prunes_heads_end_to_end_and_exports(tmp_path, write_recipe):
     if not (SHARED_DATA / "sst2").is_dir():

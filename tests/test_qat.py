@@ -192,6 +192,7 @@ def test_failing_module_names_the_innermost_layer_that_raised():
     assert failing_module(model, err.value) == "1.1"
 
 
+@pytest.mark.slow
 def test_a_pruned_and_quantized_resnet_checkpoint_reloads_without_unpickling(tmp_path):
     """The float base of an NNCF model is saved as weights + structure (here with the rewritten option-A
     shortcuts of a pruned ResNet); the file reads with weights_only=True, NNCF's config enums allowed by name.
