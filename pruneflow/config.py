@@ -6,7 +6,7 @@ A plugin's config subclasses these::
 
     class Config(StageConfig):
         type: Literal["my_stage"] = "my_stage"
-        strength: float = Field(0.5, description="How hard to squeeze.")
+        strength: float = Field(default=0.5, description="How hard to squeeze.")
 """
 
 from __future__ import annotations
@@ -15,7 +15,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class StrictModel(BaseModel):
-    """Base for every config: unknown keys are errors, every field carries a description."""
+    """Base for every config: unknown keys are errors, every field carries a description.
+
+    A default is written ``Field(default=...)``: mypy reads these models as dataclasses (pydantic's
+    dataclass_transform) and takes only the keyword for a default, so with a positional one the field
+    looks required, and a config used as another's ``default_factory`` looks uncallable without arguments.
+    """
 
     model_config = ConfigDict(extra="forbid", validate_default=True)
 
@@ -23,7 +28,7 @@ class StrictModel(BaseModel):
 class StageConfig(StrictModel):
     type: str = Field(description="Stage type, one of the registered stages (see `pruneflow schema`).")
     name: str | None = Field(
-        None,
+        default=None,
         description="Name used for this stage's metrics and folder; defaults to its type "
         "(with a number when the type repeats).",
         pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$",

@@ -388,8 +388,10 @@ def load_tokenizer(path: str):
         raise InputError(f"data.tokenizer: not found: {p}", hint="point at a tokenizer folder or a vocab.txt")
     try:
         if p.is_file():
-            # transformers 5.x: `vocab=` (the older `vocab_file=` is silently ignored there).
-            tok = transformers.BertTokenizerFast(vocab=str(p), do_lower_case=True)
+            # transformers 5.x: `vocab=` (the older `vocab_file=` is silently ignored there). BertTokenizerFast
+            # is the name 4.x and 5.x share; 5.x keeps it as an alias outside its modules' __all__, so its typed
+            # exports lack it although `transformers.BertTokenizerFast` resolves at run time.
+            tok = transformers.BertTokenizerFast(vocab=str(p), do_lower_case=True)  # type: ignore[attr-defined]
         else:
             tok = transformers.AutoTokenizer.from_pretrained(str(p), local_files_only=True)
     except Exception as exc:  # noqa: BLE001 - transformers raises many types for unreadable folders

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-from importlib.metadata import entry_points
-from typing import Generic, Iterator, TypeVar
+from importlib.metadata import EntryPoint, entry_points
+from typing import Callable, Generic, Iterator, TypeVar
 
 from .errors import PluginError, UnknownNameError
 
@@ -25,9 +25,9 @@ class Registry(Generic[T]):
         self.kind = kind
         self.group = group
         self._items: dict[str, T] = {}
-        self._entry_points: dict[str, object] | None = None
+        self._entry_points: dict[str, EntryPoint] | None = None
 
-    def register(self, name: str):
+    def register(self, name: str) -> Callable[[T], T]:
         """Decorator registering ``obj`` under ``name`` (for code that is not an installed plugin)::
 
             @registry.stages.register("my_stage")
@@ -54,7 +54,7 @@ class Registry(Generic[T]):
         finally:
             self.unregister(name)
 
-    def _eps(self) -> dict[str, object]:
+    def _eps(self) -> dict[str, EntryPoint]:
         if self._entry_points is None:
             self._entry_points = {ep.name: ep for ep in entry_points(group=self.group)}
         return self._entry_points
@@ -75,10 +75,10 @@ class Registry(Generic[T]):
                 hint=f"use one of the known names, or install the plugin that provides {name!r}",
             )
         try:
-            obj = ep.load()  # type: ignore[attr-defined]
+            obj = ep.load()
         except Exception as exc:  # noqa: BLE001 - re-raised with the plugin named
             raise PluginError(
-                f"the {self.kind} plugin {name!r} ({ep.value}) failed to import: {exc}",  # type: ignore[attr-defined]
+                f"the {self.kind} plugin {name!r} ({ep.value}) failed to import: {exc}",
                 hint="reinstall the package that provides it, or remove it",
             ) from exc
         self._items[name] = obj

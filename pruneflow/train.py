@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Callable, Literal
+from typing import Callable, Literal, Sequence
 
 import torch
 from pydantic import Field
 from torch import nn
 
 from .context import RunContext
-from .data import DataBundle
+from .data import DataBundle, Split
 from .evaluate import evaluate_model
 from .stage import StrictModel
 from .tasks import Task
@@ -22,32 +22,33 @@ LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor, object], torch.Tensor]
 class TrainSettings(StrictModel):
     """Settings of one training run; reused by every stage that fine-tunes (train, prune, qat)."""
 
-    epochs: int = Field(10, ge=1, le=10_000, description="Passes over the training split.")
-    batch_size: int = Field(64, ge=1, le=65_536, description="Samples per optimizer step.")
-    optimizer: Literal["sgd", "adamw"] = Field("sgd", description="`sgd` (with Nesterov momentum) or `adamw`.")
-    lr: float = Field(0.05, gt=0, le=10, description="Peak learning rate.")
-    momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum.")
-    weight_decay: float = Field(5e-4, ge=0, le=1, description="L2 weight decay.")
-    schedule: Literal["cosine", "step", "constant"] = Field("cosine", description="LR schedule over all steps.")
-    warmup_epochs: float = Field(0.0, ge=0, description="Linear LR warm-up at the start, in epochs.")
-    step_epochs: int = Field(30, ge=1, description="`step` schedule: epochs between LR drops.")
-    gamma: float = Field(0.1, gt=0, le=1, description="`step` schedule: LR factor at each drop.")
-    label_smoothing: float = Field(0.0, ge=0, lt=1, description="Cross-entropy label smoothing.")
-    augment: bool = Field(True, description="Apply the data section's augmentation while training.")
-    grad_clip: float | None = Field(None, gt=0, description="Clip the gradient norm to this value.")
-    eval_every: int = Field(1, ge=0, description="Evaluate every N epochs (0 = only at the end).")
+    epochs: int = Field(default=10, ge=1, le=10_000, description="Passes over the training split.")
+    batch_size: int = Field(default=64, ge=1, le=65_536, description="Samples per optimizer step.")
+    optimizer: Literal["sgd", "adamw"] = Field(default="sgd", description="`sgd` (with Nesterov momentum) or `adamw`.")
+    lr: float = Field(default=0.05, gt=0, le=10, description="Peak learning rate.")
+    momentum: float = Field(default=0.9, ge=0, lt=1, description="SGD momentum.")
+    weight_decay: float = Field(default=5e-4, ge=0, le=1, description="L2 weight decay.")
+    schedule: Literal["cosine", "step", "constant"] = Field(default="cosine", description="LR schedule over all steps.")
+    warmup_epochs: float = Field(default=0.0, ge=0, description="Linear LR warm-up at the start, in epochs.")
+    step_epochs: int = Field(default=30, ge=1, description="`step` schedule: epochs between LR drops.")
+    gamma: float = Field(default=0.1, gt=0, le=1, description="`step` schedule: LR factor at each drop.")
+    label_smoothing: float = Field(default=0.0, ge=0, lt=1, description="Cross-entropy label smoothing.")
+    augment: bool = Field(default=True, description="Apply the data section's augmentation while training.")
+    grad_clip: float | None = Field(default=None, gt=0, description="Clip the gradient norm to this value.")
+    eval_every: int = Field(default=1, ge=0, description="Evaluate every N epochs (0 = only at the end).")
 
 
 class FinetuneSettings(TrainSettings):
     """Fine-tuning inside another stage (prune rounds, QAT phases): short, at a low LR."""
 
-    epochs: int = Field(1, ge=0, le=10_000, description="Passes over the training split (0 = none).")
-    lr: float = Field(0.01, gt=0, le=10, description="Peak learning rate (prune: decayed across rounds by `lr_decay`).")
+    epochs: int = Field(default=1, ge=0, le=10_000, description="Passes over the training split (0 = none).")
+    lr: float = Field(default=0.01, gt=0, le=10, description="Peak learning rate (prune: decayed across rounds by `lr_decay`).")
 
 
-def make_optimizer(model: nn.Module, s: TrainSettings, extra: list[nn.Module] = ()) -> torch.optim.Optimizer:
+def make_optimizer(model: nn.Module, s: TrainSettings, extra: Sequence[nn.Module] = ()) -> torch.optim.Optimizer:
     # No weight decay on biases and normalisation parameters (standard practice).
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     for p in [p for m in [model, *extra] for p in m.parameters()]:
         if p.requires_grad:
             (no_decay if p.dim() <= 1 else decay).append(p)
@@ -71,7 +72,7 @@ def lr_factor(s: TrainSettings, step: int, steps_per_epoch: int) -> float:
 
 
 def fit(model: nn.Module, data: DataBundle, task: Task, s: TrainSettings, ctx: RunContext, *,
-        description: str = "train", extra_loss: LossFn | None = None, extra_modules: list[nn.Module] = (),
+        description: str = "train", extra_loss: LossFn | None = None, extra_modules: Sequence[nn.Module] = (),
         seed: int | None = None, on_epoch_start: Callable[[int, nn.Module], None] | None = None,
         on_step_end: Callable[[int, int], None] | None = None) -> list[dict]:
     """Train ``model`` in place. Returns one history row per epoch (loss, accuracy, lr).
@@ -81,13 +82,14 @@ def fit(model: nn.Module, data: DataBundle, task: Task, s: TrainSettings, ctx: R
     the model is put in training mode (QAT freezes BatchNorm statistics there); ``on_step_end(step, total)``
     after every optimizer step (1-based; pruning fades chosen channels out there).
     """
-    task = _training_task(data, task, s)
+    train = _train_split(data)
+    task = _training_task(task, s)
     seed = ctx.seed if seed is None else seed
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     model.to(ctx.device).train()
-    opt = make_optimizer(model, s, list(extra_modules))
-    steps_per_epoch = math.ceil(len(data.train) / s.batch_size)
+    opt = make_optimizer(model, s, extra_modules)
+    steps_per_epoch = math.ceil(len(train) / s.batch_size)
     step = 0
     history = []
     for epoch in range(1, s.epochs + 1):
@@ -120,16 +122,21 @@ def fit(model: nn.Module, data: DataBundle, task: Task, s: TrainSettings, ctx: R
     return history
 
 
-def _training_task(data: DataBundle, task: Task, s: TrainSettings) -> Task:
-    """The task to train with: checks there is a train split, and applies label smoothing to a copy,
-    so the run's shared task (``state.task``, used by later stages) keeps its own setting."""
+def _train_split(data: DataBundle) -> Split:
+    """The train split, checked to be there: a recipe whose data gives none cannot train."""
     if data.train is None:
         from .errors import InputError
 
         raise InputError("training needs a train split", hint="set data.path (split by eval_fraction) or data.train")
+    return data.train
+
+
+def _training_task(task: Task, s: TrainSettings) -> Task:
+    """The task to train with: label smoothing applied to a copy, so the run's shared task
+    (``state.task``, used by later stages) keeps its own setting."""
     if s.label_smoothing and hasattr(task, "label_smoothing"):
         task = copy.copy(task)
-        task.label_smoothing = s.label_smoothing  # type: ignore[attr-defined]
+        task.label_smoothing = s.label_smoothing
     return task
 
 

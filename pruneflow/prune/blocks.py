@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 import operator
-from typing import Callable
+from typing import Callable, Literal
 
 import torch
 import torch.fx as fx
@@ -38,6 +38,7 @@ def _strip(gm: fx.GraphModule, node, activations: bool):
     """Follow ``node`` back through identity modules (and, with ``activations``, element-wise activations)."""
     while isinstance(node, fx.Node) and node.args:
         if node.op == "call_module":
+            assert isinstance(node.target, str)  # a call_module node's target is the module's qualified name
             module = gm.get_submodule(node.target)
             if not (isinstance(module, nn.Identity) or (activations and isinstance(module, _ACT_MODULES))):
                 break
@@ -148,7 +149,8 @@ class BlockStrategy(Strategy):
                 hint="use granularity: channels for models without residual blocks",
             )
         metric, self.keep = cfg.target.metric_and_keep()
-        self.metric = "blocks" if metric == "channels" else metric  # ratio: the share of blocks removed
+        # ratio: the share of blocks removed
+        self.metric: Literal["blocks", "macs", "params"] = "blocks" if metric == "channels" else metric
         self.before = self.measure()
         self._check_reachable()
         return self.before
@@ -185,7 +187,7 @@ class BlockStrategy(Strategy):
     def plan(self, scores: dict[str, float], goal: dict[str, float]) -> Plan:
         def apply() -> dict[str, float]:
             removed = {}
-            for name in sorted(scores, key=scores.get):
+            for name in sorted(scores, key=scores.__getitem__):
                 if self.measure()[self.metric] <= goal[self.metric] + 1e-9:
                     break
                 remove_blocks(self.model, [name])

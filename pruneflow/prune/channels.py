@@ -65,7 +65,7 @@ class ChannelStrategy(Strategy):
         fading = bool(cfg.fade and cfg.finetune and cfg.finetune.epochs)
 
         def apply() -> dict[str, float]:
-            removed = {"channels": step.channels}
+            removed: dict[str, float] = {"channels": step.channels}
             step.apply()
             return removed
 

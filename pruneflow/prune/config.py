@@ -28,9 +28,9 @@ _SHARE_KEYS = ("ratio", "macs", "params")
 class PruneTarget(StrictModel):
     """Channels and blocks: exactly one of ``ratio``, ``macs`` or ``params``."""
 
-    ratio: float | None = Field(None, gt=0, lt=1, description="Share of prunable channels (blocks: of blocks) to remove.")
-    macs: float | None = Field(None, gt=0, lt=1, description="Share of the baseline MACs to keep (0.5 = 2x fewer).")
-    params: float | None = Field(None, gt=0, lt=1, description="Share of the baseline parameters to keep.")
+    ratio: float | None = Field(default=None, gt=0, lt=1, description="Share of prunable channels (blocks: of blocks) to remove.")
+    macs: float | None = Field(default=None, gt=0, lt=1, description="Share of the baseline MACs to keep (0.5 = 2x fewer).")
+    params: float | None = Field(default=None, gt=0, lt=1, description="Share of the baseline parameters to keep.")
 
     @model_validator(mode="before")
     @classmethod
@@ -48,20 +48,21 @@ class PruneTarget(StrictModel):
             raise ValueError(f"give exactly one of ratio, macs, params, or heads and/or ffn (got {', '.join(given) or 'none'})")
         return self
 
-    def metric_and_keep(self) -> tuple[str, float]:
+    def metric_and_keep(self) -> tuple[Literal["channels", "macs", "params"], float]:
         """The figure the target counts and the share of it to keep: ``("macs", 0.5)``."""
         if self.ratio is not None:
             return "channels", 1 - self.ratio
         if self.macs is not None:
             return "macs", self.macs
-        return "params", self.params  # type: ignore[return-value]
+        assert self.params is not None  # _one: exactly one of ratio, macs, params is set
+        return "params", self.params
 
 
 class UnitTarget(StrictModel):
     """Transformers: the share of attention heads and/or FFN neurons to remove."""
 
-    heads: float | None = Field(None, gt=0, lt=1, description="Share of attention heads to remove.")
-    ffn: float | None = Field(None, gt=0, lt=1, description="Share of FFN neurons to remove.")
+    heads: float | None = Field(default=None, gt=0, lt=1, description="Share of attention heads to remove.")
+    ffn: float | None = Field(default=None, gt=0, lt=1, description="Share of FFN neurons to remove.")
 
     @model_validator(mode="before")
     @classmethod
@@ -78,8 +79,8 @@ class UnitTarget(StrictModel):
 
 
 class PruneLatency(StrictModel):
-    batch_sizes: list[int] = Field([1, 32], min_length=1, description="Batch sizes timed in onnxruntime.")
-    runs: int = Field(20, ge=1, description="Timed runs per batch size.")
+    batch_sizes: list[int] = Field(default=[1, 32], min_length=1, description="Batch sizes timed in onnxruntime.")
+    runs: int = Field(default=20, ge=1, description="Timed runs per batch size.")
 
 
 Importance = Literal["magnitude", "taylor", "hessian", "hessian+taylor"]
@@ -88,23 +89,23 @@ Importance = Literal["magnitude", "taylor", "hessian", "hessian+taylor"]
 class _PruneBase(StageConfig):
     """What every granularity shares: the round schedule, importance sampling, fine-tuning and timing."""
 
-    type: Literal["prune"] = Field("prune", description="Structured pruning with progressive rounds and KD fine-tuning.")
+    type: Literal["prune"] = Field(default="prune", description="Structured pruning with progressive rounds and KD fine-tuning.")
     granularity: str = Field(description="What a round removes.")
     target: Any = Field(description="What to reach.")
     rounds: int | Literal["auto"] = Field(
-        "auto", description="Prune-then-fine-tune rounds; `auto`: about 10 % of the units a round."
+        default="auto", description="Prune-then-fine-tune rounds; `auto`: about 10 % of the units a round."
     )
-    importance_batches: int | None = Field(None, ge=1, description="Training batches used to score importance each round.")
-    importance_batch_size: int = Field(32, ge=1, description="Samples per importance batch.")
+    importance_batches: int | None = Field(default=None, ge=1, description="Training batches used to score importance each round.")
+    importance_batch_size: int = Field(default=32, ge=1, description="Samples per importance batch.")
     finetune: FinetuneSettings | None = Field(
         default_factory=FinetuneSettings, description="Fine-tuning after each round (null = none)."
     )
-    lr_decay: float = Field(0.7, gt=0, le=1, description="Fine-tune LR factor from one round to the next.")
-    final_finetune: FinetuneSettings | None = Field(None, description="A longer fine-tune after the last round.")
+    lr_decay: float = Field(default=0.7, gt=0, le=1, description="Fine-tune LR factor from one round to the next.")
+    final_finetune: FinetuneSettings | None = Field(default=None, description="A longer fine-tune after the last round.")
     distill: DistillSpec | None = Field(
         default_factory=DistillSpec, description="KD from the teacher during fine-tuning (null = hard labels only)."
     )
-    teacher: ModelSpec | None = Field(None, description="Teacher model; default: a frozen copy of the model entering the stage.")
+    teacher: ModelSpec | None = Field(default=None, description="Teacher model; default: a frozen copy of the model entering the stage.")
     latency: PruneLatency | None = Field(
         default_factory=PruneLatency, description="Time the model in onnxruntime before and after (null = skip)."
     )
@@ -114,34 +115,34 @@ class ChannelPruneConfig(_PruneBase):
     """`granularity: channels` (the default): remove channels (width) on torch-pruning's dependency graph."""
 
     granularity: Literal["channels"] = Field(
-        "channels", description="`channels`: remove channels (width); coupled channels go together. The default."
+        default="channels", description="`channels`: remove channels (width); coupled channels go together. The default."
     )
     target: PruneTarget = Field(description="What to reach: {ratio: 0.3} channels removed, {macs: 0.5} or {params: 0.5} kept.")
     rounds: int | Literal["auto"] = Field(
-        "auto", description="Prune-then-fine-tune rounds; `auto` removes about 10 % of channels a round."
+        default="auto", description="Prune-then-fine-tune rounds; `auto` removes about 10 % of channels a round."
     )
     importance_batches: int | None = Field(
-        None, ge=1, description="Training batches used to score importance each round (default 4)."
+        default=None, ge=1, description="Training batches used to score importance each round (default 4)."
     )
     importance: Importance = Field(
-        "hessian", description="Channel importance: weight magnitude, first-order Taylor (|w·g|), Hessian (OBD, w²·Fisher), "
+        default="hessian", description="Channel importance: weight magnitude, first-order Taylor (|w·g|), Hessian (OBD, w²·Fisher), "
         "or both mixed."
     )
     allocation: Literal["global", "uniform"] = Field(
-        "global", description="`global` ranks channels across layers; `uniform` prunes every layer by the same ratio."
+        default="global", description="`global` ranks channels across layers; `uniform` prunes every layer by the same ratio."
     )
     ranking: Literal["relative", "absolute", "per_mac"] = Field(
-        "relative", description="`global`: how channels of different layers compare. `relative` (torch-pruning's default): "
+        default="relative", description="`global`: how channels of different layers compare. `relative` (torch-pruning's default): "
         "against their own group's mean score; `absolute`: summed scores as they are (hessian: OBD's loss estimate); "
         "`per_mac`: absolute score per MAC the channel costs, so the cheapest loss per MAC saved goes first."
     )
-    max_layer_ratio: float = Field(0.9, gt=0, lt=1, description="At most this share of any layer's channels is removed.")
-    round_to: int | None = Field(None, ge=1, description="Keep channel counts multiples of this (kernels run faster).")
-    ignore: list[str] | None = Field(None, description="Module names or regexes kept intact; default: the classifier.")
-    magnitude_p: Literal[1, 2] = Field(2, description="`magnitude`: L1 or L2.")
-    hessian_weight: float = Field(0.5, ge=0, le=1, description="`hessian+taylor`: weight of the Hessian term.")
+    max_layer_ratio: float = Field(default=0.9, gt=0, lt=1, description="At most this share of any layer's channels is removed.")
+    round_to: int | None = Field(default=None, ge=1, description="Keep channel counts multiples of this (kernels run faster).")
+    ignore: list[str] | None = Field(default=None, description="Module names or regexes kept intact; default: the classifier.")
+    magnitude_p: Literal[1, 2] = Field(default=2, description="`magnitude`: L1 or L2.")
+    hessian_weight: float = Field(default=0.5, ge=0, le=1, description="`hessian+taylor`: weight of the Hessian term.")
     fade: float | None = Field(
-        None, gt=0, le=1, description="Fade each round's chosen channels to zero over this share of the round's fine-tune, "
+        default=None, gt=0, le=1, description="Fade each round's chosen channels to zero over this share of the round's fine-tune, "
         "then remove them (the removal changes no output), instead of removing them before it; null: remove at once."
     )
 
@@ -167,34 +168,34 @@ class BlockPruneConfig(_PruneBase):
         description="What to reach: {ratio: 0.5} of the blocks removed, {macs: 0.5} or {params: 0.5} kept."
     )
     rounds: int | Literal["auto"] = Field(
-        "auto", description="Prune-then-fine-tune rounds; `auto`: as many rounds as channels would take for the target."
+        default="auto", description="Prune-then-fine-tune rounds; `auto`: as many rounds as channels would take for the target."
     )
     importance_batches: int | None = Field(
-        None, ge=1, description="Training batches a round ranks blocks on; default 32 (a block's score is one forward pass "
+        default=None, ge=1, description="Training batches a round ranks blocks on; default 32 (a block's score is one forward pass "
         "a batch, and fewer samples rank blocks by noise)."
     )
-    ignore: list[str] | None = Field(None, description="Module names or regexes kept intact (their blocks are never removed).")
+    ignore: list[str] | None = Field(default=None, description="Module names or regexes kept intact (their blocks are never removed).")
 
 
 class HeadPruneConfig(_PruneBase):
     """`granularity: heads`: BERT-style transformers lose attention heads and FFN neurons (the default for a heads/ffn target)."""
 
     granularity: Literal["heads"] = Field(
-        "heads", description="`heads`: remove attention heads and FFN neurons of a BERT-style transformer; the default "
+        default="heads", description="`heads`: remove attention heads and FFN neurons of a BERT-style transformer; the default "
         "when the target names heads or ffn."
     )
     target: UnitTarget = Field(description="What to remove: {heads: 0.5, ffn: 0.3} (shares of the original counts).")
     rounds: int | Literal["auto"] = Field(
-        "auto", description="Prune-then-fine-tune rounds; `auto`: about 10 % of the heads (or FFN neurons) a round."
+        default="auto", description="Prune-then-fine-tune rounds; `auto`: about 10 % of the heads (or FFN neurons) a round."
     )
     importance_batches: int | None = Field(
-        None, ge=1, description="Training batches used to score importance each round (default 4)."
+        default=None, ge=1, description="Training batches used to score importance each round (default 4)."
     )
     importance: Importance = Field(
-        "hessian", description="Unit importance: weight norms, first-order Taylor (|mean g| of a unit's mask), Hessian "
+        default="hessian", description="Unit importance: weight norms, first-order Taylor (|mean g| of a unit's mask), Hessian "
         "(Fisher: mean g²), or both mixed."
     )
-    hessian_weight: float = Field(0.5, ge=0, le=1, description="`hessian+taylor`: weight of the Hessian term.")
+    hessian_weight: float = Field(default=0.5, ge=0, le=1, description="`hessian+taylor`: weight of the Hessian term.")
 
 
 def granularity(value: Any) -> str:

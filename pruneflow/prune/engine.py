@@ -24,6 +24,7 @@ from .surgery import ChannelEmbedConv
 from .tp_adapter import GroupPruner, Selection, prune, selection_members
 
 Metric = Literal["channels", "macs", "params"]
+PrunableLayer = nn.Conv2d | nn.Conv1d | nn.Linear
 
 
 @dataclass
@@ -74,8 +75,8 @@ def resolve_ignored(model: nn.Module, patterns: list[str] | None, loc: tuple = (
     return tuple(dict.fromkeys(out))
 
 
-def prunable_layers(model: nn.Module, ignored: tuple[str, ...]) -> list[tuple[str, nn.Module]]:
-    out = []
+def prunable_layers(model: nn.Module, ignored: tuple[str, ...]) -> list[tuple[str, PrunableLayer]]:
+    out: list[tuple[str, PrunableLayer]] = []
     for name, m in model.named_modules():
         if isinstance(m, (nn.Conv2d, nn.Conv1d, nn.Linear)) and not isinstance(m, ChannelEmbedConv):
             if not any(name == i or name.startswith(i + ".") for i in ignored):
@@ -84,7 +85,7 @@ def prunable_layers(model: nn.Module, ignored: tuple[str, ...]) -> list[tuple[st
 
 
 def channel_count(model: nn.Module, ignored: tuple[str, ...]) -> int:
-    return sum(m.out_channels if hasattr(m, "out_channels") else m.out_features for _, m in prunable_layers(model, ignored))
+    return sum(m.out_features if isinstance(m, nn.Linear) else m.out_channels for _, m in prunable_layers(model, ignored))
 
 
 def measure(model: nn.Module, example: torch.Tensor, ignored: tuple[str, ...]) -> dict[str, int]:

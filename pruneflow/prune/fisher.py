@@ -64,5 +64,5 @@ def fisher_diagonal(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torc
                     mean[n] += g[n].sum(0)
                 count += len(ys)
     model.train(was)
-    n = max(count, 1)
-    return {k: v / n for k, v in fisher.items()}, {k: v / n for k, v in mean.items()}
+    samples = max(count, 1)
+    return {k: v / samples for k, v in fisher.items()}, {k: v / samples for k, v in mean.items()}

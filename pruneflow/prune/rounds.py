@@ -180,9 +180,9 @@ class Tuner:
 
     def finetune(self, model: nn.Module, settings: FinetuneSettings, description: str,
                  on_step_end: StepCallback | None = None) -> float:
-        state, distill = self.state, self.config.distill
-        use_kd = self.teacher is not None and distill
-        distiller = Distiller(model, self.teacher, distill, state.task, state.example_input, self.distill_loc) if use_kd else None
+        state, distill, teacher = self.state, self.config.distill, self.teacher
+        distiller = (Distiller(model, teacher, distill, state.task, state.example_input, self.distill_loc)
+                     if teacher is not None and distill else None)
         try:
             history = fit(model, state.data, state.task, settings, self.ctx, description=description,
                           extra_loss=distiller.loss if distiller else None,

@@ -16,7 +16,7 @@ from ..evaluate import evaluate_model
 from ..stage import Stage, StageResult
 from .blocks import BlockStrategy
 from .channels import ChannelStrategy
-from .config import AnyPruneConfig, BlockPruneConfig, ChannelPruneConfig, HeadPruneConfig, PruneConfig
+from .config import AnyPruneConfig, BlockPruneConfig, ChannelPruneConfig, HeadPruneConfig, PruneConfig, PruneLatency
 from .heads import HeadStrategy
 from .rounds import Strategy, Tuner, importance_batches, run_rounds
 
@@ -47,7 +47,7 @@ class PruneStage(Stage[AnyPruneConfig]):
         entering = strategy.entering()
         accuracy_before = evaluate_model(model, data.eval, state.task, ctx.recipe.data.eval_batch_size, ctx.device,
                                          ctx.reporter, f"{self.id} baseline")["accuracy"]
-        latency_before = self._latency(model, example, data) if cfg.latency else {}
+        latency_before = self._latency(model, example, data, cfg.latency) if cfg.latency else {}
         strategy.prepare()
         tuner = Tuner(cfg, state, ctx, self.id, self.loc("distill"))
         batches = cfg.importance_batches or strategy.default_importance_batches
@@ -58,7 +58,7 @@ class PruneStage(Stage[AnyPruneConfig]):
         records, importance_seconds = run_rounds(strategy, tuner, sample, ctx.reporter, self.id)
         final = tuner.final(model, records[-1].accuracy if records else accuracy_before)
         after = strategy.measure()
-        metrics = {
+        metrics: dict[str, float | int | str] = {
             "accuracy": final, "accuracy_before": accuracy_before,
             "macs": after["macs"], "params": after["params"],
             "macs_before": entering["macs"], "params_before": entering["params"],
@@ -67,17 +67,16 @@ class PruneStage(Stage[AnyPruneConfig]):
             "rounds": len(records), "importance_seconds": round(importance_seconds, 3),
         }
         if cfg.latency:
-            _add_latency(metrics, latency_before, self._latency(model, example, data))
+            _add_latency(metrics, latency_before, self._latency(model, example, data, cfg.latency))
         tables = {"rounds": [strategy.row(r) for r in records], **strategy.tables(records)}
         for row in tables.get("notes", []):
             ctx.reporter.info(f"{self.id}: {row['note']}")
         return StageResult(metrics=metrics, tables=tables)
 
-    def _latency(self, model, example, data) -> dict[str, float]:
+    def _latency(self, model, example, data, settings: PruneLatency) -> dict[str, float]:
         """Median onnxruntime latency (one thread) per batch size of ``latency.batch_sizes``."""
         from ..export.onnx import export_onnx, onnxruntime_runner
 
-        settings = self.config.latency
         out = {}
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "model.onnx"

@@ -24,12 +24,16 @@ from torch import nn
 @dataclass
 class AttentionSite:
     name: str
-    attn: nn.Module  # has query, key, value, num_attention_heads, attention_head_size
+    attn: nn.Module  # the self-attention module: its head counts are updated after surgery
+    query: nn.Linear  # attn.query, attn.key, attn.value, attn.attention_head_size, typed
+    key: nn.Linear
+    value: nn.Linear
+    head_size: int
     out: nn.Linear  # the projection after attention
 
     @property
     def heads(self) -> int:
-        return self.attn.query.out_features // self.attn.attention_head_size
+        return self.query.out_features // self.head_size
 
 
 @dataclass
@@ -44,12 +48,20 @@ class FfnSite:
 
 
 def attention_sites(model: nn.Module) -> list[AttentionSite]:
-    sites = []
-    for name, m in model.named_modules():
-        attn, out = getattr(m, "self", None), getattr(getattr(m, "output", None), "dense", None)
-        if attn is not None and all(hasattr(attn, a) for a in ("query", "key", "value", "attention_head_size")) and isinstance(out, nn.Linear):
-            sites.append(AttentionSite(name, attn, out))
-    return sites
+    return [site for name, m in model.named_modules() if (site := _attention_site(name, m)) is not None]
+
+
+def _attention_site(name: str, m: nn.Module) -> AttentionSite | None:
+    """``m`` as a BERT-style attention block (``self`` with query/key/value projections and the head
+    size, ``output.dense`` after it), else None."""
+    attn, out = getattr(m, "self", None), getattr(getattr(m, "output", None), "dense", None)
+    if not isinstance(attn, nn.Module) or not isinstance(out, nn.Linear):
+        return None
+    query, key, value = (getattr(attn, a, None) for a in ("query", "key", "value"))
+    size = getattr(attn, "attention_head_size", None)
+    if isinstance(query, nn.Linear) and isinstance(key, nn.Linear) and isinstance(value, nn.Linear) and isinstance(size, int):
+        return AttentionSite(name, attn, query, key, value, size, out)
+    return None
 
 
 def ffn_sites(model: nn.Module) -> list[FfnSite]:
@@ -83,18 +95,19 @@ def _keep_cols(linear: nn.Linear, keep: torch.Tensor) -> None:
 
 def prune_heads(site: AttentionSite, remove: Iterable[int]) -> None:
     remove = sorted(set(int(h) for h in remove))
-    heads, size = site.heads, site.attn.attention_head_size
+    heads, size = site.heads, site.head_size
     if len(remove) >= heads:
         raise ValueError(f"{site.name}: cannot remove all {heads} heads")
     kept_heads = [h for h in range(heads) if h not in remove]
     keep = torch.cat([torch.arange(h * size, (h + 1) * size) for h in kept_heads])
-    for lin in (site.attn.query, site.attn.key, site.attn.value):
+    for lin in (site.query, site.key, site.value):
         _keep_rows(lin, keep)
     _keep_cols(site.out, keep)
     # The forward reshapes with -1 heads, but these attributes are read elsewhere (and by exporters).
-    site.attn.num_attention_heads = len(kept_heads)
-    site.attn.all_head_size = len(kept_heads) * size
-    site.attn.scaling = size**-0.5  # head size is unchanged; kept explicit
+    # setattr: they are plain numbers, which torch's stubs do not allow as Module attributes.
+    setattr(site.attn, "num_attention_heads", len(kept_heads))
+    setattr(site.attn, "all_head_size", len(kept_heads) * size)
+    setattr(site.attn, "scaling", size**-0.5)  # head size is unchanged; kept explicit
 
 
 def prune_neurons(site: FfnSite, remove: Iterable[int]) -> None:
@@ -125,7 +138,7 @@ def unit_masks(model: nn.Module, head_mask: dict[str, torch.Tensor] | None = Non
         def hook(module, inputs, output):
             ctx = output[0] if isinstance(output, tuple) else output
             b, t = ctx.shape[0], ctx.shape[1]
-            heads = ctx.shape[-1] // site.attn.attention_head_size
+            heads = ctx.shape[-1] // site.head_size
             mask = _mask(site.name, head_mask, b, heads, ctx)
             scaled = (ctx.view(b, t, heads, -1) * mask.view(mask.shape[0], 1, heads, 1)).view_as(ctx)
             return (scaled,) + tuple(output[1:]) if isinstance(output, tuple) else scaled
@@ -210,8 +223,8 @@ def _mean(d: dict[str, torch.Tensor]) -> float:
 
 
 def _head_norms(site: AttentionSite) -> torch.Tensor:
-    size = site.attn.attention_head_size
-    rows = sum(lin.weight.detach().pow(2).view(site.heads, size, -1).sum((1, 2)) for lin in (site.attn.query, site.attn.key, site.attn.value))
+    size = site.head_size
+    rows = sum(lin.weight.detach().pow(2).view(site.heads, size, -1).sum((1, 2)) for lin in (site.query, site.key, site.value))
     cols = site.out.weight.detach().pow(2).view(site.out.out_features, site.heads, size).sum((0, 2))
     return rows + cols
 

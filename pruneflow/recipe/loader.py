@@ -17,6 +17,7 @@ from typing import Any, Iterable, Iterator
 
 import yaml
 from pydantic import BaseModel, Tag, ValidationError
+from pydantic_core import ErrorDetails
 
 from ..errors import MISSING, ConfigError, InputError, RecipeError, RecipeIssue, UsageError, key_path
 from .models import RecipeBase, recipe_model
@@ -119,6 +120,7 @@ def _read_yaml(file: Path) -> tuple[Any, dict[Loc, tuple[str, int | None]]]:
             f"{file} must hold a mapping (key: value lines) at the top, not a {type(data).__name__}",
             [RecipeIssue(str(file), 1, "", MISSING, "expected a mapping")],
         )
+    assert node is not None  # the document holds a mapping (checked above), so it has a node
     positions: dict[Loc, tuple[str, int | None]] = {}
     _walk_positions(node, (), str(file), positions)
     return data, positions
@@ -292,11 +294,11 @@ def _issues(exc: ValidationError, data: dict, positions: dict, main_source: str,
                 value = MISSING
         source, line = locate(clean, positions, main_source)
         path = key_path(clean)
-        key = (path, err["type"] == "extra_forbidden")
-        if key in merged and merged[key].message != message:
-            merged[key].message += f"; or {message[:1].lower()}{message[1:]}"
+        merge_key = (path, err["type"] == "extra_forbidden")
+        if merge_key in merged and merged[merge_key].message != message:
+            merged[merge_key].message += f"; or {message[:1].lower()}{message[1:]}"
         else:
-            merged[key] = RecipeIssue(source, line, path, value, message)
+            merged[merge_key] = RecipeIssue(source, line, path, value, message)
     return _sorted(merged.values(), main_source)
 
 
@@ -310,7 +312,7 @@ def _problem_count(main_source: str, issues: list[RecipeIssue]) -> str:
     return f"{main_source}: {count} problem{'s' if count != 1 else ''} in the recipe"
 
 
-def _discriminator_key(err: dict) -> str:
+def _discriminator_key(err: ErrorDetails) -> str:
     """The key a tagged union reads: ``type``, or the key a callable discriminator is named for
     (``granularity()`` reads ``granularity``)."""
     name = str((err.get("ctx") or {}).get("discriminator", "type")).strip("'")
@@ -358,7 +360,7 @@ def locate(loc: tuple, positions: dict, main_source: str) -> tuple[str, int | No
     return main_source, None
 
 
-def _message(err: dict, raw_loc: tuple, model: type) -> str:
+def _message(err: ErrorDetails, raw_loc: tuple, model: type) -> str:
     kind = err["type"]
     ctx = err.get("ctx") or {}
     if kind == "extra_forbidden":

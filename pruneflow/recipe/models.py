@@ -7,7 +7,8 @@ The stage list is a discriminated union over the registered stage types, built w
 from __future__ import annotations
 
 import functools
-from typing import Annotated, Any, Literal, Union
+from types import GenericAlias
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, Union
 
 from pydantic import Field, create_model, model_validator
 
@@ -35,7 +36,7 @@ class ModelSpec(StrictModel):
         "A nested `state_dict` key and `module.` prefixes are handled."
     )
     input_shape: list[int] | None = Field(
-        None,
+        default=None,
         description="Shape of one input sample without the batch dimension, e.g. [3, 32, 32]. "
         "Defaults to the zoo entry's shape, else to the data's.",
         min_length=1,
@@ -43,8 +44,8 @@ class ModelSpec(StrictModel):
 
 
 class AugmentSpec(StrictModel):
-    crop_padding: int = Field(0, ge=0, le=64, description="Random crop after zero-padding by this many pixels (0 = off).")
-    hflip: bool = Field(False, description="Random horizontal flip with probability 0.5.")
+    crop_padding: int = Field(default=0, ge=0, le=64, description="Random crop after zero-padding by this many pixels (0 = off).")
+    hflip: bool = Field(default=False, description="Random horizontal flip with probability 0.5.")
 
 
 class DataSpec(StrictModel):
@@ -58,32 +59,32 @@ class DataSpec(StrictModel):
     train: str | None = PathField(description="Training source, when train and eval come separately.")
     eval: str | None = PathField(description="Evaluation source, when train and eval come separately.")
     input_column: str | list[str] | None = Field(
-        None,
+        default=None,
         description="Column(s) holding the model input. Several columns are stacked into one feature vector. "
         "Default: the first of image, images, pixel_values, input, inputs, x, features, sentence, text.",
     )
-    label_column: str = Field("label", description="Column holding the integer class label (`labels` and `y` are tried too).")
-    eval_fraction: float = Field(0.2, gt=0, lt=1, description="Share of `path` held out for evaluation.")
+    label_column: str = Field(default="label", description="Column holding the integer class label (`labels` and `y` are tried too).")
+    eval_fraction: float = Field(default=0.2, gt=0, lt=1, description="Share of `path` held out for evaluation.")
     layout: Literal["auto", "nchw", "nhwc"] = Field(
-        "auto", description="Image layout of array inputs; `auto` treats (N, H, W, C) with C in 1, 3, 4 as channels-last."
+        default="auto", description="Image layout of array inputs; `auto` treats (N, H, W, C) with C in 1, 3, 4 as channels-last."
     )
     scale: float | Literal["auto"] = Field(
-        "auto", description="Inputs are multiplied by this; `auto` is 1/255 for uint8 data and 1 otherwise."
+        default="auto", description="Inputs are multiplied by this; `auto` is 1/255 for uint8 data and 1 otherwise."
     )
-    mean: list[float] | None = Field(None, description="Per-channel mean subtracted after scaling.")
-    std: list[float] | None = Field(None, description="Per-channel standard deviation divided by after the mean.")
+    mean: list[float] | None = Field(default=None, description="Per-channel mean subtracted after scaling.")
+    std: list[float] | None = Field(default=None, description="Per-channel standard deviation divided by after the mean.")
     augment: AugmentSpec = Field(default_factory=AugmentSpec, description="Training-time augmentation.")
     image_size: list[int] | None = Field(
-        None, description="[height, width] to resize `imagefolder` images to.", min_length=2, max_length=2
+        default=None, description="[height, width] to resize `imagefolder` images to.", min_length=2, max_length=2
     )
     tokenizer: str | None = PathField(
         description="Text data: a tokenizer folder (tokenizer.json or vocab.txt inside) or a WordPiece vocab.txt. "
         "The input column then holds text, tokenized to `max_length` int64 token ids (0 = padding)."
     )
-    max_length: int = Field(64, ge=2, le=4096, description="Text data: tokens a sample, padded or truncated.")
-    max_train_samples: int | None = Field(None, gt=0, description="Use at most this many training samples (seeded, stratified).")
-    max_eval_samples: int | None = Field(None, gt=0, description="Use at most this many evaluation samples (seeded, stratified).")
-    eval_batch_size: int = Field(256, gt=0, description="Batch size for evaluation.")
+    max_length: int = Field(default=64, ge=2, le=4096, description="Text data: tokens a sample, padded or truncated.")
+    max_train_samples: int | None = Field(default=None, gt=0, description="Use at most this many training samples (seeded, stratified).")
+    max_eval_samples: int | None = Field(default=None, gt=0, description="Use at most this many evaluation samples (seeded, stratified).")
+    eval_batch_size: int = Field(default=256, gt=0, description="Batch size for evaluation.")
 
     @model_validator(mode="after")
     def _sources(self) -> "DataSpec":
@@ -107,10 +108,10 @@ class GateSpec(StrictModel):
         description="Metric to check: `STAGE.METRIC` (e.g. `evaluate.accuracy`) or `TARGET.PRECISION.METRIC` "
         "(e.g. `onnx.fp32.accuracy`)."
     )
-    min: float | None = Field(None, description="Fail when the metric is below this.")
-    max: float | None = Field(None, description="Fail when the metric is above this.")
-    baseline: str | None = Field(None, description="Another metric to compare with (for `max_drop`).")
-    max_drop: float | None = Field(None, ge=0, description="Fail when baseline - metric exceeds this.")
+    min: float | None = Field(default=None, description="Fail when the metric is below this.")
+    max: float | None = Field(default=None, description="Fail when the metric is above this.")
+    baseline: str | None = Field(default=None, description="Another metric to compare with (for `max_drop`).")
+    max_drop: float | None = Field(default=None, ge=0, description="Fail when baseline - metric exceeds this.")
 
     @model_validator(mode="after")
     def _bounds(self) -> "GateSpec":
@@ -122,19 +123,23 @@ class GateSpec(StrictModel):
 
 
 class RecipeBase(StrictModel):
-    version: Literal[1] = Field(1, description="Recipe format version.")
+    version: Literal[1] = Field(default=1, description="Recipe format version.")
     name: str = Field(description="Run name; the run directory is OUT/NAME.", pattern=NAME_PATTERN)
-    description: str = Field("", description="What the recipe is for.")
+    description: str = Field(default="", description="What the recipe is for.")
     extends: str | None = PathField(
         description="Another recipe this one builds on (relative path): mappings are deep-merged, lists replaced."
     )
-    seed: int = Field(0, ge=0, description="Seed for data splits, initialisation and training.")
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="`auto` uses CUDA when available.")
-    threads: int | None = Field(None, gt=0, description="torch CPU threads (default: torch's own choice).")
-    task: Literal["classification"] = Field("classification", description="What the model does; sets loss and metric.")
+    seed: int = Field(default=0, ge=0, description="Seed for data splits, initialisation and training.")
+    device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="`auto` uses CUDA when available.")
+    threads: int | None = Field(default=None, gt=0, description="torch CPU threads (default: torch's own choice).")
+    task: Literal["classification"] = Field(default="classification", description="What the model does; sets loss and metric.")
     model: ModelSpec = Field(description="The model to optimize.")
     data: DataSpec = Field(description="Training and evaluation data.")
     gates: list[GateSpec] = Field(default_factory=list, description="Quality gates; a failed one makes the exit code 1.")
+    if TYPE_CHECKING:
+        # The field itself is added by recipe_model(), typed as the union of the registered stage
+        # configs (known only at run time); the type checker sees what every member of it is.
+        stages: list[StageConfig]
 
 
 def _union(configs: list[type], what: str) -> Any:
@@ -145,7 +150,23 @@ def _union(configs: list[type], what: str) -> Any:
     return Annotated[Union[tuple(configs)], Field(discriminator="type")]
 
 
-def stage_config_model(stage_cls: type) -> type[StageConfig]:
+def _list_of(item: Any) -> Any:
+    """``list[item]`` for an item annotation built at run time (written ``list[item]``, a type checker
+    reads a type expression and refuses the variable); Any, as for ``_union``: pydantic takes any annotation."""
+    return GenericAlias(list, (item,))
+
+
+class _StageClass(Protocol):
+    """What this module reads of a stage class (``stage.py`` imports this module's RecipeBase for its
+    type hints, so ``Stage`` is described here rather than imported)."""
+
+    @property
+    def Config(self) -> type[StageConfig]: ...
+
+
+def stage_config_model(stage_cls: _StageClass) -> Any:
+    """What the recipe validates a stage's mapping as: its ``Config``, or what its ``config_model()``
+    builds (prune: an annotated union of the granularity variants, a type form no static type names)."""
     factory = getattr(stage_cls, "config_model", None)
     return factory() if factory else stage_cls.Config
 
@@ -162,7 +183,7 @@ def recipe_model() -> type[RecipeBase]:
     model = create_model(
         "Recipe",
         __base__=RecipeBase,
-        stages=(list[stages], Field(min_length=1, description="Stages run in order on one model.")),
+        stages=(_list_of(stages), Field(min_length=1, description="Stages run in order on one model.")),
     )
     return model
 
