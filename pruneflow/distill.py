@@ -24,13 +24,13 @@ from .tasks import Task
 
 
 class DistillSpec(StrictModel):
-    temperature: float = Field(4.0, gt=0, le=100, description="Softmax temperature T of the logits KD term.")
-    alpha: float = Field(0.7, ge=0, le=1, description="Weight of the KD term; (1 - alpha) weighs the hard-label loss.")
+    temperature: float = Field(default=4.0, gt=0, le=100, description="Softmax temperature T of the logits KD term.")
+    alpha: float = Field(default=0.7, ge=0, le=1, description="Weight of the KD term; (1 - alpha) weighs the hard-label loss.")
     features: list[str] = Field(
         default_factory=list,
         description="Module names (as in model.named_modules()) whose outputs the student matches (MSE) in the teacher.",
     )
-    feature_weight: float = Field(1.0, ge=0, description="Weight of the summed feature KD terms.")
+    feature_weight: float = Field(default=1.0, ge=0, description="Weight of the summed feature KD terms.")
 
 
 def kd_logits_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:

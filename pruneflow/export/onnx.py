@@ -21,15 +21,15 @@ if TYPE_CHECKING:
 
 
 class OnnxConfig(TargetConfig):
-    type: Literal["onnx"] = Field("onnx", description="ONNX model run by onnxruntime.")
-    opset: int = Field(17, ge=13, le=23, description="ONNX opset version.")
-    dynamic_batch: bool = Field(True, description="Make the batch dimension dynamic.")
+    type: Literal["onnx"] = Field(default="onnx", description="ONNX model run by onnxruntime.")
+    opset: int = Field(default=17, ge=13, le=23, description="ONNX opset version.")
+    dynamic_batch: bool = Field(default=True, description="Make the batch dimension dynamic.")
     exporter: Literal["legacy", "dynamo"] = Field(
-        "legacy",
+        default="legacy",
         description="`legacy` (TorchScript tracing; fast, handles most CNNs) or `dynamo` (torch.export; needs onnxscript).",
     )
     int8_forms: list[Literal["cpu", "tensorrt"]] = Field(
-        ["cpu", "tensorrt"], min_length=1,
+        default=["cpu", "tensorrt"], min_length=1,
         description="INT8 files to write from the same quantization parameters: `cpu` (model.int8.onnx: uint8 activations, "
         "what onnxruntime and OpenVINO run fastest on x86) and `tensorrt` (model.int8.tensorrt.onnx: TensorRT's explicit "
         "quantization convention, int8 zero point 0 everywhere; labelled precision `int8_tensorrt`).",

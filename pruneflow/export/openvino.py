@@ -19,8 +19,8 @@ from . import require
 
 
 class OpenVinoConfig(TargetConfig):
-    type: Literal["openvino"] = Field("openvino", description="OpenVINO IR (model.xml + model.bin) run by the OpenVINO CPU plugin.")
-    dynamic_batch: bool = Field(True, description="Leave the batch dimension dynamic.")
+    type: Literal["openvino"] = Field(default="openvino", description="OpenVINO IR (model.xml + model.bin) run by the OpenVINO CPU plugin.")
+    dynamic_batch: bool = Field(default=True, description="Leave the batch dimension dynamic.")
 
 
 class OpenVinoTarget(Target[OpenVinoConfig]):

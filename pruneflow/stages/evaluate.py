@@ -13,8 +13,8 @@ from ..stage import Stage, StageConfig, StageResult
 
 
 class EvaluateConfig(StageConfig):
-    type: Literal["evaluate"] = Field("evaluate", description="Measure the current model on the eval split.")
-    split: Literal["eval", "train"] = Field("eval", description="Which split to measure.")
+    type: Literal["evaluate"] = Field(default="evaluate", description="Measure the current model on the eval split.")
+    split: Literal["eval", "train"] = Field(default="eval", description="Which split to measure.")
 
 
 class EvaluateStage(Stage[EvaluateConfig]):

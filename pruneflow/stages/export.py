@@ -34,10 +34,10 @@ PARITY_DEFAULTS = {
 
 
 class ParitySpec(StrictModel):
-    samples: int = Field(256, ge=1, description="Eval samples compared between torch and the artifact.")
-    max_abs_diff: float | None = Field(None, gt=0, description="Largest allowed absolute difference of any output (default: 1e-3 for fp32, 0.05 for fp16, none for int8).")
-    min_cosine: float | None = Field(None, ge=0, le=1, description="Smallest allowed mean cosine similarity of outputs (default: 0.9999 fp32, 0.999 fp16, 0.99 int8).")
-    min_top1_agreement: float | None = Field(None, ge=0, le=1, description="Smallest allowed share of equal top-1 predictions (default: 0.99 fp32, 0.98 fp16, 0.95 int8).")
+    samples: int = Field(default=256, ge=1, description="Eval samples compared between torch and the artifact.")
+    max_abs_diff: float | None = Field(default=None, gt=0, description="Largest allowed absolute difference of any output (default: 1e-3 for fp32, 0.05 for fp16, none for int8).")
+    min_cosine: float | None = Field(default=None, ge=0, le=1, description="Smallest allowed mean cosine similarity of outputs (default: 0.9999 fp32, 0.999 fp16, 0.99 int8).")
+    min_top1_agreement: float | None = Field(default=None, ge=0, le=1, description="Smallest allowed share of equal top-1 predictions (default: 0.99 fp32, 0.98 fp16, 0.95 int8).")
 
     def limits(self, precision: str) -> dict[str, float | None]:
         """Limits for an artifact's precision label (``int8_tensorrt`` counts as int8)."""
@@ -47,23 +47,23 @@ class ParitySpec(StrictModel):
 
 
 class LatencySpec(StrictModel):
-    batch_sizes: list[int] = Field([1, 32], min_length=1, description="Batch sizes to time.")
-    runs: int = Field(20, ge=1, le=10_000, description="Timed runs per batch size (after warm-up).")
-    warmup: int = Field(3, ge=0, description="Untimed runs first.")
-    threads: int | None = Field(1, ge=1, description="Runtime threads while timing (1 gives stable numbers).")
+    batch_sizes: list[int] = Field(default=[1, 32], min_length=1, description="Batch sizes to time.")
+    runs: int = Field(default=20, ge=1, le=10_000, description="Timed runs per batch size (after warm-up).")
+    warmup: int = Field(default=3, ge=0, description="Untimed runs first.")
+    threads: int | None = Field(default=1, ge=1, description="Runtime threads while timing (1 gives stable numbers).")
 
 
 class ExportConfig(StageConfig):
-    type: Literal["export"] = Field("export", description="Export the model to deployable formats.")
+    type: Literal["export"] = Field(default="export", description="Export the model to deployable formats.")
     targets: list[Any] = Field(
         description="Targets to build: names (`onnx`) or mappings with options (`{type: onnx, opset: 17}`).", min_length=1
     )
     precisions: list[Literal["fp32", "fp16", "int8"]] = Field(
-        ["fp32"], min_length=1,
+        default=["fp32"], min_length=1,
         description="Numeric precisions to write. `int8` needs a `ptq` stage, or a `qat` stage ending in int8, before export; "
         "its artifacts hold that stage's quantization parameters and are compared with the quantized torch model.",
     )
-    evaluate: bool = Field(True, description="Measure each artifact's accuracy on the eval split in its own runtime.")
+    evaluate: bool = Field(default=True, description="Measure each artifact's accuracy on the eval split in its own runtime.")
     parity: ParitySpec = Field(default_factory=ParitySpec, description="Torch-vs-artifact parity check and its limits.")
     latency: LatencySpec | None = Field(default_factory=LatencySpec, description="Latency timing (null = skip).")
 

@@ -12,7 +12,7 @@ from ..train import TrainSettings, fit
 
 
 class TrainConfig(TrainSettings, StageConfig):
-    type: Literal["train"] = Field("train", description="Train or fine-tune the model.")
+    type: Literal["train"] = Field(default="train", description="Train or fine-tune the model.")
 
 
 class TrainStage(Stage[TrainConfig]):
