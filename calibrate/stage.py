@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, cast
+from typing import Literal
 
 from pydantic import Field
 
@@ -47,7 +47,7 @@ class CalibrateStage(Stage[CalibrateConfig]):
     Config = CalibrateConfig
 
     @property
-    def needs_train_split(self) -> bool:  # type: ignore[override]
+    def needs_train_split(self) -> bool:
         return self.config.source is None and self.config.split == "train"
 
     @classmethod
@@ -64,7 +64,7 @@ class CalibrateStage(Stage[CalibrateConfig]):
 
     def preflight(self, ctx) -> list[str]:
         """A separate source must exist: checked before a run starts, like the recipe's own data files."""
-        source = cast(CalibrateConfig, self.config).source
+        source = self.config.source
         if source is not None and not Path(source.path).exists():
             raise ConfigError(self.loc("source", "path"), f"file not found: {source.path}",
                               hint="a relative path is relative to the recipe file that sets it")
@@ -80,7 +80,7 @@ class CalibrateStage(Stage[CalibrateConfig]):
         state.calibration = CalibrationSet.load(self._folder(ctx))
 
     def run(self, state, ctx):
-        cfg: CalibrateConfig = self.config  # type: ignore[assignment]
+        cfg = self.config
         groups = None
         if cfg.source is not None:
             from pruneflow.data import load_inputs

@@ -104,7 +104,7 @@ class PtqStage(Stage[PtqConfig]):
         return True
 
     @property
-    def needs_train_split(self) -> bool:  # type: ignore[override]
+    def needs_train_split(self) -> bool:
         return True
 
     def run(self, state, ctx):
@@ -128,7 +128,7 @@ class QatStage(Stage[QatConfig]):
         return any(p.precision == "int8" for p in config.schedule)
 
     def run(self, state, ctx):
-        cfg: QatConfig = self.config  # type: ignore[assignment]
+        cfg = self.config
         teacher = frozen_copy(state.model) if cfg.distill else None
         rows = []
         fp32 = evaluate_model(state.model, state.data.eval, state.task, ctx.recipe.data.eval_batch_size, ctx.device,
@@ -155,7 +155,7 @@ class QatStage(Stage[QatConfig]):
 
     def _train(self, model: nn.Module, state, ctx, teacher, settings, phase, description) -> float:
         """Train ``model`` (the entering float module, or the int8 phase's quantized one) for one phase."""
-        cfg: QatConfig = self.config  # type: ignore[assignment]
+        cfg = self.config
         freeze = cfg.freeze_bn_after if phase.precision == "int8" else None
         ranges = quantizer_parameters(model)
 
@@ -167,7 +167,10 @@ class QatStage(Stage[QatConfig]):
                 for p in ranges:
                     p.requires_grad_(False)
 
-        distiller = Distiller(model, teacher, cfg.distill, state.task, state.example_input, self.loc("distill")) if teacher is not None else None
+        spec = cfg.distill  # set exactly when run made a teacher
+        distiller = None
+        if spec is not None and teacher is not None:
+            distiller = Distiller(model, teacher, spec, state.task, state.example_input, self.loc("distill"))
         try:
             history = fit(model, state.data, state.task, settings, ctx, description=description,
                           extra_loss=distiller.loss if distiller else None,

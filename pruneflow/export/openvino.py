@@ -70,7 +70,7 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
 
 def openvino_runner(path: Path, threads: int | None = None):
     ov = require("openvino", "pip install openvino", "running OpenVINO models")
-    config = {"INFERENCE_PRECISION_HINT": "f32"}  # measure the artifact, not a bf16 fallback of the CPU plugin
+    config: dict[str, str | int] = {"INFERENCE_PRECISION_HINT": "f32"}  # measure the artifact, not a bf16 fallback of the CPU plugin
     if threads:
         config["INFERENCE_NUM_THREADS"] = threads
     compiled = ov.Core().compile_model(str(path), "CPU", config)

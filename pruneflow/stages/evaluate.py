@@ -21,7 +21,7 @@ class EvaluateStage(Stage[EvaluateConfig]):
     Config = EvaluateConfig
 
     @property
-    def needs_train_split(self) -> bool:  # type: ignore[override]
+    def needs_train_split(self) -> bool:
         return self.config.split == "train"
 
     @classmethod

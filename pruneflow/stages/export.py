@@ -133,7 +133,7 @@ class ExportStage(Stage[ExportConfig]):
         return notes
 
     def run(self, state, ctx):
-        cfg: ExportConfig = self.config  # type: ignore[assignment]
+        cfg = self.config
         result = StageResult()
         for name, target in self._targets():
             # export/<target>/ for the usual single export stage; a second one gets export/<its id>/<target>/.
@@ -156,7 +156,7 @@ class ExportStage(Stage[ExportConfig]):
         return result
 
     def _measure(self, artifact: Artifact, run, target: Target, state, ctx) -> list[GateResult]:
-        cfg: ExportConfig = self.config  # type: ignore[assignment]
+        cfg = self.config
         label = f"{artifact.target}.{artifact.precision}"
         x = state.data.eval.x[: cfg.parity.samples]
         # fp32/fp16 artifacts come from the float view of the model, int8 ones from the quantized model itself.

@@ -21,7 +21,7 @@ class TrainStage(Stage[TrainConfig]):
     needs_train_split = True
 
     def run(self, state, ctx):
-        cfg: TrainConfig = self.config  # type: ignore[assignment]
+        cfg = self.config
         history = fit(state.model, state.data, state.task, cfg, ctx, description=self.id)
         last = history[-1]
         macs, params = count_macs_params(state.model, state.example_input)
