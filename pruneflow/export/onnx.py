@@ -13,9 +13,9 @@ import torch
 from pydantic import Field
 
 from ..artifacts import Artifact, atomic_path
+from ..deps import require
 from ..errors import ExportError
 from ..stage import Target, TargetConfig
-from ..deps import require
 
 if TYPE_CHECKING:
     from .qdq import Form, PassReport

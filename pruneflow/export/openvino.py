@@ -13,9 +13,9 @@ from typing import Literal
 from pydantic import Field
 
 from ..artifacts import Artifact
+from ..deps import require
 from ..errors import ExportError
 from ..stage import Target, TargetConfig
-from . import require
 
 
 class OpenVinoConfig(TargetConfig):
