@@ -17,9 +17,10 @@ from .calibset import CalibrationSet
 
 def ort_reader(calib: CalibrationSet, input_name: str = "input", batch_size: int = 1):
     """An onnxruntime ``CalibrationDataReader`` over the set (for ``quantize_static``)."""
-    quantization = require("onnxruntime.quantization", "pip install onnxruntime", "onnxruntime calibration")
+    require("onnxruntime.quantization", "pip install onnxruntime", "onnxruntime calibration")
+    from onnxruntime.quantization import CalibrationDataReader  # present: require raised otherwise
 
-    class Reader(quantization.CalibrationDataReader):
+    class Reader(CalibrationDataReader):
         def __init__(self):
             self._batches = iter(list(calib.batches(batch_size)))
 

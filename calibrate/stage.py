@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, cast
+from typing import Literal
 
 from pydantic import Field
 
@@ -22,32 +22,32 @@ class CalibSource(StrictModel):
         description="How the source is stored (jsonl: one JSON object a line, e.g. inputs logged in production)."
     )
     path: str = PathField(description="The file or folder.")
-    input_column: str | list[str] | None = Field(None, description="Column(s) holding the input (default: as for data).")
-    label_column: str | None = Field(None, description="Column holding labels, if any (default: as for data).")
+    input_column: str | list[str] | None = Field(default=None, description="Column(s) holding the input (default: as for data).")
+    label_column: str | None = Field(default=None, description="Column holding labels, if any (default: as for data).")
 
 
 class CalibrateConfig(StageConfig):
-    type: Literal["calibrate"] = Field("calibrate", description="Choose the calibration set every quantizer reads.")
-    source: CalibSource | None = Field(None, description="A separate local source; default: the recipe's data (`split`).")
-    split: Literal["train", "eval"] = Field("train", description="Which split of the recipe's data, when no source is given.")
-    size: int = Field(512, ge=1, le=1_000_000, description="Samples in the set (all of them, with a warning, if fewer).")
+    type: Literal["calibrate"] = Field(default="calibrate", description="Choose the calibration set every quantizer reads.")
+    source: CalibSource | None = Field(default=None, description="A separate local source; default: the recipe's data (`split`).")
+    split: Literal["train", "eval"] = Field(default="train", description="Which split of the recipe's data, when no source is given.")
+    size: int = Field(default=512, ge=1, le=1_000_000, description="Samples in the set (all of them, with a warning, if fewer).")
     strategy: Literal["random", "stratified", "diverse"] = Field(
-        "diverse", description="`random`; `stratified` (proportional by `by`); `diverse` (greedy k-center in feature space)."
+        default="diverse", description="`random`; `stratified` (proportional by `by`); `diverse` (greedy k-center in feature space)."
     )
-    by: str = Field("label", description="`stratified`: the label, or any column of the source.")
+    by: str = Field(default="label", description="`stratified`: the label, or any column of the source.")
     features: Literal["auto", "inputs", "model"] = Field(
-        "auto", description="`diverse`: the model's penultimate features (`auto` when a model is present) or the raw inputs."
+        default="auto", description="`diverse`: the model's penultimate features (`auto` when a model is present) or the raw inputs."
     )
-    dedupe: bool = Field(True, description="Drop samples whose content is identical to an earlier one.")
-    seed: int | None = Field(None, ge=0, description="Sampling seed (default: the recipe's).")
-    amct: bool = Field(False, description="Also write Ascend AMCT input (.bin files per input plus a list).")
+    dedupe: bool = Field(default=True, description="Drop samples whose content is identical to an earlier one.")
+    seed: int | None = Field(default=None, ge=0, description="Sampling seed (default: the recipe's).")
+    amct: bool = Field(default=False, description="Also write Ascend AMCT input (.bin files per input plus a list).")
 
 
 class CalibrateStage(Stage[CalibrateConfig]):
     Config = CalibrateConfig
 
     @property
-    def needs_train_split(self) -> bool:  # type: ignore[override]
+    def needs_train_split(self) -> bool:
         return self.config.source is None and self.config.split == "train"
 
     @classmethod
@@ -64,7 +64,7 @@ class CalibrateStage(Stage[CalibrateConfig]):
 
     def preflight(self, ctx) -> list[str]:
         """A separate source must exist: checked before a run starts, like the recipe's own data files."""
-        source = cast(CalibrateConfig, self.config).source
+        source = self.config.source
         if source is not None and not Path(source.path).exists():
             raise ConfigError(self.loc("source", "path"), f"file not found: {source.path}",
                               hint="a relative path is relative to the recipe file that sets it")
@@ -80,7 +80,7 @@ class CalibrateStage(Stage[CalibrateConfig]):
         state.calibration = CalibrationSet.load(self._folder(ctx))
 
     def run(self, state, ctx):
-        cfg: CalibrateConfig = self.config  # type: ignore[assignment]
+        cfg = self.config
         groups = None
         if cfg.source is not None:
             from pruneflow.data import load_inputs

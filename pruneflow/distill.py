@@ -24,13 +24,13 @@ from .tasks import Task
 
 
 class DistillSpec(StrictModel):
-    temperature: float = Field(4.0, gt=0, le=100, description="Softmax temperature T of the logits KD term.")
-    alpha: float = Field(0.7, ge=0, le=1, description="Weight of the KD term; (1 - alpha) weighs the hard-label loss.")
+    temperature: float = Field(default=4.0, gt=0, le=100, description="Softmax temperature T of the logits KD term.")
+    alpha: float = Field(default=0.7, ge=0, le=1, description="Weight of the KD term; (1 - alpha) weighs the hard-label loss.")
     features: list[str] = Field(
         default_factory=list,
         description="Module names (as in model.named_modules()) whose outputs the student matches (MSE) in the teacher.",
     )
-    feature_weight: float = Field(1.0, ge=0, description="Weight of the summed feature KD terms.")
+    feature_weight: float = Field(default=1.0, ge=0, description="Weight of the summed feature KD terms.")
 
 
 def kd_logits_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -79,7 +79,7 @@ class Distiller:
         where = (*loc, "features")
         self._s = _Capture(student, spec.features, "student", where) if spec.features else None
         self._t = _Capture(teacher, spec.features, "teacher", where) if spec.features else None
-        if spec.features:
+        if self._s is not None and self._t is not None:  # feature KD: both captures exist
             with torch.no_grad():
                 was = student.training
                 student.eval()
@@ -87,7 +87,7 @@ class Distiller:
                 teacher(example)
                 student.train(was)
             for name in spec.features:
-                s, t = self._s.outputs[name], self._t.outputs[name]  # type: ignore[union-attr]
+                s, t = self._s.outputs[name], self._t.outputs[name]
                 if s.shape[1] != t.shape[1]:
                     conv = s.dim() == 4
                     proj = nn.Conv2d(s.shape[1], t.shape[1], 1, bias=False) if conv else nn.Linear(s.shape[1], t.shape[1], bias=False)
@@ -105,7 +105,7 @@ class Distiller:
         if self.spec.alpha < 1:
             loss = loss + (1 - self.spec.alpha) * self.task.loss(out, y)
         if self._s is not None and self._t is not None and self.spec.feature_weight:
-            feat = 0.0
+            feat: torch.Tensor | float = 0.0
             for name in self.spec.features:
                 s, t = self._s.outputs[name], self._t.outputs[name]
                 key = name.replace(".", "__")

@@ -52,6 +52,7 @@ def inspect_source(source: str, input_shape: tuple[int, ...] | None = None) -> d
     path = Path(source)
     if path.suffix == ".onnx":
         return _inspect_onnx(path)
+    shape: tuple[int, ...] | None  # None: a run whose recipe does not tell it (then --input-shape must)
     if source in ZOO and not path.exists():
         spec = ModelSpec(factory=source)
         model, shape, kind = build_model(spec), input_shape_for(spec, None), "zoo model"
@@ -99,7 +100,7 @@ def inspect_source(source: str, input_shape: tuple[int, ...] | None = None) -> d
 def _inspect_onnx(path: Path) -> dict:
     import numpy as np
 
-    from .export import require
+    from .deps import require
 
     onnx = require("onnx", "pip install onnx", "inspecting ONNX models")
     if not path.is_file():

@@ -113,7 +113,7 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise InputError(f"model.checkpoint not found: {path}", hint="the path is relative to the recipe file")
     if path.suffix == ".safetensors":
-        from .export import require
+        from .deps import require
 
         load_file = require("safetensors.torch", "pip install safetensors", "reading .safetensors checkpoints").load_file
 

@@ -60,8 +60,14 @@ class Stage(Generic[C]):
     Config: ClassVar[type[StageConfig]] = StageConfig
     #: True when the stage changes the model's weights or structure: it then checkpoints the model.
     modifies_model: ClassVar[bool] = False
-    #: True when the stage needs the training split (the pipeline skips loading it otherwise).
-    needs_train_split: ClassVar[bool] = False
+
+    @property
+    def needs_train_split(self) -> bool:
+        """True when the stage needs the training split (the pipeline skips loading it otherwise).
+
+        A property, so that a stage whose need depends on its config (``evaluate`` with ``split: train``)
+        overrides it as one, and a stage that always needs it sets ``needs_train_split = True``."""
+        return False
 
     def __init__(self, config: C, stage_id: str, index: int):
         self.config: C = config

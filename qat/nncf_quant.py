@@ -109,13 +109,14 @@ def failing_module(model: nn.Module, exc: BaseException) -> str | None:
     names = {id(m): n for n, m in model.named_modules() if n}
     found = None
     seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        for frame, _ in traceback.walk_tb(exc.__traceback__):
+    link: BaseException | None = exc  # then its cause or context, down the chain
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        for frame, _ in traceback.walk_tb(link.__traceback__):
             owner = frame.f_locals.get("self")
             if id(owner) in names:
                 found = names[id(owner)]
-        exc = exc.__cause__ or exc.__context__
+        link = link.__cause__ or link.__context__
     return found
 
 

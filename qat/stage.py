@@ -22,32 +22,32 @@ from .precision import fp16_rounding
 
 class Phase(StrictModel):
     precision: Literal["fp32", "fp16", "int8"] = Field(description="Numeric precision the phase trains in.")
-    epochs: int = Field(1, ge=0, le=10_000, description="Epochs of the phase (0: int8 only inserts and calibrates).")
-    lr: float | None = Field(None, gt=0, description="Peak LR of the phase (default: finetune.lr).")
+    epochs: int = Field(default=1, ge=0, le=10_000, description="Epochs of the phase (0: int8 only inserts and calibrates).")
+    lr: float | None = Field(default=None, gt=0, description="Peak LR of the phase (default: finetune.lr).")
 
 
 class QuantizeSettings(StrictModel):
     preset: Literal["performance", "mixed"] = Field(
-        "performance", description="`performance`: symmetric activations (what TensorRT wants); `mixed`: asymmetric activations."
+        default="performance", description="`performance`: symmetric activations (what TensorRT wants); `mixed`: asymmetric activations."
     )
     ignore: list[str] = Field(default_factory=list, description="Module names, or NNCF node-name regexes, left in floating point.")
     activations: Literal["signed", "auto"] = Field(
-        "signed",
+        default="signed",
         description="`signed`: every activation quantizer is int8 with zero point 0, so the trained scales export exactly "
         "to TensorRT's convention and (as uint8, zero point 128) to CPU runtimes; `auto`: NNCF may use unsigned "
         "quantizers after ReLU (finer there, but no exact TensorRT form).",
     )
-    calibration_size: int = Field(300, ge=1, description="Samples for range initialisation when no calibrate stage ran.")
-    batch_size: int = Field(32, ge=1, description="Batch size for range initialisation.")
+    calibration_size: int = Field(default=300, ge=1, description="Samples for range initialisation when no calibrate stage ran.")
+    batch_size: int = Field(default=32, ge=1, description="Batch size for range initialisation.")
 
 
 class PtqConfig(StageConfig, QuantizeSettings):
-    type: Literal["ptq"] = Field("ptq", description="INT8 post-training quantization (NNCF), no training.")
+    type: Literal["ptq"] = Field(default="ptq", description="INT8 post-training quantization (NNCF), no training.")
 
 
 class QatConfig(StageConfig, QuantizeSettings):
-    type: Literal["qat"] = Field("qat", description="Quantization-aware training: a staged fp32 → fp16 → int8 schedule.")
-    backend: Literal["nncf"] = Field("nncf", description="FakeQuantize insertion backend.")
+    type: Literal["qat"] = Field(default="qat", description="Quantization-aware training: a staged fp32 → fp16 → int8 schedule.")
+    backend: Literal["nncf"] = Field(default="nncf", description="FakeQuantize insertion backend.")
     schedule: list[Phase] = Field(
         default_factory=lambda: [Phase(precision="int8", epochs=2)],
         min_length=1, description="Phases in order; int8 must come last (FakeQuantize is inserted once).",
@@ -60,7 +60,7 @@ class QatConfig(StageConfig, QuantizeSettings):
         default_factory=lambda: DistillSpec(alpha=0.5), description="KD from the FP32 model entering the stage, in every phase."
     )
     freeze_bn_after: int | None = Field(
-        None, ge=0, description="Epochs into the int8 phase after which BatchNorm statistics and quantizer ranges stop changing."
+        default=None, ge=0, description="Epochs into the int8 phase after which BatchNorm statistics and quantizer ranges stop changing."
     )
 
     @field_validator("schedule")
@@ -104,7 +104,7 @@ class PtqStage(Stage[PtqConfig]):
         return True
 
     @property
-    def needs_train_split(self) -> bool:  # type: ignore[override]
+    def needs_train_split(self) -> bool:
         return True
 
     def run(self, state, ctx):
@@ -128,7 +128,7 @@ class QatStage(Stage[QatConfig]):
         return any(p.precision == "int8" for p in config.schedule)
 
     def run(self, state, ctx):
-        cfg: QatConfig = self.config  # type: ignore[assignment]
+        cfg = self.config
         teacher = frozen_copy(state.model) if cfg.distill else None
         rows = []
         fp32 = evaluate_model(state.model, state.data.eval, state.task, ctx.recipe.data.eval_batch_size, ctx.device,
@@ -155,7 +155,7 @@ class QatStage(Stage[QatConfig]):
 
     def _train(self, model: nn.Module, state, ctx, teacher, settings, phase, description) -> float:
         """Train ``model`` (the entering float module, or the int8 phase's quantized one) for one phase."""
-        cfg: QatConfig = self.config  # type: ignore[assignment]
+        cfg = self.config
         freeze = cfg.freeze_bn_after if phase.precision == "int8" else None
         ranges = quantizer_parameters(model)
 
@@ -167,7 +167,10 @@ class QatStage(Stage[QatConfig]):
                 for p in ranges:
                     p.requires_grad_(False)
 
-        distiller = Distiller(model, teacher, cfg.distill, state.task, state.example_input, self.loc("distill")) if teacher is not None else None
+        spec = cfg.distill  # set exactly when run made a teacher
+        distiller = None
+        if spec is not None and teacher is not None:
+            distiller = Distiller(model, teacher, spec, state.task, state.example_input, self.loc("distill"))
         try:
             history = fit(model, state.data, state.task, settings, ctx, description=description,
                           extra_loss=distiller.loss if distiller else None,

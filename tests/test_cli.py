@@ -124,17 +124,13 @@ def _clear_caches() -> None:
 def plugins():
     """Register the test-only target and stages; afterwards the registries and recipe models are as before."""
     _clear_caches()
-    registry.targets.register("fake")(FakeTarget)
-    registry.stages.register("fail_stage")(FailStage)
-    registry.stages.register("interrupt_stage")(InterruptStage)
-    _clear_caches()
     try:
-        yield
+        with (registry.targets.registered("fake", FakeTarget), registry.stages.registered("fail_stage", FailStage),
+              registry.stages.registered("interrupt_stage", InterruptStage)):
+            _clear_caches()
+            yield
     finally:
-        registry.targets._items.pop("fake", None)
-        registry.stages._items.pop("fail_stage", None)
-        registry.stages._items.pop("interrupt_stage", None)
-        _clear_caches()
+        _clear_caches()  # the recipe models built while they were registered name them
 
 
 # --------------------------------------------------------------------------- the shared run

@@ -5,7 +5,3 @@ artifacts, ``state.handle.int8_module(example)`` for int8 ones (the model kind k
 quantization backend), so nothing here imports one.
 """
 
-from __future__ import annotations
-
-from ..deps import require as require  # re-exported until every caller imports it from pruneflow.deps
-

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import tempfile
 import warnings
 from pathlib import Path
@@ -12,24 +13,24 @@ import torch
 from pydantic import Field
 
 from ..artifacts import Artifact, atomic_path
+from ..deps import require
 from ..errors import ExportError
 from ..stage import Target, TargetConfig
-from ..deps import require
 
 if TYPE_CHECKING:
     from .qdq import Form, PassReport
 
 
 class OnnxConfig(TargetConfig):
-    type: Literal["onnx"] = Field("onnx", description="ONNX model run by onnxruntime.")
-    opset: int = Field(17, ge=13, le=23, description="ONNX opset version.")
-    dynamic_batch: bool = Field(True, description="Make the batch dimension dynamic.")
+    type: Literal["onnx"] = Field(default="onnx", description="ONNX model run by onnxruntime.")
+    opset: int = Field(default=17, ge=13, le=23, description="ONNX opset version.")
+    dynamic_batch: bool = Field(default=True, description="Make the batch dimension dynamic.")
     exporter: Literal["legacy", "dynamo"] = Field(
-        "legacy",
+        default="legacy",
         description="`legacy` (TorchScript tracing; fast, handles most CNNs) or `dynamo` (torch.export; needs onnxscript).",
     )
     int8_forms: list[Literal["cpu", "tensorrt"]] = Field(
-        ["cpu", "tensorrt"], min_length=1,
+        default=["cpu", "tensorrt"], min_length=1,
         description="INT8 files to write from the same quantization parameters: `cpu` (model.int8.onnx: uint8 activations, "
         "what onnxruntime and OpenVINO run fastest on x86) and `tensorrt` (model.int8.tensorrt.onnx: TensorRT's explicit "
         "quantization convention, int8 zero point 0 everywhere; labelled precision `int8_tensorrt`).",
@@ -46,22 +47,22 @@ class OnnxTarget(Target[OnnxConfig]):
         return []
 
     def build(self, state, ctx, out_dir: Path, precision: str) -> Artifact | list[Artifact]:
-        cfg: OnnxConfig = self.config  # type: ignore[assignment]
+        cfg = self.config
         path = out_dir / f"model.{precision}.onnx"
-        export = dict(opset=cfg.opset, dynamic_batch=cfg.dynamic_batch, exporter=cfg.exporter)
         if precision == "int8":
             return [self._int8(state, ctx, out_dir, form) for form in dict.fromkeys(cfg.int8_forms)]
-        model = state.handle.float_module()
+        export = functools.partial(export_onnx, state.handle.float_module(), state.example_input, opset=cfg.opset,
+                                   dynamic_batch=cfg.dynamic_batch, exporter=cfg.exporter)
         if precision == "fp16":
             with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
-                export_onnx(model, state.example_input, Path(tmp) / "fp32.onnx", **export)
+                export(Path(tmp) / "fp32.onnx")
                 to_fp16(Path(tmp) / "fp32.onnx", path)
         else:
-            export_onnx(model, state.example_input, path, **export)
+            export(path)
         return Artifact.from_file(ctx.run_dir, path, kind="onnx", producer="export", target="onnx", precision=precision)
 
-    def _int8(self, state, ctx, out_dir: Path, form: str) -> Artifact:
-        cfg: OnnxConfig = self.config  # type: ignore[assignment]
+    def _int8(self, state, ctx, out_dir: Path, form: Form) -> Artifact:
+        cfg = self.config
         path = out_dir / ("model.int8.onnx" if form == "cpu" else "model.int8.tensorrt.onnx")
         report = export_int8_onnx(state.handle.int8_module(state.example_input), state.example_input, path, form=form,
                                   opset=max(cfg.opset, 13), dynamic_batch=cfg.dynamic_batch)
@@ -98,7 +99,8 @@ def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: Path, *, op
                     shapes = {"x": {0: torch.export.Dim("batch")}} if dynamic_batch else None
                     program = torch.onnx.export(model, (x,), dynamo=True, opset_version=opset, dynamic_shapes=shapes,
                                                 input_names=["input"], output_names=["logits"])
-                    program.save(str(tmp), external_data=False)  # type: ignore[union-attr]
+                    assert program is not None  # None only from the legacy exporter (dynamo=False)
+                    program.save(str(tmp), external_data=False)
                 else:
                     axes = {"input": {0: "batch"}, "logits": {0: "batch"}} if dynamic_batch else None
                     torch.onnx.export(model, (x,), str(tmp), dynamo=False, opset_version=opset,

@@ -13,14 +13,14 @@ from typing import Literal
 from pydantic import Field
 
 from ..artifacts import Artifact
+from ..deps import require
 from ..errors import ExportError
 from ..stage import Target, TargetConfig
-from . import require
 
 
 class OpenVinoConfig(TargetConfig):
-    type: Literal["openvino"] = Field("openvino", description="OpenVINO IR (model.xml + model.bin) run by the OpenVINO CPU plugin.")
-    dynamic_batch: bool = Field(True, description="Leave the batch dimension dynamic.")
+    type: Literal["openvino"] = Field(default="openvino", description="OpenVINO IR (model.xml + model.bin) run by the OpenVINO CPU plugin.")
+    dynamic_batch: bool = Field(default=True, description="Leave the batch dimension dynamic.")
 
 
 class OpenVinoTarget(Target[OpenVinoConfig]):
@@ -70,7 +70,7 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
 
 def openvino_runner(path: Path, threads: int | None = None):
     ov = require("openvino", "pip install openvino", "running OpenVINO models")
-    config = {"INFERENCE_PRECISION_HINT": "f32"}  # measure the artifact, not a bf16 fallback of the CPU plugin
+    config: dict[str, str | int] = {"INFERENCE_PRECISION_HINT": "f32"}  # measure the artifact, not a bf16 fallback of the CPU plugin
     if threads:
         config["INFERENCE_NUM_THREADS"] = threads
     compiled = ov.Core().compile_model(str(path), "CPU", config)

@@ -204,13 +204,17 @@ def fold_batchnorm(graph: _Graph, report: PassReport) -> None:
             continue
         if len(graph.consumers.get(dq.output[0], [])) != 1:
             continue
+        # Only constants fold offline; a statistic, scale or bias computed at run time keeps the BatchNorm.
         gamma, beta, mean, var = (graph.const(n) for n in bn.input[1:5])
-        if any(v is None for v in (gamma, beta, mean, var)):
+        if gamma is None or beta is None or mean is None or var is None:
+            continue
+        scale = graph.const(dq.input[1])
+        bias = graph.const(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else np.zeros_like(mean)
+        if scale is None or bias is None:
             continue
         eps = _attr(bn, "epsilon", 1e-5)
         k = (gamma / np.sqrt(var + eps)).astype(np.float32)
         qw = graph.nh.to_array(graph.inits[dq.input[0]])
-        scale = graph.const(dq.input[1])
         zp = graph.const(dq.input[2]) if len(dq.input) > 2 and dq.input[2] else np.zeros((), qw.dtype)
         axis = _attr(dq, "axis", 1)
         if scale.ndim != 1 or axis != 0 or np.any(zp != 0) or qw.dtype != np.int8 or qw.min() < -127:
@@ -219,7 +223,6 @@ def fold_batchnorm(graph: _Graph, report: PassReport) -> None:
         sign = np.where(k < 0, -1, 1).astype(np.int8)
         new_w = (qw * sign.reshape(-1, *([1] * (qw.ndim - 1)))).astype(np.int8)
         new_scale = (scale.astype(np.float32) * np.abs(k)).astype(np.float32)
-        bias = graph.const(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else np.zeros_like(mean)
         new_bias = ((bias - mean) * k + beta).astype(np.float32)
         dq.input[0] = graph.add_init(dq.input[0] + "_bnfold", new_w)
         dq.input[1] = graph.add_init(dq.input[1] + "_bnfold", new_scale)
@@ -496,6 +499,9 @@ def check_convention(model, form: Form) -> list[str]:
         weight = node.input[0] in graph.inits
         if zp is None:
             problems.append(f"{node.name}: no explicit zero point")
+            continue
+        if scale is None:
+            problems.append(f"{node.name}: the scale is not a constant")
             continue
         if weight:
             if zp.dtype != np.int8 or np.any(zp != 0):

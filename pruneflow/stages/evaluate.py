@@ -13,15 +13,15 @@ from ..stage import Stage, StageConfig, StageResult
 
 
 class EvaluateConfig(StageConfig):
-    type: Literal["evaluate"] = Field("evaluate", description="Measure the current model on the eval split.")
-    split: Literal["eval", "train"] = Field("eval", description="Which split to measure.")
+    type: Literal["evaluate"] = Field(default="evaluate", description="Measure the current model on the eval split.")
+    split: Literal["eval", "train"] = Field(default="eval", description="Which split to measure.")
 
 
 class EvaluateStage(Stage[EvaluateConfig]):
     Config = EvaluateConfig
 
     @property
-    def needs_train_split(self) -> bool:  # type: ignore[override]
+    def needs_train_split(self) -> bool:
         return self.config.split == "train"
 
     @classmethod

@@ -6,7 +6,8 @@ diff, cosine similarity, top-1 agreement), accuracy on the eval split, and laten
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from types import GenericAlias
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import torch
@@ -23,47 +24,54 @@ from ..recipe.rules import quantized_before
 from ..stage import Stage, StageConfig, StageResult, StrictModel, Target
 
 
+class ParityLimits(NamedTuple):
+    """One precision's parity limits (``max_abs_diff`` None: no limit on the largest difference)."""
+
+    max_abs_diff: float | None
+    min_cosine: float
+    min_top1_agreement: float
+
+
 # Per-precision parity limits; a recipe value overrides them for every precision.
 PARITY_DEFAULTS = {
-    "fp32": {"max_abs_diff": 1e-3, "min_cosine": 0.9999, "min_top1_agreement": 0.99},
-    "fp16": {"max_abs_diff": 5e-2, "min_cosine": 0.999, "min_top1_agreement": 0.98},
+    "fp32": ParityLimits(max_abs_diff=1e-3, min_cosine=0.9999, min_top1_agreement=0.99),
+    "fp16": ParityLimits(max_abs_diff=5e-2, min_cosine=0.999, min_top1_agreement=0.98),
     # INT8 runtimes round at different points than torch's fake quantization (integer accumulation,
     # requantization), and a flipped level early in a deep net moves logits: no max-diff limit by default.
-    "int8": {"max_abs_diff": None, "min_cosine": 0.99, "min_top1_agreement": 0.95},
+    "int8": ParityLimits(max_abs_diff=None, min_cosine=0.99, min_top1_agreement=0.95),
 }
 
 
 class ParitySpec(StrictModel):
-    samples: int = Field(256, ge=1, description="Eval samples compared between torch and the artifact.")
-    max_abs_diff: float | None = Field(None, gt=0, description="Largest allowed absolute difference of any output (default: 1e-3 for fp32, 0.05 for fp16, none for int8).")
-    min_cosine: float | None = Field(None, ge=0, le=1, description="Smallest allowed mean cosine similarity of outputs (default: 0.9999 fp32, 0.999 fp16, 0.99 int8).")
-    min_top1_agreement: float | None = Field(None, ge=0, le=1, description="Smallest allowed share of equal top-1 predictions (default: 0.99 fp32, 0.98 fp16, 0.95 int8).")
+    samples: int = Field(default=256, ge=1, description="Eval samples compared between torch and the artifact.")
+    max_abs_diff: float | None = Field(default=None, gt=0, description="Largest allowed absolute difference of any output (default: 1e-3 for fp32, 0.05 for fp16, none for int8).")
+    min_cosine: float | None = Field(default=None, ge=0, le=1, description="Smallest allowed mean cosine similarity of outputs (default: 0.9999 fp32, 0.999 fp16, 0.99 int8).")
+    min_top1_agreement: float | None = Field(default=None, ge=0, le=1, description="Smallest allowed share of equal top-1 predictions (default: 0.99 fp32, 0.98 fp16, 0.95 int8).")
 
-    def limits(self, precision: str) -> dict[str, float | None]:
+    def limits(self, precision: str) -> ParityLimits:
         """Limits for an artifact's precision label (``int8_tensorrt`` counts as int8)."""
-        out = dict(PARITY_DEFAULTS.get(precision.split("_")[0], PARITY_DEFAULTS["fp32"]))
-        out.update({k: v for k, v in self.model_dump().items() if k in out and v is not None})
-        return out
+        default = PARITY_DEFAULTS.get(precision.split("_")[0], PARITY_DEFAULTS["fp32"])
+        return default._replace(**self.model_dump(include=set(ParityLimits._fields), exclude_none=True))
 
 
 class LatencySpec(StrictModel):
-    batch_sizes: list[int] = Field([1, 32], min_length=1, description="Batch sizes to time.")
-    runs: int = Field(20, ge=1, le=10_000, description="Timed runs per batch size (after warm-up).")
-    warmup: int = Field(3, ge=0, description="Untimed runs first.")
-    threads: int | None = Field(1, ge=1, description="Runtime threads while timing (1 gives stable numbers).")
+    batch_sizes: list[int] = Field(default=[1, 32], min_length=1, description="Batch sizes to time.")
+    runs: int = Field(default=20, ge=1, le=10_000, description="Timed runs per batch size (after warm-up).")
+    warmup: int = Field(default=3, ge=0, description="Untimed runs first.")
+    threads: int | None = Field(default=1, ge=1, description="Runtime threads while timing (1 gives stable numbers).")
 
 
 class ExportConfig(StageConfig):
-    type: Literal["export"] = Field("export", description="Export the model to deployable formats.")
+    type: Literal["export"] = Field(default="export", description="Export the model to deployable formats.")
     targets: list[Any] = Field(
         description="Targets to build: names (`onnx`) or mappings with options (`{type: onnx, opset: 17}`).", min_length=1
     )
     precisions: list[Literal["fp32", "fp16", "int8"]] = Field(
-        ["fp32"], min_length=1,
+        default=["fp32"], min_length=1,
         description="Numeric precisions to write. `int8` needs a `ptq` stage, or a `qat` stage ending in int8, before export; "
         "its artifacts hold that stage's quantization parameters and are compared with the quantized torch model.",
     )
-    evaluate: bool = Field(True, description="Measure each artifact's accuracy on the eval split in its own runtime.")
+    evaluate: bool = Field(default=True, description="Measure each artifact's accuracy on the eval split in its own runtime.")
     parity: ParitySpec = Field(default_factory=ParitySpec, description="Torch-vs-artifact parity check and its limits.")
     latency: LatencySpec | None = Field(default_factory=LatencySpec, description="Latency timing (null = skip).")
 
@@ -76,7 +84,7 @@ class ExportConfig(StageConfig):
     @classmethod
     def _unique(cls, value: list) -> list:
         names = [getattr(t, "type", t.get("type") if isinstance(t, dict) else t) for t in value]
-        twice = sorted({n for n in names if names.count(n) > 1})
+        twice = sorted({n for n in names if names.count(n) > 1}, key=str)  # a mapping without `type` gives None
         if twice:
             raise ValueError(f"target {', '.join(map(repr, twice))} is listed twice")
         return value
@@ -98,7 +106,7 @@ class ExportStage(Stage[ExportConfig]):
         return create_model(
             "ExportConfig",
             __base__=ExportConfig,
-            targets=(list[target_union()], Field(min_length=1, description=ExportConfig.model_fields["targets"].description)),
+            targets=(_list_of(target_union()), Field(min_length=1, description=ExportConfig.model_fields["targets"].description)),
         )
 
     def _targets(self) -> list[tuple[str, Target]]:
@@ -133,7 +141,7 @@ class ExportStage(Stage[ExportConfig]):
         return notes
 
     def run(self, state, ctx):
-        cfg: ExportConfig = self.config  # type: ignore[assignment]
+        cfg = self.config
         result = StageResult()
         for name, target in self._targets():
             # export/<target>/ for the usual single export stage; a second one gets export/<its id>/<target>/.
@@ -156,7 +164,7 @@ class ExportStage(Stage[ExportConfig]):
         return result
 
     def _measure(self, artifact: Artifact, run, target: Target, state, ctx) -> list[GateResult]:
-        cfg: ExportConfig = self.config  # type: ignore[assignment]
+        cfg = self.config
         label = f"{artifact.target}.{artifact.precision}"
         x = state.data.eval.x[: cfg.parity.samples]
         # fp32/fp16 artifacts come from the float view of the model, int8 ones from the quantized model itself.
@@ -170,12 +178,12 @@ class ExportStage(Stage[ExportConfig]):
         artifact.metrics.update(parity)
         p = cfg.parity.limits(artifact.precision or "fp32")
         problems = [] if np.isfinite(got).all() else ["the artifact's outputs hold NaN or inf"]
-        if p["max_abs_diff"] is not None and parity["max_abs_diff"] > p["max_abs_diff"]:
-            problems.append(f"max abs diff {parity['max_abs_diff']:.3g} > {p['max_abs_diff']:g}")
-        if parity["cosine"] < p["min_cosine"]:
-            problems.append(f"cosine {parity['cosine']:.6f} < {p['min_cosine']:g}")
-        if parity["top1_agreement"] < p["min_top1_agreement"]:
-            problems.append(f"top-1 agreement {parity['top1_agreement']:.4f} < {p['min_top1_agreement']:g}")
+        if p.max_abs_diff is not None and parity["max_abs_diff"] > p.max_abs_diff:
+            problems.append(f"max abs diff {parity['max_abs_diff']:.3g} > {p.max_abs_diff:g}")
+        if parity["cosine"] < p.min_cosine:
+            problems.append(f"cosine {parity['cosine']:.6f} < {p.min_cosine:g}")
+        if parity["top1_agreement"] < p.min_top1_agreement:
+            problems.append(f"top-1 agreement {parity['top1_agreement']:.4f} < {p.min_top1_agreement:g}")
         gate = GateResult(
             f"{label}.parity",
             not problems,
@@ -201,6 +209,12 @@ class ExportStage(Stage[ExportConfig]):
                         artifact.metrics[f"latency_b{bs}_{key}"] = lat[key]
             artifact.metrics["latency_threads"] = cfg.latency.threads or 0
         return [gate]
+
+
+def _list_of(item: Any) -> Any:
+    """``list[item]`` for an item annotation built at run time (written ``list[item]``, a type checker
+    reads a type expression and refuses the call); Any, as ``target_union``: pydantic takes any annotation."""
+    return GenericAlias(list, (item,))
 
 
 def _batched(run, target: Target):

@@ -12,7 +12,7 @@ from ..train import TrainSettings, fit
 
 
 class TrainConfig(TrainSettings, StageConfig):
-    type: Literal["train"] = Field("train", description="Train or fine-tune the model.")
+    type: Literal["train"] = Field(default="train", description="Train or fine-tune the model.")
 
 
 class TrainStage(Stage[TrainConfig]):
@@ -21,7 +21,7 @@ class TrainStage(Stage[TrainConfig]):
     needs_train_split = True
 
     def run(self, state, ctx):
-        cfg: TrainConfig = self.config  # type: ignore[assignment]
+        cfg = self.config
         history = fit(state.model, state.data, state.task, cfg, ctx, description=self.id)
         last = history[-1]
         macs, params = count_macs_params(state.model, state.example_input)
