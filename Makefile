@@ -32,6 +32,7 @@ demo: $(VENV)/.installed
 	$(BIN)/pruneflow optimize recipes/quickstart.yaml
 
 test: $(VENV)/.installed-dev
+	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-fast: $(VENV)/.installed-dev

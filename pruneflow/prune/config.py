@@ -25,6 +25,13 @@ _UNIT_KEYS = ("heads", "ffn")
 _SHARE_KEYS = ("ratio", "macs", "params")
 
 
+def _refuse(data: Any, keys: tuple[str, ...], message: str) -> Any:
+    """``data`` as it is, unless it is a mapping holding one of ``keys`` (the other target kind's)."""
+    if isinstance(data, dict) and any(k in data for k in keys):
+        raise ValueError(message)
+    return data
+
+
 class PruneTarget(StrictModel):
     """Channels and blocks: exactly one of ``ratio``, ``macs`` or ``params``."""
 
@@ -36,10 +43,8 @@ class PruneTarget(StrictModel):
     @classmethod
     def _not_units(cls, data: Any) -> Any:
         """heads/ffn name a transformer target: say which granularity takes them instead of "unknown key"."""
-        if isinstance(data, dict) and any(k in data for k in _UNIT_KEYS):
-            raise ValueError("heads/ffn (transformers) and ratio/macs/params (channels, blocks) do not mix; "
-                             "heads/ffn need `granularity: heads` (or no granularity)")
-        return data
+        return _refuse(data, _UNIT_KEYS, "heads/ffn (transformers) and ratio/macs/params (channels, blocks) do not mix; "
+                       "heads/ffn need `granularity: heads` (or no granularity)")
 
     @model_validator(mode="after")
     def _one(self) -> "PruneTarget":
@@ -67,9 +72,7 @@ class UnitTarget(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _not_shares(cls, data: Any) -> Any:
-        if isinstance(data, dict) and any(k in data for k in _SHARE_KEYS):
-            raise ValueError("heads/ffn (transformers) and ratio/macs/params (channels, blocks) do not mix")
-        return data
+        return _refuse(data, _SHARE_KEYS, "heads/ffn (transformers) and ratio/macs/params (channels, blocks) do not mix")
 
     @model_validator(mode="after")
     def _some(self) -> "UnitTarget":
@@ -111,7 +114,16 @@ class _PruneBase(StageConfig):
     )
 
 
-class ChannelPruneConfig(_PruneBase):
+class _ScoredPruneBase(_PruneBase):
+    """What channel and head pruning share: gradient-based importance on a few training batches."""
+
+    importance_batches: int | None = Field(
+        default=None, ge=1, description="Training batches used to score importance each round (default 4)."
+    )
+    hessian_weight: float = Field(default=0.5, ge=0, le=1, description="`hessian+taylor`: weight of the Hessian term.")
+
+
+class ChannelPruneConfig(_ScoredPruneBase):
     """`granularity: channels` (the default): remove channels (width) on torch-pruning's dependency graph."""
 
     granularity: Literal["channels"] = Field(
@@ -120,9 +132,6 @@ class ChannelPruneConfig(_PruneBase):
     target: PruneTarget = Field(description="What to reach: {ratio: 0.3} channels removed, {macs: 0.5} or {params: 0.5} kept.")
     rounds: int | Literal["auto"] = Field(
         default="auto", description="Prune-then-fine-tune rounds; `auto` removes about 10 % of channels a round."
-    )
-    importance_batches: int | None = Field(
-        default=None, ge=1, description="Training batches used to score importance each round (default 4)."
     )
     importance: Importance = Field(
         default="hessian", description="Channel importance: weight magnitude, first-order Taylor (|w·g|), Hessian (OBD, w²·Fisher), "
@@ -140,7 +149,6 @@ class ChannelPruneConfig(_PruneBase):
     round_to: int | None = Field(default=None, ge=1, description="Keep channel counts multiples of this (kernels run faster).")
     ignore: list[str] | None = Field(default=None, description="Module names or regexes kept intact; default: the classifier.")
     magnitude_p: Literal[1, 2] = Field(default=2, description="`magnitude`: L1 or L2.")
-    hessian_weight: float = Field(default=0.5, ge=0, le=1, description="`hessian+taylor`: weight of the Hessian term.")
     fade: float | None = Field(
         default=None, gt=0, le=1, description="Fade each round's chosen channels to zero over this share of the round's fine-tune, "
         "then remove them (the removal changes no output), instead of removing them before it; null: remove at once."
@@ -177,7 +185,7 @@ class BlockPruneConfig(_PruneBase):
     ignore: list[str] | None = Field(default=None, description="Module names or regexes kept intact (their blocks are never removed).")
 
 
-class HeadPruneConfig(_PruneBase):
+class HeadPruneConfig(_ScoredPruneBase):
     """`granularity: heads`: BERT-style transformers lose attention heads and FFN neurons (the default for a heads/ffn target)."""
 
     granularity: Literal["heads"] = Field(
@@ -188,14 +196,10 @@ class HeadPruneConfig(_PruneBase):
     rounds: int | Literal["auto"] = Field(
         default="auto", description="Prune-then-fine-tune rounds; `auto`: about 10 % of the heads (or FFN neurons) a round."
     )
-    importance_batches: int | None = Field(
-        default=None, ge=1, description="Training batches used to score importance each round (default 4)."
-    )
     importance: Importance = Field(
         default="hessian", description="Unit importance: weight norms, first-order Taylor (|mean g| of a unit's mask), Hessian "
         "(Fisher: mean g²), or both mixed."
     )
-    hessian_weight: float = Field(default=0.5, ge=0, le=1, description="`hessian+taylor`: weight of the Hessian term.")
 
 
 def granularity(value: Any) -> str:

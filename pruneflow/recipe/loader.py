@@ -400,8 +400,8 @@ def _fields_at(model: type, raw_loc: tuple) -> list[str]:
     return []
 
 
-def _unwrap(ann: Any, part: Any) -> Any:
-    """Step from an annotation through one location part (None: only peel wrappers)."""
+def _peel(ann: Any) -> tuple[Any, list[Any] | None]:
+    """``ann`` without Annotated and Optional wrappers, and the members when it is then a union of several."""
     for _ in range(10):
         origin = typing.get_origin(ann)
         if origin is typing.Annotated:
@@ -409,18 +409,27 @@ def _unwrap(ann: Any, part: Any) -> Any:
             continue
         if origin in (typing.Union, types.UnionType):
             members = [a for a in typing.get_args(ann) if a is not type(None)]
-            tagged = [m for m in members if _tag_of(m) == part]
-            if tagged:
-                return tagged[0]
             if len(members) == 1:
                 ann = members[0]
                 continue
-            models = [m for m in members if isinstance(m, type) and issubclass(m, BaseModel)]
-            if part is None or not models:
-                return ann
-            ann = models[0]
-            continue
+            return ann, members
         break
+    return ann, None
+
+
+def _unwrap(ann: Any, part: Any) -> Any:
+    """Step from an annotation through one location part (None: only peel wrappers)."""
+    for _ in range(10):
+        ann, members = _peel(ann)
+        if members is None:
+            break
+        tagged = [m for m in members if _tag_of(m) == part]
+        if tagged:
+            return tagged[0]
+        models = [m for m in members if isinstance(m, type) and issubclass(m, BaseModel)]
+        if part is None or not models:
+            return ann
+        ann = models[0]
     if part is None:
         return ann
     origin = typing.get_origin(ann)
@@ -438,19 +447,8 @@ def _unwrap(ann: Any, part: Any) -> Any:
 
 def _union_tags(ann: Any) -> set:
     """The tags of the tagged union ``ann`` is (Annotated and Optional peeled); empty when it is none."""
-    for _ in range(10):
-        origin = typing.get_origin(ann)
-        if origin is typing.Annotated:
-            ann = typing.get_args(ann)[0]
-            continue
-        if origin in (typing.Union, types.UnionType):
-            members = [a for a in typing.get_args(ann) if a is not type(None)]
-            if len(members) == 1:
-                ann = members[0]
-                continue
-            return {_tag_of(m) for m in members} - {None}
-        break
-    return set()
+    _, members = _peel(ann)
+    return {_tag_of(m) for m in members} - {None} if members else set()
 
 
 def _tag_of(model: Any) -> Any:

@@ -150,7 +150,7 @@ def _union(configs: list[type], what: str) -> Any:
     return Annotated[Union[tuple(configs)], Field(discriminator="type")]
 
 
-def _list_of(item: Any) -> Any:
+def list_of(item: Any) -> Any:
     """``list[item]`` for an item annotation built at run time (written ``list[item]``, a type checker
     reads a type expression and refuses the variable); Any, as for ``_union``: pydantic takes any annotation."""
     return GenericAlias(list, (item,))
@@ -183,7 +183,7 @@ def recipe_model() -> type[RecipeBase]:
     model = create_model(
         "Recipe",
         __base__=RecipeBase,
-        stages=(_list_of(stages), Field(min_length=1, description="Stages run in order on one model.")),
+        stages=(list_of(stages), Field(min_length=1, description="Stages run in order on one model.")),
     )
     return model
 

@@ -6,7 +6,6 @@ diff, cosine similarity, top-1 agreement), accuracy on the eval split, and laten
 
 from __future__ import annotations
 
-from types import GenericAlias
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
@@ -19,7 +18,7 @@ from ..bench import fresh_batch, measure_latency
 from ..errors import ConfigError, ExportError, PruneflowError
 from ..evaluate import evaluate_runtime
 from ..gates import GateResult
-from ..recipe.models import normalise_target_list, target_union
+from ..recipe.models import list_of, normalise_target_list, target_union
 from ..recipe.rules import quantized_before
 from ..stage import Stage, StageConfig, StageResult, StrictModel, Target
 
@@ -106,7 +105,7 @@ class ExportStage(Stage[ExportConfig]):
         return create_model(
             "ExportConfig",
             __base__=ExportConfig,
-            targets=(_list_of(target_union()), Field(min_length=1, description=ExportConfig.model_fields["targets"].description)),
+            targets=(list_of(target_union()), Field(min_length=1, description=ExportConfig.model_fields["targets"].description)),
         )
 
     def _targets(self) -> list[tuple[str, Target]]:
@@ -209,12 +208,6 @@ class ExportStage(Stage[ExportConfig]):
                         artifact.metrics[f"latency_b{bs}_{key}"] = lat[key]
             artifact.metrics["latency_threads"] = cfg.latency.threads or 0
         return [gate]
-
-
-def _list_of(item: Any) -> Any:
-    """``list[item]`` for an item annotation built at run time (written ``list[item]``, a type checker
-    reads a type expression and refuses the call); Any, as ``target_union``: pydantic takes any annotation."""
-    return GenericAlias(list, (item,))
 
 
 def _batched(run, target: Target):
