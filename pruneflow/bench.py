@@ -19,6 +19,28 @@ def fresh_batch(x: "torch.Tensor", batch: int) -> "torch.Tensor":
     return x.repeat((reps,) + (1,) * (x.dim() - 1))[:batch].clone().contiguous()
 
 
+def onnx_latency(model: "torch.nn.Module", example: "torch.Tensor", samples: "torch.Tensor", batch_sizes: list[int],
+                 runs: int) -> dict[str, float]:
+    """Median onnxruntime latency (one thread) of ``model`` exported to a throw-away ONNX file, per batch
+    size, on fresh batches of ``samples``: ``{"latency_b32_median_ms": ...}``. What a stage reports for a
+    model before and after it changes it (the prune stage does)."""
+    import copy
+    import tempfile
+    from pathlib import Path
+
+    from .export.onnx import export_onnx, onnxruntime_runner
+
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "model.onnx"
+        export_onnx(copy.deepcopy(model).cpu(), example.cpu(), path)
+        run = onnxruntime_runner(path, threads=1)
+        for bs in batch_sizes:
+            lat = measure_latency(run, fresh_batch(samples, bs).numpy(), warmup=3, runs=runs)
+            out[f"latency_b{bs}_median_ms"] = lat["median_ms"]
+    return out
+
+
 def measure_latency(run: Callable[[np.ndarray], object], example: np.ndarray, warmup: int = 3, runs: int = 20) -> dict[str, float]:
     arr = np.asarray(interleaved_times({"run": run}, example, warmup, runs)["run"])
     tail = {"p99_ms": float(np.percentile(arr, 99))} if runs >= 100 else {"max_ms": float(arr.max())}

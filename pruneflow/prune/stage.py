@@ -7,16 +7,12 @@ and MACs/params before and after, onnxruntime latency before and after, the roun
 
 from __future__ import annotations
 
-import copy
-import tempfile
-from pathlib import Path
-
-from ..bench import fresh_batch, measure_latency
+from ..bench import onnx_latency
 from ..evaluate import evaluate_model
 from ..stage import Stage, StageResult
 from .blocks import BlockStrategy
 from .channels import ChannelStrategy
-from .config import AnyPruneConfig, BlockPruneConfig, ChannelPruneConfig, HeadPruneConfig, PruneConfig, PruneLatency
+from .config import AnyPruneConfig, BlockPruneConfig, ChannelPruneConfig, HeadPruneConfig, PruneConfig
 from .heads import HeadStrategy
 from .rounds import Strategy, Tuner, importance_batches, run_rounds
 
@@ -47,7 +43,7 @@ class PruneStage(Stage[AnyPruneConfig]):
         entering = strategy.entering()
         accuracy_before = evaluate_model(model, data.eval, state.task, ctx.recipe.data.eval_batch_size, ctx.device,
                                          ctx.reporter, f"{self.id} baseline")["accuracy"]
-        latency_before = self._latency(model, example, data, cfg.latency) if cfg.latency else {}
+        latency_before = onnx_latency(model, example, data.eval.x, cfg.latency.batch_sizes, cfg.latency.runs) if cfg.latency else {}
         strategy.prepare()
         tuner = Tuner(cfg, state, ctx, self.id, self.loc("distill"))
         batches = cfg.importance_batches or strategy.default_importance_batches
@@ -67,25 +63,11 @@ class PruneStage(Stage[AnyPruneConfig]):
             "rounds": len(records), "importance_seconds": round(importance_seconds, 3),
         }
         if cfg.latency:
-            _add_latency(metrics, latency_before, self._latency(model, example, data, cfg.latency))
+            _add_latency(metrics, latency_before, onnx_latency(model, example, data.eval.x, cfg.latency.batch_sizes, cfg.latency.runs))
         tables = {"rounds": [strategy.row(r) for r in records], **strategy.tables(records)}
         for row in tables.get("notes", []):
             ctx.reporter.info(f"{self.id}: {row['note']}")
         return StageResult(metrics=metrics, tables=tables)
-
-    def _latency(self, model, example, data, settings: PruneLatency) -> dict[str, float]:
-        """Median onnxruntime latency (one thread) per batch size of ``latency.batch_sizes``."""
-        from ..export.onnx import export_onnx, onnxruntime_runner
-
-        out = {}
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "model.onnx"
-            export_onnx(copy.deepcopy(model).cpu(), example.cpu(), path)
-            run = onnxruntime_runner(path, threads=1)
-            for bs in settings.batch_sizes:
-                lat = measure_latency(run, fresh_batch(data.eval.x, bs).numpy(), warmup=3, runs=settings.runs)
-                out[f"latency_b{bs}_median_ms"] = lat["median_ms"]
-        return out
 
 
 def _add_latency(metrics: dict, before: dict, after: dict) -> None:
