@@ -34,7 +34,7 @@ class QuantizeSettings(StrictModel):
     activations: Literal["signed", "auto"] = Field(
         default="signed",
         description="`signed`: every activation quantizer is int8 with zero point 0, so the trained scales export exactly "
-        "to TensorRT's convention and (as uint8, zero point 128) to CPU runtimes; `auto`: NNCF may use unsigned "
+        "to TensorRT's convention and (as uint8: zero point 0 after a ReLU, 128 elsewhere) to CPU runtimes; `auto`: NNCF may use unsigned "
         "quantizers after ReLU (finer there, but no exact TensorRT form).",
     )
     calibration_size: int = Field(default=300, ge=1, description="Samples for range initialisation when no calibrate stage ran.")
