@@ -63,8 +63,9 @@ def quantize(model: nn.Module, calib: CalibrationSet, *, ignore: list[str] | Non
     when NNCF refuses a pattern.
 
     ``activations="signed"`` forces every activation quantizer to int8 (-128..127, zero point 0), the
-    only activation type TensorRT accepts; the CPU INT8 form writes the same grid as uint8 with zero
-    point 128, so one set of trained scales serves both (pruneflow/export/qdq.py). ``"auto"`` lets
+    only activation type TensorRT accepts; the CPU INT8 form writes the same grid as uint8 (zero point 0
+    and a Clip at 127 after a ReLU, zero point 128 elsewhere), so one set of trained scales serves both
+    (pruneflow/export/qdq.py). ``"auto"`` lets
     NNCF use unsigned quantizers after ReLU (one more bit there, but no exact TensorRT form).
     """
     ensure_built()
