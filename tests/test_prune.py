@@ -24,7 +24,7 @@ from pruneflow.prune.surgery import ChannelEmbedConv, make_prunable
 from pruneflow.recipe import load_recipe
 from pruneflow.zoo import resnet20
 
-from conftest import run_recipe_dict, tiny_recipe_dict
+from conftest import EvalOnly, run_recipe_dict, tiny_recipe_dict
 
 
 def _perturbed(model: nn.Module, seed: int = 0) -> nn.Module:
@@ -489,18 +489,6 @@ def test_each_granularity_validates_as_its_own_variant_and_round_trips(write_rec
     assert [s.granularity for s in loaded.stages[1:4]] == ["channels", "blocks", "heads"]
     again = load_recipe(write_recipe(dump_recipe(loaded), "again.yaml")).recipe
     assert again.stages == loaded.stages
-
-
-class EvalOnly:
-    """The loop's tuner when `finetune` is null: the accuracy on a fixed batch, no training."""
-
-    def __init__(self, x, y):
-        self.x, self.y = x, y
-
-    @torch.no_grad()
-    def after_round(self, model, index, rounds, on_step_end=None) -> float:
-        model.eval()
-        return float((model(self.x).argmax(-1) == self.y).float().mean())
 
 
 def _loc(*keys):

@@ -21,7 +21,7 @@ from pruneflow.prune.transformer import (  # noqa: E402
 )
 from pruneflow.zoo.hf import bert_classifier  # noqa: E402
 
-from conftest import SHARED_DATA  # noqa: E402
+from conftest import SHARED_DATA, EvalOnly  # noqa: E402
 
 
 def perturbed_bert(seed: int = 0):
@@ -158,13 +158,3 @@ def test_the_round_loop_records_one_round_per_round_for_heads():
     assert strategy.row(records[1])["heads"] == 4 and strategy.summary(records[1].figures)["heads_before"] == 8
 
 
-class EvalOnly:
-    """The loop's tuner when `finetune` is null: the accuracy on a fixed batch, no training."""
-
-    def __init__(self, x, y):
-        self.x, self.y = x, y
-
-    @torch.no_grad()
-    def after_round(self, model, index, rounds, on_step_end=None) -> float:
-        model.eval()
-        return float((model(self.x).argmax(-1) == self.y).float().mean())

@@ -79,22 +79,23 @@ class PickyStage(Stage):
                           value=self.config.x, hint="lower x")
 
 
-@pytest.fixture
-def fake_target():
+def _registered(reg, name: str, obj):
+    """``obj`` registered for one test, the recipe model's caches cleared around it."""
     _clear_caches()
-    with registry.targets.registered("fake", FakeTarget):
+    with reg.registered(name, obj):
         _clear_caches()
         yield
     _clear_caches()
+
+
+@pytest.fixture
+def fake_target():
+    yield from _registered(registry.targets, "fake", FakeTarget)
 
 
 @pytest.fixture
 def picky_stage():
-    _clear_caches()
-    with registry.stages.registered("picky", PickyStage):
-        _clear_caches()
-        yield
-    _clear_caches()
+    yield from _registered(registry.stages, "picky", PickyStage)
 
 
 # --------------------------------------------------------------------------- rules that need only the recipe
