@@ -129,6 +129,9 @@ class Target(Generic[T]):
 
     def __init__(self, config: T):
         self.config: T = config
+        #: The artifacts this export stage built before this target (those of ``depends_on`` among them),
+        #: set by the export stage before each ``build``: a target reuses them instead of exporting again.
+        self.upstream: list["Artifact"] = []
 
     def preflight(self) -> list[str]:
         """Raise MissingDependencyError when the toolchain is absent; return notes otherwise."""

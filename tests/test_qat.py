@@ -100,6 +100,18 @@ def test_int8_artifacts_are_written_in_both_forms_and_measured_in_their_runtimes
         assert int8[("onnx", "int8")].size_bytes < fp32.size_bytes / 2  # a tiny model: scales and names weigh more
 
 
+def test_the_openvino_int8_ir_is_converted_from_the_onnx_targets_int8_file(qat_run):
+    """OpenVINO depends on the onnx target: its INT8 IR comes from that very file (lineage in the manifest)."""
+    run = qat_run[0]
+    by_key = {(a.target, a.precision): a for a in run.artifacts}
+    onnx_int8, ir = by_key[("onnx", "int8")], by_key[("openvino", "int8")]
+    assert ir.parent == onnx_int8.path == "export/onnx/model.int8.onnx"
+    assert f"converted from {onnx_int8.path}" in ir.notes
+    manifest = json.loads((run.run_dir / "manifest.json").read_text())
+    assert {a["path"]: a["parent"] for a in manifest["artifacts"]}[ir.path] == onnx_int8.path
+    assert by_key[("openvino", "fp32")].parent == by_key[("onnx", "fp32")].parent  # fp32 IR: from the torch model
+
+
 def test_int8_export_without_a_quantizing_stage_is_refused_before_running(tmp_path, write_recipe):
     from typer.testing import CliRunner
 

@@ -26,6 +26,9 @@ class OpenVinoConfig(TargetConfig):
 class OpenVinoTarget(Target[OpenVinoConfig]):
     Config = OpenVinoConfig
     precisions = ("fp32", "fp16", "int8")
+    #: INT8 IR is converted from the onnx target's CPU-form INT8 ONNX when the recipe builds it (the same
+    #: file, so one set of quantization parameters and one lineage); without it, that ONNX is exported here.
+    depends_on = ["onnx"]
 
     def preflight(self) -> list[str]:
         require("openvino", "pip install openvino", "the openvino target")
@@ -42,12 +45,7 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     if precision == "int8":
-                        from .onnx import export_int8_onnx
-
-                        source = Path(tmp) / "int8.onnx"
-                        export_int8_onnx(state.handle.int8_module(example), example, source, form="cpu",
-                                         dynamic_batch=self.config.dynamic_batch)
-                        converted = ov.convert_model(str(source))
+                        converted = ov.convert_model(str(self._int8_onnx(state, ctx, Path(tmp))))
                     else:
                         model = copy.deepcopy(state.handle.float_module()).cpu().eval()  # never move the live model
                         converted = ov.convert_model(model, example_input=example.repeat((2,) + (1,) * (example.dim() - 1)),
@@ -62,10 +60,41 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
             os.replace(Path(tmp) / "model.xml", xml)
         artifact = Artifact.from_file(ctx.run_dir, xml, kind="openvino", producer="export", target="openvino", precision=precision)
         artifact.add_file(ctx.run_dir, xml.with_suffix(".bin"))
+        source = self._onnx_int8_artifact(ctx.run_dir) if precision == "int8" else None
+        if source is not None:
+            artifact.parent = source.path
+            artifact.notes.append(f"converted from {source.path}")
         return artifact
+
+    def _onnx_int8_artifact(self, run_dir: Path | None = None) -> Artifact | None:
+        """The CPU-form INT8 ONNX the onnx target built in this stage, if any and (given ``run_dir`` to read
+        it) with the batch dimension this target asks for."""
+        found = [a for a in self.upstream if a.target == "onnx" and a.precision == "int8" and a.status == "built"]
+        if not found or (run_dir is not None and _dynamic_batch(run_dir / found[0].path) != self.config.dynamic_batch):
+            return None
+        return found[0]
+
+    def _int8_onnx(self, state, ctx, tmp: Path) -> Path:
+        """The CPU-form INT8 ONNX to convert: the onnx target's artifact, else one exported into ``tmp``."""
+        source = self._onnx_int8_artifact(ctx.run_dir)
+        if source is not None:
+            return ctx.run_dir / source.path
+        from .onnx import export_int8_onnx
+
+        path = tmp / "int8.onnx"
+        example = state.example_input.cpu()
+        export_int8_onnx(state.handle.int8_module(example), example, path, form="cpu", dynamic_batch=self.config.dynamic_batch)
+        return path
 
     def runner(self, path: Path, threads: int | None = None):
         return openvino_runner(path, threads)
+
+
+def _dynamic_batch(onnx_path: Path) -> bool:
+    """True when the ONNX model's first input has a symbolic (dynamic) batch dimension."""
+    onnx = require("onnx", "pip install onnx", "reading an ONNX model")
+    first = onnx.load(str(onnx_path), load_external_data=False).graph.input[0]
+    return not first.type.tensor_type.shape.dim[0].HasField("dim_value")
 
 
 def openvino_runner(path: Path, threads: int | None = None):

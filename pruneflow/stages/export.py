@@ -148,6 +148,7 @@ class ExportStage(Stage[ExportConfig]):
             out_dir.mkdir(parents=True, exist_ok=True)
             for precision in cfg.precisions:
                 ctx.reporter.info(f"{self.id}: building {name} {precision}")
+                target.upstream = list(result.artifacts)
                 try:
                     built = target.build(state, ctx, out_dir, precision)
                 except PruneflowError:
@@ -155,7 +156,8 @@ class ExportStage(Stage[ExportConfig]):
                 except Exception as exc:  # noqa: BLE001 - reported as an export failure with the target named
                     raise ExportError(f"{name} {precision} export failed: {type(exc).__name__}: {exc}") from exc
                 for artifact in built if isinstance(built, list) else [built]:
-                    artifact.parent = state.model_artifact.path if state.model_artifact else f"source:{state.model_key}"
+                    if artifact.parent is None:  # a target converting another's artifact names that one
+                        artifact.parent = state.model_artifact.path if state.model_artifact else f"source:{state.model_key}"
                     run = target.runner(ctx.run_dir / artifact.path) if artifact.status == "built" else None
                     if run is not None:
                         result.gates += self._measure(artifact, _batched(run, target), target, state, ctx)
