@@ -50,7 +50,8 @@ class OnnxTarget(Target[OnnxConfig]):
         cfg = self.config
         path = out_dir / f"model.{precision}.onnx"
         if precision == "int8":
-            return [self._int8(state, ctx, out_dir, form) for form in dict.fromkeys(cfg.int8_forms)]
+            stripped = state.handle.int8_module(state.example_input)  # once for every form
+            return [self._int8(stripped, state, ctx, out_dir, form) for form in dict.fromkeys(cfg.int8_forms)]
         export = functools.partial(export_onnx, state.handle.float_module(), state.example_input, opset=cfg.opset,
                                    dynamic_batch=cfg.dynamic_batch, exporter=cfg.exporter)
         if precision == "fp16":
@@ -61,10 +62,10 @@ class OnnxTarget(Target[OnnxConfig]):
             export(path)
         return Artifact.from_file(ctx.run_dir, path, kind="onnx", producer="export", target="onnx", precision=precision)
 
-    def _int8(self, state, ctx, out_dir: Path, form: Form) -> Artifact:
+    def _int8(self, stripped: torch.nn.Module, state, ctx, out_dir: Path, form: Form) -> Artifact:
         cfg = self.config
         path = out_dir / ("model.int8.onnx" if form == "cpu" else "model.int8.tensorrt.onnx")
-        report = export_int8_onnx(state.handle.int8_module(state.example_input), state.example_input, path, form=form,
+        report = export_int8_onnx(stripped, state.example_input, path, form=form,
                                   opset=max(cfg.opset, 13), dynamic_batch=cfg.dynamic_batch)
         artifact = Artifact.from_file(ctx.run_dir, path, kind="onnx", producer="export", target="onnx",
                                       precision="int8" if form == "cpu" else "int8_tensorrt")

@@ -39,13 +39,15 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
         example = state.example_input.cpu()
         shape = [-1 if self.config.dynamic_batch else 1, *example.shape[1:]]
         xml = out_dir / f"model.{precision}.xml"
+        source = self._onnx_int8_artifact(ctx.run_dir) if precision == "int8" else None
         # Written beside the target, then renamed: .bin first, so a visible .xml always has its weights.
         with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     if precision == "int8":
-                        converted = ov.convert_model(str(self._int8_onnx(state, ctx, Path(tmp))))
+                        onnx_file = ctx.run_dir / source.path if source else self._export_int8_onnx(state, Path(tmp))
+                        converted = ov.convert_model(str(onnx_file))
                     else:
                         model = copy.deepcopy(state.handle.float_module()).cpu().eval()  # never move the live model
                         converted = ov.convert_model(model, example_input=example.repeat((2,) + (1,) * (example.dim() - 1)),
@@ -60,7 +62,6 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
             os.replace(Path(tmp) / "model.xml", xml)
         artifact = Artifact.from_file(ctx.run_dir, xml, kind="openvino", producer="export", target="openvino", precision=precision)
         artifact.add_file(ctx.run_dir, xml.with_suffix(".bin"))
-        source = self._onnx_int8_artifact(ctx.run_dir) if precision == "int8" else None
         if source is not None:
             artifact.parent = source.path
             artifact.notes.append(f"converted from {source.path}")
@@ -74,11 +75,8 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
             return None
         return found[0]
 
-    def _int8_onnx(self, state, ctx, tmp: Path) -> Path:
-        """The CPU-form INT8 ONNX to convert: the onnx target's artifact, else one exported into ``tmp``."""
-        source = self._onnx_int8_artifact(ctx.run_dir)
-        if source is not None:
-            return ctx.run_dir / source.path
+    def _export_int8_onnx(self, state, tmp: Path) -> Path:
+        """The CPU-form INT8 ONNX exported into ``tmp``, when the onnx target did not build it in this stage."""
         from .onnx import export_int8_onnx
 
         path = tmp / "int8.onnx"

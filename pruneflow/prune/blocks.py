@@ -25,8 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError
-from .engine import auto_rounds, layer_channels, measure, resolve_ignored
-from .rounds import Batches, Plan, Round, Strategy
+from .engine import auto_rounds, channel_table, layer_channels, measure, resolve_ignored
+from .rounds import Batches, Plan, Round, Strategy, linear_goal
 
 _ADDS = {operator.add, operator.iadd, torch.add}
 _ACT_FUNCTIONS = {torch.relu, F.relu, F.relu6, F.gelu, F.silu, F.hardswish, F.leaky_relu}
@@ -179,7 +179,7 @@ class BlockStrategy(Strategy):
         return auto_rounds("macs" if self.metric == "blocks" else self.metric, self.keep)
 
     def goal(self, index: int, rounds: int) -> dict[str, float]:
-        return {self.metric: self.before[self.metric] * (1 - (1 - self.keep) * index / rounds)}
+        return linear_goal(self.metric, self.before, self.keep, index, rounds)
 
     def score(self, batches: Callable[[], Batches]) -> dict[str, float]:
         return block_scores(self.model, present(self.model, self.candidates), batches(), self.loss)
@@ -216,6 +216,5 @@ class BlockStrategy(Strategy):
     def tables(self, records: list[Round]) -> dict[str, list[dict]]:
         removed = [{"block": name, "round": r.index, "loss_increase": round(score, 5)}
                    for r in records for name, score in r.removed.items()]
-        now = layer_channels(self.model)
-        layers = [{"layer": n, "before": c, "after": now.get(n, 0)} for n, c in self.channels_before.items()]
+        layers = channel_table(self.model, self.channels_before)
         return {"blocks": removed, "channels": layers}

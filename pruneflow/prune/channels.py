@@ -10,11 +10,11 @@ import torch
 from ..bench import cpu_channel_block
 from ..errors import ConfigError
 from ..evaluate import count_macs_params
-from .engine import (PruneOptions, auto_rounds, layer_channels, layer_widths, measure, plan_step, prunable_layers,
+from .engine import (PruneOptions, auto_rounds, channel_table, layer_channels, layer_widths, measure, plan_step, prunable_layers,
                      resolve_ignored, search_ratio)
 from .fisher import fisher_diagonal, mean_gradients
 from .importance import hessian_saliency, magnitude_saliency, mixed_saliency, taylor_saliency
-from .rounds import Batches, Plan, Round, Strategy
+from .rounds import Batches, Plan, Round, Strategy, linear_goal
 from .surgery import make_prunable
 
 
@@ -43,7 +43,7 @@ class ChannelStrategy(Strategy):
         return auto_rounds(self.metric, self.keep) if self.config.rounds == "auto" else self.config.rounds
 
     def goal(self, index: int, rounds: int) -> dict[str, float]:
-        return {self.metric: self.before[self.metric] * (1 - (1 - self.keep) * index / rounds)}
+        return linear_goal(self.metric, self.before, self.keep, index, rounds)
 
     def score(self, batches: Callable[[], Batches]) -> dict[str, torch.Tensor]:
         cfg, model = self.config, self.model
@@ -88,8 +88,7 @@ class ChannelStrategy(Strategy):
         return {"channels_kept": after["channels"] / self.before["channels"], "shortcuts_rewritten": self.replaced}
 
     def tables(self, records: list[Round]) -> dict[str, list[dict]]:
-        now = layer_channels(self.model)
-        layers = [{"layer": n, "before": c, "after": now.get(n, 0)} for n, c in self.channels_before.items()]
+        layers = channel_table(self.model, self.channels_before)
         tables = {"channels": layers}
         note = self._block_note(layers)
         if note:

@@ -50,7 +50,7 @@ class PruneTarget(StrictModel):
     def _one(self) -> "PruneTarget":
         given = [k for k in _SHARE_KEYS if getattr(self, k) is not None]
         if len(given) != 1:
-            raise ValueError(f"give exactly one of ratio, macs, params, or heads and/or ffn (got {', '.join(given) or 'none'})")
+            raise ValueError(f"give exactly one of ratio, macs or params (got {', '.join(given) or 'none'})")
         return self
 
     def metric_and_keep(self) -> tuple[Literal["channels", "macs", "params"], float]:

@@ -297,6 +297,12 @@ def auto_rounds(metric: Metric, keep: float, per_round: float = 0.1) -> int:
     return max(1, math.ceil(removed / per_round - 1e-9))
 
 
+def channel_table(model: nn.Module, before: dict[str, int]) -> list[dict]:
+    """Per layer counted in ``before`` (``layer_channels`` of the entering model): its channels before and now."""
+    now = layer_channels(model)
+    return [{"layer": n, "before": c, "after": now.get(n, 0)} for n, c in before.items()]
+
+
 def layer_channels(model: nn.Module) -> dict[str, int]:
     out = {}
     for name, m in model.named_modules():

@@ -132,6 +132,11 @@ class Strategy(ABC):
         return {}
 
 
+def linear_goal(metric: str, before: dict, keep: float, index: int, rounds: int) -> dict[str, float]:
+    """Round ``index`` of ``rounds`` reaches ``index/rounds`` of the way from ``before[metric]`` to ``keep`` of it."""
+    return {metric: before[metric] * (1 - (1 - keep) * index / rounds)}
+
+
 def importance_batches(data, batches: int, batch_size: int, seed: int, device: str) -> Batches:
     """A seeded random sample of the training split (files are often sorted by class)."""
     n = min(batches * batch_size, len(data.train))
