@@ -37,3 +37,9 @@ class StageConfig(StrictModel):
 
 class TargetConfig(StrictModel):
     type: str = Field(description="Export target, one of the registered targets.")
+    required: bool = Field(
+        default=False,
+        description="Fail the run (exit 3, before any training) when this target's toolchain is absent here. "
+        "By default such a target is prepared (everything its vendor tool needs, with the commands) and "
+        "reported as `prepared, not built`.",
+    )

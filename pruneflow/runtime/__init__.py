@@ -1,0 +1,23 @@
+"""One runtime layer: load any artifact behind one interface, run it, time several interleaved.
+
+Used by the export stage's checks, evaluation and `pruneflow bench`::
+
+    from pruneflow.runtime import open_artifact, time_interleaved, host_info
+
+    fp32 = open_artifact("export/onnx/model.fp32.onnx")                 # onnxruntime, best provider
+    ir = open_artifact("export/openvino/model.int8.xml", device="CPU")  # OpenVINO
+    stats = time_interleaved({"fp32": fp32, "int8": ir}, batch, warmup=3, runs=50)
+    stats["int8"].p50_ms, host_info()["cpu"]["model"]
+
+An absent runtime or device raises ``RuntimeUnavailable`` (exit 3) naming what is missing; nothing is
+ever run on a substitute and reported as the one asked for.
+"""
+
+from __future__ import annotations
+
+from .executor import Executor, RuntimeUnavailable, open_artifact, runtimes_for
+from .host import host_info
+from .timing import LatencyStats, time_interleaved
+
+__all__ = ["Executor", "LatencyStats", "RuntimeUnavailable", "host_info", "open_artifact", "runtimes_for",
+           "time_interleaved"]

@@ -1,0 +1,39 @@
+"""The host a latency figure was measured on: CPU model, ISA flags that change kernels, threads, GPUs,
+runtime versions. Recorded beside every latency figure (manifest, bench JSON)."""
+
+from __future__ import annotations
+
+import os
+import platform
+from functools import cache
+from typing import Any
+
+#: CPU flags that decide which kernels onnxruntime and OpenVINO pick (int8 dot products, bf16, AMX).
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "amx_tile",
+             "asimd", "sve")
+
+
+@cache
+def host_info() -> dict[str, Any]:
+    from ..artifacts import tool_versions
+
+    model, flags = _cpuinfo()
+    return {
+        "cpu": {"model": model or platform.processor() or platform.machine(), "arch": platform.machine(),
+                "isa": [f for f in ISA_FLAGS if f in flags], "logical_cpus": os.cpu_count(),
+                "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()},
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "versions": tool_versions(),
+    }
+
+
+def _cpuinfo() -> tuple[str | None, set[str]]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            text = f.read()
+    except OSError:
+        return None, set()
+    model = next((line.partition(":")[2].strip() for line in text.splitlines() if line.startswith("model name")), None)
+    line = next((line for line in text.splitlines() if line.startswith(("flags", "Features"))), "")
+    return model, set(line.partition(":")[2].split())
