@@ -89,8 +89,8 @@ def run_variant(name: str, stages: list[dict], out: Path, quick: bool) -> dict:
     row["stage_seconds"] = round(stage.seconds, 1)
     for a in result.artifacts:
         if a.target:
-            row[f"{a.target}_{a.precision}_bytes"] = a.size_bytes
-            row[f"{a.target}_{a.precision}_path"] = a.path
+            row[f"{a.label.replace('.', '_')}_bytes"] = a.size_bytes
+            row[f"{a.label.replace('.', '_')}_path"] = a.path
     return row
 
 

@@ -108,7 +108,11 @@ class Artifact:
     producer: str  # the stage id that wrote it
     status: Status = "built"
     target: str | None = None
+    #: One vocabulary everywhere (recipe, manifest, report): fp32 | fp16 | int8.
     precision: str | None = None
+    #: How an int8 artifact encodes its quantization when a target writes several encodings: "cpu"
+    #: (uint8 activations, onnxruntime/OpenVINO on x86) or "tensorrt" (TensorRT's explicit quantization).
+    form: str | None = None
     sha256: str | None = None
     size_bytes: int | None = None
     parent: str | None = None  # path of the artifact (or "source:..." description) it was made from
@@ -138,6 +142,13 @@ class Artifact:
         file = Path(file)
         self.files[file.resolve().relative_to(run_dir.resolve()).as_posix()] = sha256_file(file)
         self.size_bytes = (self.size_bytes or 0) + file.stat().st_size
+
+    @property
+    def label(self) -> str:
+        """``onnx.int8``, ``onnx.int8_tensorrt``: the artifact's name in metrics and gates (the default
+        ``cpu`` form is unnamed, so the common case reads ``onnx.int8``)."""
+        form = f"_{self.form}" if self.form and self.form != "cpu" else ""
+        return f"{self.target}.{self.precision}{form}"
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -71,7 +71,7 @@ def flat_metrics(records: list[StageRecord], artifacts: list[Artifact]) -> dict[
     for a in artifacts:
         if a.target:
             # A second export stage (id other than "export") is prefixed so it cannot shadow the first.
-            prefix = f"{a.target}.{a.precision}" if a.producer == "export" else f"{a.producer}.{a.target}.{a.precision}"
+            prefix = a.label if a.producer == "export" else f"{a.producer}.{a.label}"
             for k, v in a.metrics.items():
                 flat[f"{prefix}.{k}"] = v
     return flat

@@ -87,29 +87,30 @@ def test_int8_artifacts_are_written_in_both_forms_and_measured_in_their_runtimes
     for run in qat_run:
         assert run.exit_code == 0, [g for g in run.gates if not g.passed]
         m = run.metrics
-        int8 = {(a.target, a.precision): a for a in run.artifacts if (a.precision or "").startswith("int8")}
-        expected = {("onnx", "int8"), ("onnx", "int8_tensorrt")} | ({("openvino", "int8")} if "openvino.fp32.accuracy" in m else set())
+        int8 = {a.label: a for a in run.artifacts if a.precision == "int8" and a.target}
+        expected = {"onnx.int8", "onnx.int8_tensorrt"} | ({"openvino.int8"} if "openvino.fp32.accuracy" in m else set())
         assert set(int8) == expected
+        assert int8["onnx.int8_tensorrt"].form == "tensorrt"
         quantized_accuracy = m["ptq.accuracy"] if "ptq.accuracy" in m else m["qat.accuracy"]
-        for (target, precision), artifact in int8.items():
+        for label, artifact in int8.items():
             assert sha256_file(run.run_dir / artifact.path) == artifact.sha256
             # Parity is against the quantized torch model, and its gate passed (exit code 0).
-            assert m[f"{target}.{precision}.top1_agreement"] >= 0.95
-            assert abs(m[f"{target}.{precision}.accuracy"] - quantized_accuracy) <= 0.03
+            assert m[f"{label}.top1_agreement"] >= 0.95
+            assert abs(m[f"{label}.accuracy"] - quantized_accuracy) <= 0.03
         fp32 = next(a for a in run.artifacts if a.target == "onnx" and a.precision == "fp32")
-        assert int8[("onnx", "int8")].size_bytes < fp32.size_bytes / 2  # a tiny model: scales and names weigh more
+        assert int8["onnx.int8"].size_bytes < fp32.size_bytes / 2  # a tiny model: scales and names weigh more
 
 
 def test_the_openvino_int8_ir_is_converted_from_the_onnx_targets_int8_file(qat_run):
     """OpenVINO depends on the onnx target: its INT8 IR comes from that very file (lineage in the manifest)."""
     run = qat_run[0]
-    by_key = {(a.target, a.precision): a for a in run.artifacts}
-    onnx_int8, ir = by_key[("onnx", "int8")], by_key[("openvino", "int8")]
+    by_key = {a.label: a for a in run.artifacts if a.target}
+    onnx_int8, ir = by_key["onnx.int8"], by_key["openvino.int8"]
     assert ir.parent == onnx_int8.path == "export/onnx/model.int8.onnx"
     assert f"converted from {onnx_int8.path}" in ir.notes
     manifest = json.loads((run.run_dir / "manifest.json").read_text())
     assert {a["path"]: a["parent"] for a in manifest["artifacts"]}[ir.path] == onnx_int8.path
-    assert by_key[("openvino", "fp32")].parent == by_key[("onnx", "fp32")].parent  # fp32 IR: from the torch model
+    assert by_key["openvino.fp32"].parent == by_key["onnx.fp32"].parent  # fp32 IR: from the torch model
 
 
 def test_int8_export_without_a_quantizing_stage_is_refused_before_running(tmp_path, write_recipe):

@@ -33,7 +33,7 @@ class OnnxConfig(TargetConfig):
         default=["cpu", "tensorrt"], min_length=1,
         description="INT8 files to write from the same quantization parameters: `cpu` (model.int8.onnx: uint8 activations, "
         "what onnxruntime and OpenVINO run fastest on x86) and `tensorrt` (model.int8.tensorrt.onnx: TensorRT's explicit "
-        "quantization convention, int8 zero point 0 everywhere; labelled precision `int8_tensorrt`).",
+        "quantization convention, int8 zero point 0 everywhere; precision int8, form tensorrt, named `onnx.int8_tensorrt` in metrics).",
     )
 
 
@@ -68,7 +68,7 @@ class OnnxTarget(Target[OnnxConfig]):
         report = export_int8_onnx(stripped, state.example_input, path, form=form,
                                   opset=max(cfg.opset, 13), dynamic_batch=cfg.dynamic_batch)
         artifact = Artifact.from_file(ctx.run_dir, path, kind="onnx", producer="export", target="onnx",
-                                      precision="int8" if form == "cpu" else "int8_tensorrt")
+                                      precision="int8", form=form)
         artifact.metrics.update(weights_int8=report.weights_folded, batchnorms_folded=report.batchnorms_folded)
         artifact.notes += report.notes
         if form == "cpu":

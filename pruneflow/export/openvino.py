@@ -70,7 +70,7 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
     def _onnx_int8_artifact(self, run_dir: Path | None = None) -> Artifact | None:
         """The CPU-form INT8 ONNX the onnx target built in this stage, if any and (given ``run_dir`` to read
         it) with the batch dimension this target asks for."""
-        found = [a for a in self.upstream if a.target == "onnx" and a.precision == "int8" and a.status == "built"]
+        found = [a for a in self.upstream if a.label == "onnx.int8" and a.status == "built"]
         if not found or (run_dir is not None and _dynamic_batch(run_dir / found[0].path) != self.config.dynamic_batch):
             return None
         return found[0]

@@ -48,8 +48,8 @@ class ParitySpec(StrictModel):
     min_top1_agreement: float | None = Field(default=None, ge=0, le=1, description="Smallest allowed share of equal top-1 predictions (default: 0.99 fp32, 0.98 fp16, 0.95 int8).")
 
     def limits(self, precision: str) -> ParityLimits:
-        """Limits for an artifact's precision label (``int8_tensorrt`` counts as int8)."""
-        default = PARITY_DEFAULTS.get(precision.split("_")[0], PARITY_DEFAULTS["fp32"])
+        """Limits for an artifact's precision."""
+        default = PARITY_DEFAULTS.get(precision, PARITY_DEFAULTS["fp32"])
         return default._replace(**self.model_dump(include=set(ParityLimits._fields), exclude_none=True))
 
 
@@ -166,7 +166,7 @@ class ExportStage(Stage[ExportConfig]):
 
     def _measure(self, artifact: Artifact, run, target: Target, state, ctx) -> list[GateResult]:
         cfg = self.config
-        label = f"{artifact.target}.{artifact.precision}"
+        label = artifact.label
         x = state.data.eval.x[: cfg.parity.samples]
         # fp32/fp16 artifacts come from the float view of the model, int8 ones from the quantized model itself.
         source = state.model if (artifact.precision or "").startswith("int8") else state.handle.float_module()
