@@ -231,11 +231,16 @@ def test_aipp_yuv420sp_colour_conversion_matches_jpeg_ycbcr():
 # --- ATC: commands, stand-in runs, parsing ----------------------------------------------------------------
 
 
-def _stand_in_atc(tmp_path: Path, monkeypatch, behaviour: str) -> Path:
+def _stand_in_atc(tmp_path: Path, monkeypatch, behaviour: str, toolkit: bool = False) -> Path:
     """Put a stand-in `atc` first on PATH; it appends each command line to calls.txt, then runs `behaviour`
-    (shell, in the bundle folder, with the arguments in "$@"). Returns the calls file."""
-    bin_dir = tmp_path / "standin-bin"
-    bin_dir.mkdir(exist_ok=True)
+    (shell, in the bundle folder, with the arguments in "$@"). Returns the calls file.
+
+    ``toolkit``: laid out like a CANN toolkit (compiler/bin/atc, compiler/version.info), for the paths that
+    need an identified install; used only where the stand-in fails, so nothing it writes is taken as built."""
+    bin_dir = tmp_path / ("ascend-toolkit/latest/compiler/bin" if toolkit else "standin-bin")
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    if toolkit:
+        (bin_dir.parent / "version.info").write_text("Version=8.0.0\n")
     calls = tmp_path / "calls.txt"
     script = bin_dir / "atc"
     script.write_text(f'#!/bin/sh\necho "$@" >> {shlex.quote(str(calls))}\n{behaviour}\n')
@@ -323,6 +328,7 @@ def _ascend_recipe(target: dict, precisions=("fp32", "fp16"), **data) -> dict:
     return tiny_recipe_dict(
         data={"format": "digits", "max_train_samples": 300, "max_eval_samples": 100, **data},
         stages=[{"type": "train", "epochs": 1, "batch_size": 32, "lr": 0.05},
+                {"type": "calibrate", "size": 16, "amct": True},
                 {"type": "export", "targets": ["onnx", target], "precisions": list(precisions), "latency": None}])
 
 
@@ -345,6 +351,8 @@ def test_pipeline_prepares_one_bundle_per_precision_without_atc(tmp_path, monkey
         assert status["onnx"]["opset"] == 11 and status["onnx"]["input_shape"] == [1, 1, 8, 8]
         readme = (bundle / "README.md").read_text()
         assert "prepared, not built" in readme and "uint8 grayscale image (8x8 bytes)" in readme
+        assert status["amct_calibration"] == "calibration/amct/calibration_list.txt" and status["amct_calibration"] in readme
+        assert (run_dir / status["amct_calibration"]).is_file()
     assert not list((run_dir / "export" / "ascend").glob(".*"))  # no temporary folder left behind
 
 
@@ -360,8 +368,19 @@ def test_required_without_atc_exits_3_before_training(tmp_path, monkeypatch):
     assert not list((tmp_path / "runs").glob("*/stages/*"))  # nothing trained
 
 
+def test_required_does_not_take_an_atc_outside_a_cann_toolkit(tmp_path, monkeypatch):
+    from pruneflow.errors import TargetUnavailableError
+
+    _stand_in_atc(tmp_path, monkeypatch, "exit 0")
+    with pytest.raises(TargetUnavailableError, match="not part of a CANN toolkit"):
+        run_recipe_dict(_ascend_recipe({"type": "ascend", "required": True}), tmp_path)
+    assert not list((tmp_path / "runs").glob("*/stages/*"))
+
+
 def test_required_with_a_failing_atc_stops_the_export(tmp_path, monkeypatch):
-    _stand_in_atc(tmp_path, monkeypatch, 'case "$*" in *--output=model*) echo "E19999: Inner Error!"; exit 1;; esac')
+    _stand_in_atc(tmp_path, monkeypatch, 'case "$*" in *--output=model*) echo "E19999: Inner Error!"; exit 1;; esac', toolkit=True)
     recipe = _ascend_recipe({"type": "ascend", "required": True}, precisions=("fp16",))
     with pytest.raises(ExportError, match="E19999: Inner Error!"):
         run_recipe_dict(recipe, tmp_path)
+    status = json.loads((tmp_path / "runs" / "tiny" / "export" / "ascend" / "fp16" / "status.json").read_text())
+    assert status["status"] == "failed" and status["atc"]["cann_version"] == "8.0.0"

@@ -184,6 +184,11 @@ class AscendTarget(Target[AscendConfig]):
                     "or set `required: false` on the ascend target to get the prepared bundle (ONNX, aipp.cfg, atc commands)")
             return [f"ascend: {NOT_ON_PATH}"]
         version = cann_version(Path(atc))
+        if version is None and self.config.required:
+            raise TargetUnavailableError(
+                f"the ascend target is required (`required: true`) but the atc on PATH ({atc}) is not part of a CANN toolkit "
+                "(no version.info beside it), so an OM it wrote would not be trusted",
+                hint="put the CANN toolkit's atc first on PATH (source its set_env.sh), or set `required: false`")
         return [f"ascend: atc at {atc} ({'CANN ' + version if version else 'not inside a CANN toolkit: its output will not be trusted'})"]
 
     def build(self, state, ctx, out_dir: Path, precision: str) -> Artifact:
