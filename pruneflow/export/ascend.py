@@ -172,6 +172,11 @@ class AscendTarget(Target[AscendConfig]):
     #: The onnx target's fp32 ONNX, when built in this stage, is the parity reference and the parent.
     depends_on = ["onnx"]
 
+    def __init__(self, config: AscendConfig):
+        super().__init__(config)
+        #: The ONNX prepared for the model handle it came from, shared by the precisions of one export.
+        self._prepared: tuple[Any, Prepared] | None = None
+
     def preflight(self) -> list[str]:
         require("onnx", "pip install onnx", "the ascend target")
         require("onnxruntime", "pip install onnxruntime", "the ascend target (ONNX parity before ATC)")
@@ -194,10 +199,12 @@ class AscendTarget(Target[AscendConfig]):
     def build(self, state, ctx, out_dir: Path, precision: str) -> Artifact:
         cfg = self.config
         mode = precision_mode_for(cfg, precision)
-        reference = self._reference_onnx(ctx.run_dir)
-        samples = state.data.eval.x[:64] if state.data is not None else state.example_input
-        prepared = prepare_onnx(state.handle.float_module(), state.example_input, cfg, samples,
-                                ctx.run_dir / reference.path if reference else None)
+        reference = self._reference_onnx()
+        if self._prepared is None or self._prepared[0] is not state.handle:  # one ONNX for every precision
+            samples = state.data.eval.x[:64] if state.data is not None else state.example_input
+            self._prepared = (state.handle, prepare_onnx(state.handle.float_module(), state.example_input, cfg, samples,
+                                                         ctx.run_dir / reference.path if reference else None))
+        prepared = self._prepared[1]
         aipp = aipp_from_data(ctx.recipe.data, cfg, prepared.input_shape[1:]) if cfg.aipp else None
         amct = next((a.path for a in state.artifacts if a.kind == "amct-calibration"), None)
         bundle = out_dir / precision
@@ -212,7 +219,7 @@ class AscendTarget(Target[AscendConfig]):
                               hint=f"read {bundle / 'atc.log'}; rerun {bundle / 'convert.sh'} after the fix")
         return _artifact(ctx.run_dir, bundle, status, precision, reference)
 
-    def _reference_onnx(self, run_dir: Path) -> Artifact | None:
+    def _reference_onnx(self) -> Artifact | None:
         """The onnx target's fp32 ONNX built earlier in this export stage, if any."""
         return next((a for a in self.upstream if a.label == "onnx.fp32" and a.status == "built"), None)
 
