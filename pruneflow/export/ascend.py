@@ -89,8 +89,12 @@ class AscendConfig(TargetConfig):
     @classmethod
     def _known_soc(cls, value: str) -> str:
         if value not in SOC_VERSIONS:
+            import difflib
+
+            near = difflib.get_close_matches(value, SOC_VERSIONS, n=1)
             known = "; ".join(f"{fam}: {', '.join(socs)}" for fam, socs in SOC_FAMILIES.items())
-            raise ValueError(f"unknown Ascend SoC {value!r}; known: {known}")
+            guess = f" (did you mean {near[0]!r}?)" if near else ""
+            raise ValueError(f"unknown Ascend SoC {value!r}{guess}; known: {known}")
         return value
 
 
