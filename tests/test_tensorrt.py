@@ -274,8 +274,9 @@ def int8_run(tmp_path_factory):
     """digits_cnn trained, calibrated, quantized by NNCF (ptq); onnx + tensorrt at fp32, fp16, int8; then a second
     export with the tensorrt target alone (it exports its own TensorRT-form ONNX)."""
     recipe = tiny_recipe_dict(name="trt_int8")
+    recipe["data"]["max_train_samples"] = 600  # trained enough (about 0.98 accuracy) that logits mean something
     recipe["stages"] = [
-        {"type": "train", "epochs": 2, "batch_size": 32, "lr": 0.05},
+        {"type": "train", "epochs": 5, "batch_size": 32, "lr": 0.05},
         {"type": "calibrate", "size": 64},
         {"type": "ptq"},
         {"type": "export", "targets": ["onnx", "tensorrt"], "precisions": ["fp32", "fp16", "int8"], "latency": None},
@@ -288,6 +289,7 @@ def int8_run(tmp_path_factory):
 @pytest.mark.slow
 def test_int8_bundle_holds_the_tensorrt_form_onnx(int8_run):
     assert int8_run.exit_code == 0, [g for g in int8_run.gates if not g.passed]
+    assert int8_run.metrics["onnx.int8_tensorrt.accuracy"] >= 0.9  # the same file, measured in onnxruntime by the onnx target
     manifest = json.loads((int8_run.run_dir / "manifest.json").read_text())
     trt = [a for a in manifest["artifacts"] if a["target"] == "tensorrt"]
     assert {a["status"] for a in trt} == {"prepared"} and len(trt) == 4
@@ -330,7 +332,7 @@ def test_polygraphy_runs_the_int8_onnx_in_onnxruntime_close_to_fp32(int8_run, tm
     assert fp32.returncode == 0, fp32.stdout + fp32.stderr
     int8 = _polygraphy("run", str(export / "int8" / "model.int8.tensorrt.onnx"), "--onnxrt", *shapes,
                        "--save-outputs", str(tmp_path / "int8.json"), "--load-outputs", str(tmp_path / "fp32.json"),
-                       "--check-error-stat", "median", "--atol", "0.5", "--rtol", "0.5", cwd=tmp_path)
+                       "--check-error-stat", "median", "--atol", "0.1", "--rtol", "0.1", cwd=tmp_path)
     assert int8.returncode == 0, int8.stdout + int8.stderr  # Polygraphy's own comparison, int8-sized tolerance
     assert "PASSED" in int8.stdout + int8.stderr
 
@@ -340,7 +342,8 @@ def test_polygraphy_runs_the_int8_onnx_in_onnxruntime_close_to_fp32(int8_run, tm
 
     a, b = logits(tmp_path / "fp32.json"), logits(tmp_path / "int8.json")
     parity = parity_metrics(a, b)
-    assert parity["cosine"] >= PARITY_DEFAULTS["int8"].min_cosine and parity["top1_agreement"] >= 0.9, parity
+    limits = PARITY_DEFAULTS["int8"]
+    assert parity["cosine"] >= limits.min_cosine and parity["top1_agreement"] >= limits.min_top1_agreement, parity
     assert not np.array_equal(a, b)  # two different models were run
 
 
