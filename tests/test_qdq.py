@@ -316,3 +316,45 @@ def test_resnet20_tensorrt_form_keeps_int8_parity_in_onnxruntime(resnet20_int8):
     assert parity["cosine"] >= limits.min_cosine and parity["top1_agreement"] >= limits.min_top1_agreement, parity
     # nine quantizers fewer than the torch model (the conv branches): no farther from it than the float model is
     assert np.abs(got - ref).mean() < 1.5 * np.abs(fp32 - ref).mean()
+
+
+class ProjectionNet(nn.Module):
+    """A residual block whose shortcut is a 1x1 convolution (as after pruning rewrites ResNet's option-A shortcut)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.conv1 = nn.Conv2d(8, 16, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(16)
+        self.conv2 = nn.Conv2d(16, 16, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(16)
+        self.shortcut = nn.Conv2d(8, 16, 1, bias=False)
+        self.fc = nn.Linear(16, 4)
+
+    def forward(self, x):
+        x = torch.relu(self.stem(x))
+        y = self.bn2(self.conv2(torch.relu(self.bn1(self.conv1(x)))))
+        y = torch.relu(y + self.shortcut(x))
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(y, 1), 1))
+
+
+def test_with_a_convolution_on_both_inputs_the_longer_branch_stays_float(tmp_path):
+    torch.manual_seed(0)
+    model = ProjectionNet().eval()
+    x = torch.randn(64, 3, 8, 8)
+    calib = build_calibration_set(Split(x, torch.zeros(64, dtype=torch.long)), size=32, strategy="random", seed=0)
+    q = quantize(copy.deepcopy(model), calib).eval()
+    export_int8_onnx(strip_quantizers(q, x), x[:2], tmp_path / "trt.onnx", form="tensorrt")
+    onnx_model = onnx.load(str(tmp_path / "trt.onnx"))
+    producers = {o: n for n in onnx_model.graph.node for o in n.output}
+    (add,) = [n for n in onnx_model.graph.node if n.op_type == "Add"]
+    by_op = {producers[i].op_type: producers[i] for i in add.input}
+    assert set(by_op) == {"Conv", "DequantizeLinear"}
+    assert "conv2" in by_op["Conv"].name  # the main branch feeds the Add in float: TensorRT fuses conv2+Add+ReLU
+    shortcut = producers[producers[by_op["DequantizeLinear"].input[0]].input[0]]
+    assert shortcut.op_type == "Conv" and "shortcut" in shortcut.name  # the projection's output is the quantized skip
+    assert check_convention(onnx_model, "tensorrt") == []
+    with torch.no_grad():
+        ref = q(x).numpy()
+    parity = parity_metrics(ref, onnxruntime_runner(tmp_path / "trt.onnx")(x.numpy()))
+    assert parity["cosine"] >= PARITY_DEFAULTS["int8"].min_cosine and parity["top1_agreement"] >= 0.95, parity

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -398,8 +398,8 @@ class _Branch:
     """An Add input computed by a weighted op: its float tensor, the op, and the Q/DQ after it (if any)."""
 
     tensor: str
-    op: object
-    dq: object | None
+    op: Any
+    dq: Any | None
 
 
 def _weighted_branch(graph: _Graph, name: str) -> _Branch | None:
@@ -439,7 +439,7 @@ def _ancestors(graph: _Graph, name: str) -> dict[int, int]:
     return seen
 
 
-def residual_adds(graph: _Graph) -> list[tuple[object, int]]:
+def residual_adds(graph: _Graph) -> list[tuple[Any, int]]:
     """``(Add, index of its weighted-branch input)`` for every residual Add.
 
     A residual Add sums a weighted op's output with another computed tensor (not a constant, not a graph
@@ -449,6 +449,8 @@ def residual_adds(graph: _Graph) -> list[tuple[object, int]]:
     found = []
     for add in graph.g.node:
         if add.op_type != "Add" or len(add.input) != 2 or any(i not in graph.producer for i in add.input):
+            continue
+        if any(graph.const(i) is not None for i in add.input):  # a bias, not a residual
             continue
         branches = [_weighted_branch(graph, i) for i in add.input]
         if branches[0] is None and branches[1] is None:
@@ -462,8 +464,9 @@ def residual_adds(graph: _Graph) -> list[tuple[object, int]]:
             found.append((add, 0 if up[0][lca] > up[1][lca] else 1))
             continue
         index = 0 if branches[0] is not None else 1
-        op = branches[index].op  # type: ignore[union-attr]
-        if id(op) not in up[1 - index]:  # the other input computed from the branch's op: not a residual
+        branch = branches[index]
+        # the other input computed from the branch's own op (Conv -> X -> Add <- Conv): not a residual
+        if branch is not None and id(branch.op) not in up[1 - index]:
             found.append((add, index))
     return found
 
@@ -555,7 +558,7 @@ def residual_problems(graph: _Graph) -> list[str]:
     for add, index in residual_adds(graph):
         branch = _weighted_branch(graph, add.input[index])
         if branch is not None and branch.dq is not None:
-            problems.append(f"Add {add.name}: Q/DQ on the output of {branch.op.op_type} {branch.op.name} "  # type: ignore[attr-defined]
+            problems.append(f"Add {add.name}: Q/DQ on the output of {branch.op.op_type} {branch.op.name} "
                             "feeding a residual Add (TensorRT fuses Conv+Add only when that branch is float)")
         skip = graph.producer.get(add.input[1 - index])
         if skip is None or skip.op_type != "DequantizeLinear":
