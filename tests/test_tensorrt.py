@@ -352,3 +352,16 @@ def test_the_build_module_imports_only_the_standard_library_and_tensorrt():
     imported = {line.split()[1].split(".")[0] for line in source.splitlines() if line.startswith(("import ", "from "))}
     assert imported <= {"__future__", "argparse", "hashlib", "json", "subprocess", "pathlib", "typing"}
     assert "import tensorrt" in textwrap.dedent(source)  # inside import_tensorrt(), where a missing one is reported
+
+
+def test_an_engine_is_fed_batches_its_profile_accepts():
+    from pruneflow.export.tensorrt import _in_batches
+
+    seen = []
+
+    def run(x):
+        seen.append(len(x))
+        return x * 2
+
+    out = _in_batches(run, np.arange(10, dtype=np.float32).reshape(10, 1), 4)
+    assert seen == [4, 4, 2] and np.array_equal(out[:, 0], np.arange(10) * 2)

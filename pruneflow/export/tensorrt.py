@@ -176,9 +176,19 @@ class TensorRtTarget(Target[TensorRtConfig]):
         from ..runtime import RuntimeUnavailable, open_artifact
 
         try:
-            return open_artifact(path, runtime="tensorrt", threads=threads)
+            run = open_artifact(path, runtime="tensorrt", threads=threads)
         except RuntimeUnavailable:
             return None
+        sidecar = json.loads(Path(f"{path}.json").read_text())
+        limit = min(shape["max"][0] for shape in sidecar["profile"].values())
+        return lambda x: _in_batches(run, x, limit)
+
+
+def _in_batches(run, x, limit: int):
+    """Run ``x`` in slices the engine's profile accepts (at most ``limit`` samples each)."""
+    import numpy as np
+
+    return np.concatenate([np.asarray(run(x[i : i + limit])) for i in range(0, len(x), limit)])
 
 
 BUNDLE_FILES = ("build_engine.py", "build.sh", "README.md", "status.json")
