@@ -4,8 +4,9 @@ One set of trained quantization parameters, two forms:
 
 - ``tensorrt``: TensorRT's explicit-quantization convention. Every QuantizeLinear/DequantizeLinear is
   int8 with zero point 0 (symmetric); weights are stored as int8 initializers with per-channel scales on
-  axis 0 (output channels); activations are per-tensor. Q/DQ sit on the inputs of Conv/Gemm/MatMul
-  (and of residual Adds, which TensorRT fuses).
+  axis 0 (output channels); activations are per-tensor. Q/DQ sit on the inputs of Conv/Gemm/MatMul;
+  at a residual Add only the skip input is quantized and the weighted branch feeds it in float, so
+  TensorRT fuses Conv(+BN)+Add(+ReLU) into one int8 kernel (``place_residual_quantizers``).
 - ``cpu``: the same grid written with uint8 activations (u8s8), which x86 onnxruntime and OpenVINO run
   fastest. Weights stay int8 per channel. Each activation gets one of two exact encodings:
 
