@@ -53,8 +53,9 @@ class TensorRtConfig(TargetConfig):
     workspace_mb: int = Field(default=1024, ge=16, description="TensorRT's workspace memory pool limit, in MiB.")
     timing_cache: bool = Field(
         default=True,
-        description="Keep TensorRT's timing cache (`export/tensorrt/timing.cache`) and reuse it in later builds "
-        "on the same GPU and TensorRT version, which makes rebuilds faster.",
+        description="Keep TensorRT's timing cache (`export/tensorrt/timing.cache`, where engines are built): the "
+        "precisions of a run and `--resume` reruns reuse the kernel timings instead of measuring them again. "
+        "The prepared bundle's commands write `timing.cache` beside the engine.",
     )
 
 
