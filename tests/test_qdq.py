@@ -249,6 +249,7 @@ def resnet20_int8(tmp_path_factory):
     stripped = strip_quantizers(q, x)
     export_onnx(stripped, x[:2], out / "raw.onnx")
     export_int8_onnx(stripped, x[:2], out / "trt.onnx", form="tensorrt")
+    export_int8_onnx(stripped, x[:2], out / "cpu.onnx", form="cpu")
     with torch.no_grad():
         ref, fp32 = q(x).numpy(), model(x).numpy()
     return x, ref, fp32, out
@@ -358,3 +359,18 @@ def test_with_a_convolution_on_both_inputs_the_longer_branch_stays_float(tmp_pat
         ref = q(x).numpy()
     parity = parity_metrics(ref, onnxruntime_runner(tmp_path / "trt.onnx")(x.numpy()))
     assert parity["cosine"] >= PARITY_DEFAULTS["int8"].min_cosine and parity["top1_agreement"] >= 0.95, parity
+
+
+@pytest.mark.slow  # ResNet-20 through NNCF: about 15 s on two cores
+def test_resnet20_cpu_form_keeps_a_quantizer_after_every_conv_so_onnxruntime_runs_them_all_in_int8(resnet20_int8, tmp_path):
+    """TensorRT's residual placement is not the CPU's: onnxruntime fuses DQ -> Conv -> Q into an integer QLinearConv
+    only with the Q after the Conv (measured: ResNet-20 with the conv branches left float ran 2.9x slower)."""
+    import onnxruntime as ort
+
+    _, _, _, out = resnet20_int8
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(out / "cpu.onnx"), options, providers=["CPUExecutionProvider"])
+    optimized = [n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node]
+    assert optimized.count("QLinearConv") == 19 and "Conv" not in optimized
+    assert check_convention(onnx.load(str(out / "cpu.onnx")), "cpu") == []
