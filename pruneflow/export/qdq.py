@@ -4,8 +4,9 @@ One set of trained quantization parameters, two forms:
 
 - ``tensorrt``: TensorRT's explicit-quantization convention. Every QuantizeLinear/DequantizeLinear is
   int8 with zero point 0 (symmetric); weights are stored as int8 initializers with per-channel scales on
-  axis 0 (output channels); activations are per-tensor. Q/DQ sit on the inputs of Conv/Gemm/MatMul
-  (and of residual Adds, which TensorRT fuses).
+  axis 0 (output channels); activations are per-tensor. Q/DQ sit on the inputs of Conv/Gemm/MatMul;
+  at a residual Add only the skip input is quantized and the weighted branch feeds it in float, so
+  TensorRT fuses Conv(+BN)+Add(+ReLU) into one int8 kernel (``place_residual_quantizers``).
 - ``cpu``: the same grid written with uint8 activations (u8s8), which x86 onnxruntime and OpenVINO run
   fastest. Weights stay int8 per channel. Each activation gets one of two exact encodings:
 
@@ -44,7 +45,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -63,6 +64,9 @@ class PassReport:
     activations_rewritten: int = 0
     activations_unsigned: int = 0
     relus_in_integer_domain: int = 0
+    #: tensorrt form: residual Adds whose weighted branch left Q/DQ, and skip inputs given a Q/DQ
+    residual_branches_float: int = 0
+    residual_skips_quantized: int = 0
     notes: list[str] = field(default_factory=list)
 
 
@@ -377,6 +381,192 @@ def relu_in_integer_domain(graph: _Graph, report: PassReport) -> None:
     graph.remove(dead)
 
 
+# --------------------------------------------------------------------------- residual Adds (tensorrt form)
+#
+# TensorRT fuses Conv(+BN)+Add(+ReLU) into one int8 kernel when the convolution's output goes straight
+# into the Add (in float) and the Add's other, residual input arrives quantized (TensorRT's Q/DQ
+# placement guide; NVIDIA pytorch-quantization's ResNet `residual_quantizer`; Model Optimizer's ONNX
+# PTQ). NNCF quantizes both Add inputs, so a Q/DQ sits between the convolution and the Add and TensorRT
+# has to run the Add on its own. ``place_residual_quantizers`` moves the graph to TensorRT's placement.
+
+#: Ops that keep every value of an int8 grid on it (a zero pad included): a quantizer before them
+#: quantizes their output too, so a Q/DQ after them with the same scale changes nothing.
+_GRID_PRESERVING = ("Slice", "Pad", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "MaxPool", "Identity")
+
+
+@dataclass
+class _Branch:
+    """An Add input computed by a weighted op: its float tensor, the op, and the Q/DQ after it (if any)."""
+
+    tensor: str
+    op: Any
+    dq: Any | None
+
+
+def _weighted_branch(graph: _Graph, name: str) -> _Branch | None:
+    """The weighted op (Conv/Gemm/MatMul, through a BatchNorm or a constant bias Add) computing tensor
+    ``name``, directly or through one activation Q/DQ pair; None when another op computes it."""
+    node, dq = graph.producer.get(name), None
+    if node is not None and node.op_type == "DequantizeLinear" and node.input[0] not in graph.inits:
+        q = graph.producer.get(node.input[0])
+        if q is None or q.op_type != "QuantizeLinear":
+            return None
+        dq, name = node, q.input[0]
+        node = graph.producer.get(name)
+    op = node
+    if op is not None and op.op_type == "BatchNormalization":
+        op = graph.producer.get(op.input[0])
+    elif op is not None and op.op_type == "Add" and len(op.input) == 2:
+        const = [graph.const(i) is not None for i in op.input]
+        op = graph.producer.get(op.input[const.index(False)]) if sum(const) == 1 else None
+    if op is None or op.op_type not in WEIGHTED_OPS:
+        return None
+    return _Branch(name, op, dq)
+
+
+def _ancestors(graph: _Graph, name: str) -> dict[int, int]:
+    """``id(node) -> distance`` of every node upstream of tensor ``name`` (1: its producer)."""
+    seen: dict[int, int] = {}
+    frontier, depth = [name], 0
+    while frontier:
+        depth += 1
+        nxt = []
+        for tensor in frontier:
+            node = graph.producer.get(tensor)
+            if node is not None and id(node) not in seen:
+                seen[id(node)] = depth
+                nxt += [i for i in node.input if i and i not in graph.inits]
+        frontier = nxt
+    return seen
+
+
+def residual_adds(graph: _Graph) -> list[tuple[Any, int]]:
+    """``(Add, index of its weighted-branch input)`` for every residual Add.
+
+    A residual Add sums a weighted op's output with another computed tensor (not a constant, not a graph
+    input) that does not itself come from that op. When both inputs come from weighted ops (a projection
+    shortcut), the branch is the input farther from their lowest common ancestor, as in Model Optimizer.
+    """
+    found = []
+    for add in graph.g.node:
+        if add.op_type != "Add" or len(add.input) != 2 or any(i not in graph.producer for i in add.input):
+            continue
+        if any(graph.const(i) is not None for i in add.input):  # a bias, not a residual
+            continue
+        branches = [_weighted_branch(graph, i) for i in add.input]
+        if branches[0] is None and branches[1] is None:
+            continue
+        up = [_ancestors(graph, i) for i in add.input]
+        if branches[0] is not None and branches[1] is not None:
+            common = set(up[0]) & set(up[1])
+            if not common:
+                continue
+            lca = min(common, key=lambda n: up[0][n] + up[1][n])
+            found.append((add, 0 if up[0][lca] > up[1][lca] else 1))
+            continue
+        index = 0 if branches[0] is not None else 1
+        branch = branches[index]
+        # the other input computed from the branch's own op (Conv -> X -> Add <- Conv): not a residual
+        if branch is not None and id(branch.op) not in up[1 - index]:
+            found.append((add, index))
+    return found
+
+
+def _skip_quantizer(graph: _Graph, name: str):
+    """The activation DQ whose grid tensor ``name`` is on (through grid-preserving ops), or None."""
+    node = graph.producer.get(name)
+    while node is not None and node.op_type in _GRID_PRESERVING:
+        if node.op_type == "Pad" and (_attr(node, "mode", b"constant") not in (b"constant", "constant") or (
+                len(node.input) > 2 and node.input[2] and np.any(graph.const(node.input[2]) != 0))):
+            return None
+        node = graph.producer.get(node.input[0])
+    if node is not None and _activation_zero_point(graph, node) is not None and node.op_type == "DequantizeLinear":
+        return node
+    return None
+
+
+def _sibling_quantizer(graph: _Graph, name: str):
+    """A per-tensor QuantizeLinear that already reads tensor ``name`` (NNCF's, for another consumer), or None."""
+    for user in graph.consumers.get(name, []):
+        if user.op_type == "QuantizeLinear" and _activation_zero_point(graph, user) is not None:
+            return user
+    return None
+
+
+def _quantize_skip(graph: _Graph, add, index: int, new_nodes: list, report: PassReport) -> bool:
+    """Make Add input ``index`` (the skip) arrive through a DQ. False when no quantizer gives it a scale."""
+    from onnx import helper
+
+    name = add.input[index]
+    producer = graph.producer.get(name)
+    if producer is not None and producer.op_type == "DequantizeLinear":
+        return True
+    source = _skip_quantizer(graph, name)
+    if source is not None:  # values already on that grid (a sliced, zero-padded shortcut): Q/DQ is exact
+        scale, zp = source.input[1], source.input[2]
+        q = helper.make_node("QuantizeLinear", [name, scale, zp], [f"{name}_skip_q"], name=f"{add.name}_skip_q")
+        new_nodes.append(q)
+    else:
+        q = _sibling_quantizer(graph, name)
+        if q is None:
+            return False
+        scale, zp = q.input[1], q.input[2]
+    dq = helper.make_node("DequantizeLinear", [q.output[0], scale, zp], [f"{name}_skip_dq_{add.name}"],
+                          name=f"{add.name}_skip_dq")
+    new_nodes.append(dq)
+    add.input[index] = dq.output[0]
+    report.residual_skips_quantized += 1
+    return True
+
+
+def place_residual_quantizers(graph: _Graph, report: PassReport) -> None:
+    """TensorRT's residual placement: the weighted branch of each residual Add in float, its skip quantized.
+
+    The skip takes the scale of the quantizer its values already sit on (a shortcut that slices and
+    zero-pads a quantized tensor: exact) or of the quantizer NNCF placed on the same tensor for another
+    consumer. A skip with neither keeps NNCF's placement for that Add, with a note.
+    """
+    new_nodes: list = []
+    for add, index in residual_adds(graph):
+        if not _quantize_skip(graph, add, 1 - index, new_nodes, report):
+            report.notes.append(f"residual Add {add.name}: its skip input has no quantizer to take a scale from; "
+                                "NNCF's Q/DQ placement kept there (TensorRT runs that Add unfused)")
+            continue
+        branch = _weighted_branch(graph, add.input[index])
+        if branch is not None and branch.dq is not None:
+            add.input[index] = branch.tensor
+            report.residual_branches_float += 1
+    graph.g.node.extend(new_nodes)
+    graph.refresh()
+    _drop_unused_quantizers(graph)
+    _toposort(graph)
+
+
+def _drop_unused_quantizers(graph: _Graph) -> None:
+    """Remove Q/DQ nodes nothing reads any more (a DQ first, then the Q that fed only it)."""
+    while True:
+        dead = [n for n in graph.g.node if n.op_type in QUANT_OPS
+                and not any(graph.consumers.get(o) or o in graph.outputs for o in n.output)]
+        if not dead:
+            return
+        graph.remove(dead)
+
+
+def residual_problems(graph: _Graph) -> list[str]:
+    """The tensorrt form's residual rule: no Q/DQ on a weighted op's output feeding a residual Add; the
+    skip input is quantized."""
+    problems = []
+    for add, index in residual_adds(graph):
+        branch = _weighted_branch(graph, add.input[index])
+        if branch is not None and branch.dq is not None:
+            problems.append(f"Add {add.name}: Q/DQ on the output of {branch.op.op_type} {branch.op.name} "
+                            "feeding a residual Add (TensorRT fuses Conv+Add only when that branch is float)")
+        skip = graph.producer.get(add.input[1 - index])
+        if skip is None or skip.op_type != "DequantizeLinear":
+            problems.append(f"Add {add.name}: the skip (residual) input is not quantized")
+    return problems
+
+
 def _toposort(graph: _Graph) -> None:
     known = {i.name for i in graph.g.input} | set(graph.inits)
     pending, ordered = list(graph.g.node), []
@@ -404,6 +594,8 @@ def convert(model, form: Form) -> PassReport:
     if form == "cpu":
         relu_in_integer_domain(graph, report)
     _remove_identities(graph)
+    if form == "tensorrt":
+        place_residual_quantizers(graph, report)
     graph.prune_initializers()
     _short_tensor_names(graph)
     left = Counter(n.op_type for n in graph.g.node)
@@ -523,4 +715,6 @@ def check_convention(model, form: Form) -> list[str]:
                     src = graph.producer.get(src.input[0])
                 if src is None or src.op_type != "DequantizeLinear":
                     problems.append(f"{node.op_type} {node.name}: input {name!r} is not dequantized from int8")
+    if form == "tensorrt":
+        problems += residual_problems(graph)
     return problems

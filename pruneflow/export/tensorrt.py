@@ -1,25 +1,303 @@
-"""TensorRT target (skeleton: the tensorrt helper replaces this file)."""
+"""TensorRT target: a strongly typed engine where TensorRT and a CUDA GPU exist, a bundle to build it elsewhere.
+
+The source is the onnx target's file of the same precision (``model.int8.tensorrt.onnx``, TensorRT's
+explicit-quantization form, for int8; ``model.fp16.onnx``; ``model.fp32.onnx``), or one exported here
+when the recipe has no onnx target. Then:
+
+- **built** (``tensorrt`` imports and ``torch.cuda.is_available()``): ``model.<precision>.engine`` and its
+  sidecar ``model.<precision>.engine.json`` (TensorRT version, GPU, compute capability, profile, source
+  sha256), made in-process by ``tensorrt_build.build_engine``;
+- **prepared** otherwise: ``export/tensorrt/<precision>/`` holds the source ONNX, ``build_engine.py`` (a
+  byte-identical copy of ``tensorrt_build.py``), ``build.sh`` (that script, or trtexec for 10.x and 11.x),
+  a README and ``status.json``. Nothing is measured; the manifest says "prepared, not built" and why.
+"""
 
 from __future__ import annotations
 
+import json
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from ..artifacts import Artifact
-from ..errors import ExportError
-from ..stage import Target, TargetConfig
+from ..artifacts import Artifact, publish_dir, sha256_file, write_text_atomic
+from ..errors import ExportError, InputError, MissingDependencyError
+from ..stage import StrictModel, Target, TargetConfig
+from . import tensorrt_build
+
+SOURCE_NAMES = {"fp32": "model.fp32.onnx", "fp16": "model.fp16.onnx", "int8": "model.int8.tensorrt.onnx"}
+UPSTREAM_LABELS = {"fp32": "onnx.fp32", "fp16": "onnx.fp16", "int8": "onnx.int8_tensorrt"}
+
+
+class TensorRtShapes(StrictModel):
+    min: int = Field(default=1, ge=1, description="Smallest batch size the engine accepts (optimisation profile `min`).")
+    opt: int = Field(default=8, ge=1, description="Batch size TensorRT tunes its kernels for (profile `opt`).")
+    max: int = Field(default=32, ge=1, description="Largest batch size the engine accepts (profile `max`).")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "TensorRtShapes":
+        if not self.min <= self.opt <= self.max:
+            raise ValueError(f"the profile needs min <= opt <= max, got min {self.min}, opt {self.opt}, max {self.max}")
+        return self
 
 
 class TensorRtConfig(TargetConfig):
     type: Literal["tensorrt"] = Field(default="tensorrt", description="TensorRT engine (built where TensorRT and a CUDA GPU exist, prepared otherwise).")
+    shapes: TensorRtShapes = Field(
+        default_factory=TensorRtShapes,
+        description="Batch sizes of the engine's optimisation profile (`{min, opt, max}`); the other input "
+        "dimensions come from the ONNX. An ONNX with a static batch (`dynamic_batch: false`) allows only 1, 1, 1.",
+    )
+    workspace_mb: int = Field(default=1024, ge=16, description="TensorRT's workspace memory pool limit, in MiB.")
+    timing_cache: bool = Field(
+        default=True,
+        description="Keep TensorRT's timing cache (`export/tensorrt/timing.cache`, where engines are built): the "
+        "precisions of a run and `--resume` reruns reuse the kernel timings instead of measuring them again. "
+        "The prepared bundle's commands write `timing.cache` beside the engine.",
+    )
+
+
+def toolchain_status() -> tuple[bool, str]:
+    """(True, "") when engines can be built here; else (False, why not)."""
+    try:
+        tensorrt_build.import_tensorrt()
+    except tensorrt_build.TensorRtMissing as exc:
+        cause = str(exc).rsplit("(", 1)[-1].rstrip(")")
+        return False, f"tensorrt is not importable here ({cause})"
+    import torch
+
+    if not torch.cuda.is_available():
+        return False, "no CUDA device here (TensorRT builds engines on an NVIDIA GPU only)"
+    return True, ""
 
 
 class TensorRtTarget(Target[TensorRtConfig]):
     Config = TensorRtConfig
     precisions = ("fp32", "fp16", "int8")
+    #: The source ONNX is the onnx target's file of the same precision when the stage builds it.
     depends_on = ["onnx"]
 
+    def preflight(self) -> list[str]:
+        available, reason = toolchain_status()
+        if available:
+            return []
+        if self.config.required:
+            raise MissingDependencyError(
+                f"the tensorrt target is marked `required: true`, and it cannot build engines here: {reason}",
+                hint="run on a machine with an NVIDIA GPU and `pip install tensorrt`, or drop `required: true` to get "
+                "a prepared bundle (the ONNX, build_engine.py and the trtexec commands) to build there")
+        return [f"tensorrt: prepared, not built ({reason})"]
+
     def build(self, state, ctx, out_dir: Path, precision: str) -> Artifact:
-        raise ExportError("the tensorrt target is not written yet")
+        with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+            source, parent = self._source(state, ctx, Path(tmp), precision)
+            shapes = self._check_batch(source)
+            available, reason = toolchain_status()
+            if available:
+                return self._build_engine(ctx, out_dir, precision, source, parent, shapes)
+            return self._prepare(ctx, out_dir, precision, source, parent, shapes, reason)
+
+    def _source(self, state, ctx, tmp: Path, precision: str) -> tuple[Path, Artifact | None]:
+        """The ONNX to build from: the onnx target's (same precision and form) or one exported into ``tmp``."""
+        found = [a for a in self.upstream if a.label == UPSTREAM_LABELS[precision] and a.status == "built"]
+        if found:
+            return ctx.run_dir / found[0].path, found[0]
+        from .onnx import export_int8_onnx, export_onnx, to_fp16
+
+        path = tmp / SOURCE_NAMES[precision]
+        example = state.example_input.cpu()
+        if precision == "int8":
+            report = export_int8_onnx(state.handle.int8_module(example), example, path, form="tensorrt")
+            for note in report.notes:
+                ctx.reporter.info(f"tensorrt int8: {note}")
+        elif precision == "fp16":
+            export_onnx(state.handle.float_module(), example, tmp / "fp32.onnx")
+            to_fp16(tmp / "fp32.onnx", path)
+        else:
+            export_onnx(state.handle.float_module(), example, path)
+        return path, None
+
+    def _check_batch(self, source: Path) -> dict:
+        """The profile for ``source``'s input; a static batch allows only min = opt = max = that batch."""
+        info = input_info(source)
+        s = self.config.shapes
+        if info["shape"][0] >= 0 and "shapes" not in self.config.model_fields_set:
+            s = TensorRtShapes(min=info["shape"][0], opt=info["shape"][0], max=info["shape"][0])  # the default fits
+        try:
+            shapes = tensorrt_build.batch_shapes(tuple(info["shape"]), info["name"], s.min, s.opt, s.max)
+        except tensorrt_build.BuildError as exc:
+            raise InputError(f"the tensorrt target's `shapes` do not fit {source.name}: {exc}",
+                             hint="set `shapes: {min: 1, opt: 1, max: 1}` on the tensorrt target for a static-batch ONNX, "
+                             "or `dynamic_batch: true` on the onnx target") from None
+        return {"input": info, "profile": {k: list(v) for k, v in shapes.items()}}
+
+    def _build_engine(self, ctx, out_dir: Path, precision: str, source: Path, parent: Artifact | None, shapes: dict) -> Artifact:
+        import torch
+
+        engine = out_dir / f"model.{precision}.engine"
+        gpu = {"name": torch.cuda.get_device_name(0), "compute_capability": "{}.{}".format(*torch.cuda.get_device_capability(0))}
+        s = self.config.shapes
+        try:
+            tensorrt_build.build_engine(source, engine, min_batch=s.min, opt_batch=s.opt, max_batch=s.max,
+                                        workspace_mb=self.config.workspace_mb, gpu=gpu,
+                                        timing_cache=out_dir / "timing.cache" if self.config.timing_cache else None)
+        except tensorrt_build.BuildError as exc:
+            raise ExportError(f"tensorrt {precision}: {exc}", hint="check the ONNX with `polygraphy check lint`") from exc
+        artifact = Artifact.from_file(ctx.run_dir, engine, kind="tensorrt", producer="export", target="tensorrt",
+                                      precision=precision, parent=parent.path if parent else None)
+        artifact.add_file(ctx.run_dir, engine.with_name(engine.name + ".json"))
+        artifact.notes.append(f"built with TensorRT on {gpu['name']} (compute capability {gpu['compute_capability']}); "
+                              "runs only with that TensorRT version on that GPU model")
+        return artifact
+
+    def _prepare(self, ctx, out_dir: Path, precision: str, source: Path, parent: Artifact | None, shapes: dict,
+                 reason: str) -> Artifact:
+        """Write ``out_dir/<precision>/`` (atomically, as one folder) and return its prepared artifact."""
+        final = out_dir / precision
+        tmp = Path(tempfile.mkdtemp(prefix=f".{precision}.", dir=out_dir))
+        try:
+            write_bundle(tmp, precision, source, shapes, self.config, reason)
+            publish_dir(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        artifact = Artifact.from_file(ctx.run_dir, final / source.name, kind="tensorrt", producer="export", target="tensorrt",
+                                      precision=precision, status="prepared", parent=parent.path if parent else None)
+        for name in BUNDLE_FILES:
+            artifact.add_file(ctx.run_dir, final / name)
+        artifact.notes.append(f"prepared, not built: {reason}")
+        artifact.notes.append(f"build on the GPU machine: sh {artifact.path.rsplit('/', 1)[0]}/build.sh (see its README.md)")
+        return artifact
+
+    def runner(self, path: Path, threads: int | None = None):
+        """An engine runs through the runtime layer where TensorRT can run it; a prepared bundle never runs."""
+        if Path(path).suffix != ".engine":
+            return None
+        from ..runtime import RuntimeUnavailable, open_artifact
+
+        try:
+            run = open_artifact(path, runtime="tensorrt", threads=threads)
+        except RuntimeUnavailable:
+            return None
+        sidecar = json.loads(Path(f"{path}.json").read_text())
+        limit = min(shape["max"][0] for shape in sidecar["profile"].values())
+        return lambda x: _in_batches(run, x, limit)
+
+
+def _in_batches(run, x, limit: int):
+    """Run ``x`` in slices the engine's profile accepts (at most ``limit`` samples each)."""
+    import numpy as np
+
+    return np.concatenate([np.asarray(run(x[i : i + limit])) for i in range(0, len(x), limit)])
+
+
+BUNDLE_FILES = ("build_engine.py", "build.sh", "README.md", "status.json")
+
+
+def input_info(onnx_path: Path) -> dict:
+    """Name, shape (-1 for a symbolic dimension) and dtype of the model's first input."""
+    import onnx
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    first = model.graph.input[0]
+    dims = [d.dim_value if d.HasField("dim_value") else -1 for d in first.type.tensor_type.shape.dim]
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(first.type.tensor_type.elem_type).name
+    return {"name": first.name, "shape": dims, "dtype": dtype}
+
+
+def trtexec_commands(source: str, engine: str, shapes: dict, workspace_mb: int, timing_cache: bool) -> dict[str, str]:
+    """trtexec for TensorRT 10.x (``--stronglyTyped``) and 11.x (strongly typed always; no precision flags)."""
+    name = shapes["input"]["name"]
+    args = [f"--onnx={source}", f"--saveEngine={engine}"]
+    if shapes["input"]["shape"][0] < 0:  # a static batch takes no shape flags
+        for flag, key in (("--minShapes", "min"), ("--optShapes", "opt"), ("--maxShapes", "max")):
+            args.append(f"{flag}={name}:" + "x".join(map(str, shapes["profile"][key])))
+    args.append(f"--memPoolSize=workspace:{workspace_mb}")
+    if timing_cache:
+        args.append("--timingCacheFile=timing.cache")
+    return {"10": " ".join(["trtexec", args[0], "--stronglyTyped", *args[1:]]), "11": " ".join(["trtexec", *args])}
+
+
+def write_bundle(folder: Path, precision: str, source: Path, shapes: dict, config: TensorRtConfig, reason: str) -> None:
+    """The prepared bundle: the ONNX, build_engine.py (this package's build code), build.sh, README.md, status.json."""
+    shutil.copyfile(source, folder / source.name)
+    shutil.copyfile(Path(tensorrt_build.__file__), folder / "build_engine.py")
+    engine = f"model.{precision}.engine"
+    s = config.shapes
+    python_cmd = (f"python3 build_engine.py --onnx {source.name} --engine {engine} --min {s.min} --opt {s.opt} --max {s.max} "
+                  f"--workspace-mb {config.workspace_mb}" + (" --timing-cache timing.cache" if config.timing_cache else ""))
+    if shapes["input"]["shape"][0] >= 0:
+        python_cmd = python_cmd.replace(f"--min {s.min} --opt {s.opt} --max {s.max}", "--min 1 --opt 1 --max 1")
+    trtexec = trtexec_commands(source.name, engine, shapes, config.workspace_mb, config.timing_cache)
+    (folder / "build.sh").write_text(_build_sh(python_cmd, trtexec))
+    (folder / "build.sh").chmod(0o755)
+    (folder / "README.md").write_text(_readme(precision, source.name, engine, shapes, python_cmd, trtexec))
+    status = {"status": "prepared", "reason": reason, "target": "tensorrt", "precision": precision,
+              "source_onnx": source.name, "source_onnx_sha256": sha256_file(source), "engine": engine,
+              "input": shapes["input"], "profile": shapes["profile"], "workspace_mb": config.workspace_mb,
+              "commands": {"python": python_cmd, "trtexec_10": trtexec["10"], "trtexec_11": trtexec["11"]}}
+    write_text_atomic(folder / "status.json", json.dumps(status, indent=2) + "\n")
+
+
+def _build_sh(python_cmd: str, trtexec: dict[str, str]) -> str:
+    return f"""#!/bin/sh
+# Build the TensorRT engine on the machine with the NVIDIA GPU it will run on.
+#   sh build.sh            the same build code pruneflow runs (needs `pip install tensorrt`)
+#   sh build.sh trtexec10  trtexec of TensorRT 10.x (strongly typed: the precision comes from the ONNX)
+#   sh build.sh trtexec11  trtexec of TensorRT 11.x (strongly typed always; it has no precision flags)
+set -eu
+cd "$(dirname "$0")"
+case "${{1:-python}}" in
+  python) {python_cmd} ;;
+  trtexec10) {trtexec["10"]} ;;
+  trtexec11) {trtexec["11"]} ;;
+  *) echo "usage: sh build.sh [python|trtexec10|trtexec11]" >&2; exit 2 ;;
+esac
+"""
+
+
+def _readme(precision: str, source: str, engine: str, shapes: dict, python_cmd: str, trtexec: dict[str, str]) -> str:
+    inp = shapes["input"]
+    dims = "x".join("batch" if d < 0 else str(d) for d in inp["shape"])
+    p = shapes["profile"]
+    what = {"int8": "INT8 in TensorRT's explicit-quantization form (Q/DQ, int8 with zero point 0, weights per channel)",
+            "fp16": "FP16 weights and compute, FP32 input and output", "fp32": "FP32"}[precision]
+    return f"""# TensorRT {precision} engine: prepared, not built
+
+pruneflow could not build the engine where it ran (see `status.json` for why): this folder holds
+everything needed to build it on the machine with the NVIDIA GPU.
+
+- `{source}`: the model, {what}.
+- `build_engine.py`: the build code pruneflow runs where TensorRT exists (strongly typed network, ONNX
+  parser, one optimisation profile, timing cache, engine written with a JSON sidecar).
+- `build.sh`: that script, or trtexec for TensorRT 10.x or 11.x.
+
+## Build
+
+```sh
+pip install tensorrt        # on the GPU machine; TensorRT needs CUDA even to parse the ONNX
+{python_cmd}
+```
+
+or with trtexec (TensorRT 10.x; 11.x takes the same command without `--stronglyTyped`):
+
+```sh
+{trtexec["10"]}
+{trtexec["11"]}
+```
+
+The precision comes from the ONNX itself (strongly typed), so no `--int8`/`--fp16` flag is needed;
+TensorRT 11 removed them.
+
+## Input
+
+- name `{inp["name"]}`, shape {dims}, dtype {inp["dtype"]}, layout NCHW
+- batch sizes of the optimisation profile: min {p["min"][0]}, opt {p["opt"][0]}, max {p["max"][0]}
+
+## Engines are not portable
+
+An engine runs only with the TensorRT version and on the GPU model (compute capability) it was
+built with, and two builds are not byte-identical. Build it where it will run; `{engine}.json`
+records the TensorRT version, GPU and compute capability of each build.
+"""

@@ -1,0 +1,367 @@
+"""The tensorrt target: the prepared bundle (checked with NVIDIA's Polygraphy), the build code's TensorRT calls
+(against a stand-in `tensorrt` module: TensorRT cannot be installed here), preflight and `required: true`.
+
+Nothing here is ever reported built: that needs `import tensorrt` and a CUDA device (torch.cuda.is_available()).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import yaml
+from pydantic import ValidationError
+from typer.testing import CliRunner
+
+from cli import app
+from pruneflow.errors import MissingDependencyError
+from pruneflow.export import tensorrt_build
+from pruneflow.export.qdq import check_convention
+from pruneflow.export.tensorrt import TensorRtConfig, TensorRtShapes, TensorRtTarget, toolchain_status
+from pruneflow.stages.export import PARITY_DEFAULTS, parity_metrics
+
+from conftest import run_recipe_dict, tiny_recipe_dict
+
+POLYGRAPHY = Path(sys.executable).parent / "polygraphy"
+BUNDLE = ("build_engine.py", "build.sh", "README.md", "status.json")
+
+pytestmark = pytest.mark.skipif(toolchain_status()[0], reason="TensorRT and a CUDA GPU are here: engines are built, not prepared")
+
+
+def _tensorrt_artifacts(result) -> dict[str, dict]:
+    manifest = json.loads((result.run_dir / "manifest.json").read_text())
+    return {a["precision"]: a for a in manifest["artifacts"] if a["target"] == "tensorrt"}
+
+
+@pytest.fixture(scope="module")
+def float_run(tmp_path_factory):
+    """Untrained digits_cnn exported to onnx and tensorrt at fp32 and fp16 (a few seconds)."""
+    recipe = tiny_recipe_dict(name="trt_float", stages=[
+        {"type": "evaluate"},
+        {"type": "export", "targets": ["onnx", {"type": "tensorrt", "shapes": {"min": 1, "opt": 4, "max": 16}}],
+         "precisions": ["fp32", "fp16"], "latency": None},
+    ])
+    _, result = run_recipe_dict(recipe, tmp_path_factory.mktemp("trt_float"))
+    return result
+
+
+def test_without_tensorrt_each_precision_is_a_prepared_bundle(float_run):
+    assert float_run.exit_code == 0
+    artifacts = _tensorrt_artifacts(float_run)
+    assert set(artifacts) == {"fp32", "fp16"}
+    for precision, a in artifacts.items():
+        bundle = float_run.run_dir / "export" / "tensorrt" / precision
+        assert a["status"] == "prepared" and a["kind"] == "tensorrt"
+        assert a["path"] == f"export/tensorrt/{precision}/model.{precision}.onnx"
+        assert a["notes"][0].startswith("prepared, not built: tensorrt is not importable here")
+        assert a["metrics"] == {}  # a prepared artifact is never measured
+        # the bundle's ONNX is the onnx target's file, named as the parent
+        assert a["parent"] == f"export/onnx/model.{precision}.onnx"
+        assert a["sha256"] == next(b["sha256"] for b in json.loads((float_run.run_dir / "manifest.json").read_text())["artifacts"]
+                                   if b["path"] == a["parent"])
+        assert sorted(p.name for p in bundle.iterdir()) == sorted([*BUNDLE, f"model.{precision}.onnx"])
+        assert set(a["files"]) == {f"export/tensorrt/{precision}/{name}" for name in BUNDLE}
+        assert (bundle / "build_engine.py").read_bytes() == Path(tensorrt_build.__file__).read_bytes()
+        assert not list(bundle.glob("*.engine"))
+    assert not any(p.name.startswith(".") for p in (float_run.run_dir / "export" / "tensorrt").iterdir())  # no temp folders left
+
+
+def test_the_bundle_says_how_to_build_it_with_trtexec_10_and_11(float_run):
+    bundle = float_run.run_dir / "export" / "tensorrt" / "fp16"
+    status = json.loads((bundle / "status.json").read_text())
+    assert status["status"] == "prepared" and "tensorrt is not importable" in status["reason"]
+    assert status["input"] == {"name": "input", "shape": [-1, 1, 8, 8], "dtype": "float32"}
+    assert status["profile"] == {"min": [1, 1, 8, 8], "opt": [4, 1, 8, 8], "max": [16, 1, 8, 8]}
+    shapes = "--minShapes=input:1x1x8x8 --optShapes=input:4x1x8x8 --maxShapes=input:16x1x8x8"
+    trt10, trt11 = status["commands"]["trtexec_10"], status["commands"]["trtexec_11"]
+    assert trt10.startswith("trtexec --onnx=model.fp16.onnx --stronglyTyped --saveEngine=model.fp16.engine") and shapes in trt10
+    assert shapes in trt11 and "--stronglyTyped" not in trt11
+    for flag in ("--int8", "--fp16", "--best", "--calib"):  # removed in TensorRT 11; strong typing takes the precision from the ONNX
+        assert flag not in trt10 and flag not in trt11
+    script = (bundle / "build.sh").read_text()
+    assert trt10 in script and trt11 in script and status["commands"]["python"] in script
+    assert subprocess.run(["sh", "-n", str(bundle / "build.sh")]).returncode == 0  # valid shell
+    readme = (bundle / "README.md").read_text()
+    assert "prepared, not built" in readme and "name `input`, shape batchx1x8x8, dtype float32" in readme
+    assert "TensorRT version" in readme and "GPU" in readme
+
+
+def test_build_engine_py_stops_with_a_clear_message_where_tensorrt_is_absent(float_run):
+    bundle = float_run.run_dir / "export" / "tensorrt" / "fp32"
+    done = subprocess.run([sys.executable, "build_engine.py", "--onnx", "model.fp32.onnx", "--engine", "model.fp32.engine"],
+                          cwd=bundle, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "TensorRT is not installed: pip install tensorrt on the machine with the NVIDIA GPU" in done.stderr
+    assert "Traceback" not in done.stderr and not (bundle / "model.fp32.engine").exists()
+
+
+def test_the_profile_is_validated():
+    with pytest.raises(ValidationError, match="min <= opt <= max"):
+        TensorRtShapes(min=8, opt=4, max=16)
+    assert TensorRtConfig().shapes == TensorRtShapes(min=1, opt=8, max=32)
+    with pytest.raises(tensorrt_build.BuildError, match="static batch of 1"):
+        tensorrt_build.batch_shapes((1, 3, 8, 8), "input", 1, 8, 32)
+    assert tensorrt_build.batch_shapes((-1, 3, 8, 8), "input", 1, 8, 32)["max"] == (32, 3, 8, 8)
+
+
+def test_a_static_batch_onnx_gets_a_batch_1_profile_and_refuses_another(tmp_path):
+    stages = [{"type": "evaluate"},
+              {"type": "export", "targets": [{"type": "onnx", "dynamic_batch": False}, "tensorrt"], "latency": None, "evaluate": False}]
+    _, result = run_recipe_dict(tiny_recipe_dict(name="static", stages=stages), tmp_path)
+    status = json.loads((result.run_dir / "export" / "tensorrt" / "fp32" / "status.json").read_text())
+    assert status["profile"]["max"] == [1, 1, 8, 8] and "--minShapes" not in status["commands"]["trtexec_10"]
+    stages[1]["targets"][1] = {"type": "tensorrt", "shapes": {"min": 1, "opt": 8, "max": 32}}
+    result = CliRunner().invoke(app, ["optimize", str(_write(tmp_path / "r2.yaml", tiny_recipe_dict(name="static2", stages=stages))),
+                                      "--out", str(tmp_path / "runs")])
+    assert result.exit_code == 2 and "shapes" in result.stderr and "static batch" in result.stderr
+
+
+def _write(path: Path, recipe: dict) -> Path:
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return path
+
+
+# --------------------------------------------------------------------------- preflight, required
+
+
+def test_preflight_notes_a_prepared_target_and_required_exits_3_before_training(tmp_path):
+    assert TensorRtTarget(TensorRtConfig()).preflight() == [f"tensorrt: prepared, not built ({toolchain_status()[1]})"]
+    with pytest.raises(MissingDependencyError, match="tensorrt target is marked `required: true`"):
+        TensorRtTarget(TensorRtConfig(required=True)).preflight()
+    recipe = tiny_recipe_dict(name="req")
+    recipe["stages"][-1] = {"type": "export", "targets": ["onnx", {"type": "tensorrt", "required": True}], "latency": None}
+    result = CliRunner().invoke(app, ["optimize", str(_write(tmp_path / "r.yaml", recipe)), "--out", str(tmp_path / "runs")])
+    assert result.exit_code == 3, result.output
+    assert "tensorrt" in result.stderr and "not importable" in result.stderr and "pip install tensorrt" in result.stderr
+    assert not (tmp_path / "runs").exists()  # stopped before the run directory, before any training
+
+
+# --------------------------------------------------------------------------- the build code against a stand-in tensorrt
+
+FAKE_TENSORRT = '''
+"""A stand-in for TensorRT's Python API: records the calls build_engine.py makes (TensorRT cannot be installed here)."""
+import json, os
+__version__ = "10.99.0-fake"
+CALLS = []
+LOG = os.environ.get("FAKE_TRT_LOG")
+
+def _record(*call):
+    CALLS.append(call)
+    if LOG:
+        with open(LOG, "a") as fh:
+            fh.write(json.dumps(call) + "\\n")
+
+class Logger:
+    WARNING = 2
+    def __init__(self, level): _record("Logger", level)
+
+class NetworkDefinitionCreationFlag:
+    STRONGLY_TYPED = 1
+
+class MemoryPoolType:
+    WORKSPACE = "workspace"
+
+class _Tensor:
+    name, shape = "input", (-1, 1, 8, 8)
+
+class _Network:
+    num_inputs = 1
+    def get_input(self, i): return _Tensor()
+
+class OnnxParser:
+    def __init__(self, network, logger): self.num_errors = 0
+    def parse_from_file(self, path):
+        _record("parse_from_file", os.path.basename(path)); return True
+
+class _Profile:
+    def set_shape(self, name, lo, opt, hi): _record("set_shape", name, list(lo), list(opt), list(hi))
+
+class _Cache:
+    def __init__(self, data): self.data = data
+    def serialize(self): return b"cache:" + self.data
+
+class _Config:
+    def set_memory_pool_limit(self, pool, size): _record("set_memory_pool_limit", pool, size)
+    def add_optimization_profile(self, p): _record("add_optimization_profile")
+    def create_timing_cache(self, data): _record("create_timing_cache", bytes(data).decode()); return _Cache(bytes(data))
+    def set_timing_cache(self, cache, ignore_mismatch): _record("set_timing_cache", ignore_mismatch); self.cache = cache
+    def get_timing_cache(self): return self.cache
+
+class Builder:
+    def __init__(self, logger): _record("Builder")
+    def create_network(self, flags): _record("create_network", flags); return _Network()
+    def create_builder_config(self): return _Config()
+    def create_optimization_profile(self): return _Profile()
+    def build_serialized_network(self, network, config): _record("build_serialized_network"); return b"fake-engine"
+'''
+
+
+@pytest.fixture
+def fake_tensorrt(tmp_path, monkeypatch):
+    folder = tmp_path / "fake_trt"
+    (folder / "tensorrt").mkdir(parents=True)
+    (folder / "tensorrt" / "__init__.py").write_text(FAKE_TENSORRT)
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.delitem(sys.modules, "tensorrt", raising=False)
+    yield folder
+    sys.modules.pop("tensorrt", None)
+
+
+def test_the_build_code_makes_a_strongly_typed_network_with_the_profile_and_keeps_the_timing_cache(float_run, fake_tensorrt, tmp_path):
+    import tensorrt  # the stand-in
+
+    source = float_run.run_dir / "export" / "tensorrt" / "fp16" / "model.fp16.onnx"
+    cache = tmp_path / "timing.cache"
+    sidecar = tensorrt_build.build_engine(source, tmp_path / "m.engine", min_batch=1, opt_batch=4, max_batch=16,
+                                          workspace_mb=256, timing_cache=cache, gpu={"name": "test", "compute_capability": "0.0"})
+    calls = [c[0] for c in tensorrt.CALLS]
+    assert calls == ["Logger", "Builder", "create_network", "parse_from_file", "set_memory_pool_limit", "set_shape",
+                     "add_optimization_profile", "create_timing_cache", "set_timing_cache", "build_serialized_network"]
+    call = {c[0]: c[1:] for c in tensorrt.CALLS}
+    assert call["create_network"] == (1 << tensorrt.NetworkDefinitionCreationFlag.STRONGLY_TYPED,)
+    assert call["set_shape"] == ("input", [1, 1, 8, 8], [4, 1, 8, 8], [16, 1, 8, 8])
+    assert call["set_memory_pool_limit"] == ("workspace", 256 << 20)
+    assert call["set_timing_cache"] == (False,)  # a cache from another GPU or TensorRT version is refused
+    assert (tmp_path / "m.engine").read_bytes() == b"fake-engine" and cache.read_bytes() == b"cache:"
+    written = json.loads((tmp_path / "m.engine.json").read_text())
+    assert written == sidecar and sidecar["tensorrt_version"] == "10.99.0-fake" and sidecar["gpu"] == "test"
+    assert sidecar["profile"] == {"input": {"min": [1, 1, 8, 8], "opt": [4, 1, 8, 8], "max": [16, 1, 8, 8]}}
+    assert sidecar["source_onnx_sha256"] == json.loads((source.parent / "status.json").read_text())["source_onnx_sha256"]
+    # the second build starts from the first one's timing cache
+    tensorrt.CALLS.clear()
+    tensorrt_build.build_engine(source, tmp_path / "m.engine", min_batch=1, opt_batch=4, max_batch=16, timing_cache=cache,
+                                gpu={"name": "test", "compute_capability": "0.0"})
+    assert ("create_timing_cache", "cache:") in tensorrt.CALLS and cache.read_bytes() == b"cache:cache:"
+
+
+def test_the_bundle_script_runs_the_same_calls_from_its_command_line(float_run, fake_tensorrt, tmp_path):
+    bundle = float_run.run_dir / "export" / "tensorrt" / "fp32"
+    log = tmp_path / "calls.jsonl"
+    env = {"PYTHONPATH": str(fake_tensorrt), "FAKE_TRT_LOG": str(log), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, str(bundle / "build_engine.py"), "--onnx", str(bundle / "model.fp32.onnx"),
+                           "--engine", str(tmp_path / "e.engine"), "--min", "2", "--opt", "4", "--max", "8"],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    assert ["set_shape", "input", [2, 1, 8, 8], [4, 1, 8, 8], [8, 1, 8, 8]] in calls
+    assert json.loads(done.stdout)["engine"] == "e.engine"
+    if shutil.which("nvidia-smi", path=env["PATH"]) is None:
+        assert json.loads(done.stdout)["gpu"] == "unknown"  # no nvidia-smi here: said, not guessed
+
+
+def test_an_importable_tensorrt_without_a_cuda_device_is_still_only_prepared(fake_tensorrt):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here")
+    available, reason = toolchain_status()
+    assert not available and reason.startswith("no CUDA device")
+    assert TensorRtTarget(TensorRtConfig()).preflight() == [f"tensorrt: prepared, not built ({reason})"]
+
+
+# --------------------------------------------------------------------------- int8, checked with Polygraphy
+
+
+@pytest.fixture(scope="module")
+def int8_run(tmp_path_factory):
+    """digits_cnn trained, calibrated, quantized by NNCF (ptq); onnx + tensorrt at fp32, fp16, int8; then a second
+    export with the tensorrt target alone (it exports its own TensorRT-form ONNX)."""
+    recipe = tiny_recipe_dict(name="trt_int8")
+    recipe["data"]["max_train_samples"] = 600  # trained enough (about 0.98 accuracy) that logits mean something
+    recipe["stages"] = [
+        {"type": "train", "epochs": 5, "batch_size": 32, "lr": 0.05},
+        {"type": "calibrate", "size": 64},
+        {"type": "ptq"},
+        {"type": "export", "targets": ["onnx", "tensorrt"], "precisions": ["fp32", "fp16", "int8"], "latency": None},
+        {"type": "export", "name": "trt_only", "targets": ["tensorrt"], "precisions": ["int8"], "latency": None},
+    ]
+    _, result = run_recipe_dict(recipe, tmp_path_factory.mktemp("trt_int8"))
+    return result
+
+
+@pytest.mark.slow
+def test_int8_bundle_holds_the_tensorrt_form_onnx(int8_run):
+    assert int8_run.exit_code == 0, [g for g in int8_run.gates if not g.passed]
+    assert int8_run.metrics["onnx.int8_tensorrt.accuracy"] >= 0.9  # the same file, measured in onnxruntime by the onnx target
+    manifest = json.loads((int8_run.run_dir / "manifest.json").read_text())
+    trt = [a for a in manifest["artifacts"] if a["target"] == "tensorrt"]
+    assert {a["status"] for a in trt} == {"prepared"} and len(trt) == 4
+    int8 = [a for a in trt if a["precision"] == "int8"]
+    assert [a["parent"] for a in int8][0] == "export/onnx/model.int8.tensorrt.onnx"
+    own = next(a for a in int8 if a["path"].startswith("export/trt_only/"))
+    assert own["path"] == "export/trt_only/tensorrt/int8/model.int8.tensorrt.onnx"
+    for a in int8:
+        model = onnx.load(str(int8_run.run_dir / a["path"]))
+        assert check_convention(model, "tensorrt") == []
+        assert any(n.op_type == "QuantizeLinear" for n in model.graph.node)
+
+
+def _polygraphy(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    if not POLYGRAPHY.exists():
+        pytest.skip(f"polygraphy not installed beside {sys.executable} (pip install -e '.[dev]')")
+    return subprocess.run([str(POLYGRAPHY), *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_polygraphy_lint_passes_the_bundle_onnx(int8_run, precision, tmp_path):
+    bundle = int8_run.run_dir / "export" / "tensorrt" / precision
+    (source,) = bundle.glob("*.onnx")
+    done = _polygraphy("check", "lint", str(source), "-o", str(tmp_path / "lint.json"), cwd=bundle)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads((tmp_path / "lint.json").read_text())
+    assert report["summary"]["failing"] == [] and report["summary"]["passing"]
+    assert not [e for e in report["lint_entries"] if e.get("level") == "exception"]
+
+
+@pytest.mark.slow
+def test_polygraphy_runs_the_int8_onnx_in_onnxruntime_close_to_fp32(int8_run, tmp_path):
+    from polygraphy.comparator import RunResults
+
+    export = int8_run.run_dir / "export" / "tensorrt"
+    shapes = ["--input-shapes", "input:[64,1,8,8]", "--seed", "1", "--val-range", "input:[0,1]"]
+    fp32 = _polygraphy("run", str(export / "fp32" / "model.fp32.onnx"), "--onnxrt", *shapes,
+                       "--save-outputs", str(tmp_path / "fp32.json"), cwd=tmp_path)
+    assert fp32.returncode == 0, fp32.stdout + fp32.stderr
+    int8 = _polygraphy("run", str(export / "int8" / "model.int8.tensorrt.onnx"), "--onnxrt", *shapes,
+                       "--save-outputs", str(tmp_path / "int8.json"), "--load-outputs", str(tmp_path / "fp32.json"),
+                       "--check-error-stat", "median", "--atol", "0.1", "--rtol", "0.1", cwd=tmp_path)
+    assert int8.returncode == 0, int8.stdout + int8.stderr  # Polygraphy's own comparison, int8-sized tolerance
+    assert "PASSED" in int8.stdout + int8.stderr
+
+    def logits(path: Path) -> np.ndarray:
+        ((_, iterations),) = RunResults.load(str(path)).items()
+        return np.asarray(iterations[0]["logits"])
+
+    a, b = logits(tmp_path / "fp32.json"), logits(tmp_path / "int8.json")
+    parity = parity_metrics(a, b)
+    limits = PARITY_DEFAULTS["int8"]
+    assert parity["cosine"] >= limits.min_cosine and parity["top1_agreement"] >= limits.min_top1_agreement, parity
+    assert not np.array_equal(a, b)  # two different models were run
+
+
+def test_the_build_module_imports_only_the_standard_library_and_tensorrt():
+    source = Path(tensorrt_build.__file__).read_text()
+    imported = {line.split()[1].split(".")[0] for line in source.splitlines() if line.startswith(("import ", "from "))}
+    assert imported <= {"__future__", "argparse", "hashlib", "json", "subprocess", "pathlib", "typing"}
+    assert "import tensorrt" in textwrap.dedent(source)  # inside import_tensorrt(), where a missing one is reported
+
+
+def test_an_engine_is_fed_batches_its_profile_accepts():
+    from pruneflow.export.tensorrt import _in_batches
+
+    seen = []
+
+    def run(x):
+        seen.append(len(x))
+        return x * 2
+
+    out = _in_batches(run, np.arange(10, dtype=np.float32).reshape(10, 1), 4)
+    assert seen == [4, 4, 2] and np.array_equal(out[:, 0], np.arange(10) * 2)
