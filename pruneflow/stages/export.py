@@ -160,7 +160,7 @@ class ExportStage(Stage[ExportConfig]):
             notes += target.preflight()
         return notes
 
-    def run(self, state, ctx):
+    def run(self, state, ctx) -> StageResult:
         cfg = self.config
         result = StageResult()
         opened: list[Opened] = []

@@ -86,7 +86,7 @@ def open_for(artifact: "Artifact", target: "Target", path: "Path", threads: int 
             run = target.runner(path, threads)
             if run is None:
                 raise RuntimeUnavailable(f"no runtime here runs {path.suffix or path.name} files")
-            return {"": Executor(path, artifact.target or "?", "?", run)}
+            return {"": Executor(path, artifact.target or "plugin", "default", run)}
         default = open_artifact(path, threads=threads)
         executors = {"": default}
         if default.runtime == "openvino" and default.info.get("inference_precision") != "f32":
@@ -134,11 +134,11 @@ def parity_gate(artifact: "Artifact", suffix: str, executor: Executor, parity: d
     the message names the artifact, how it ran and every figure against its limit."""
     problems = [] if finite else ["the artifact's outputs hold NaN or inf"]
     if limits.max_abs_diff is not None and parity["max_abs_diff"] > limits.max_abs_diff:
-        problems.append(f"max abs diff {parity['max_abs_diff']:.3g} > {limits.max_abs_diff:g}")
+        problems.append(f"max abs diff {parity['max_abs_diff']:.3g} > {limits.max_abs_diff:.10g}")
     if parity["cosine"] < limits.min_cosine:
-        problems.append(f"cosine {parity['cosine']:.6f} < min_cosine {limits.min_cosine:g}")
+        problems.append(f"cosine {parity['cosine']:.6f} < min_cosine {limits.min_cosine:.10g}")
     if parity["top1_agreement"] < limits.min_top1_agreement:
-        problems.append(f"top-1 agreement {parity['top1_agreement']:.4f} < min_top1_agreement {limits.min_top1_agreement:g}")
+        problems.append(f"top-1 agreement {parity['top1_agreement']:.4f} < min_top1_agreement {limits.min_top1_agreement:.10g}")
     ran = executor.label
     detail = "; ".join(problems) if problems else (
         f"max abs diff {parity['max_abs_diff']:.2e}, cosine {parity['cosine']:.6f}, top-1 agreement {parity['top1_agreement']:.4f}")
