@@ -86,20 +86,19 @@ def artifact_gates(spec: ArtifactGates, artifacts: list[Artifact], timed: list[i
     """``LABEL.min_speedup`` and ``LABEL.max_size_mb`` for each artifact ``spec`` applies to; a failed one is
     also written into the artifact's notes (``gate failed: ...``), so the manifest marks the file it kept.
     ``timed``: the batch sizes the stage timed."""
-    results = []
+    checked: list[tuple[Artifact, GateResult]] = []
     for artifact in (a for a in artifacts if spec.applies(a)):
         if spec.max_size_mb is not None:
             size = artifact.metrics.get("size_mb", (artifact.size_bytes or 0) / 1e6)
             ok = size <= spec.max_size_mb
-            results.append(GateResult(f"{artifact.label}.max_size_mb", ok, f"{artifact.path} (all its files): {size:.4g} MB "
-                                      f"{'<=' if ok else '>'} max_size_mb {spec.max_size_mb:g}", size))
+            checked.append((artifact, GateResult(f"{artifact.label}.max_size_mb", ok, f"{artifact.path} (all its files): "
+                                                 f"{size:.4g} MB {'<=' if ok else '>'} max_size_mb {spec.max_size_mb:g}", size)))
         if spec.min_speedup is not None and artifact.precision != "fp32" and artifact.form != "tensorrt":
-            results.append(_speedup_gate(spec.min_speedup, artifact, spec.batch_sizes or timed))
-    for gate in results:
+            checked.append((artifact, _speedup_gate(spec.min_speedup, artifact, spec.batch_sizes or timed)))
+    for artifact, gate in checked:
         if not gate.passed:
-            artifact = next(a for a in artifacts if gate.name.startswith(f"{a.label}."))
             artifact.notes.append(f"gate failed: {gate.name}: {gate.message}")
-    return results
+    return [gate for _, gate in checked]
 
 
 def _speedup_gate(minimum: float, artifact: Artifact, batch_sizes: list[int]) -> GateResult:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from pruneflow.artifacts import Manifest, sha256_file
+from pruneflow.artifacts import Artifact, Manifest, sha256_file
 from pruneflow.export.onnx import export_onnx
 from pruneflow.runtime import (Executor, RuntimeUnavailable, fresh_batch, host_info, open_artifact, runtimes_for,
                                time_interleaved)
@@ -323,3 +323,49 @@ def test_an_absent_runtime_through_the_cli_exits_3_before_any_training(tmp_path,
     error = json.loads(result.stdout)["error"]
     assert "onnxruntime" in error["message"] and error["hint"] == "pip install onnxruntime"
     assert not (tmp_path / "runs" / "absent" / "stages").exists()  # nothing trained
+
+
+def test_evaluate_runtime_opens_an_artifact_path_through_the_layer(model_files):
+    from pruneflow.data import Split
+    from pruneflow.evaluate import evaluate_runtime
+    from pruneflow.tasks import make_task
+
+    tmp, x, ref = model_files
+    split = Split(torch.from_numpy(x), torch.from_numpy(ref.argmax(1)))  # labels: torch's own predictions
+    task = make_task("classification")
+    assert evaluate_runtime(tmp / "m.onnx", split, task, batch_size=3)["accuracy"] == 1.0
+    assert evaluate_runtime(str(tmp / "m.xml"), split, task, precision_hint="f32")["accuracy"] == 1.0
+    with pytest.raises(RuntimeUnavailable):
+        evaluate_runtime(tmp / "m.onnx", split, task, device="cuda")
+
+
+def _timed(label_target: str, precision: str, form: str | None, size: int, **metrics) -> Artifact:
+    ext = "xml" if label_target == "openvino" else "onnx"
+    return Artifact(f"export/{label_target}/model.{precision}{'.' + form if form == 'tensorrt' else ''}.{ext}", label_target,
+                    "export", target=label_target, precision=precision, form=form, size_bytes=size,
+                    metrics={"size_mb": size / 1e6, **metrics})
+
+
+def test_artifact_gates_check_speed_against_fp32_and_size_and_mark_what_fails():
+    from pruneflow.gates import ArtifactGates, artifact_gates
+
+    fp32 = _timed("onnx", "fp32", None, 4_000_000, latency_b1_median_ms=1.0, latency_b32_median_ms=10.0)
+    int8 = _timed("onnx", "int8", "cpu", 1_000_000, latency_b1_median_ms=0.8, latency_b32_median_ms=4.0,
+                  speedup_b1=1.25, speedup_b32=2.5)
+    trt = _timed("onnx", "int8", "tensorrt", 1_000_000, latency_b1_median_ms=2.0, speedup_b1=0.5)
+    lone = _timed("openvino", "int8", None, 900_000, latency_b1_median_ms=0.5)  # no openvino fp32 timed beside it
+    results = {g.name: g for g in artifact_gates(ArtifactGates(min_speedup=1.5, max_size_mb=2), [fp32, int8, trt, lone], [1, 32])}
+    assert set(results) == {"onnx.fp32.max_size_mb", "onnx.int8.max_size_mb", "onnx.int8_tensorrt.max_size_mb",
+                            "openvino.int8.max_size_mb", "onnx.int8.min_speedup", "openvino.int8.min_speedup"}
+    assert not results["onnx.fp32.max_size_mb"].passed and results["onnx.fp32.max_size_mb"].value == 4.0
+    assert "export/onnx/model.fp32.onnx (all its files): 4 MB > max_size_mb 2" in results["onnx.fp32.max_size_mb"].message
+    speed = results["onnx.int8.min_speedup"]
+    assert not speed.passed and speed.value == 1.25  # batch 1 is too slow, batch 32 is not
+    assert "1.25x at batch 1" in speed.message and "2.5x at batch 32" in speed.message and "< min_speedup 1.5" in speed.message
+    assert not results["openvino.int8.min_speedup"].passed
+    assert "no fp32 openvino artifact was timed beside it" in results["openvino.int8.min_speedup"].message
+    assert any(n.startswith("gate failed: onnx.int8.min_speedup") for n in int8.notes)
+    assert any(n.startswith("gate failed: onnx.fp32.max_size_mb") for n in fp32.notes) and not trt.notes
+    only = artifact_gates(ArtifactGates(min_speedup=1.5, batch_sizes=[32], precisions=["int8"], targets=["onnx"]),
+                          [fp32, int8, trt, lone], [1, 32])
+    assert [(g.name, g.passed) for g in only] == [("onnx.int8.min_speedup", True)]
