@@ -217,6 +217,7 @@ class ExportStage(Stage[ExportConfig]):
             got = np.asarray(run(x.numpy()), dtype=np.float32)
             parity = parity_metrics(ref, got)
             artifact.metrics.update({f"{k}{suffix}": v for k, v in parity.items()})
+            artifact.metrics[f"runtime{suffix}"] = executor.label
             computed_in = executor.info.get("inference_precision")
             if computed_in:
                 artifact.metrics[f"inference_precision{suffix}"] = computed_in
@@ -241,8 +242,6 @@ class ExportStage(Stage[ExportConfig]):
                  progress=lambda description, total: ctx.reporter.progress(f"{self.id}: {description}", total=total))
         for o in opened:
             o.artifact.metrics["latency_threads"] = lat.threads or 0
-            for suffix, executor in o.executors.items():
-                o.artifact.metrics[f"runtime{suffix}"] = executor.label
 
 
 def host_record(threads: int | None) -> dict[str, Any]:
