@@ -167,6 +167,9 @@ class Manifest:
         self.stages: list[dict[str, Any]] = []
         self.artifacts: list[Artifact] = []
         self.status = "running"
+        #: The machine the run ran on (``pruneflow.runtime.host_info``: CPU model, ISA flags, GPUs, runtime
+        #: versions), set by the pipeline: every latency figure in the manifest was measured there.
+        self.host: dict[str, Any] | None = None
 
     def add_stage(self, record: dict[str, Any], artifacts: list[Artifact]) -> None:
         self.stages.append(record)
@@ -183,6 +186,7 @@ class Manifest:
             "created": self.created,
             "status": self.status,
             "tool_versions": tool_versions(),
+            "host": self.host,
             "stages": self.stages,
             "artifacts": [a.as_dict() for a in self.artifacts],
         }

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -29,9 +30,18 @@ def evaluate_model(model: nn.Module, split: Split, task: Task, batch_size: int =
     return task.compute(state)
 
 
-def evaluate_runtime(run: Callable[[np.ndarray], np.ndarray], split: Split, task: Task, batch_size: int = 256,
-                     reporter: Reporter | None = None, description: str = "evaluate") -> dict[str, float]:
-    """Evaluate a runtime (onnxruntime, OpenVINO, ...) given as ``run(x_numpy) -> logits_numpy``."""
+def evaluate_runtime(run: "Callable[[np.ndarray], np.ndarray] | str | Path", split: Split, task: Task, batch_size: int = 256,
+                     reporter: Reporter | None = None, description: str = "evaluate", **open_options: Any) -> dict[str, float]:
+    """Evaluate an artifact in its runtime: ``run`` is an executor of the runtime layer (or any
+    ``run(x_numpy) -> logits_numpy``), or the artifact's path, then opened with ``open_options``
+    (``runtime=``, ``device=``, ``precision_hint=``: see ``pruneflow.runtime.open_artifact``)::
+
+        evaluate_runtime("runs/q/export/openvino/model.int8.xml", data.eval, task, precision_hint="f32")
+    """
+    if isinstance(run, (str, Path)):
+        from .runtime import open_artifact
+
+        run = open_artifact(run, **open_options)
     state = MetricState()
     reporter = reporter or Reporter()
     with reporter.progress(description, total=len(split)) as advance:

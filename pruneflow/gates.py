@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Literal
 
+from pydantic import Field
+
+from .artifacts import Artifact
+from .config import StrictModel
 from .recipe.models import GateSpec
 
 
@@ -53,3 +58,59 @@ def check_gates(specs: list[GateSpec], metrics: dict[str, float]) -> list[GateRe
         message = "; ".join(problems) if problems else f"{value:.6g} ({bounds})"
         results.append(GateResult(name, not problems, message, float(value)))
     return results
+
+
+class ArtifactGates(StrictModel):
+    """An export stage's `gates:`: checks on each artifact it builds (speed against fp32, size on disk)."""
+
+    min_speedup: float | None = Field(
+        default=None, gt=0,
+        description="Fail when an artifact's median latency is not at least this many times lower than that of the fp32 artifact "
+        "of its target at the same batch size, both timed in the same interleaved loop (OpenVINO: each with the plugin's default "
+        "inference precision, as a user runs it). Needs `fp32` in `precisions` and `latency`. Checked on every timed artifact but "
+        "the fp32 ones, and not on forms written for another runtime (the TensorRT-form ONNX, which onnxruntime runs slowly).",
+    )
+    batch_sizes: list[int] | None = Field(default=None, min_length=1, description="Batch sizes `min_speedup` is checked at (default: every timed one).")
+    max_size_mb: float | None = Field(default=None, gt=0, description="Fail when an artifact's size on disk (all its files; MB = 10^6 bytes) exceeds this.")
+    precisions: list[Literal["fp32", "fp16", "int8"]] | None = Field(
+        default=None, min_length=1, description="Check only the artifacts of these precisions (default: all).")
+    targets: list[str] | None = Field(default=None, min_length=1, description="Check only the artifacts of these targets (default: all).")
+
+    def applies(self, artifact: Artifact) -> bool:
+        """True when the gates look at ``artifact`` (by its precision and target)."""
+        return ((self.precisions is None or artifact.precision in self.precisions)
+                and (self.targets is None or artifact.target in self.targets))
+
+
+def artifact_gates(spec: ArtifactGates, artifacts: list[Artifact], timed: list[int]) -> list[GateResult]:
+    """``LABEL.min_speedup`` and ``LABEL.max_size_mb`` for each artifact ``spec`` applies to; a failed one is
+    also written into the artifact's notes (``gate failed: ...``), so the manifest marks the file it kept.
+    ``timed``: the batch sizes the stage timed."""
+    checked: list[tuple[Artifact, GateResult]] = []
+    for artifact in (a for a in artifacts if spec.applies(a)):
+        if spec.max_size_mb is not None:
+            size = artifact.metrics.get("size_mb", (artifact.size_bytes or 0) / 1e6)
+            ok = size <= spec.max_size_mb
+            checked.append((artifact, GateResult(f"{artifact.label}.max_size_mb", ok, f"{artifact.path} (all its files): "
+                                                 f"{size:.4g} MB {'<=' if ok else '>'} max_size_mb {spec.max_size_mb:g}", size)))
+        if spec.min_speedup is not None and artifact.precision != "fp32" and artifact.form != "tensorrt":
+            checked.append((artifact, _speedup_gate(spec.min_speedup, artifact, spec.batch_sizes or timed)))
+    for artifact, gate in checked:
+        if not gate.passed:
+            artifact.notes.append(f"gate failed: {gate.name}: {gate.message}")
+    return [gate for _, gate in checked]
+
+
+def _speedup_gate(minimum: float, artifact: Artifact, batch_sizes: list[int]) -> GateResult:
+    m = artifact.metrics
+    found = {bs: m[f"speedup_b{bs}"] for bs in batch_sizes if f"speedup_b{bs}" in m}
+    name = f"{artifact.label}.min_speedup"
+    if not found:
+        timed = any(f"latency_b{bs}_median_ms" in m for bs in batch_sizes)
+        why = f"no fp32 {artifact.target} artifact was timed beside it" if timed else "it was not timed"
+        return GateResult(name, False, f"{artifact.path}: no speed-up at batch {', '.join(map(str, batch_sizes))}: {why}")
+    parts = [f"{v:.3g}x at batch {bs} ({m[f'latency_b{bs}_median_ms']:.3g} ms)" for bs, v in found.items()]
+    slow = {bs: v for bs, v in found.items() if v < minimum}
+    verdict = f"< min_speedup {minimum:g}" if slow else f">= min_speedup {minimum:g}"
+    worst = min(found.values())
+    return GateResult(name, not slow, f"{artifact.path} vs {artifact.target}.fp32: {', '.join(parts)} {verdict}", worst)

@@ -27,6 +27,7 @@ from .handle import ModelHandle
 from .recipe import LoadedRecipe, dump_recipe
 from .recipe.rules import stage_ids
 from .results import RunResult, StageRecord, flat_metrics
+from .runtime import host_info
 from .stage import Stage
 
 log = logging.getLogger("pruneflow")
@@ -116,6 +117,7 @@ def run_recipe(loaded: LoadedRecipe, out: str | Path = "runs", reporter: Reporte
     write_text_atomic(run_dir / "recipe.resolved.yaml", dump_recipe(recipe))
     handler = _attach_log(run_dir)
     manifest = Manifest(run_dir, recipe.name)
+    manifest.host = host_info()
     manifest.write()
     try:
         # A rule that needs the model or data raises ConfigError(stage.loc(...)): reported at its FILE:LINE.

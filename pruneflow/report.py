@@ -57,7 +57,7 @@ def artifact_rows(result: "RunResult") -> list[dict]:
         m = a.metrics
         rows.append({
             "artifact": a.path.replace("stages/", "").replace("export/", ""),
-            "status": a.status + (" (parity failed)" if any(n.startswith("parity check failed") for n in a.notes) else ""),
+            "status": a.status + status_marks(a),
             "size": human_bytes(a.size_bytes),
             "accuracy": m.get("accuracy"),
             "max abs diff": m.get("max_abs_diff"),
@@ -66,6 +66,61 @@ def artifact_rows(result: "RunResult") -> list[dict]:
             "lat b32 ms": m.get("latency_b32_median_ms"),
         })
     return rows
+
+
+def status_marks(artifact) -> str:
+    """`` (parity failed)``, `` (gate failed: onnx.int8.max_size_mb)``: what a status cell adds for a kept artifact that failed a check."""
+    marks = ["parity failed"] if any(n.startswith("parity check failed") for n in artifact.notes) else []
+    failed = [n.split(":")[1].strip() for n in artifact.notes if n.startswith("gate failed:")]
+    marks += [f"gate failed: {', '.join(failed)}"] if failed else []
+    return f" ({'; '.join(marks)})" if marks else ""
+
+
+def latency_rows(result: "RunResult") -> list[dict]:
+    """One row per artifact, way of running it (OpenVINO: plugin default, f32 forced) and batch size, from
+    the figures the export stage measured interleaved (``latency_b{bs}_median_ms[_f32]`` and friends)."""
+    rows = []
+    for a in result.artifacts:
+        m = a.metrics
+        sizes = sorted({int(k[len("latency_b"):].split("_")[0]) for k in m if k.startswith("latency_b") and "_median_ms" in k})
+        for suffix in [s for s in ("", "_f32") if f"runtime{s}" in m]:
+            for bs in sizes:
+                if f"latency_b{bs}_median_ms{suffix}" not in m:
+                    continue
+                rows.append({
+                    "artifact": a.label, "runtime": m[f"runtime{suffix}"], "batch": bs,
+                    "p50 ms": m[f"latency_b{bs}_median_ms{suffix}"], "p90 ms": m.get(f"latency_b{bs}_p90_ms{suffix}"),
+                    "p99 ms": m.get(f"latency_b{bs}_p99_ms{suffix}"), "samples/s": m.get(f"throughput_b{bs}{suffix}"),
+                    "vs fp32": m.get(f"speedup_b{bs}{suffix}"),
+                })
+    return rows
+
+
+def host_line(host: dict) -> str:
+    """The host row an export stage records, as one sentence for the report."""
+    gpus = f"; GPUs: {host['gpus']}" if host.get("gpus") else ""
+    return (f"Measured on {host.get('cpu')} ({host.get('arch')}; {host.get('isa') or 'no listed ISA extensions'}), "
+            f"{host.get('usable_cpus')} usable CPUs, runtime threads: {host.get('threads')}{gpus}; {host.get('versions')}.")
+
+
+def latency_section(result: "RunResult") -> list[str]:
+    """The interleaved latency table with the host it was measured on beside it (one per export stage's host)."""
+    rows = latency_rows(result)
+    if not rows:
+        return []
+    hosts = [host_line(row) for s in result.stages for row in s.tables.get("host", [])]
+    runs = sorted({str(a.metrics["latency_runs"]) for a in result.artifacts if "latency_runs" in a.metrics})
+    return [
+        "## Latency",
+        "",
+        *hosts,
+        "",
+        f"All artifacts of a stage timed together, interleaved ({', '.join(runs)} runs each per batch size, fresh eval "
+        "batches); `vs fp32`: the fp32 artifact's p50 of the same target and way of running it over this one's. OpenVINO "
+        "runs each artifact as a user would (the plugin's default inference precision) and with f32 forced.",
+        "",
+        md_table(rows),
+    ]
 
 
 def stage_rows(result: "RunResult") -> list[dict]:
@@ -103,13 +158,15 @@ def render_markdown(result: "RunResult", loaded: "LoadedRecipe", data: "DataBund
                              if "latency_threads" in a.metrics})) or "not timed") + ").",
         "",
         md_table(artifact_rows(result)),
+        *latency_section(result),
         "## Gates",
         "",
         md_table([{"gate": g.name, "result": "pass" if g.passed else "FAIL", "detail": g.message} for g in result.gates]),
     ]
     for s in result.stages:
         for name, rows in s.tables.items():
-            lines += [f"## {s.id}: {name}", "", md_table(rows)]
+            if name != "host":  # printed beside the latency table
+                lines += [f"## {s.id}: {name}", "", md_table(rows)]
     notes = [{"artifact": a.path, "note": n} for a in result.artifacts for n in a.notes]
     if notes:
         lines += ["## Notes", "", md_table(notes)]

@@ -31,7 +31,8 @@ def test_every_target_and_precision_is_built_and_measured(exported):
     for label in ("onnx.fp32", "onnx.fp16", "openvino.fp32", "openvino.fp16"):
         assert r.metrics[f"{label}.top1_agreement"] >= 0.98, label
         assert abs(r.metrics[f"{label}.accuracy"] - r.metrics["evaluate.accuracy"]) <= 0.02, label
-        assert r.metrics[f"{label}.latency_b1_median_ms"] > 0
+        assert 0 < r.metrics[f"{label}.latency_b1_median_ms"] <= r.metrics[f"{label}.latency_b1_p90_ms"] <= r.metrics[f"{label}.latency_b1_p99_ms"]
+        assert r.metrics[f"{label}.size_mb"] == pytest.approx(next(a.size_bytes for a in r.artifacts if a.label == label) / 1e6)
     assert r.metrics["onnx.fp32.max_abs_diff"] < 1e-4
     assert r.metrics["onnx.fp16.max_abs_diff"] > 10 * r.metrics["onnx.fp32.max_abs_diff"]  # fp16 really rounds
     assert not list(r.run_dir.rglob("*.tmp")) and not list((r.run_dir / "export").rglob("tmp*"))
@@ -70,3 +71,34 @@ def test_a_static_batch_export_is_measured_one_sample_at_a_time(tmp_path, write_
     assert "onnx.fp32.latency_b1_median_ms" in r.metrics and "onnx.fp32.latency_b32_median_ms" not in r.metrics
     model = onnx.load(str(r.run_dir / "export/onnx/model.fp32.onnx"))
     assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_value == 1
+
+
+def test_parity_limits_follow_the_precision_the_runtime_computed_in():
+    from pruneflow.stages.export import ParitySpec
+    from pruneflow.stages.measure import PARITY_DEFAULTS
+
+    spec = ParitySpec()
+    assert spec.limits("fp32") == spec.limits("fp32", "f32") == PARITY_DEFAULTS["fp32"]
+    bf16 = spec.limits("fp32", "bf16")  # OpenVINO's CPU default on AVX-512 BF16/AMX: held to bf16's limits
+    assert (bf16.max_abs_diff, bf16.min_cosine, bf16.min_top1_agreement) == (None, 0.999, 0.98)
+    assert spec.limits("int8", "bf16") == PARITY_DEFAULTS["int8"]  # already looser than bf16
+    assert spec.limits("fp16", "f16") == PARITY_DEFAULTS["fp16"]
+    assert ParitySpec(min_cosine=0.99999).limits("fp32", "bf16").min_cosine == 0.99999  # a recipe value wins everywhere
+
+
+def test_openvino_in_bf16_fails_a_strict_parity_limit_by_name_while_f32_passes(tmp_path, write_recipe):
+    """The plugin's bf16 default is checked, never skipped: a limit only f32 can meet fails `parity`, named with
+    the precision it ran in, and `parity_f32` shows the file itself is faithful."""
+    import openvino as ov
+
+    if ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT").to_string() != "bf16":
+        pytest.skip("OpenVINO's CPU default is not bf16 on this CPU")
+    recipe = tiny_recipe_dict(name="bf16")
+    recipe["stages"][2] = {"type": "export", "targets": ["openvino"], "latency": None, "evaluate": False,
+                           "parity": {"min_cosine": 0.99999999}}
+    r = run_recipe(load_recipe(write_recipe(recipe)), out=tmp_path / "runs")
+    gates = {g.name: g for g in r.gates}
+    assert r.exit_code == 1
+    assert not gates["openvino.fp32.parity"].passed and "(default: bf16)" in gates["openvino.fp32.parity"].message
+    assert "cosine" in gates["openvino.fp32.parity"].message and "< min_cosine 0.99999999" in gates["openvino.fp32.parity"].message
+    assert gates["openvino.fp32.parity_f32"].passed and "(f32)" in gates["openvino.fp32.parity_f32"].message

@@ -31,12 +31,18 @@ def test_quickstart_meets_its_acceptance_figures(quickstart):
     for runtime in ("onnx", "openvino"):  # INT8 within a point of the FP32 model entering QAT, in each runtime
         assert r.metrics[f"{runtime}.int8.accuracy"] >= r.metrics["qat.accuracy_fp32"] - 0.01
     assert r.metrics["onnx.int8_tensorrt.top1_agreement"] >= 0.95
+    # every artifact timed in one interleaved loop: speed-ups against the fp32 artifact of the same target
+    for label in ("onnx.int8", "onnx.int8_tensorrt", "openvino.int8"):
+        ratio = r.metrics[f"{label.split('.')[0]}.fp32.latency_b32_median_ms"] / r.metrics[f"{label}.latency_b32_median_ms"]
+        assert r.metrics[f"{label}.speedup_b32"] == pytest.approx(ratio)
+    assert r.metrics["openvino.int8.inference_precision"] and r.metrics["openvino.int8.accuracy_f32"] >= 0.9
 
 
 def test_quickstart_manifest_records_true_hashes_and_lineage(quickstart):
     run_dir = quickstart.run_dir
     manifest = Manifest.read(run_dir)
     assert manifest["status"] == "complete"
+    assert manifest["host"]["cpu"]["model"] and manifest["host"]["versions"]["openvino"]
     by_path = {a["path"]: a for a in manifest["artifacts"]}
     assert set(by_path) == {
         "stages/01-train/model.pt", "stages/02-prune/model.pt", "calibration/calibration.json", "stages/04-qat/model.pt",

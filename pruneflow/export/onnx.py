@@ -18,6 +18,7 @@ from ..errors import ExportError
 from ..stage import Target, TargetConfig
 
 if TYPE_CHECKING:
+    from ..runtime import Executor
     from .qdq import Form, PassReport
 
 
@@ -77,9 +78,6 @@ class OnnxTarget(Target[OnnxConfig]):
             artifact.notes.append("TensorRT explicit-quantization form (int8, zero point 0, per-channel weights on axis 0); "
                                   "checked and measured here in onnxruntime, which runs it correctly but not fast")
         return artifact
-
-    def runner(self, path: Path, threads: int | None = None):
-        return onnxruntime_runner(path, threads)
 
 
 def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: Path, *, opset: int = 17,
@@ -158,16 +156,11 @@ def _check_runs_in_openvino(path: Path, example: torch.Tensor) -> None:
                           hint="export `int8_forms: [tensorrt]` only, or report the model to pruneflow") from exc
 
 
-def onnxruntime_runner(path: Path, threads: int | None = None):
-    ort = require("onnxruntime", "pip install onnxruntime", "running ONNX models")
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    if threads:
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
-    return lambda x: session.run(None, {name: x})[0]
+def onnxruntime_runner(path: Path, threads: int | None = None, device: str | None = None) -> "Executor":
+    """``path`` in onnxruntime on the best provider here (or ``device``): the runtime layer's executor."""
+    from ..runtime import open_artifact
+
+    return open_artifact(path, runtime="onnxruntime", device=device, threads=threads)
 
 
 def export_int8_onnx(stripped: torch.nn.Module, example: torch.Tensor, path: Path, *, form: "Form", opset: int = 17,

@@ -8,7 +8,7 @@ import os
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
@@ -16,6 +16,9 @@ from ..artifacts import Artifact
 from ..deps import require
 from ..errors import ExportError
 from ..stage import Target, TargetConfig
+
+if TYPE_CHECKING:
+    from ..runtime import Executor
 
 
 class OpenVinoConfig(TargetConfig):
@@ -84,9 +87,6 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
         export_int8_onnx(state.handle.int8_module(example), example, path, form="cpu", dynamic_batch=self.config.dynamic_batch)
         return path
 
-    def runner(self, path: Path, threads: int | None = None):
-        return openvino_runner(path, threads)
-
 
 def _dynamic_batch(onnx_path: Path) -> bool:
     """True when the ONNX model's first input has a symbolic (dynamic) batch dimension."""
@@ -95,11 +95,9 @@ def _dynamic_batch(onnx_path: Path) -> bool:
     return not first.type.tensor_type.shape.dim[0].HasField("dim_value")
 
 
-def openvino_runner(path: Path, threads: int | None = None):
-    ov = require("openvino", "pip install openvino", "running OpenVINO models")
-    config: dict[str, str | int] = {"INFERENCE_PRECISION_HINT": "f32"}  # measure the artifact, not a bf16 fallback of the CPU plugin
-    if threads:
-        config["INFERENCE_NUM_THREADS"] = threads
-    compiled = ov.Core().compile_model(str(path), "CPU", config)
-    output = compiled.output(0)
-    return lambda x: compiled(x)[output]
+def openvino_runner(path: Path, threads: int | None = None, precision_hint: str | None = "f32") -> "Executor":
+    """``path`` in OpenVINO on the CPU, by default with f32 forced (the artifact's own arithmetic; the export
+    stage times the plugin's default too, see ``pruneflow.runtime.open_artifact``)."""
+    from ..runtime import open_artifact
+
+    return open_artifact(path, runtime="openvino", device="CPU", threads=threads, precision_hint=precision_hint)

@@ -15,9 +15,10 @@ ever run on a substitute and reported as the one asked for.
 
 from __future__ import annotations
 
-from .executor import Executor, RuntimeUnavailable, open_artifact, runtimes_for
+from .base import Executor, RuntimeUnavailable
+from .executor import open_artifact, runtimes_for
 from .host import host_info
-from .timing import LatencyStats, time_interleaved
+from .timing import LatencyStats, fresh_batch, interleaved_times, time_interleaved
 
-__all__ = ["Executor", "LatencyStats", "RuntimeUnavailable", "host_info", "open_artifact", "runtimes_for",
-           "time_interleaved"]
+__all__ = ["Executor", "LatencyStats", "RuntimeUnavailable", "fresh_batch", "host_info", "interleaved_times", "open_artifact",
+           "runtimes_for", "time_interleaved"]

@@ -15,6 +15,8 @@ ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16",
 
 @cache
 def host_info() -> dict[str, Any]:
+    """``{"cpu": {"model", "arch", "isa", "logical_cpus", "usable_cpus"}, "os", "python", "gpus", "versions"}``:
+    cached, since it is read beside every latency figure of a run."""
     from ..artifacts import tool_versions
 
     model, flags = _cpuinfo()
@@ -24,8 +26,31 @@ def host_info() -> dict[str, Any]:
                 "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()},
         "os": f"{platform.system()} {platform.release()}",
         "python": platform.python_version(),
-        "versions": tool_versions(),
+        "gpus": _gpus(),
+        "versions": {**tool_versions(), **_optional_versions()},
     }
+
+
+def _gpus() -> list[str]:
+    """CUDA devices torch sees (names), [] on a machine without one."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+
+
+def _optional_versions() -> dict[str, str]:
+    """Runtimes outside the tracked packages that a latency figure may come from (TensorRT, onnxruntime-gpu)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("tensorrt", "onnxruntime-gpu"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            continue
+    return out
 
 
 def _cpuinfo() -> tuple[str | None, set[str]]:

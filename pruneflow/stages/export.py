@@ -1,63 +1,53 @@
 """`export`: write the model for each target and precision, then measure every artifact.
 
-Each artifact is checked in its own runtime: parity against the torch model it came from (max abs
-diff, cosine similarity, top-1 agreement), accuracy on the eval split, and latency.
+Each artifact is checked in its own runtime right after it is built: parity against the torch model it
+came from (max abs diff, cosine similarity, top-1 agreement) and accuracy on the eval split. Once every
+artifact of the stage exists, all of them are timed together, interleaved, per batch size
+(``measure.py``), and the stage's gates (speed-up against fp32, size on disk) are checked.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 import numpy as np
-import torch
 from pydantic import Field, create_model, field_validator
 
 from .. import registry
 from ..artifacts import Artifact
-from ..bench import fresh_batch, measure_latency
 from ..errors import ConfigError, ExportError, PruneflowError
 from ..evaluate import evaluate_runtime
-from ..gates import GateResult
+from ..gates import ArtifactGates, GateResult, artifact_gates
 from ..recipe.models import list_of, normalise_target_list, target_union
 from ..recipe.rules import quantized_before
+from ..runtime import host_info
 from ..stage import Stage, StageConfig, StageResult, StrictModel, Target
+from .measure import Opened, ParityLimits, batched, default_limits, open_for, parity_gate, parity_metrics, reference_logits, time_all
 
-
-class ParityLimits(NamedTuple):
-    """One precision's parity limits (``max_abs_diff`` None: no limit on the largest difference)."""
-
-    max_abs_diff: float | None
-    min_cosine: float
-    min_top1_agreement: float
-
-
-# Per-precision parity limits; a recipe value overrides them for every precision.
-PARITY_DEFAULTS = {
-    "fp32": ParityLimits(max_abs_diff=1e-3, min_cosine=0.9999, min_top1_agreement=0.99),
-    "fp16": ParityLimits(max_abs_diff=5e-2, min_cosine=0.999, min_top1_agreement=0.98),
-    # INT8 runtimes round at different points than torch's fake quantization (integer accumulation,
-    # requantization), and a flipped level early in a deep net moves logits: no max-diff limit by default.
-    "int8": ParityLimits(max_abs_diff=None, min_cosine=0.99, min_top1_agreement=0.95),
-}
+__all__ = ["ExportConfig", "ExportStage", "parity_metrics"]
 
 
 class ParitySpec(StrictModel):
     samples: int = Field(default=256, ge=1, description="Eval samples compared between torch and the artifact.")
     max_abs_diff: float | None = Field(default=None, gt=0, description="Largest allowed absolute difference of any output (default: 1e-3 for fp32, 0.05 for fp16, none for int8).")
-    min_cosine: float | None = Field(default=None, ge=0, le=1, description="Smallest allowed mean cosine similarity of outputs (default: 0.9999 fp32, 0.999 fp16, 0.99 int8).")
-    min_top1_agreement: float | None = Field(default=None, ge=0, le=1, description="Smallest allowed share of equal top-1 predictions (default: 0.99 fp32, 0.98 fp16, 0.95 int8).")
+    min_cosine: float | None = Field(default=None, ge=0, le=1, description="Smallest allowed mean cosine similarity of outputs (default: 0.9999 fp32, 0.999 fp16, 0.99 int8; "
+                                      "an OpenVINO artifact run in the plugin's default bf16 is held to at most 0.999).")
+    min_top1_agreement: float | None = Field(default=None, ge=0, le=1, description="Smallest allowed share of equal top-1 predictions (default: 0.99 fp32, 0.98 fp16, 0.95 int8; "
+                                             "in OpenVINO's default bf16 at most 0.98).")
 
-    def limits(self, precision: str) -> ParityLimits:
-        """Limits for an artifact's precision."""
-        default = PARITY_DEFAULTS.get(precision, PARITY_DEFAULTS["fp32"])
+    def limits(self, precision: str, computed_in: str | None = None) -> ParityLimits:
+        """Limits for an artifact's precision, run with inference precision ``computed_in`` (OpenVINO's
+        ``bf16`` default, say; see ``measure.default_limits``); a value set in the recipe wins."""
+        default = default_limits(precision, computed_in)
         return default._replace(**self.model_dump(include=set(ParityLimits._fields), exclude_none=True))
 
 
 class LatencySpec(StrictModel):
-    batch_sizes: list[int] = Field(default=[1, 32], min_length=1, description="Batch sizes to time.")
-    runs: int = Field(default=20, ge=1, le=10_000, description="Timed runs per batch size (after warm-up).")
-    warmup: int = Field(default=3, ge=0, description="Untimed runs first.")
-    threads: int | None = Field(default=1, ge=1, description="Runtime threads while timing (1 gives stable numbers).")
+    batch_sizes: list[int] = Field(default=[1, 32], min_length=1, description="Batch sizes to time (a static-batch artifact is timed at batch 1 only).")
+    runs: int = Field(default=50, ge=1, le=10_000, description="Timed repetitions per batch size (after warm-up); each runs every artifact of the stage once, in turn. "
+                      "Median, p90 and p99 come from them (with fewer than 100 runs p99 is close to the slowest run).")
+    warmup: int = Field(default=3, ge=0, description="Untimed runs of each artifact first.")
+    threads: int | None = Field(default=1, ge=1, description="Runtime threads while timing (1 gives stable numbers; null: the runtime's default).")
 
 
 class ExportConfig(StageConfig):
@@ -72,7 +62,16 @@ class ExportConfig(StageConfig):
     )
     evaluate: bool = Field(default=True, description="Measure each artifact's accuracy on the eval split in its own runtime.")
     parity: ParitySpec = Field(default_factory=ParitySpec, description="Torch-vs-artifact parity check and its limits.")
-    latency: LatencySpec | None = Field(default_factory=LatencySpec, description="Latency timing (null = skip).")
+    latency: LatencySpec | None = Field(
+        default_factory=LatencySpec,
+        description="Latency timing (null = skip): after every artifact is built and checked, all of them are timed together, "
+        "interleaved, per batch size; OpenVINO artifacts both with the plugin's default inference precision and with f32 forced.",
+    )
+    gates: ArtifactGates = Field(
+        default_factory=ArtifactGates,
+        description="Gates on every artifact of the stage: speed-up against the fp32 artifact of its target, size on disk. "
+        "A failed one exits 1, names the gate, the artifact and the value, and marks the artifact (kept on disk).",
+    )
 
     @field_validator("targets", mode="before")
     @classmethod
@@ -131,6 +130,28 @@ class ExportStage(Stage[ExportConfig]):
                 "int8 needs a quantized model, and no stage before this export quantizes it", value="int8",
                 hint="add a `ptq` stage (no training) or a `qat` stage whose schedule ends in an int8 phase before `export`",
             )
+        yield from cls._gate_rules(config, index)
+
+    @classmethod
+    def _gate_rules(cls, config, index):
+        """The stage's `gates:` can be checked: a speed-up needs fp32 and latency, names known targets and batch sizes."""
+        gates, loc = config.gates, ("stages", index, "gates")
+        if gates.min_speedup is not None and "fp32" not in config.precisions:
+            yield ConfigError((*loc, "min_speedup"), "min_speedup compares each artifact with the fp32 artifact of its target, "
+                              "and this stage writes no fp32", value=gates.min_speedup, hint="add fp32 to the stage's precisions")
+        if gates.min_speedup is not None and config.latency is None:
+            yield ConfigError((*loc, "min_speedup"), "min_speedup needs latency timing, and `latency` is null",
+                              value=gates.min_speedup, hint="remove `latency: null` (or the gate)")
+        names = [t.type for t in config.targets]
+        for i, name in enumerate(gates.targets or []):
+            if name not in names:
+                yield ConfigError((*loc, "targets", i), f"{name!r} is not a target of this stage", value=name,
+                                  hint=f"targets here: {', '.join(names)}")
+        timed = config.latency.batch_sizes if config.latency else []
+        for i, bs in enumerate(gates.batch_sizes or []):
+            if bs not in timed:
+                yield ConfigError((*loc, "batch_sizes", i), f"batch size {bs} is not timed by this stage", value=bs,
+                                  hint=f"add it to latency.batch_sizes ({', '.join(map(str, timed)) or 'none'})")
 
     def preflight(self, ctx) -> list[str]:
         """Each target's toolchain (what it writes was checked with the recipe, see ``recipe_rules``)."""
@@ -139,96 +160,97 @@ class ExportStage(Stage[ExportConfig]):
             notes += target.preflight()
         return notes
 
-    def run(self, state, ctx):
+    def run(self, state, ctx) -> StageResult:
         cfg = self.config
         result = StageResult()
+        opened: list[Opened] = []
         for name, target in self._targets():
             # export/<target>/ for the usual single export stage; a second one gets export/<its id>/<target>/.
             out_dir = ctx.run_dir / "export" / (name if self.id == "export" else f"{self.id}/{name}")
             out_dir.mkdir(parents=True, exist_ok=True)
             for precision in cfg.precisions:
-                ctx.reporter.info(f"{self.id}: building {name} {precision}")
-                target.upstream = list(result.artifacts)
-                try:
-                    built = target.build(state, ctx, out_dir, precision)
-                except PruneflowError:
-                    raise
-                except Exception as exc:  # noqa: BLE001 - reported as an export failure with the target named
-                    raise ExportError(f"{name} {precision} export failed: {type(exc).__name__}: {exc}") from exc
-                for artifact in built if isinstance(built, list) else [built]:
-                    if artifact.parent is None:  # a target converting another's artifact names that one
-                        artifact.parent = state.model_artifact.path if state.model_artifact else f"source:{state.model_key}"
-                    run = target.runner(ctx.run_dir / artifact.path) if artifact.status == "built" else None
-                    if run is not None:
-                        result.gates += self._measure(artifact, _batched(run, target), target, state, ctx)
+                for artifact in self._build(name, target, precision, out_dir, state, ctx, list(result.artifacts)):
+                    if artifact.status == "built":
+                        artifact.metrics["size_mb"] = (artifact.size_bytes or 0) / 1e6
+                        checked = self._check(artifact, target, state, ctx)
+                        result.gates += checked[1]
+                        if checked[0].executors:
+                            opened.append(checked[0])
                     result.artifacts.append(artifact)
+        if cfg.latency and opened:
+            self._time(opened, state, ctx)
+        result.gates += artifact_gates(cfg.gates, [a for a in result.artifacts if a.status == "built"],
+                                       cfg.latency.batch_sizes if cfg.latency else [])
+        result.tables["host"] = [host_record(cfg.latency.threads if cfg.latency else None)]
         return result
 
-    def _measure(self, artifact: Artifact, run, target: Target, state, ctx) -> list[GateResult]:
+    def _build(self, name: str, target: Target, precision: str, out_dir, state, ctx, upstream: list[Artifact]) -> list[Artifact]:
+        ctx.reporter.info(f"{self.id}: building {name} {precision}")
+        target.upstream = upstream  # what this stage built before: a target may convert it (OpenVINO INT8 from ONNX)
+        try:
+            built = target.build(state, ctx, out_dir, precision)
+        except PruneflowError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - reported as an export failure with the target named
+            raise ExportError(f"{name} {precision} export failed: {type(exc).__name__}: {exc}") from exc
+        artifacts = built if isinstance(built, list) else [built]
+        for artifact in artifacts:
+            if artifact.parent is None:  # a target converting another's artifact names that one
+                artifact.parent = state.model_artifact.path if state.model_artifact else f"source:{state.model_key}"
+        return artifacts
+
+    def _check(self, artifact: Artifact, target: Target, state, ctx) -> tuple[Opened, list[GateResult]]:
+        """Parity against torch and accuracy, in every way the artifact is run (see ``measure.Opened``)."""
         cfg = self.config
-        label = artifact.label
+        path = ctx.run_dir / artifact.path
+        static = not getattr(target.config, "dynamic_batch", True)
+        checks = open_for(artifact, target, path, threads=None)
+        if not checks:
+            return Opened(artifact), []
         x = state.data.eval.x[: cfg.parity.samples]
         # fp32/fp16 artifacts come from the float view of the model, int8 ones from the quantized model itself.
-        source = state.model if (artifact.precision or "").startswith("int8") else state.handle.float_module()
-        device = next(source.parameters()).device
-        with torch.no_grad():
-            source.eval()
-            ref = state.task.logits(source(x.to(device))).float().cpu().numpy()
-        got = np.asarray(run(x.numpy()), dtype=np.float32)
-        parity = parity_metrics(ref, got)
-        artifact.metrics.update(parity)
-        p = cfg.parity.limits(artifact.precision or "fp32")
-        problems = [] if np.isfinite(got).all() else ["the artifact's outputs hold NaN or inf"]
-        if p.max_abs_diff is not None and parity["max_abs_diff"] > p.max_abs_diff:
-            problems.append(f"max abs diff {parity['max_abs_diff']:.3g} > {p.max_abs_diff:g}")
-        if parity["cosine"] < p.min_cosine:
-            problems.append(f"cosine {parity['cosine']:.6f} < {p.min_cosine:g}")
-        if parity["top1_agreement"] < p.min_top1_agreement:
-            problems.append(f"top-1 agreement {parity['top1_agreement']:.4f} < {p.min_top1_agreement:g}")
-        gate = GateResult(
-            f"{label}.parity",
-            not problems,
-            "; ".join(problems) if problems else
-            f"max abs diff {parity['max_abs_diff']:.2e}, cosine {parity['cosine']:.6f}, top-1 agreement {parity['top1_agreement']:.4f}",
-        )
-        if problems:
-            artifact.notes.append("parity check failed: " + "; ".join(problems))
-        if cfg.evaluate:
-            measured = evaluate_runtime(run, state.data.eval, state.task, ctx.recipe.data.eval_batch_size,
-                                        ctx.reporter, description=f"{label} eval")
-            artifact.metrics["accuracy"] = measured["accuracy"]
-        if cfg.latency:
-            timed = target.runner(ctx.run_dir / artifact.path, threads=cfg.latency.threads) or run
-            static = not getattr(target.config, "dynamic_batch", True)
-            if static and any(bs != 1 for bs in cfg.latency.batch_sizes):
-                artifact.notes.append("static batch 1: latency timed at batch 1 only")
-            for bs in [1] if static else cfg.latency.batch_sizes:
-                example = fresh_batch(state.data.eval.x, bs).numpy()
-                lat = measure_latency(timed, example, cfg.latency.warmup, cfg.latency.runs)
-                for key in ("median_ms", "p99_ms", "max_ms"):
-                    if key in lat:
-                        artifact.metrics[f"latency_b{bs}_{key}"] = lat[key]
-            artifact.metrics["latency_threads"] = cfg.latency.threads or 0
-        return [gate]
+        source = state.model if artifact.precision == "int8" else state.handle.float_module()
+        ref = reference_logits(source, x, state.task)
+        gates = []
+        for suffix, executor in checks.items():
+            run = batched(executor, static)
+            got = np.asarray(run(x.numpy()), dtype=np.float32)
+            parity = parity_metrics(ref, got)
+            artifact.metrics.update({f"{k}{suffix}": v for k, v in parity.items()})
+            artifact.metrics[f"runtime{suffix}"] = executor.label
+            computed_in = executor.info.get("inference_precision")
+            if computed_in:
+                artifact.metrics[f"inference_precision{suffix}"] = computed_in
+            limits = cfg.parity.limits(artifact.precision or "fp32", computed_in)
+            gates.append(parity_gate(artifact, suffix, executor, parity, bool(np.isfinite(got).all()), limits))
+            if cfg.evaluate:
+                measured = evaluate_runtime(run, state.data.eval, state.task, ctx.recipe.data.eval_batch_size,
+                                            ctx.reporter, description=f"{artifact.label} eval ({executor.label})")
+                artifact.metrics[f"accuracy{suffix}"] = measured["accuracy"]
+        timed = open_for(artifact, target, path, cfg.latency.threads) if cfg.latency else {}
+        if cfg.latency and static and any(bs != 1 for bs in cfg.latency.batch_sizes):
+            artifact.notes.append("static batch 1: latency timed at batch 1 only")
+        return Opened(artifact, timed, static), gates
+
+    def _time(self, opened: list[Opened], state, ctx) -> None:
+        lat = self.config.latency
+        assert lat is not None
+        runtimes = sum(len(o.executors) for o in opened)
+        ctx.reporter.info(f"{self.id}: timing {len(opened)} artifacts ({runtimes} runtimes) interleaved, batch sizes "
+                          f"{', '.join(map(str, lat.batch_sizes))}, {lat.runs} runs each")
+        time_all(opened, state.data.eval.x, lat.batch_sizes, warmup=lat.warmup, runs=lat.runs,
+                 progress=lambda description, total: ctx.reporter.progress(f"{self.id}: {description}", total=total))
+        for o in opened:
+            o.artifact.metrics["latency_threads"] = lat.threads or 0
 
 
-def _batched(run, target: Target):
-    """A static-batch artifact (dynamic_batch: false, batch 1) runs one sample at a time."""
-    if getattr(target.config, "dynamic_batch", True):
-        return run
-    return lambda x: np.concatenate([np.asarray(run(x[i : i + 1])) for i in range(len(x))])
-
-
-def parity_metrics(ref: np.ndarray, got: np.ndarray) -> dict[str, float]:
-    """Max abs diff, mean per-sample cosine similarity and top-1 agreement of two logit arrays."""
-    if ref.shape != got.shape:
-        raise ExportError(f"the artifact's output shape {got.shape} differs from torch's {ref.shape}")
-    a = ref.reshape(len(ref), -1).astype(np.float64)
-    b = got.reshape(len(got), -1).astype(np.float64)
-    cos = (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)
+def host_record(threads: int | None) -> dict[str, Any]:
+    """One row for the stage's ``host`` table: where its latency was measured (``runtime.host_info``)."""
+    host = host_info()
+    versions = host["versions"]
     return {
-        "max_abs_diff": float(np.abs(a - b).max()),
-        "cosine": float(cos.mean()),
-        "top1_agreement": float((a.argmax(1) == b.argmax(1)).mean()),
-        "parity_samples": int(len(a)),
+        "cpu": host["cpu"]["model"], "arch": host["cpu"]["arch"], "isa": " ".join(host["cpu"]["isa"]),
+        "usable_cpus": host["cpu"]["usable_cpus"], "threads": threads or "runtime default",
+        "gpus": ", ".join(host.get("gpus", [])), "os": host["os"],
+        "versions": ", ".join(f"{k} {versions[k]}" for k in ("onnxruntime", "openvino", "tensorrt", "torch") if k in versions),
     }

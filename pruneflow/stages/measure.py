@@ -1,0 +1,191 @@
+"""What the export stage measures on each artifact, through the runtime layer (``pruneflow.runtime``).
+
+Checks (parity against torch, accuracy) run per artifact right after it is built; latency runs once
+every artifact of the stage exists, all of them interleaved per batch size, so load on a shared machine
+hits them alike and the ratios between them hold.
+
+An OpenVINO artifact runs twice: with the plugin's default inference precision (what a user gets: bf16
+on CPUs with AVX-512 BF16 or AMX) and with f32 forced (the file's own arithmetic). Metrics of the default
+carry the plain names (``accuracy``, ``latency_b1_median_ms``), those of forced f32 the suffix ``_f32``;
+where the default already is f32 only the plain ones exist.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, ContextManager, NamedTuple
+
+import numpy as np
+import torch
+
+from ..errors import ExportError
+from ..gates import GateResult
+from ..runtime import Executor, LatencyStats, RuntimeUnavailable, fresh_batch, open_artifact, runtimes_for, time_interleaved
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from ..artifacts import Artifact
+    from ..stage import Target
+
+#: Suffix of the metrics measured with OpenVINO's f32 forced, when the plugin's default is not f32.
+F32 = "_f32"
+
+
+class ParityLimits(NamedTuple):
+    """One precision's parity limits (``max_abs_diff`` None: no limit on the largest difference)."""
+
+    max_abs_diff: float | None
+    min_cosine: float
+    min_top1_agreement: float
+
+    def looser(self, other: "ParityLimits") -> "ParityLimits":
+        """Each limit the looser of the two (an artifact computed in a lower precision than it stores)."""
+        diff = None if self.max_abs_diff is None or other.max_abs_diff is None else max(self.max_abs_diff, other.max_abs_diff)
+        return ParityLimits(diff, min(self.min_cosine, other.min_cosine), min(self.min_top1_agreement, other.min_top1_agreement))
+
+
+# Per-precision parity limits; a recipe value overrides them for every precision.
+PARITY_DEFAULTS = {
+    "fp32": ParityLimits(max_abs_diff=1e-3, min_cosine=0.9999, min_top1_agreement=0.99),
+    "fp16": ParityLimits(max_abs_diff=5e-2, min_cosine=0.999, min_top1_agreement=0.98),
+    # INT8 runtimes round at different points than torch's fake quantization (integer accumulation,
+    # requantization), and a flipped level early in a deep net moves logits: no max-diff limit by default.
+    "int8": ParityLimits(max_abs_diff=None, min_cosine=0.99, min_top1_agreement=0.95),
+    # What a runtime computing in bf16 (OpenVINO's CPU default with AVX-512 BF16/AMX) can hold to: 8 bits of
+    # mantissa against fp16's 11, so no max-diff limit (logits of 10-20 move by ~0.1), fp16's cosine and top-1.
+    "bf16": ParityLimits(max_abs_diff=None, min_cosine=0.999, min_top1_agreement=0.98),
+}
+
+#: OpenVINO's inference precision names → the PARITY_DEFAULTS entry its arithmetic is held to.
+COMPUTED_IN = {"bf16": "bf16", "f16": "fp16"}
+
+
+def default_limits(precision: str, computed_in: str | None = None) -> ParityLimits:
+    """The default limits of an artifact of ``precision`` run with inference precision ``computed_in``
+    (OpenVINO's ``bf16``/``f16``/``f32``; None: the runtime computes in the artifact's own precision)."""
+    limits = PARITY_DEFAULTS.get(precision, PARITY_DEFAULTS["fp32"])
+    lower = COMPUTED_IN.get(computed_in or "")
+    return limits.looser(PARITY_DEFAULTS[lower]) if lower else limits
+
+
+@dataclass
+class Opened:
+    """A built artifact and its executors: ``""`` the runtime's default, ``"_f32"`` OpenVINO with f32 forced."""
+
+    artifact: "Artifact"
+    executors: dict[str, Executor] = field(default_factory=dict)
+    #: Static batch 1 (``dynamic_batch: false``): checked one sample at a time, timed at batch 1 only.
+    static: bool = False
+
+
+def open_for(artifact: "Artifact", target: "Target", path: "Path", threads: int | None) -> dict[str, Executor]:
+    """The artifact's executors (see ``Opened``); {} with a note on the artifact when no runtime here runs it."""
+    try:
+        if not runtimes_for(path):  # a plugin target's own file type: its runner, if it has one
+            run = target.runner(path, threads)
+            if run is None:
+                raise RuntimeUnavailable(f"no runtime here runs {path.suffix or path.name} files")
+            return {"": Executor(path, artifact.target or "plugin", "default", run)}
+        default = open_artifact(path, threads=threads)
+        executors = {"": default}
+        if default.runtime == "openvino" and default.info.get("inference_precision") != "f32":
+            executors[F32] = open_artifact(path, threads=threads, precision_hint="f32")
+        return executors
+    except RuntimeUnavailable as exc:
+        note = f"not measured here: {exc.message}"
+        if note not in artifact.notes:
+            artifact.notes.append(note)
+        return {}
+
+
+def batched(run: Callable[[np.ndarray], np.ndarray], static: bool) -> Callable[[np.ndarray], np.ndarray]:
+    """A static-batch artifact (batch 1) runs one sample at a time."""
+    if not static:
+        return run
+    return lambda x: np.concatenate([np.asarray(run(x[i : i + 1])) for i in range(len(x))])
+
+
+def reference_logits(model: torch.nn.Module, x: torch.Tensor, task) -> np.ndarray:
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        model.eval()
+        return task.logits(model(x.to(device))).float().cpu().numpy()
+
+
+def parity_metrics(ref: np.ndarray, got: np.ndarray) -> dict[str, float]:
+    """Max abs diff, mean per-sample cosine similarity and top-1 agreement of two logit arrays."""
+    if ref.shape != got.shape:
+        raise ExportError(f"the artifact's output shape {got.shape} differs from torch's {ref.shape}")
+    a = ref.reshape(len(ref), -1).astype(np.float64)
+    b = got.reshape(len(got), -1).astype(np.float64)
+    cos = (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)
+    return {
+        "max_abs_diff": float(np.abs(a - b).max()),
+        "cosine": float(cos.mean()),
+        "top1_agreement": float((a.argmax(1) == b.argmax(1)).mean()),
+        "parity_samples": int(len(a)),
+    }
+
+
+def parity_gate(artifact: "Artifact", suffix: str, executor: Executor, parity: dict[str, float], finite: bool,
+                limits: ParityLimits) -> GateResult:
+    """``LABEL.parity`` (as the runtime runs it by default) or ``LABEL.parity_f32`` (OpenVINO, f32 forced):
+    the message names the artifact, how it ran and every figure against its limit."""
+    problems = [] if finite else ["the artifact's outputs hold NaN or inf"]
+    if limits.max_abs_diff is not None and parity["max_abs_diff"] > limits.max_abs_diff:
+        problems.append(f"max abs diff {parity['max_abs_diff']:.3g} > {limits.max_abs_diff:.10g}")
+    if parity["cosine"] < limits.min_cosine:
+        problems.append(f"cosine {parity['cosine']:.6f} < min_cosine {limits.min_cosine:.10g}")
+    if parity["top1_agreement"] < limits.min_top1_agreement:
+        problems.append(f"top-1 agreement {parity['top1_agreement']:.4f} < min_top1_agreement {limits.min_top1_agreement:.10g}")
+    ran = executor.label
+    detail = "; ".join(problems) if problems else (
+        f"max abs diff {parity['max_abs_diff']:.2e}, cosine {parity['cosine']:.6f}, top-1 agreement {parity['top1_agreement']:.4f}")
+    gate = GateResult(f"{artifact.label}.parity{suffix}", not problems, f"{artifact.path} in {ran}: {detail}", parity["cosine"])
+    if problems:
+        artifact.notes.append(f"parity check failed ({ran}): " + "; ".join(problems))
+    return gate
+
+
+def time_all(opened: list[Opened], samples: torch.Tensor, batch_sizes: list[int], *, warmup: int, runs: int,
+             progress: Callable[[str, int], ContextManager[Callable[..., None]]]) -> None:
+    """Time every executor of every artifact together, interleaved, per batch size, on fresh real batches;
+    write ``latency_b{bs}_{median,p90,p99}_ms``, ``throughput_b{bs}`` (samples/s) and, against the fp32
+    artifact of the same target, ``speedup_b{bs}`` into each artifact's metrics (``_f32`` suffixed likewise).
+
+    ``progress(description, total)`` is a reporter's progress context (yields ``advance``)."""
+    for bs in batch_sizes:
+        executors = {f"{i}{suffix}": ex for i, o in enumerate(opened) if bs == 1 or not o.static
+                     for suffix, ex in o.executors.items()}
+        if not executors:
+            continue
+        with progress(f"timing {len(executors)} runtimes interleaved, batch {bs}", runs) as advance:
+            stats = time_interleaved(executors, fresh_batch(samples, bs), warmup=warmup, runs=runs, on_step=advance)
+        for key, s in stats.items():
+            index, _, suffix = key.partition("_")
+            _record(opened[int(index)].artifact, bs, f"_{suffix}" if suffix else "", s)
+    _speedups(opened, batch_sizes)
+
+
+def _record(artifact: "Artifact", bs: int, suffix: str, s: LatencyStats) -> None:
+    m = artifact.metrics
+    m[f"latency_b{bs}_median_ms{suffix}"] = s.p50_ms
+    m[f"latency_b{bs}_p90_ms{suffix}"] = s.p90_ms
+    m[f"latency_b{bs}_p99_ms{suffix}"] = s.p99_ms
+    m[f"throughput_b{bs}{suffix}"] = s.throughput
+    m["latency_runs"] = s.runs
+
+
+def _speedups(opened: list[Opened], batch_sizes: list[int]) -> None:
+    baselines = {o.artifact.target: o.artifact for o in opened if o.artifact.precision == "fp32" and not o.artifact.form}
+    for o in opened:
+        base = baselines.get(o.artifact.target)
+        if base is None or base is o.artifact:
+            continue
+        for bs in batch_sizes:
+            for suffix in o.executors:
+                key = f"latency_b{bs}_median_ms{suffix}"
+                mine, theirs = o.artifact.metrics.get(key), base.metrics.get(key)
+                if mine and theirs:
+                    o.artifact.metrics[f"speedup_b{bs}{suffix}"] = theirs / mine
