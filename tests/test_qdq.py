@@ -16,7 +16,7 @@ from calibrate.build import build_calibration_set
 from pruneflow.data import Split
 from pruneflow.export.onnx import export_int8_onnx, onnxruntime_runner
 from pruneflow.export.qdq import check_convention, u8s8_overflow_risks
-from pruneflow.stages.export import PARITY_DEFAULTS, parity_metrics
+from pruneflow.stages.measure import PARITY_DEFAULTS, parity_metrics
 from qat.nncf_quant import quantize, strip_quantizers
 
 

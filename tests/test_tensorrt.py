@@ -25,7 +25,7 @@ from pruneflow.errors import MissingDependencyError
 from pruneflow.export import tensorrt_build
 from pruneflow.export.qdq import check_convention
 from pruneflow.export.tensorrt import TensorRtConfig, TensorRtShapes, TensorRtTarget, toolchain_status
-from pruneflow.stages.export import PARITY_DEFAULTS, parity_metrics
+from pruneflow.stages.measure import PARITY_DEFAULTS, parity_metrics
 
 from conftest import run_recipe_dict, tiny_recipe_dict
 
