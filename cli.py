@@ -431,7 +431,7 @@ class _OptionalJsonValue(typer.core.TyperCommand):
     Typer has no option with an optional value, so a bare ``--json`` is rewritten before parsing."""
 
     def parse_args(self, ctx, args):
-        out: list[str] = []
+        out = []
         for i, arg in enumerate(args):
             following = args[i + 1] if i + 1 < len(args) else ""
             if arg == "--" or "--" in out:
@@ -474,7 +474,7 @@ def bench(
 
         pruneflow bench runs/dense runs/pruned --batch 1,32 --runs 100 --html bench.html --json bench.json
     """
-    from pruneflow.benchmark import BenchSettings, run_bench, write_outputs
+    from pruneflow.benchmark import BenchSettings, result_json, run_bench, write_outputs
 
     to_stdout = json_out == "-"
     with handle_errors(verbose, to_stdout):
@@ -490,23 +490,27 @@ def bench(
         result = run_bench(list(sources), settings, RichReporter(_err_console(), quiet=to_stdout))
         written = write_outputs(result, json_file=json_file, html=html, prometheus=prometheus)
         if to_stdout:
-            print(json.dumps(result.as_json(), allow_nan=False))
+            print(json.dumps(result_json(result), allow_nan=False))
         else:
             _print_bench(result, written)
 
 
 def _print_bench(result, written: list[Path]) -> None:
-    from pruneflow.benchmark.html import table_cells
+    """One table per batch size (columns with nothing in them left out), then what was not timed, the host,
+    the inputs and the files written."""
+    from pruneflow.benchmark.html import TABLE_HEAD, table_cells
 
     console = _out_console()
-    table = Table(title=f"pruneflow bench: ratios against {result.baseline.name}", title_justify="left")
-    head = ("variant", "runtime", "batch", "p50 ms", "p90 ms", "p99 ms", "samples/s", "speed-up", "size", "size ÷",
-            "accuracy", "Δ acc pt", "benchmark_app /s", "note")
-    for i, h in enumerate(head):
-        table.add_column(h, justify="left" if i in (0, 1, len(head) - 1) else "right")
-    for row in result.rows:
-        table.add_row(*table_cells(result, row), style="bold" if row.lane.variant is result.baseline else None)
-    console.print(table)
+    for batch in result.settings.batches:
+        rows = [r for r in result.rows if r.batch == batch]
+        cells = [table_cells(result, r) for r in rows]
+        keep = [i for i, h in enumerate(TABLE_HEAD) if h != "batch" and any(c[i] not in ("", "–") for c in cells)]
+        table = Table(title=f"batch {batch}: ratios against {result.baseline.name}", title_justify="left")
+        for i in keep:
+            table.add_column(TABLE_HEAD[i], justify="left" if i in (0, 1, len(TABLE_HEAD) - 1) else "right", no_wrap=i != len(TABLE_HEAD) - 1)
+        for row, c in zip(rows, cells):
+            table.add_row(*(c[i] for i in keep), style="bold" if row.lane.variant is result.baseline else None)
+        console.print(table)
     for v in result.variants:
         if not v.timed:
             detail = "prepared, not built" if v.status == "prepared" else v.status

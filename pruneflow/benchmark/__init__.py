@@ -3,7 +3,7 @@
     from pruneflow.benchmark import BenchSettings, run_bench
 
     result = run_bench([Path("runs/a"), Path("runs/b")], BenchSettings(batches=[1, 32], runs=50))
-    result.as_json()["results"][0]["p50_ms"], result.baseline.name
+    result_json(result)["results"][0]["p50_ms"], result.baseline.name
 
 Everything runs through the runtime layer (``pruneflow.runtime``): ``open_artifact`` loads each file,
 ``time_interleaved`` times all of them in one loop per batch size, ``host_info`` describes the machine.
@@ -12,7 +12,6 @@ The library prints nothing; ``cli.py`` renders the table and writes the files (`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,41 +20,12 @@ from ..errors import PruneflowError, UsageError
 from ..runtime import RuntimeUnavailable, host_info
 from .appcheck import benchmark_app_command, run_benchmark_app
 from .inputs import Feeds
+from .exposition import result_json
 from .measure import BenchSettings, Lane, Row, add_ratios, open_lanes, time_all
+from .result import BenchResult
 from .variants import Variant, collect_variants, pick_baseline
 
-FORMAT = "pruneflow-bench/1"
-
-__all__ = ["BenchResult", "BenchSettings", "Lane", "Row", "Variant", "run_bench", "write_outputs"]
-
-
-@dataclass
-class BenchResult:
-    host: dict[str, Any]
-    settings: BenchSettings
-    variants: list[Variant]
-    rows: list[Row]
-    baseline: Variant
-    #: Variant name → what it was timed on (the eval split, or random values of its input shape).
-    inputs: dict[str, str]
-    #: ``{"available": bool, "how": str}``: whether OpenVINO's benchmark_app was found (and asked for).
-    benchmark_app: dict[str, Any]
-
-    def size_reduction(self, variant: Variant) -> float | None:
-        """Baseline size / variant size (4.0 = a quarter of the bytes)."""
-        base, own = self.baseline.size_bytes, variant.size_bytes
-        return base / own if base and own else None
-
-    def accuracy_delta(self, variant: Variant) -> float | None:
-        """Variant accuracy − baseline accuracy (fractions, from the runs' manifests)."""
-        if variant.accuracy is None or self.baseline.accuracy is None:
-            return None
-        return variant.accuracy - self.baseline.accuracy
-
-    def as_json(self) -> dict[str, Any]:
-        from .exposition import result_json
-
-        return result_json(self)
+__all__ = ["BenchResult", "BenchSettings", "Lane", "Row", "Variant", "result_json", "run_bench", "write_outputs"]
 
 
 def run_bench(sources: list[Path], settings: BenchSettings, reporter: Reporter | None = None) -> BenchResult:
@@ -120,7 +90,7 @@ def write_outputs(result: BenchResult, *, json_file: Path | None = None, html: P
     from .html import html_report
 
     written = []
-    for path, render in ((json_file, lambda: json.dumps(result.as_json(), indent=2, allow_nan=False) + "\n"),
+    for path, render in ((json_file, lambda: json.dumps(result_json(result), indent=2, allow_nan=False) + "\n"),
                          (html, lambda: html_report(result)), (prometheus, lambda: prometheus_text(result))):
         if path is not None:
             write_text_atomic(path, render())

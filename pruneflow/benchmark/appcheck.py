@@ -58,7 +58,7 @@ def run_benchmark_app(prefix: list[str], xml: Path, shape: tuple[int, ...], hint
     with tempfile.TemporaryDirectory(prefix="pruneflow-benchmark-app-") as tmp:
         args = benchmark_app_args(xml, shape, hint, threads, runs, duration, Path(tmp))
         command = [*prefix, *args]
-        shown = "benchmark_app " + " ".join(args[:-2] + ["-report_folder", "<tmp>"])
+        shown = "benchmark_app " + " ".join("<tmp>" if a == tmp else a for a in args)
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:

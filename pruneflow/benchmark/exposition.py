@@ -11,7 +11,7 @@ import math
 from typing import TYPE_CHECKING, Any, Iterator
 
 if TYPE_CHECKING:
-    from . import BenchResult
+    from .result import BenchResult
     from .measure import Row
 
 QUANTILES = (("0.5", "p50_ms"), ("0.9", "p90_ms"), ("0.99", "p99_ms"))
@@ -38,7 +38,7 @@ def strict(value: Any) -> Any:
 
 
 def result_json(result: "BenchResult") -> dict[str, Any]:
-    from . import FORMAT
+    from .result import FORMAT
 
     variants = [{**v.as_dict(), "timed_on": result.inputs.get(v.name), "size_reduction": result.size_reduction(v),
                  "accuracy_delta": result.accuracy_delta(v)} for v in result.variants]

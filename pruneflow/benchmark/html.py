@@ -11,7 +11,7 @@ from html import escape
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from . import BenchResult
+    from .result import BenchResult
     from .measure import Row
 
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22",
@@ -19,7 +19,7 @@ PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
 WIDTH = 1100
 CSS = """body{font:14px system-ui,sans-serif;margin:24px;color:#222}h1{font-size:20px}h2{font-size:16px;margin-top:28px}
 table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}
-td:first-child,th:first-child,td.l{text-align:left}.muted{color:#777}svg{display:block;margin:6px 0}
+td:first-child,th:first-child,td.l{text-align:left}td:nth-child(-n+2),th:nth-child(-n+2){text-align:left;white-space:nowrap}.muted{color:#777}svg{display:block;margin:6px 0}
 .key span{display:inline-block;margin-right:14px}.key i{display:inline-block;width:12px;height:12px;margin-right:4px}"""
 
 
@@ -45,32 +45,45 @@ def html_report(result: "BenchResult") -> str:
 
 
 def scatter_svg(result: "BenchResult", colour: dict[str, str]) -> str:
-    """One point per variant x runtime at the largest batch: median latency (x) against accuracy (y)."""
+    """One marker per variant x runtime at the largest batch: median latency (x) against accuracy (y);
+    colour names the variant, shape the runtime."""
     batch = max(result.settings.batches)
     points = [r for r in result.rows if r.stats is not None and r.batch == batch and r.lane.variant.accuracy is not None]
     if not points:
         return '<p class="muted">No accuracy recorded (bare artifacts carry none): nothing to plot.</p>'
-    height, left, bottom, top, right = 360, 70, 40, 20, 320
+    height, left, bottom, top, right = 340, 70, 40, 20, 260
     xs = [r.stats.p50_ms for r in points if r.stats is not None]
     ys = [float(r.lane.variant.accuracy or 0.0) for r in points]
     x_max = max(xs) * 1.1 or 1.0
-    y_lo, y_hi = min(ys), max(ys)
-    pad = max((y_hi - y_lo) * 0.15, 0.005)
-    y_lo, y_hi = y_lo - pad, y_hi + pad
-
-    def px(x: float, y: float) -> tuple[float, float]:
-        return (left + x / x_max * (WIDTH - left - right),
-                top + (1 - (y - y_lo) / (y_hi - y_lo)) * (height - top - bottom))
-
+    pad = max((max(ys) - min(ys)) * 0.15, 0.005)
+    y_lo, y_hi = min(ys) - pad, max(ys) + pad
+    shapes = {label: MARKERS[i % len(MARKERS)] for i, label in enumerate(dict.fromkeys(r.lane.label for r in points))}
     out = [_frame(height, left, bottom, top, right),
-           _text(left + 4, height - 8, f"median latency at batch {batch} (ms), 0 to {x_max:.3g}"),
-           _text(4, top + 10, f"accuracy {y_hi:.3f}"), _text(4, height - bottom, f"{y_lo:.3f}")]
+           _text(left, height - 22, "0"), _text(WIDTH - right - 40, height - 22, f"{x_max:.3g} ms"),
+           _text(left + 4, height - 6, f"median latency at batch {batch} (ms)"),
+           _text(4, top + 10, f"{y_hi:.3f}"), _text(4, height - bottom, f"{y_lo:.3f}"), _text(4, top + 26, "accuracy")]
     for row, y in zip(points, ys):
         assert row.stats is not None
-        cx, cy = px(row.stats.p50_ms, y)
-        out.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="8" fill="{colour[row.lane.variant.name]}"/>')
-        out.append(_text(cx + 11, cy + 4, f"{row.lane.variant.name} · {row.lane.label}"))
+        cx = left + row.stats.p50_ms / x_max * (WIDTH - left - right)
+        cy = top + (1 - (y - y_lo) / (y_hi - y_lo)) * (height - top - bottom)
+        out.append(_marker(shapes[row.lane.label], cx, cy, colour[row.lane.variant.name]))
+    for i, (label, shape) in enumerate(shapes.items()):
+        out += [_marker(shape, WIDTH - right + 24, top + 14 + i * 24, "#555"), _text(WIDTH - right + 38, top + 18 + i * 24, label)]
     return _svg(height, out)
+
+
+MARKERS = ("circle", "square", "diamond", "triangle")
+
+
+def _marker(shape: str, x: float, y: float, fill: str, r: float = 8) -> str:
+    if shape == "circle":
+        return f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{r}" fill="{fill}" fill-opacity="0.85"/>'
+    if shape == "square":
+        return f'<rect x="{x - r:.1f}" y="{y - r:.1f}" width="{2 * r}" height="{2 * r}" fill="{fill}" fill-opacity="0.85"/>'
+    corners = ((x, y - r * 1.3), (x + r * 1.3, y), (x, y + r * 1.3), (x - r * 1.3, y)) if shape == "diamond" else (
+        (x, y - r * 1.2), (x + r * 1.2, y + r), (x - r * 1.2, y + r))
+    points = " ".join(f"{px:.1f},{py:.1f}" for px, py in corners)
+    return f'<polygon points="{points}" fill="{fill}" fill-opacity="0.85"/>'
 
 
 def size_svg(result: "BenchResult", colour: dict[str, str]) -> str:
@@ -101,7 +114,7 @@ def latency_svgs(result: "BenchResult", colour: dict[str, str]) -> list[str]:
 def _latency_bars(rows: list["Row"], colour: dict[str, str]) -> str:
     slowest = max(r.stats.p99_ms for r in rows if r.stats is not None) or 1.0
     bar, left = 18, 430
-    scale = (WIDTH - left - 150) / slowest
+    scale = (WIDTH - left - 230) / slowest
     out = []
     for i, row in enumerate(rows):
         assert row.stats is not None
@@ -114,9 +127,13 @@ def _latency_bars(rows: list["Row"], colour: dict[str, str]) -> str:
     return _svg(12 + len(rows) * (bar + 6), out)
 
 
+#: Columns of the side-by-side table (terminal and HTML); cells from ``table_cells``.
+TABLE_HEAD = ("variant", "runtime", "batch", "p50 ms", "p90 ms", "p99 ms", "samples/s", "speed-up", "size", "size ÷",
+              "accuracy", "Δ acc pt", "benchmark_app samples/s", "note")
+
+
 def table_html(result: "BenchResult") -> str:
-    head = ("variant", "runtime", "batch", "p50 ms", "p90 ms", "p99 ms", "samples/s", "speed-up", "size", "size ÷",
-            "accuracy", "Δ acc (pt)", "benchmark_app samples/s", "note")
+    head = TABLE_HEAD
     lines = ["<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>"]
     for row in result.rows:
         lines.append("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in table_cells(result, row)) + "</tr>")
