@@ -343,3 +343,46 @@ def test_benchmark_app_gives_a_second_opinion_on_each_ir(runs):
         assert app_result["throughput"] > 0 and app_result["median_ms"] > 0
         assert "-shape [2,1,8,8]" in app_result["command"]
         assert ("-infer_precision f32" in app_result["command"]) == (row["precision_hint"] == "f32")
+
+
+def test_two_runs_of_one_recipe_are_told_apart_by_their_folders(runs, tmp_path):
+    from pruneflow.benchmark.variants import collect_variants
+
+    again = tmp_path / "other" / "narrow"
+    shutil.copytree(runs[0], again)
+    names = [v.name for v in collect_variants([runs[0], again])]
+    assert len(set(names)) == len(names) == 8
+    assert "runs/narrow/onnx.fp32" in names and "other/narrow/onnx.fp32" in names
+
+
+@pytest.fixture(scope="module")
+def int8_run(tmp_path_factory) -> Path:
+    """A trained, post-training-quantized run exporting fp32 and int8 to onnx and openvino (NNCF: slow)."""
+    tmp = tmp_path_factory.mktemp("bench-int8")
+    recipe = tiny_recipe_dict(name="int8")
+    recipe["stages"] = [{"type": "train", "epochs": 2, "batch_size": 32, "lr": 0.05},
+                        {"type": "calibrate", "size": 64}, {"type": "ptq"},
+                        {"type": "export", "targets": ["onnx", "openvino"], "precisions": ["fp32", "int8"],
+                         "latency": None}]
+    _, result = run_recipe_dict(recipe, tmp)
+    assert result.exit_code == 0
+    return result.run_dir
+
+
+@pytest.mark.slow
+def test_int8_artifacts_of_a_quantized_run_are_compared_with_its_fp32_baseline(int8_run, tmp_path):
+    result = invoke("bench", int8_run, *FAST, "--batch", "1,16", "--json", tmp_path / "b.json", "--html",
+                    tmp_path / "b.html")
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "b.json").read_text(), parse_constant=_no_constants)
+    labels = {r["label"] for r in data["results"] if r["p50_ms"] is not None}
+    assert {"onnx.fp32", "onnx.int8", "onnx.int8_tensorrt", "openvino.fp32", "openvino.int8"} <= labels
+    assert data["baseline"] == "int8/onnx.fp32"
+    variants = {v["label"]: v for v in data["variants"]}
+    assert variants["onnx.int8"]["size_reduction"] > 1.5  # int8 weights: fewer bytes than the fp32 baseline
+    for row in data["results"]:
+        assert row["speedup"] == pytest.approx(
+            next(b["p50_ms"] for b in data["results"] if b["variant"] == data["baseline"]
+                 and b["runtime_label"] == row["baseline_runtime"] and b["batch"] == row["batch"]) / row["p50_ms"])
+        assert abs(row["accuracy_delta"]) <= 0.1
+    assert "int8/onnx.int8" in result.output and "int8/openvino.int8" in result.output
