@@ -496,18 +496,25 @@ def bench(
 
 
 def _print_bench(result, written: list[Path]) -> None:
-    """One table per batch size (columns with nothing in them left out), then what was not timed, the host,
-    the inputs and the files written."""
+    """One table per batch size (columns with nothing in them left out; one run: labels without its name),
+    then what was not timed, the host, the inputs and the files written."""
     from pruneflow.benchmark.html import TABLE_HEAD, table_cells
 
     console = _out_console()
+    if not console.is_terminal:  # logs and pipes: every figure whole, however wide
+        console = Console(highlight=False, soft_wrap=True, width=240)
+    models = {v.model for v in result.variants}
     for batch in result.settings.batches:
         rows = [r for r in result.rows if r.batch == batch]
         cells = [table_cells(result, r) for r in rows]
+        if len(models) == 1:
+            cells = [[row.lane.variant.label, *c[1:]] for row, c in zip(rows, cells)]
         keep = [i for i, h in enumerate(TABLE_HEAD) if h != "batch" and any(c[i] not in ("", "–") for c in cells)]
-        table = Table(title=f"batch {batch}: ratios against {result.baseline.name}", title_justify="left")
+        where = f" of {next(iter(models))}" if len(models) == 1 else ""
+        table = Table(title=f"batch {batch}{where}: ratios against {result.baseline.name}", title_justify="left")
         for i in keep:
-            table.add_column(TABLE_HEAD[i], justify="left" if i in (0, 1, len(TABLE_HEAD) - 1) else "right", no_wrap=i != len(TABLE_HEAD) - 1)
+            table.add_column(TABLE_HEAD[i], justify="left" if i in (0, 1, len(TABLE_HEAD) - 1) else "right",
+                             no_wrap=0 < i < len(TABLE_HEAD) - 1)
         for row, c in zip(rows, cells):
             table.add_row(*(c[i] for i in keep), style="bold" if row.lane.variant is result.baseline else None)
         console.print(table)

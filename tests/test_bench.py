@@ -341,7 +341,8 @@ def test_benchmark_app_gives_a_second_opinion_on_each_ir(runs):
         app_result = row["benchmark_app"]
         assert app_result.get("error") is None, app_result
         assert app_result["throughput"] > 0 and app_result["median_ms"] > 0
-        assert "-shape [2,1,8,8]" in app_result["command"]
+        assert "-shape [2,1,8,8]" in app_result["command"] and "-niter 100" in app_result["command"]
+        assert app_result["iterations"] == 100
         assert ("-infer_precision f32" in app_result["command"]) == (row["precision_hint"] == "f32")
 
 

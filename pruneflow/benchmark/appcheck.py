@@ -19,6 +19,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+#: benchmark_app's figures from a handful of sub-millisecond iterations are noise: it runs at least this many.
+MIN_ITERATIONS = 100
 #: Runs main() when only the module is there (the console script is missing, e.g. a copied venv).
 MODULE_RUNNER = "import sys; from openvino.tools.benchmark.main import main; sys.argv[0] = 'benchmark_app'; sys.exit(main())"
 
@@ -42,10 +44,11 @@ def benchmark_app_command() -> tuple[list[str] | None, str]:
 
 def benchmark_app_args(xml: Path, shape: tuple[int, ...], hint: str | None, threads: int | None, runs: int,
                        duration: float | None, report_dir: Path) -> list[str]:
-    """One synchronous-style measurement like ours: one stream, one request; ``-infer_precision`` only when forced."""
+    """One stream and one request, like our loop; ``-infer_precision`` only when a hint was forced; ``--runs``
+    iterations (at least ``MIN_ITERATIONS``) or ``--duration`` seconds (whole seconds: its ``-t`` takes integers)."""
     args = ["-m", str(xml), "-d", "CPU", "-shape", "[" + ",".join(str(d) for d in shape) + "]",
             "-json_stats", "-report_type", "no_counters", "-report_folder", str(report_dir)]
-    args += ["-t", str(max(1, math.ceil(duration)))] if duration else ["-niter", str(runs)]
+    args += ["-t", str(max(1, math.ceil(duration)))] if duration else ["-niter", str(max(runs, MIN_ITERATIONS))]
     args += ["-hint", "none", "-nstreams", "1", "-nireq", "1"] + (["-nthreads", str(threads)] if threads else [])
     if hint:
         args += ["-infer_precision", hint]

@@ -129,7 +129,7 @@ def _latency_bars(rows: list["Row"], colour: dict[str, str]) -> str:
 
 #: Columns of the side-by-side table (terminal and HTML); cells from ``table_cells``.
 TABLE_HEAD = ("variant", "runtime", "batch", "p50 ms", "p90 ms", "p99 ms", "samples/s", "speed-up", "size", "size ÷",
-              "accuracy", "Δ acc pt", "benchmark_app samples/s", "note")
+              "accuracy", "Δ acc pt", "benchmark_app /s", "note")
 
 
 def table_html(result: "BenchResult") -> str:
