@@ -387,3 +387,23 @@ def test_int8_artifacts_of_a_quantized_run_are_compared_with_its_fp32_baseline(i
                  and b["runtime_label"] == row["baseline_runtime"] and b["batch"] == row["batch"]) / row["p50_ms"])
         assert abs(row["accuracy_delta"]) <= 0.1
     assert "int8/onnx.int8" in result.output and "int8/openvino.int8" in result.output
+
+
+def test_a_forced_f32_lane_is_dropped_where_openvinos_default_is_already_f32(tmp_path):
+    from pruneflow.benchmark.measure import Lane, _without_duplicate_f32
+    from pruneflow.benchmark.variants import Variant
+    from pruneflow.runtime import Executor
+
+    variant = Variant("m/openvino.fp32", "m", "openvino.fp32", tmp_path / "model.xml")
+
+    def lane(hint, used):
+        executor = Executor(variant.path, "openvino", "CPU", lambda x: x, {"inference_precision": f"<Type: '{used}'>"})
+        return Lane(variant, "openvino", hint, executor)
+
+    avx2_only = [lane(None, "float32"), lane("f32", "float32")]  # a CPU without bf16: one lane is enough
+    kept = _without_duplicate_f32(avx2_only)
+    assert kept == avx2_only[:1] and kept[0].label == "openvino/CPU default=f32"
+    assert "already f32" in variant.notes[0]
+    bf16 = [lane(None, "bfloat16"), lane("f32", "float32")]  # this machine's case: both are timed
+    assert _without_duplicate_f32(bf16) == bf16
+    assert [la.label for la in bf16] == ["openvino/CPU default=bf16", "openvino/CPU f32"]
