@@ -76,7 +76,7 @@ class Lane:
         if self.runtime != "openvino":
             return f"{self.runtime}/{device}"
         used = self.inference_precision
-        return f"openvino/{device} " + (f"default={used}" if self.hint is None else (self.hint or ""))
+        return f"openvino/{device} " + (self.hint or (f"default={used}" if used else "default"))
 
     @property
     def inference_precision(self) -> str | None:
