@@ -407,3 +407,26 @@ def test_a_forced_f32_lane_is_dropped_where_openvinos_default_is_already_f32(tmp
     bf16 = [lane(None, "bfloat16"), lane("f32", "float32")]  # this machine's case: both are timed
     assert _without_duplicate_f32(bf16) == bf16
     assert [la.label for la in bf16] == ["openvino/CPU default=bf16", "openvino/CPU f32"]
+
+
+def test_a_run_whose_data_is_gone_is_timed_on_random_input_and_says_why(runs, tmp_path):
+    import yaml
+
+    run = tmp_path / "moved"
+    shutil.copytree(runs[0], run)
+    recipe = yaml.safe_load((run / "recipe.resolved.yaml").read_text())
+    recipe["data"].update(format="npz", path=str(tmp_path / "gone.npz"))
+    (run / "recipe.resolved.yaml").write_text(yaml.safe_dump(recipe))
+    result = invoke("bench", run, *FAST, "--batch", "2", "--runtime", "onnxruntime", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    timed_on = data["variants"][0]["timed_on"]
+    assert timed_on.startswith("random values, shape [B,1,8,8] float32 (its recipe's data could not be loaded")
+    assert all(r["p50_ms"] > 0 for r in data["results"])
+
+
+def test_errors_in_json_mode_are_one_json_object(tmp_path):
+    result = invoke("bench", tmp_path / "nope.onnx", "--json")
+    assert result.exit_code == 2
+    payload = json.loads(result.stdout.strip())
+    assert payload["exit_code"] == 2 and "nope.onnx" in payload["error"]["message"] and payload["error"]["hint"]

@@ -38,7 +38,12 @@ class Feeds:
                 return run
         shape = "?" if spec is None else "[B," + ",".join("?" if d is None else str(d) for d in spec.shape[1:]) + "]"
         dtype = spec.dtype if spec is not None else "float32"
-        why = "a bare artifact, no dataset" if run is None else f"its run's data does not fit: {run.what}"
+        if run is None:
+            why = "no dataset: a bare artifact, or a run without recipe.resolved.yaml"
+        elif run.samples is None:
+            why = run.what
+        else:
+            why = f"samples of shape {list(run.samples.shape[1:])} from {run.what} do not fit the input"
         return Source(f"random values, shape {shape} {dtype} ({why})")
 
     def batch(self, variant: Variant, batch: int) -> np.ndarray:
