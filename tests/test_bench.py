@@ -430,3 +430,11 @@ def test_errors_in_json_mode_are_one_json_object(tmp_path):
     assert result.exit_code == 2
     payload = json.loads(result.stdout.strip())
     assert payload["exit_code"] == 2 and "nope.onnx" in payload["error"]["message"] and payload["error"]["hint"]
+
+
+def test_a_file_no_runtime_can_load_is_a_failure_not_a_missing_runtime(tmp_path):
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(b"\x08\x07not a protobuf model")
+    result = invoke("bench", broken, *FAST, "--runtime", "onnxruntime")
+    assert result.exit_code == 4, result.output
+    assert "no artifact could be loaded" in result.output and "broken.onnx" in result.output

@@ -58,9 +58,11 @@ def _check_something_loads(lanes: list[Lane], settings: BenchSettings) -> None:
     if not lanes:
         raise UsageError(f"--runtime {','.join(settings.runtimes or [])} loads none of the artifacts given",
                          hint="leave --runtime out to use every runtime that loads each file")
-    reasons = "; ".join(sorted({f"{lane.runtime}: {lane.error}" for lane in lanes}))
-    raise RuntimeUnavailable(f"no runtime asked for could load any artifact ({reasons})",
+    reasons = "; ".join(sorted({f"{lane.variant.name} on {lane.runtime}: {lane.error}" for lane in lanes}))
+    if all((lane.error or "").startswith("unavailable") for lane in lanes):
+        raise RuntimeUnavailable(f"no runtime asked for is available for any artifact ({reasons})",
                                  hint="install the runtime (pip install onnxruntime / openvino), or bench on the machine it needs")
+    raise PruneflowError(f"no artifact could be loaded ({reasons})", hint="check the files with `pruneflow inspect`")
 
 
 def _second_opinion(rows: list[Row], settings: BenchSettings, reporter: Reporter) -> dict[str, Any]:

@@ -185,7 +185,7 @@ def _interleaved(ready: dict[str, Callable[[np.ndarray], object]], batch: int, s
         per_repetition_ms = sum(s.mean_ms for s in probe.values())
         runs = int(min(MAX_RUNS, max(3, math.ceil(settings.duration * 1000 / max(per_repetition_ms, 1e-6)))))
         warmup = 0
-    with reporter.progress(f"batch {batch}: {len(ready)} artifact x runtime timed in turn", total=runs) as advance:
+    with reporter.progress(f"batch {batch}: {len(ready)} artifact-runtime pairs, timed in turn", total=runs) as advance:
         timed = time_interleaved(ready, placeholder, warmup=warmup, runs=runs, on_step=advance)
     return dict(timed)
 
