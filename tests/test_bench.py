@@ -386,7 +386,8 @@ def test_int8_artifacts_of_a_quantized_run_are_compared_with_its_fp32_baseline(i
             next(b["p50_ms"] for b in data["results"] if b["variant"] == data["baseline"]
                  and b["runtime_label"] == row["baseline_runtime"] and b["batch"] == row["batch"]) / row["p50_ms"])
         assert abs(row["accuracy_delta"]) <= 0.1
-    assert "int8/onnx.int8" in result.output and "int8/openvino.int8" in result.output
+    assert "batch 16 of int8: ratios against int8/onnx.fp32" in result.output  # one run: rows named by label
+    assert "│ onnx.int8 " in result.output and "│ openvino.int8 " in result.output
 
 
 def test_a_forced_f32_lane_is_dropped_where_openvinos_default_is_already_f32(tmp_path):
