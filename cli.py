@@ -426,6 +426,113 @@ def _print_inspect(info: dict) -> None:
     console.print(f"total: {totals}")
 
 
+class _OptionalJsonValue(typer.core.TyperCommand):
+    """``--json`` alone means stdout (``--json=-``); ``--json FILE.json`` and ``--json=FILE`` name a file.
+    Typer has no option with an optional value, so a bare ``--json`` is rewritten before parsing."""
+
+    def parse_args(self, ctx, args):
+        out = []
+        for i, arg in enumerate(args):
+            following = args[i + 1] if i + 1 < len(args) else ""
+            if arg == "--" or "--" in out:
+                out.append(arg)
+                continue
+            out.append("--json=-" if arg == "--json" and not (following == "-" or following.endswith(".json")) else arg)
+        return super().parse_args(ctx, out)
+
+
+def _int_list(option: str, text: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UsageError(f"{option} {text!r} is not a comma-separated list of integers", hint=f"e.g. {option} 1,32") from None
+
+
+def _names(text: str | None) -> list[str] | None:
+    return [v.strip() for v in text.split(",") if v.strip()] if text else None
+
+
+@app.command(cls=_OptionalJsonValue, epilog=EPILOG)
+def bench(
+    sources: Annotated[list[Path], typer.Argument(help="Run folders (every exported artifact of the run) and/or .onnx/.xml files.", show_default=False)],
+    runtime: Annotated[Optional[str], typer.Option("--runtime", help="Comma-separated: onnxruntime, openvino (default: every runtime that loads each file).", show_default=False)] = None,
+    batch: Annotated[str, typer.Option("--batch", help="Comma-separated batch sizes.")] = "1,32",
+    warmup: Annotated[int, typer.Option("--warmup", help="Untimed runs of each artifact first.")] = 3,
+    runs: Annotated[Optional[int], typer.Option("--runs", help="Timed repetitions per batch size [default: 20].", show_default=False)] = None,
+    duration: Annotated[Optional[float], typer.Option("--duration", help="Seconds of timing per batch size, instead of --runs.", show_default=False)] = None,
+    threads: Annotated[Optional[int], typer.Option("--threads", help="Runtime threads (default: the runtime's own choice).", show_default=False)] = None,
+    baseline: Annotated[Optional[str], typer.Option("--baseline", help="Variant the ratios are against: RUN/LABEL (e.g. quickstart/onnx.fp32), a label, or a file name [default: the first fp32 artifact].", show_default=False)] = None,
+    openvino_precision: Annotated[str, typer.Option("--openvino-precision", help="OpenVINO inference precision hints to time, comma-separated: default (bf16 on AVX-512 BF16/AMX CPUs), f32, bf16, f16.")] = "default,f32",
+    json_out: Annotated[Optional[str], typer.Option("--json", metavar="[FILE]", help="Every figure as JSON: alone on stdout (instead of the table), or into FILE (--json out.json, --json=FILE).", show_default=False)] = None,
+    html: Annotated[Optional[Path], typer.Option("--html", help="A self-contained HTML report with charts.", show_default=False)] = None,
+    prometheus: Annotated[Optional[Path], typer.Option("--prometheus", help="Prometheus text format for node-exporter's textfile collector.", show_default=False)] = None,
+    benchmark_app: Annotated[bool, typer.Option("--benchmark-app", help="Also run OpenVINO's benchmark_app on each IR and record its throughput.")] = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Time artifacts side by side: p50/p90/p99 and throughput per artifact x runtime x batch, size, accuracy,
+    ratios against a baseline. All timings of a batch size run interleaved in one loop.
+
+        pruneflow bench runs/dense runs/pruned --batch 1,32 --runs 100 --html bench.html --json bench.json
+    """
+    from pruneflow.benchmark import BenchSettings, result_json, run_bench, write_outputs
+
+    to_stdout = json_out == "-"
+    with handle_errors(verbose, to_stdout):
+        if runs is not None and duration is not None:
+            raise UsageError("--runs and --duration both given", hint="time a fixed number of runs or for a duration, not both")
+        json_file = Path(json_out) if json_out and not to_stdout else None
+        if json_file is not None and (json_file.is_dir() or json_file.suffix in (".onnx", ".xml")):
+            raise UsageError(f"--json took {json_out!r} as the file to write, and it is a model or a folder",
+                             hint="put --json after the artifacts, or write --json=FILE")
+        settings = BenchSettings(runtimes=_names(runtime), batches=_int_list("--batch", batch), warmup=warmup,
+                                 runs=runs or 20, duration=duration, threads=threads, baseline=baseline,
+                                 openvino_precisions=_names(openvino_precision) or [], benchmark_app=benchmark_app)
+        result = run_bench(list(sources), settings, RichReporter(_err_console(), quiet=to_stdout))
+        written = write_outputs(result, json_file=json_file, html=html, prometheus=prometheus)
+        if to_stdout:
+            print(json.dumps(result_json(result), allow_nan=False))
+        else:
+            _print_bench(result, written)
+
+
+def _print_bench(result, written: list[Path]) -> None:
+    """One table per batch size (columns with nothing in them left out; one run: labels without its name),
+    then what was not timed, the host, the inputs and the files written."""
+    from pruneflow.benchmark.html import TABLE_HEAD, table_cells
+
+    console = _out_console()
+    if not console.is_terminal:  # logs and pipes: every figure whole, however wide
+        console = Console(highlight=False, soft_wrap=True, width=240)
+    models = {v.model for v in result.variants}
+    for batch in result.settings.batches:
+        rows = [r for r in result.rows if r.batch == batch]
+        cells = [table_cells(result, r) for r in rows]
+        if len(models) == 1:
+            cells = [[row.lane.variant.label, *c[1:]] for row, c in zip(rows, cells)]
+        keep = [i for i, h in enumerate(TABLE_HEAD) if h != "batch" and any(c[i] not in ("", "–") for c in cells)]
+        where = f" of {next(iter(models))}" if len(models) == 1 else ""
+        table = Table(title=f"batch {batch}{where}: ratios against {result.baseline.name}", title_justify="left")
+        for i in keep:
+            table.add_column(TABLE_HEAD[i], justify="left" if i in (0, 1, len(TABLE_HEAD) - 1) else "right",
+                             no_wrap=0 < i < len(TABLE_HEAD) - 1)
+        for row, c in zip(rows, cells):
+            table.add_row(*(c[i] for i in keep), style="bold" if row.lane.variant is result.baseline else None)
+        console.print(table)
+    for v in result.variants:
+        if not v.timed:
+            detail = "prepared, not built" if v.status == "prepared" else v.status
+            console.print(f"{v.name}: {detail}" + (f" ({'; '.join(v.notes)})" if v.notes else ""), markup=False)
+    cpu = result.host["cpu"]
+    console.print(f"host: {cpu['model']} ({cpu['arch']}), {cpu['usable_cpus']} CPUs, ISA {' '.join(cpu['isa'])}; "
+                  f"threads {result.settings.threads or 'runtime default'}", markup=False)
+    for what in sorted(set(result.inputs.values())):
+        console.print(f"input: {what}", markup=False)
+    if result.benchmark_app["asked"]:
+        console.print(f"benchmark_app: {result.benchmark_app['how']}", markup=False)
+    for path in written:
+        console.print(f"wrote {path}", markup=False)
+
+
 def main() -> None:
     app()
 

@@ -1,0 +1,100 @@
+"""`pruneflow bench`: artifacts of one or several runs side by side, timed interleaved on every runtime.
+
+    from pruneflow.benchmark import BenchSettings, run_bench
+
+    result = run_bench([Path("runs/a"), Path("runs/b")], BenchSettings(batches=[1, 32], runs=50))
+    result_json(result)["results"][0]["p50_ms"], result.baseline.name
+
+Everything runs through the runtime layer (``pruneflow.runtime``): ``open_artifact`` loads each file,
+``time_interleaved`` times all of them in one loop per batch size, ``host_info`` describes the machine.
+The library prints nothing; ``cli.py`` renders the table and writes the files (``write_outputs``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..context import Reporter
+from ..errors import PruneflowError, UsageError
+from ..runtime import RuntimeUnavailable, host_info
+from .appcheck import benchmark_app_command, run_benchmark_app
+from .inputs import Feeds
+from .exposition import result_json
+from .measure import BenchSettings, Lane, Row, add_ratios, open_lanes, time_all
+from .result import BenchResult
+from .variants import Variant, collect_variants, pick_baseline
+
+__all__ = ["BenchResult", "BenchSettings", "Lane", "Row", "Variant", "result_json", "run_bench", "write_outputs"]
+
+
+def run_bench(sources: list[Path], settings: BenchSettings, reporter: Reporter | None = None) -> BenchResult:
+    """Collect the variants, load each in every runtime asked for, time them all interleaved, add ratios.
+
+    Raises UsageError/InputError (exit 2) for a wrong argument and RuntimeUnavailable (exit 3) when no
+    runtime asked for could load any artifact."""
+    reporter = reporter or Reporter()
+    settings.check()
+    variants = collect_variants(sources)
+    baseline = pick_baseline(variants, settings.baseline)
+    lanes = open_lanes(variants, settings)
+    _check_something_loads(lanes, settings)
+    feeds = Feeds(settings.seed)
+    inputs = {v.name: feeds.source(v).what for v in variants if v.timed}
+    rows = time_all(lanes, feeds, settings, reporter)
+    if not any(r.stats for r in rows):
+        failures = "; ".join(sorted({f"{r.lane.variant.name}: {r.error}" for r in rows if r.error}))
+        raise PruneflowError(f"no artifact could be timed: {failures}", hint="run again with -v, or bench one file at a time")
+    add_ratios(rows, baseline)
+    app = {"asked": settings.benchmark_app, "available": False, "how": "not asked (--benchmark-app)"}
+    if settings.benchmark_app:
+        app.update(_second_opinion(rows, settings, reporter))
+    return BenchResult(host_info(), settings, variants, rows, baseline, inputs, app)
+
+
+def _check_something_loads(lanes: list[Lane], settings: BenchSettings) -> None:
+    if any(lane.executor is not None for lane in lanes):
+        return
+    if not lanes:
+        raise UsageError(f"--runtime {','.join(settings.runtimes or [])} loads none of the artifacts given",
+                         hint="leave --runtime out to use every runtime that loads each file")
+    reasons = "; ".join(sorted({f"{lane.variant.name} on {lane.runtime}: {lane.error}" for lane in lanes}))
+    if all((lane.error or "").startswith("unavailable") for lane in lanes):
+        raise RuntimeUnavailable(f"no runtime asked for is available for any artifact ({reasons})",
+                                 hint="install the runtime (pip install onnxruntime / openvino), or bench on the machine it needs")
+    raise PruneflowError(f"no artifact could be loaded ({reasons})", hint="check the files with `pruneflow inspect`")
+
+
+def _second_opinion(rows: list[Row], settings: BenchSettings, reporter: Reporter) -> dict[str, Any]:
+    """benchmark_app on every timed IR row (same file, batch, precision hint and threads)."""
+    prefix, how = benchmark_app_command()
+    if prefix is None:
+        return {"available": False, "how": how}
+    chosen = [r for r in rows if r.stats is not None and r.lane.runtime == "openvino"
+              and r.lane.variant.path is not None and r.lane.variant.path.suffix == ".xml"]
+    with reporter.progress("benchmark_app on each IR", total=len(chosen)) as advance:
+        for row in chosen:
+            assert row.lane.variant.path is not None and row.shape is not None
+            row.benchmark_app = run_benchmark_app(prefix, row.lane.variant.path, row.shape, row.lane.hint,
+                                                  settings.threads, settings.runs, settings.duration)
+            advance()
+    return {"available": True, "how": how}
+
+
+
+def write_outputs(result: BenchResult, *, json_file: Path | None = None, html: Path | None = None,
+                  prometheus: Path | None = None) -> list[Path]:
+    """Write the files asked for, each atomically; returns them in that order."""
+    import json
+
+    from ..artifacts import write_text_atomic
+    from .exposition import prometheus_text
+    from .html import html_report
+
+    written = []
+    for path, render in ((json_file, lambda: json.dumps(result_json(result), indent=2, allow_nan=False) + "\n"),
+                         (html, lambda: html_report(result)), (prometheus, lambda: prometheus_text(result))):
+        if path is not None:
+            write_text_atomic(path, render())
+            written.append(path)
+    return written

@@ -1,0 +1,35 @@
+"""The outcome of one `pruneflow bench`: variants, rows of figures, the baseline, the host."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .measure import BenchSettings, Row
+from .variants import Variant
+
+FORMAT = "pruneflow-bench/1"
+
+
+@dataclass
+class BenchResult:
+    host: dict[str, Any]
+    settings: BenchSettings
+    variants: list[Variant]
+    rows: list[Row]
+    baseline: Variant
+    #: Variant name → what it was timed on (the eval split, or random values of its input shape).
+    inputs: dict[str, str]
+    #: ``{"available": bool, "how": str}``: whether OpenVINO's benchmark_app was found (and asked for).
+    benchmark_app: dict[str, Any]
+
+    def size_reduction(self, variant: Variant) -> float | None:
+        """Baseline size / variant size (4.0 = a quarter of the bytes)."""
+        base, own = self.baseline.size_bytes, variant.size_bytes
+        return base / own if base and own else None
+
+    def accuracy_delta(self, variant: Variant) -> float | None:
+        """Variant accuracy − baseline accuracy (fractions, from the runs' manifests)."""
+        if variant.accuracy is None or self.baseline.accuracy is None:
+            return None
+        return variant.accuracy - self.baseline.accuracy

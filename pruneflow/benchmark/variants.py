@@ -1,0 +1,240 @@
+"""What `pruneflow bench` compares: the variants named on its command line.
+
+A run folder contributes every export artifact in its manifest (``built`` ones are timed, ``prepared``
+and ``failed`` ones are listed without figures); a bare ``.onnx``/``.xml`` file contributes itself, and
+borrows the manifest entry (label, accuracy, data) of the run it lies in, if any.
+"""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError, UsageError
+from ..runtime import runtimes_for
+
+PRECISIONS = ("fp32", "fp16", "int8")
+
+
+@dataclass
+class InputSpec:
+    """The artifact's (first) input: name, shape with None for a dynamic dimension, numpy dtype."""
+
+    name: str
+    shape: tuple[int | None, ...]
+    dtype: str = "float32"
+
+    def batch_fits(self, batch: int) -> bool:
+        return not self.shape or self.shape[0] in (None, batch)
+
+
+@dataclass
+class Variant:
+    """One artifact to compare. ``name`` (``run/onnx.int8``) is unique on the command line; ``model`` and
+    ``label`` are its Prometheus labels."""
+
+    name: str
+    model: str
+    label: str
+    path: Path | None
+    status: str = "built"
+    precision: str | None = None
+    target: str | None = None
+    size_bytes: int | None = None
+    accuracy: float | None = None
+    run_dir: Path | None = None
+    input: InputSpec | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def timed(self) -> bool:
+        """Built, present and loadable by some runtime (whether that runtime is installed is found later)."""
+        return self.status == "built" and self.path is not None and self.path.is_file() and bool(runtimes_for(self.path))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "model": self.model, "label": self.label, "status": self.status,
+                "path": str(self.path) if self.path else None, "precision": self.precision, "target": self.target,
+                "size_bytes": self.size_bytes, "accuracy": self.accuracy,
+                "run_dir": str(self.run_dir) if self.run_dir else None,
+                "input": None if self.input is None else {"name": self.input.name, "shape": list(self.input.shape),
+                                                          "dtype": self.input.dtype},
+                "notes": self.notes}
+
+
+def collect_variants(sources: list[Path]) -> list[Variant]:
+    """The variants of every argument, in order; a wrong argument is an InputError (exit 2) naming it."""
+    if not sources:
+        raise UsageError("bench needs at least one run folder or artifact file",
+                         hint="e.g. pruneflow bench runs/quickstart, or pruneflow bench model.onnx")
+    variants: list[Variant] = []
+    for source in sources:
+        variants += _from_run(source) if source.is_dir() else [_from_file(source)]
+    _unique_names(variants)
+    return variants
+
+
+def _from_run(run_dir: Path) -> list[Variant]:
+    manifest_file = run_dir / "manifest.json"
+    if not manifest_file.is_file():
+        raise InputError(f"{run_dir}: a folder without manifest.json is not a pruneflow run",
+                         hint="pass a run directory written by `pruneflow optimize` (OUT/NAME), or an .onnx/.xml file")
+    manifest = _read_manifest(manifest_file)
+    run_name = str(manifest.get("recipe") or run_dir.name)
+    found = [_from_entry(run_dir, run_name, entry) for entry in manifest.get("artifacts", [])
+             if entry.get("target") and entry.get("kind") != "checkpoint"]
+    if not found:
+        raise InputError(f"{run_dir}: the run's manifest lists no exported artifact",
+                         hint="add an `export` stage to the recipe and run it again")
+    return found
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: cannot be read as JSON ({exc})", hint="run the recipe again to rewrite it") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: not a pruneflow manifest (a JSON object was expected)", hint="pass a run directory")
+    return data
+
+
+def _from_entry(run_dir: Path, run_name: str, entry: dict[str, Any]) -> Variant:
+    path = run_dir / entry["path"]
+    label = _label(entry)
+    status = str(entry.get("status", "built"))
+    variant = Variant(name=f"{run_name}/{label}", model=run_name, label=label, path=path, status=status,
+                      precision=entry.get("precision"), target=entry.get("target"),
+                      accuracy=(entry.get("metrics") or {}).get("accuracy"), run_dir=run_dir,
+                      notes=list(entry.get("notes") or []))
+    companions = [run_dir / rel for rel in (entry.get("files") or {})]
+    variant.size_bytes = disk_size([path, *companions]) if path.is_file() else entry.get("size_bytes")
+    if status == "built" and not path.is_file():
+        variant.status = "missing"
+        variant.notes.append(f"{entry['path']} is listed as built but is not on disk")
+    elif status == "built" and runtimes_for(path):
+        variant.input = read_input_spec(path)
+    elif status == "built":
+        variant.notes.append(f"no runtime here loads {path.suffix or 'this'} files")
+    return variant
+
+
+def _label(entry: dict[str, Any]) -> str:
+    """``onnx.int8``, ``onnx.int8_tensorrt``: Artifact.label, rebuilt from the manifest's fields."""
+    form = entry.get("form")
+    suffix = f"_{form}" if form and form != "cpu" else ""
+    return f"{entry.get('target')}.{entry.get('precision')}{suffix}"
+
+
+def _from_file(path: Path) -> Variant:
+    if not path.exists():
+        raise InputError(f"{path}: no such file or folder", hint="pass a run directory or an .onnx/.xml artifact")
+    if not runtimes_for(path):
+        raise InputError(f"{path}: no runtime loads {path.suffix or 'files without a suffix'}",
+                         hint="pass .onnx or .xml (OpenVINO IR) files, or a run directory")
+    owner = _owning_run(path)
+    if owner is not None:
+        return owner
+    companion = path.with_suffix(".bin") if path.suffix == ".xml" else Path(f"{path}.data")
+    precision = next((p for p in PRECISIONS if p in path.name.split(".")), None)
+    return Variant(name=str(path), model=path.stem, label=path.name, path=path, precision=precision,
+                   target={".onnx": "onnx", ".xml": "openvino"}.get(path.suffix),
+                   size_bytes=disk_size([path, companion]), input=read_input_spec(path))
+
+
+def _owning_run(path: Path) -> Variant | None:
+    """The manifest entry of ``path`` when it lies inside a run folder (label, accuracy and data from the run)."""
+    resolved = path.resolve()
+    for folder in resolved.parents:
+        manifest = folder / "manifest.json"
+        if manifest.is_file():
+            data = _read_manifest(manifest)
+            rel = resolved.relative_to(folder).as_posix()
+            entry = next((a for a in data.get("artifacts", []) if a.get("path") == rel), None)
+            if entry is None:
+                return None
+            return _from_entry(folder, str(data.get("recipe") or folder.name), entry)
+    return None
+
+
+def disk_size(files: list[Path]) -> int:
+    """Bytes on disk of every file that exists (an IR's .xml and .bin, an ONNX and its external data)."""
+    return sum(f.stat().st_size for f in files if f.is_file())
+
+
+def _unique_names(variants: list[Variant]) -> None:
+    """Two runs of one recipe (A/B of two run folders) get their folder's name instead of the recipe's."""
+    names = [v.name for v in variants]
+    for v in variants:
+        if names.count(v.name) > 1 and v.run_dir is not None:
+            v.model = f"{v.run_dir.parent.name}/{v.run_dir.name}" if v.run_dir.name == v.model else v.run_dir.name
+            v.name = f"{v.model}/{v.label}"
+    seen: dict[str, int] = {}
+    pairs: dict[tuple[str, str], int] = {}
+    for v in variants:  # what still collides (one file given twice, two export stages) is numbered
+        seen[v.name] = seen.get(v.name, 0) + 1
+        pairs[(v.model, v.label)] = pairs.get((v.model, v.label), 0) + 1
+        count = max(seen[v.name], pairs[(v.model, v.label)])
+        if count > 1:
+            v.name, v.label = f"{v.name}#{count}", f"{v.label}#{count}"
+
+
+def read_input_spec(path: Path) -> InputSpec | None:
+    """The first input of an ONNX model or OpenVINO IR, read from the file (no runtime needed)."""
+    try:
+        return _onnx_input(path) if path.suffix == ".onnx" else _ir_input(path) if path.suffix == ".xml" else None
+    except Exception:  # noqa: BLE001 - an unreadable header: the runtime will say more when it loads the file
+        return None
+
+
+ONNX_DTYPES = {1: "float32", 10: "float16", 6: "int32", 7: "int64", 2: "uint8", 3: "int8", 9: "bool"}
+IR_DTYPES = {"f32": "float32", "f16": "float16", "i32": "int32", "i64": "int64", "u8": "uint8", "i8": "int8",
+             "boolean": "bool"}
+
+
+def _onnx_input(path: Path) -> InputSpec | None:
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    weights = {init.name for init in graph.initializer}
+    first = next((i for i in graph.input if i.name not in weights), None)
+    if first is None:
+        return None
+    tensor = first.type.tensor_type
+    shape = tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim)
+    return InputSpec(first.name, shape, ONNX_DTYPES.get(tensor.elem_type, "float32"))
+
+
+def _ir_input(path: Path) -> InputSpec | None:
+    root = ET.parse(path).getroot()
+    layer = next((la for la in root.iter("layer") if la.get("type") == "Parameter"), None)
+    if layer is None:
+        return None
+    data = layer.find("data")
+    attrs = data.attrib if data is not None else {}
+    dims = [d.strip() for d in attrs.get("shape", "").split(",") if d.strip()]
+    shape = tuple(int(d) if d.isdigit() else None for d in dims)
+    return InputSpec(layer.get("name", "input"), shape, IR_DTYPES.get(attrs.get("element_type", "f32"), "float32"))
+
+
+def pick_baseline(variants: list[Variant], wanted: str | None) -> Variant:
+    """The variant ratios are taken against: ``wanted`` (a full name like ``run/onnx.fp32``, or a label or
+    file name, first match), else the first timed fp32 variant, else the first timed one."""
+    timed = [v for v in variants if v.timed]
+    if wanted is not None:
+        match = next((v for v in variants if v.name == wanted), None) or next(
+            (v for v in variants if wanted in (v.label, v.path.name if v.path else None)), None)
+        if match is None:
+            raise UsageError(f"--baseline {wanted!r} names no variant on the command line",
+                             hint="use one of: " + ", ".join(v.name for v in variants))
+        if not match.timed:
+            raise UsageError(f"--baseline {wanted!r} is {match.status} and has no runtime here, so it has no figures",
+                             hint="choose a built variant: " + ", ".join(v.name for v in timed))
+        return match
+    if not timed:
+        listed = ", ".join(f"{v.name} ({v.status})" for v in variants)
+        raise InputError(f"nothing to time: no built artifact a runtime can load among {listed}",
+                         hint="prepared artifacts are built with their vendor tool first (see their README)")
+    return next((v for v in timed if v.precision == "fp32"), timed[0])
