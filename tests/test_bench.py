@@ -37,7 +37,8 @@ def no_train_run(folder: Path, name: str, width: int) -> Path:
     recipe = tiny_recipe_dict(name=name, model={"factory": "digits_cnn", "kwargs": {"width": width}})
     recipe["stages"] = [{"type": "evaluate"},
                         {"type": "export", "targets": ["onnx", "openvino"], "precisions": ["fp32", "fp16"],
-                         "latency": None}]
+                         # untrained: near-tied logits, so OpenVINO's bf16 default flips a few top-1s
+                         "latency": None, "parity": {"min_top1_agreement": 0.9}}]
     folder.mkdir(parents=True, exist_ok=True)
     _, result = run_recipe_dict(recipe, folder)
     assert result.exit_code == 0
