@@ -260,7 +260,7 @@ def _print_plan(loaded, stages, notes, out, json_out) -> None:
 
 
 def _print_summary(result) -> None:
-    from pruneflow.report import artifact_rows, fmt, stage_rows
+    from pruneflow.report import artifact_rows, fmt, not_built_rows, stage_rows
 
     console = _out_console()
     for title, rows in (("stages", stage_rows(result)), ("artifacts", artifact_rows(result))):
@@ -273,6 +273,8 @@ def _print_summary(result) -> None:
         for r in rows:
             table.add_row(*(fmt(r.get(c)) for c in columns))
         console.print(table)
+    for row in not_built_rows(result):
+        console.print(f"[yellow]{row['artifact']}: {row['status']}[/] — {row['why']}; bundle: {result.run_dir.name}/{row['folder']}")
     if result.gates:
         table = Table(title="gates", title_justify="left")
         for c in ("gate", "result", "detail"):

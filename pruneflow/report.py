@@ -57,7 +57,7 @@ def artifact_rows(result: "RunResult") -> list[dict]:
         m = a.metrics
         rows.append({
             "artifact": a.path.replace("stages/", "").replace("export/", ""),
-            "status": a.status + status_marks(a),
+            "status": STATUS_WORDS.get(a.status, a.status) + status_marks(a),
             "size": human_bytes(a.size_bytes),
             "accuracy": m.get("accuracy"),
             "max abs diff": m.get("max_abs_diff"),
@@ -66,6 +66,31 @@ def artifact_rows(result: "RunResult") -> list[dict]:
             "lat b32 ms": m.get("latency_b32_median_ms"),
         })
     return rows
+
+
+#: How a status reads in tables: a prepared artifact is never mistaken for one that exists.
+STATUS_WORDS = {"prepared": "prepared, not built", "failed": "FAILED"}
+
+
+def not_built_rows(result: "RunResult") -> list[dict]:
+    """Prepared and failed artifacts: where the bundle is and why it was not built here (the target's note)."""
+    rows = []
+    for a in result.artifacts:
+        if a.status == "built":
+            continue
+        reason = next((n for n in a.notes if n.startswith(("prepared, not built", "failed"))), "; ".join(a.notes[:1]))
+        reason = reason.removeprefix("prepared, not built").lstrip(": ")
+        rows.append({"artifact": a.label if a.target else a.path, "status": STATUS_WORDS.get(a.status, a.status),
+                     "folder": a.path.rsplit("/", 1)[0] + "/", "why": reason})
+    return rows
+
+
+def not_built_section(result: "RunResult") -> list[str]:
+    rows = not_built_rows(result)
+    if not rows:
+        return []
+    return ["## Not built here", "", "Each folder holds what the vendor's tool needs and the commands to run on a machine "
+            "that has it (its README.md says how).", "", md_table(rows)]
 
 
 def status_marks(artifact) -> str:
@@ -91,9 +116,13 @@ def latency_rows(result: "RunResult") -> list[dict]:
                     "artifact": a.label, "runtime": m[f"runtime{suffix}"], "batch": bs,
                     "p50 ms": m[f"latency_b{bs}_median_ms{suffix}"], "p90 ms": m.get(f"latency_b{bs}_p90_ms{suffix}"),
                     "p99 ms": m.get(f"latency_b{bs}_p99_ms{suffix}"), "samples/s": m.get(f"throughput_b{bs}{suffix}"),
-                    "vs fp32": m.get(f"speedup_b{bs}{suffix}"),
+                    "vs fp32": speedup(m.get(f"speedup_b{bs}{suffix}")),
                 })
     return rows
+
+
+def speedup(value: float | None) -> str | None:
+    return None if value is None else f"{value:.2f}x"
 
 
 def host_line(host: dict) -> str:
@@ -158,6 +187,7 @@ def render_markdown(result: "RunResult", loaded: "LoadedRecipe", data: "DataBund
                              if "latency_threads" in a.metrics})) or "not timed") + ").",
         "",
         md_table(artifact_rows(result)),
+        *not_built_section(result),
         *latency_section(result),
         "## Gates",
         "",

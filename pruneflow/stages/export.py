@@ -170,6 +170,9 @@ class ExportStage(Stage[ExportConfig]):
             out_dir.mkdir(parents=True, exist_ok=True)
             for precision in cfg.precisions:
                 for artifact in self._build(name, target, precision, out_dir, state, ctx, list(result.artifacts)):
+                    if artifact.status == "failed":  # the vendor tool ran and refused: exit 1, its files kept
+                        result.gates.append(GateResult(f"{artifact.label}.build", False, "; ".join(artifact.notes)
+                                                       or f"{name} {precision} failed"))
                     if artifact.status == "built":
                         artifact.metrics["size_mb"] = (artifact.size_bytes or 0) / 1e6
                         checked = self._check(artifact, target, state, ctx)
