@@ -138,11 +138,12 @@ def stamp_ir(model: Any, record: dict[str, Any], precision: str | None) -> None:
         model.set_rt_info(value, ["pruneflow", key.removeprefix("pruneflow.")])
 
 
-def read_onnx(path: str | Path) -> dict[str, Any]:
-    """The record written into an ONNX file ({} for a file pruneflow did not write)."""
+def read_onnx(source: Any) -> dict[str, Any]:
+    """The record written into an ONNX file or loaded ModelProto ({} for a model pruneflow did not write)."""
     import onnx
 
-    props = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
+    model = source if hasattr(source, "metadata_props") else onnx.load(str(source), load_external_data=False)
+    props = {p.key: p.value for p in model.metadata_props}
     return {key: json.loads(props[f"pruneflow.{key}"]) for key in KEYS if f"pruneflow.{key}" in props}
 
 

@@ -63,8 +63,12 @@ class OnnxTarget(Target[OnnxConfig]):
                 to_fp16(Path(tmp) / "fp32.onnx", path, metadata=(record, "fp16"))
         else:
             export(path, metadata=(record, "fp32"))
-        return Artifact.from_file(ctx.run_dir, path, kind="onnx", producer="export", target="onnx", precision=precision,
-                                  deployment=record)
+        artifact = Artifact.from_file(ctx.run_dir, path, kind="onnx", producer="export", target="onnx", precision=precision,
+                                      deployment=record)
+        if state.handle.quantized:
+            artifact.notes.append("the float model that entered quantization (the float base of the quantized checkpoint), "
+                                  "not the quantized model's float weights")
+        return artifact
 
     def _int8(self, stripped: torch.nn.Module, state, ctx, out_dir: Path, form: Form, record: dict) -> Artifact:
         cfg = self.config
