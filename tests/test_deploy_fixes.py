@@ -120,14 +120,21 @@ def test_every_ir_is_converted_from_the_onnx_targets_file_of_its_precision(ptq_r
     assert f"converted from {by['onnx.fp32'].path}" in by["openvino.fp16"].notes
 
 
-def test_without_the_onnx_target_the_ir_still_reads_input_and_logits(tmp_path):
-    import openvino as ov
-
+@pytest.fixture(scope="module")
+def ir_only(tmp_path_factory):
+    """train → evaluate → export openvino fp32 alone, static batch (so no ONNX from the onnx target to convert)."""
     recipe = tiny_recipe_dict(name="ir-only")
     recipe["stages"][2] = {"type": "export", "targets": [{"type": "openvino", "dynamic_batch": False}],
                            "precisions": ["fp32"], "latency": None}
-    _, run = run_recipe_dict(recipe, tmp_path)
+    path, run = run_recipe_dict(recipe, tmp_path_factory.mktemp("ir-only"))
     assert run.exit_code == 0
+    return path, run
+
+
+def test_without_the_onnx_target_the_ir_still_reads_input_and_logits(ir_only):
+    import openvino as ov
+
+    _, run = ir_only
     ir = _by_label(run)["openvino.fp32"]
     model = ov.Core().read_model(str(run.run_dir / ir.path))
     assert model.inputs[0].get_names() == {"input"} and model.outputs[0].get_names() == {"logits"}
@@ -164,17 +171,15 @@ def test_an_ir_artifacts_sha256_covers_xml_and_bin_and_a_flipped_bin_byte_is_fou
     assert Artifact.from_record(record).verify(run_dir)
 
 
-def test_resume_rebuilds_an_export_whose_bin_changed(tmp_path):
+def test_resume_rebuilds_an_export_whose_bin_changed(ir_only):
     from pruneflow.pipeline import run_recipe
 
-    recipe = tiny_recipe_dict(name="resume-bin")
-    recipe["stages"][2] = {"type": "export", "targets": ["openvino"], "precisions": ["fp32"], "latency": None}
-    path, first = run_recipe_dict(recipe, tmp_path)
+    path, first = ir_only
     binary = next(first.run_dir.rglob("model.fp32.bin"))
     data = bytearray(binary.read_bytes())
     data[-1] ^= 0xFF
     binary.write_bytes(bytes(data))
-    again = run_recipe(load_recipe(path), out=tmp_path / "runs", resume=True)
+    again = run_recipe(load_recipe(path), out=first.run_dir.parent, resume=True)
     assert {s.id: s.resumed for s in again.stages} == {"train": True, "evaluate": True, "export": False}
     ir = _by_label(again)["openvino.fp32"]
     assert ir.verify(again.run_dir) and binary.read_bytes() != bytes(data)
