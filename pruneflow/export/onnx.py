@@ -94,8 +94,8 @@ def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: Path, *, op
                 dynamic_batch: bool = True, exporter: str = "legacy", fold: bool = True,
                 metadata: "tuple[dict, str] | None" = None) -> None:
     """Export atomically (input ``input``, output ``logits``), fold what is computed from constants
-    (``fold``), write ``metadata`` (deployment record, precision) into the file, then validate with onnx.checker. A model that will not
-    trace raises ExportError."""
+    (``fold``), write ``metadata`` (deployment record, precision) into the file, then validate with
+    onnx.checker. A model that will not trace raises ExportError."""
     onnx = require("onnx", "pip install onnx", "ONNX export")
     model = copy.deepcopy(model).cpu().eval()  # the live model may be on a GPU and still in use
     # A fresh tensor with batch 2: a sliced example or batch 1 can fix the batch dimension in the graph.
