@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import json
 import os
+import posixpath
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -20,6 +21,10 @@ from pathlib import Path
 from typing import Any, Iterator, Literal
 
 Status = Literal["built", "prepared", "failed"]
+
+#: The one vocabulary of numeric precisions (recipe, manifest, report). How the numbers are encoded is
+#: the artifact's ``form``: "cpu" | "tensorrt" for INT8 ONNX, "fakequant" for a quantized torch checkpoint.
+PRECISIONS = ("fp32", "fp16", "int8")
 
 TRACKED_PACKAGES = ("pruneflow", "torch", "torch-pruning", "onnx", "onnxruntime", "nncf", "openvino", "datasets", "numpy")
 
@@ -41,6 +46,19 @@ def sha256_file(path: str | Path) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def combined_sha256(main: str, files: dict[str, str]) -> str:
+    """One digest for an artifact of several files (OpenVINO's model.xml + model.bin).
+
+    The sha256 of what ``sha256sum MAIN OTHER...`` prints in the main file's folder (``HASH  NAME`` a
+    line, the main file first, then the others sorted by path), so it is reproducible with standard tools:
+    ``cd export/openvino && sha256sum model.fp32.xml model.fp32.bin | sha256sum``.
+    """
+    folder = posixpath.dirname(main)
+    order = [main] + sorted(p for p in files if p != main)
+    text = "".join(f"{files[p]}  {posixpath.relpath(p, folder or '.')}\n" for p in order)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 @contextlib.contextmanager
@@ -108,19 +126,39 @@ class Artifact:
     producer: str  # the stage id that wrote it
     status: Status = "built"
     target: str | None = None
-    #: One vocabulary everywhere (recipe, manifest, report): fp32 | fp16 | int8.
+    #: One vocabulary everywhere (recipe, manifest, report): fp32 | fp16 | int8 (``PRECISIONS``).
     precision: str | None = None
-    #: How an int8 artifact encodes its quantization when a target writes several encodings: "cpu"
-    #: (uint8 activations, onnxruntime/OpenVINO on x86) or "tensorrt" (TensorRT's explicit quantization).
+    #: How an int8 artifact encodes its quantization: "cpu" (uint8 activations, onnxruntime/OpenVINO on
+    #: x86) or "tensorrt" (TensorRT's explicit quantization) for INT8 ONNX; "fakequant" for a quantized
+    #: torch checkpoint (float weights with quantizer ranges, what QAT trains).
     form: str | None = None
+    #: The file's sha256; for an artifact of several files (``files``), their combined digest (``combined_sha256``).
     sha256: str | None = None
     size_bytes: int | None = None
     parent: str | None = None  # path of the artifact (or "source:..." description) it was made from
     metrics: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    # Other files the artifact needs (e.g. OpenVINO's model.bin): relative path -> sha256.
+    #: Every file of an artifact of several (e.g. OpenVINO's model.xml and model.bin), the main one included:
+    #: relative path -> its own sha256. Empty for a one-file artifact.
     files: dict[str, str] = field(default_factory=dict)
+    #: What a deployment needs to feed the file (input name/shape/dtype/layout, preprocessing, labels;
+    #: pruneflow/deployment.py), also written into the file itself. None for checkpoints.
+    deployment: dict[str, Any] | None = None
     tool_versions: dict[str, str] = field(default_factory=tool_versions)
+
+    def __post_init__(self) -> None:
+        if self.precision is not None and self.precision not in PRECISIONS:
+            raise ValueError(f"artifact {self.path}: precision {self.precision!r} is not one of {', '.join(PRECISIONS)} "
+                             "(an encoding such as TensorRT's goes in `form`)")
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> "Artifact":
+        """An artifact from its manifest/stage.json record, also one written by an earlier version
+        (precision ``int8_tensorrt`` then meant precision int8 in the tensorrt form)."""
+        record = {k: v for k, v in record.items() if k in cls.__dataclass_fields__}
+        if record.get("precision") == "int8_tensorrt":
+            record.update(precision="int8", form="tensorrt")
+        return cls(**record)
 
     @classmethod
     def from_file(cls, run_dir: Path, file: Path, **kwargs: Any) -> "Artifact":
@@ -133,15 +171,28 @@ class Artifact:
         )
 
     def verify(self, run_dir: Path) -> bool:
-        """True when the file (and every companion file) exists and still has its recorded sha256."""
-        recorded = {self.path: self.sha256, **self.files}
+        """True when every file of the artifact exists and still has its recorded sha256 (and, for several
+        files, their combined digest is ``sha256``)."""
+        if self.sha256 is None:
+            return False
+        if self.path not in self.files:  # one file (or a record of an earlier version: sha256 was the main file's)
+            recorded = {self.path: self.sha256, **self.files}
+        else:
+            recorded = dict(self.files)
+            if combined_sha256(self.path, self.files) != self.sha256:
+                return False
         return all(sha is not None and (run_dir / rel).is_file() and sha256_file(run_dir / rel) == sha
                    for rel, sha in recorded.items())
 
     def add_file(self, run_dir: Path, file: Path) -> None:
+        """Add a companion file: its hash joins ``files`` (with the main file's), ``sha256`` becomes their
+        combined digest and ``size_bytes`` their sum."""
         file = Path(file)
+        if self.path not in self.files:
+            self.files = {self.path: self.sha256 or sha256_file(run_dir / self.path), **self.files}
         self.files[file.resolve().relative_to(run_dir.resolve()).as_posix()] = sha256_file(file)
         self.size_bytes = (self.size_bytes or 0) + file.stat().st_size
+        self.sha256 = combined_sha256(self.path, self.files)
 
     @property
     def label(self) -> str:
@@ -176,6 +227,11 @@ class Manifest:
         self.artifacts.extend(artifacts)
         self.write()
 
+    def deployment(self) -> dict[str, Any] | None:
+        """The run's deployment record: that of its first exported artifact (each artifact's own record,
+        which may differ in the batch dimension, stays on it)."""
+        return next((a.deployment for a in self.artifacts if a.deployment), None)
+
     def find(self, path: str) -> Artifact | None:
         return next((a for a in self.artifacts if a.path == path), None)
 
@@ -187,6 +243,7 @@ class Manifest:
             "status": self.status,
             "tool_versions": tool_versions(),
             "host": self.host,
+            "deployment": self.deployment(),
             "stages": self.stages,
             "artifacts": [a.as_dict() for a in self.artifacts],
         }

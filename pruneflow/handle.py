@@ -5,7 +5,8 @@ Stages pass a handle, never a bare ``nn.Module`` with private attributes. What t
 - ``kind``: a registered :class:`ModelKind` (``float``, or a plugin's, e.g. ``nncf`` from ``qat/``)
   that knows how to checkpoint the module, restore it, and give the float and the INT8-exportable
   views of it. The core asks the kind and never imports a quantization backend.
-- ``float_base``: for quantized kinds, the floating-point model that entered quantization.
+- ``float_base``: for quantized kinds, the floating-point model that entered quantization (what fp32/fp16
+  artifacts are made from).
 - ``meta``: plain, kind-specific values (saved in checkpoints).
 
 A stage that replaces the model returns the new handle in ``StageResult.handle``::
@@ -53,8 +54,19 @@ class ModelHandle:
         return self.behaviour.quantized
 
     def float_module(self) -> "nn.Module":
-        """The floating-point model fp32/fp16 artifacts and MAC counts are made from."""
+        """The floating-point model fp32/fp16 artifacts and MAC counts are made from (for a quantized kind, the
+        model that entered quantization)."""
         return self.behaviour.float_module(self)
+
+    @property
+    def precision(self) -> str:
+        """The precision a checkpoint of this handle is labelled with (fp32 | fp16 | int8)."""
+        return self.behaviour.precision
+
+    @property
+    def form(self) -> str | None:
+        """How a quantized kind encodes its precision (e.g. ``fakequant``), None for a plain float model."""
+        return self.behaviour.form
 
     def int8_module(self, example: "torch.Tensor") -> "nn.Module":
         """A plain torch module whose ONNX export holds QuantizeLinear/DequantizeLinear pairs."""
@@ -75,6 +87,10 @@ class ModelKind:
     name: ClassVar[str] = "float"
     #: True when the module carries INT8 quantizers (what an int8 export needs).
     quantized: ClassVar[bool] = False
+    #: The label of this kind's checkpoints, in the one vocabulary (fp32 | fp16 | int8), and the form that
+    #: says how (a quantized torch model: ``fakequant``, float weights with quantizer ranges).
+    precision: ClassVar[str] = "fp32"
+    form: ClassVar[str | None] = None
     #: Classes (``"package.module.Class"``) that this kind's checkpoint payload holds besides plain values
     #: and tensors, e.g. a backend's enums. Weights-only loading allows exactly these by name, importing
     #: them only when a file needs them, so the core never imports the backend to read a checkpoint.

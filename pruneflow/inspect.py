@@ -113,6 +113,12 @@ def _inspect_onnx(path: Path) -> dict:
     params = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
     rows = [{"op": op, "count": n} for op, n in ops.most_common()]
     inputs = [f"{i.name}{[d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim]}" for i in model.graph.input]
-    return {"source": str(path), "kind": "onnx", "layers": rows,
-            "totals": {"params": params, "nodes": len(model.graph.node), "opset": model.opset_import[0].version,
-                       "inputs": ", ".join(inputs)}}
+    from .deployment import read_onnx
+
+    deployment = read_onnx(model)  # what pruneflow wrote into metadata_props ({} for another tool's file)
+    totals = {"params": params, "nodes": len(model.graph.node), "opset": model.opset_import[0].version,
+              "inputs": ", ".join(inputs), "outputs": ", ".join(o.name for o in model.graph.output)}
+    if deployment:
+        totals.update(precision=deployment.get("precision"), layout=(deployment.get("input") or {}).get("layout"),
+                      preprocessing=(deployment.get("preprocessing") or {}).get("steps"))
+    return {"source": str(path), "kind": "onnx", "layers": rows, "totals": totals, "deployment": deployment}

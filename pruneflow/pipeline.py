@@ -227,7 +227,8 @@ def _run_stage(stage: Stage, key: str, state: RunState, ctx: RunContext, manifes
     if stage.modifies_model or result.handle is not None:
         path = stage_dir / "model.pt"
         save_checkpoint(state.handle, path)
-        checkpoint = Artifact.from_file(ctx.run_dir, path, kind="checkpoint", producer=stage.id, precision="fp32",
+        checkpoint = Artifact.from_file(ctx.run_dir, path, kind="checkpoint", producer=stage.id,
+                                        precision=state.handle.precision, form=state.handle.form,
                                         parent=state.model_artifact.path if state.model_artifact else f"source:{state.model_key}",
                                         metrics=dict(result.metrics))
         artifacts.insert(0, checkpoint)
@@ -254,7 +255,7 @@ def _resume(stage: Stage, key: str, state: RunState, ctx: RunContext, manifest: 
         return None
     if saved.get("key") != key or saved.get("status") != "done":
         return None
-    artifacts = [Artifact(**a) for a in saved.get("artifact_records", [])]
+    artifacts = [Artifact.from_record(a) for a in saved.get("artifact_records", [])]
     if not all(a.verify(ctx.run_dir) for a in artifacts):
         return None
     checkpoint = next((a for a in artifacts if a.kind == "checkpoint"), None)

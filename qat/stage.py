@@ -108,16 +108,25 @@ class PtqStage(Stage[PtqConfig]):
         return True
 
     def run(self, state, ctx):
+        # Both on the whole eval split (eval_samples says how many): these are the figures gates compare, and
+        # accuracy_fp32 is the model the fp32/fp16 artifacts are made from (the float base, untouched by PTQ's
+        # bias correction).
         before = evaluate_model(state.model, state.data.eval, state.task, ctx.recipe.data.eval_batch_size, ctx.device,
-                                ctx.reporter, f"{self.id} fp32")["accuracy"]
+                                ctx.reporter, f"{self.id} fp32")
         handle = _int8(self, state, ctx)
         after = evaluate_model(handle.module, state.data.eval, state.task, ctx.recipe.data.eval_batch_size, ctx.device,
-                               ctx.reporter, f"{self.id} int8")["accuracy"]
-        return StageResult(metrics={"accuracy": after, "accuracy_fp32": before, "accuracy_drop": before - after},
+                               ctx.reporter, f"{self.id} int8")
+        return StageResult(metrics={"accuracy": after["accuracy"], "accuracy_fp32": before["accuracy"],
+                                    "accuracy_drop": before["accuracy"] - after["accuracy"], "eval_samples": len(state.data.eval)},
                            handle=handle)
 
 
 class QatStage(Stage[QatConfig]):
+    """The fp32/fp16 artifacts of a QAT run are the float model that entered the int8 phase (after the
+    schedule's fp32/fp16 phases), not the QAT-trained weights without their quantizers: those were trained
+    for the INT8 grid (BatchNorm statistics too) and never validated in float. So the fp32 artifact is the
+    baseline the INT8 one is compared with, and it does not change when only the int8 settings do."""
+
     Config = QatConfig
     modifies_model = True
     needs_train_split = True
@@ -131,8 +140,9 @@ class QatStage(Stage[QatConfig]):
         cfg = self.config
         teacher = frozen_copy(state.model) if cfg.distill else None
         rows = []
-        fp32 = evaluate_model(state.model, state.data.eval, state.task, ctx.recipe.data.eval_batch_size, ctx.device,
-                              ctx.reporter, f"{self.id} fp32")["accuracy"]
+        entering = evaluate_model(state.model, state.data.eval, state.task, ctx.recipe.data.eval_batch_size, ctx.device,
+                                  ctx.reporter, f"{self.id} fp32")
+        fp32 = entering["accuracy"]
         rows.append({"phase": "entering", "precision": "fp32", "epochs": 0, "accuracy": fp32})
         quantized = None  # the int8 phase's handle: later phases train its module; the pipeline installs it
         for i, phase in enumerate(cfg.schedule, 1):
@@ -148,7 +158,9 @@ class QatStage(Stage[QatConfig]):
                     accuracy = evaluate_model(model, state.data.eval, state.task, ctx.recipe.data.eval_batch_size,
                                               ctx.device, ctx.reporter, f"{self.id} {phase.precision}")["accuracy"]
             rows.append({"phase": i, "precision": phase.precision, "epochs": phase.epochs, "accuracy": accuracy})
-        metrics = {"accuracy": rows[-1]["accuracy"], "accuracy_fp32": fp32, "accuracy_drop": fp32 - rows[-1]["accuracy"]}
+        # Every phase's accuracy is measured on the whole eval split (fit evaluates its last epoch there).
+        metrics = {"accuracy": rows[-1]["accuracy"], "accuracy_fp32": fp32, "accuracy_drop": fp32 - rows[-1]["accuracy"],
+                   "eval_samples": len(state.data.eval)}
         for row in rows[1:]:
             metrics[f"accuracy_{row['precision']}"] = row["accuracy"]
         return StageResult(metrics=metrics, tables={"phases": rows}, handle=quantized)

@@ -13,6 +13,7 @@ import torch
 from pydantic import Field
 
 from ..artifacts import Artifact, atomic_path
+from ..deployment import INPUT_NAME, OUTPUT_NAME, deployment_record, stamp_onnx
 from ..deps import require
 from ..errors import ExportError
 from ..stage import Target, TargetConfig
@@ -50,26 +51,33 @@ class OnnxTarget(Target[OnnxConfig]):
     def build(self, state, ctx, out_dir: Path, precision: str) -> Artifact | list[Artifact]:
         cfg = self.config
         path = out_dir / f"model.{precision}.onnx"
+        record = deployment_record(state, ctx, dynamic_batch=cfg.dynamic_batch)
         if precision == "int8":
             stripped = state.handle.int8_module(state.example_input)  # once for every form
-            return [self._int8(stripped, state, ctx, out_dir, form) for form in dict.fromkeys(cfg.int8_forms)]
+            return [self._int8(stripped, state, ctx, out_dir, form, record) for form in dict.fromkeys(cfg.int8_forms)]
+        # fp32/fp16: the float model that entered quantization, when a ptq/qat stage ran (handle.float_module).
         export = functools.partial(export_onnx, state.handle.float_module(), state.example_input, opset=cfg.opset,
                                    dynamic_batch=cfg.dynamic_batch, exporter=cfg.exporter)
         if precision == "fp16":
             with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
                 export(Path(tmp) / "fp32.onnx")
-                to_fp16(Path(tmp) / "fp32.onnx", path)
+                to_fp16(Path(tmp) / "fp32.onnx", path, metadata=(record, "fp16"))
         else:
-            export(path)
-        return Artifact.from_file(ctx.run_dir, path, kind="onnx", producer="export", target="onnx", precision=precision)
+            export(path, metadata=(record, "fp32"))
+        artifact = Artifact.from_file(ctx.run_dir, path, kind="onnx", producer="export", target="onnx", precision=precision,
+                                      deployment=record)
+        if state.handle.quantized:
+            artifact.notes.append("the float model that entered quantization (the float base of the quantized checkpoint), "
+                                  "not the quantized model's float weights")
+        return artifact
 
-    def _int8(self, stripped: torch.nn.Module, state, ctx, out_dir: Path, form: Form) -> Artifact:
+    def _int8(self, stripped: torch.nn.Module, state, ctx, out_dir: Path, form: Form, record: dict) -> Artifact:
         cfg = self.config
         path = out_dir / ("model.int8.onnx" if form == "cpu" else "model.int8.tensorrt.onnx")
         report = export_int8_onnx(stripped, state.example_input, path, form=form,
-                                  opset=max(cfg.opset, 13), dynamic_batch=cfg.dynamic_batch)
+                                  opset=max(cfg.opset, 13), dynamic_batch=cfg.dynamic_batch, metadata=record)
         artifact = Artifact.from_file(ctx.run_dir, path, kind="onnx", producer="export", target="onnx",
-                                      precision="int8", form=form)
+                                      precision="int8", form=form, deployment=record)
         artifact.metrics.update(weights_int8=report.weights_folded, batchnorms_folded=report.batchnorms_folded)
         artifact.notes += report.notes
         if form == "cpu":
@@ -81,8 +89,11 @@ class OnnxTarget(Target[OnnxConfig]):
 
 
 def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: Path, *, opset: int = 17,
-                dynamic_batch: bool = True, exporter: str = "legacy") -> None:
-    """Export atomically, then validate with onnx.checker. A model that will not trace raises ExportError."""
+                dynamic_batch: bool = True, exporter: str = "legacy", fold: bool = True,
+                metadata: "tuple[dict, str] | None" = None) -> None:
+    """Export atomically (input ``input``, output ``logits``), fold what is computed from constants
+    (``fold``), write ``metadata`` (deployment record, precision) into the file, then validate with
+    onnx.checker. A model that will not trace raises ExportError."""
     onnx = require("onnx", "pip install onnx", "ONNX export")
     model = copy.deepcopy(model).cpu().eval()  # the live model may be on a GPU and still in use
     # A fresh tensor with batch 2: a sliced example or batch 1 can fix the batch dimension in the graph.
@@ -97,13 +108,13 @@ def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: Path, *, op
                     require("onnxscript", "pip install onnxscript", "the dynamo ONNX exporter")
                     shapes = {"x": {0: torch.export.Dim("batch")}} if dynamic_batch else None
                     program = torch.onnx.export(model, (x,), dynamo=True, opset_version=opset, dynamic_shapes=shapes,
-                                                input_names=["input"], output_names=["logits"])
+                                                input_names=[INPUT_NAME], output_names=[OUTPUT_NAME])
                     assert program is not None  # None only from the legacy exporter (dynamo=False)
                     program.save(str(tmp), external_data=False)
                 else:
-                    axes = {"input": {0: "batch"}, "logits": {0: "batch"}} if dynamic_batch else None
+                    axes = {INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}} if dynamic_batch else None
                     torch.onnx.export(model, (x,), str(tmp), dynamo=False, opset_version=opset,
-                                      input_names=["input"], output_names=["logits"], dynamic_axes=axes)
+                                      input_names=[INPUT_NAME], output_names=[OUTPUT_NAME], dynamic_axes=axes)
         except Exception as exc:  # noqa: BLE001 - torch raises many types when a model will not trace
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ExportError(
@@ -111,13 +122,48 @@ def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: Path, *, op
                 hint="data-dependent Python control flow does not trace; try `exporter: dynamo` on the onnx target, "
                 "or make the forward pass shape-static",
             ) from exc
+        if fold or metadata:
+            proto = fold_constants(onnx.load(str(tmp))) if fold else onnx.load(str(tmp))
+            if metadata:
+                stamp_onnx(proto, *metadata)
+            onnx.save(proto, str(tmp))
         try:
             onnx.checker.check_model(str(tmp))
         except Exception as exc:  # noqa: BLE001
             raise ExportError(f"the exported ONNX model failed onnx.checker: {exc}") from exc
 
 
-def to_fp16(src: Path, dst: Path) -> None:
+#: Never folded: weight quantizers stay Q/DQ pairs (the INT8 passes and runtimes read them), and the
+#: dequantized float weights would take four times the space.
+KEEP_UNFOLDED = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
+
+
+def fold_constants(model):
+    """The ModelProto with every node whose inputs are all constants replaced by its value (onnxscript's
+    constant folding, a dependency of the exporter), unused nodes removed and Constant nodes lifted to
+    initializers; standard ONNX ops only, the batch dimension left as it was.
+
+    The legacy exporter computes, e.g., the Pad amounts of a ResNet option-A shortcut at run time from
+    constants (ConstantOfShape, Concat, Reshape, Slice, Transpose, Reshape, Cast: 8 nodes a shortcut),
+    which some deployment parsers reject and all of them run needlessly. onnxscript keeps
+    ConstantOfShape by default (to keep files small); here it folds when its output is small.
+    """
+    from onnxscript import ir, optimizer
+    from onnxscript.ir.passes.common import LiftConstantsToInitializersPass
+
+    def should_fold(node) -> bool | None:
+        if node.op_type in KEEP_UNFOLDED:
+            return False
+        return True if node.op_type == "ConstantOfShape" else None  # None: onnxscript's own rules (size limits)
+
+    ir_model = ir.from_proto(model)
+    optimizer.fold_constants(ir_model, should_fold=should_fold)
+    optimizer.remove_unused_nodes(ir_model)
+    LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(ir_model)
+    return ir.to_proto(ir_model)
+
+
+def to_fp16(src: Path, dst: Path, metadata: "tuple[dict, str] | None" = None) -> None:
     """FP16 weights and compute with FP32 inputs and outputs (onnxruntime's float16 converter).
 
     On a CPU this checks accuracy; FP16 speed belongs to GPUs (onnxruntime's CPU kernels upcast).
@@ -128,6 +174,8 @@ def to_fp16(src: Path, dst: Path) -> None:
 
     model = convert_float_to_float16(onnx.load(str(src)), keep_io_types=True)
     OnnxModel.graph_topological_sort(model.graph)  # the converter appends its input casts after their users
+    if metadata:
+        stamp_onnx(model, *metadata)
     with atomic_path(dst) as tmp:
         onnx.save(model, str(tmp))
         onnx.checker.check_model(str(tmp))
@@ -164,16 +212,20 @@ def onnxruntime_runner(path: Path, threads: int | None = None, device: str | Non
 
 
 def export_int8_onnx(stripped: torch.nn.Module, example: torch.Tensor, path: Path, *, form: "Form", opset: int = 17,
-                     dynamic_batch: bool = True) -> "PassReport":
-    """Export a model stripped to torch's fake-quant ops (``handle.int8_module(example)``), then convert to ``form``."""
+                     dynamic_batch: bool = True, metadata: dict | None = None) -> "PassReport":
+    """Export a model stripped to torch's fake-quant ops (``handle.int8_module(example)``), convert it to
+    ``form``, fold what is computed from constants (Q/DQ kept) and write the deployment ``metadata``."""
     from .qdq import check_convention, convert
 
     onnx = require("onnx", "pip install onnx", "INT8 ONNX export")
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         raw = Path(tmp) / "qdq.onnx"
-        export_onnx(stripped, example.cpu(), raw, opset=max(opset, 13), dynamic_batch=dynamic_batch)
+        export_onnx(stripped, example.cpu(), raw, opset=max(opset, 13), dynamic_batch=dynamic_batch, fold=False)
         model_proto = onnx.load(str(raw))
     report = convert(model_proto, form)
+    model_proto = fold_constants(model_proto)
+    if metadata is not None:
+        stamp_onnx(model_proto, metadata, "int8")
     problems = check_convention(model_proto, form)
     if problems:
         raise ExportError(f"the INT8 ONNX ({form}) does not meet its convention: " + "; ".join(problems[:3])

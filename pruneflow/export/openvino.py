@@ -1,9 +1,10 @@
-"""OpenVINO IR target: FP32 or FP16-compressed weights converted from the torch model; INT8 converted from
-the CPU-form INT8 ONNX (pruneflow/export/qdq.py), so it holds the same quantization parameters."""
+"""OpenVINO IR target, converted from the onnx target's files when the recipe builds them: FP32 and FP16
+(compressed weights) from the fp32 ONNX, INT8 from the CPU-form INT8 ONNX (pruneflow/export/qdq.py), so
+every artifact of a run has the same graph, input and output names (`input`, `logits`) and quantization
+parameters. Without those files the same ONNX is exported here first."""
 
 from __future__ import annotations
 
-import copy
 import os
 import tempfile
 import warnings
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field
 
 from ..artifacts import Artifact
+from ..deployment import deployment_record, stamp_ir
 from ..deps import require
 from ..errors import ExportError
 from ..stage import Target, TargetConfig
@@ -29,8 +31,9 @@ class OpenVinoConfig(TargetConfig):
 class OpenVinoTarget(Target[OpenVinoConfig]):
     Config = OpenVinoConfig
     precisions = ("fp32", "fp16", "int8")
-    #: INT8 IR is converted from the onnx target's CPU-form INT8 ONNX when the recipe builds it (the same
-    #: file, so one set of quantization parameters and one lineage); without it, that ONNX is exported here.
+    #: Every IR is converted from the onnx target's ONNX of its precision when the recipe builds it (fp32 for
+    #: the fp32 and fp16 IR, the CPU-form INT8 for int8: one graph, one set of names and quantization
+    #: parameters, one lineage); without it, that ONNX is exported here.
     depends_on = ["onnx"]
 
     def preflight(self) -> list[str]:
@@ -39,52 +42,51 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
 
     def build(self, state, ctx, out_dir: Path, precision: str) -> Artifact:
         ov = require("openvino", "pip install openvino", "the openvino target")
-        example = state.example_input.cpu()
-        shape = [-1 if self.config.dynamic_batch else 1, *example.shape[1:]]
         xml = out_dir / f"model.{precision}.xml"
-        source = self._onnx_int8_artifact(ctx.run_dir) if precision == "int8" else None
+        record = deployment_record(state, ctx, dynamic_batch=self.config.dynamic_batch)
+        source = self._onnx_artifact("onnx.int8" if precision == "int8" else "onnx.fp32", ctx.run_dir)
         # Written beside the target, then renamed: .bin first, so a visible .xml always has its weights.
         with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+            onnx_file = ctx.run_dir / source.path if source else self._export_onnx(state, Path(tmp), precision)
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    if precision == "int8":
-                        onnx_file = ctx.run_dir / source.path if source else self._export_int8_onnx(state, Path(tmp))
-                        converted = ov.convert_model(str(onnx_file))
-                    else:
-                        model = copy.deepcopy(state.handle.float_module()).cpu().eval()  # never move the live model
-                        converted = ov.convert_model(model, example_input=example.repeat((2,) + (1,) * (example.dim() - 1)),
-                                                     input=[shape])
-            except ExportError:
-                raise
+                    converted = ov.convert_model(str(onnx_file))
             except Exception as exc:  # noqa: BLE001
                 raise ExportError(f"OpenVINO could not convert the model: {type(exc).__name__}: {str(exc).splitlines()[0]}",
                                   hint="export ONNX first and check that it runs; OpenVINO converts from the same graph") from exc
+            stamp_ir(converted, record, precision)
             ov.save_model(converted, str(Path(tmp) / "model.xml"), compress_to_fp16=precision == "fp16")
             os.replace(Path(tmp) / "model.bin", xml.with_suffix(".bin"))
             os.replace(Path(tmp) / "model.xml", xml)
-        artifact = Artifact.from_file(ctx.run_dir, xml, kind="openvino", producer="export", target="openvino", precision=precision)
+        artifact = Artifact.from_file(ctx.run_dir, xml, kind="openvino", producer="export", target="openvino",
+                                      precision=precision, deployment=record)
         artifact.add_file(ctx.run_dir, xml.with_suffix(".bin"))
         if source is not None:
             artifact.parent = source.path
             artifact.notes.append(f"converted from {source.path}")
         return artifact
 
-    def _onnx_int8_artifact(self, run_dir: Path | None = None) -> Artifact | None:
-        """The CPU-form INT8 ONNX the onnx target built in this stage, if any and (given ``run_dir`` to read
-        it) with the batch dimension this target asks for."""
-        found = [a for a in self.upstream if a.label == "onnx.int8" and a.status == "built"]
+    def _onnx_artifact(self, label: str, run_dir: Path | None = None) -> Artifact | None:
+        """The ONNX the onnx target built in this stage under ``label`` (``onnx.fp32``: the fp32 and fp16 IR
+        come from it, fp16 by compressing its weights; ``onnx.int8``: the CPU-form INT8), if any and (given
+        ``run_dir`` to read it) with the batch dimension this target asks for."""
+        found = [a for a in self.upstream if a.label == label and a.status == "built"]
         if not found or (run_dir is not None and _dynamic_batch(run_dir / found[0].path) != self.config.dynamic_batch):
             return None
         return found[0]
 
-    def _export_int8_onnx(self, state, tmp: Path) -> Path:
-        """The CPU-form INT8 ONNX exported into ``tmp``, when the onnx target did not build it in this stage."""
-        from .onnx import export_int8_onnx
+    def _export_onnx(self, state, tmp: Path, precision: str) -> Path:
+        """The ONNX to convert, exported into ``tmp`` when the onnx target did not build it in this stage: the
+        same exporter, names and constant folding as the onnx target's, so every artifact reads alike."""
+        from .onnx import export_int8_onnx, export_onnx
 
-        path = tmp / "int8.onnx"
+        path = tmp / f"{precision}.onnx"
         example = state.example_input.cpu()
-        export_int8_onnx(state.handle.int8_module(example), example, path, form="cpu", dynamic_batch=self.config.dynamic_batch)
+        if precision == "int8":
+            export_int8_onnx(state.handle.int8_module(example), example, path, form="cpu", dynamic_batch=self.config.dynamic_batch)
+        else:
+            export_onnx(state.handle.float_module(), example, path, dynamic_batch=self.config.dynamic_batch)
         return path
 
 

@@ -1,0 +1,159 @@
+"""Deployment metadata: what a program feeding an artifact must know, written into the artifact itself.
+
+One record per artifact (``Artifact.deployment``, and the run's in the manifest's ``deployment``)::
+
+    {"format": "pruneflow-deployment/1",
+     "input": {"name": "input", "shape": ["batch", 3, 32, 32], "dtype": "float32", "layout": "NCHW"},
+     "output": {"name": "logits", "shape": ["batch", 10], "dtype": "float32"},
+     "preprocessing": {"scale": 0.00392156862745098, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225],
+                       "steps": "x * scale, then (x - mean[c]) / std[c] per channel"},
+     "labels": ["airplane", "automobile", ...]}
+
+The same values go into each file: ONNX ``metadata_props`` (keys ``pruneflow.input``, ``pruneflow.output``,
+``pruneflow.preprocessing``, ``pruneflow.labels``, ``pruneflow.precision``, ``pruneflow.format``; each value
+JSON) and OpenVINO IR ``rt_info`` (the same keys under ``pruneflow``), read back by :func:`read_onnx`
+and :func:`read_ir`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .context import RunContext, RunState
+    from .recipe.models import DataSpec
+
+FORMAT = "pruneflow-deployment/1"
+#: The names every artifact of a run gives its input and output (ONNX at any precision, OpenVINO IR).
+INPUT_NAME = "input"
+OUTPUT_NAME = "logits"
+#: The record's keys, written into files as ``pruneflow.<key>``.
+KEYS = ("format", "input", "output", "preprocessing", "labels", "precision")
+
+
+def deployment_record(state: "RunState", ctx: "RunContext", *, dynamic_batch: bool = True) -> dict[str, Any]:
+    """The record for an artifact of this run's current model (``dynamic_batch``: the file's batch dimension)."""
+    import torch
+
+    example = state.example_input
+    assert example is not None and state.data is not None  # set by the pipeline before any stage runs
+    batch: str | int = "batch" if dynamic_batch else 1
+    model = state.handle.float_module()
+    with torch.no_grad():
+        was = model.training
+        model.eval()
+        out = state.task.logits(model(example[:1]))
+        model.train(was)
+    spec = ctx.recipe.data
+    return {
+        "format": FORMAT,
+        "input": {"name": INPUT_NAME, "shape": [batch, *map(int, example.shape[1:])],
+                  "dtype": str(example.dtype).removeprefix("torch."), "layout": _layout(example.dim(), spec)},
+        "output": {"name": OUTPUT_NAME, "shape": [batch, *map(int, out.shape[1:])], "dtype": "float32"},
+        "preprocessing": preprocessing(spec),
+        "labels": list(state.data.class_names) if state.data.class_names else None,
+    }
+
+
+def _layout(dims: int, spec: "DataSpec") -> str:
+    """Images are always fed channels-first (the data loader transposes NHWC sources)."""
+    if spec.tokenizer:
+        return "NL"  # batch, token position
+    return {4: "NCHW", 3: "NCL", 2: "NC"}.get(dims, "N" + "?" * (dims - 1))
+
+
+def preprocessing(spec: "DataSpec") -> dict[str, Any]:
+    """How raw samples become the model's input, from the recipe's data section (what data.py applies)."""
+    if spec.tokenizer:
+        return {"tokenizer": spec.tokenizer, "max_length": spec.max_length,
+                "steps": "token ids of the text, padded with 0 or truncated to max_length"}
+    out: dict[str, Any] = {"scale": resolved_scale(spec), "mean": spec.mean, "std": spec.std}
+    out["steps"] = "x * scale" + (", then (x - mean[c]) / std[c] per channel" if spec.mean is not None else "")
+    if out["scale"] is None:
+        out["scale_rule"] = "1/255 when the raw samples are uint8, else 1"
+    return out
+
+
+def resolved_scale(spec: "DataSpec") -> float | None:
+    """The factor raw samples are multiplied by: the recipe's number, or what ``scale: auto`` chose for its
+    source (None where only reading the whole source could tell)."""
+    if spec.scale != "auto":
+        return float(spec.scale)
+    if spec.format == "imagefolder":
+        return 1 / 255  # decoded images are uint8
+    if spec.format == "digits":
+        return 1.0  # the loader already gives pixels in [0, 1]
+    if spec.format == "npz":
+        dtype = _npz_dtype(spec)
+        return None if dtype is None else (1 / 255 if dtype == "uint8" else 1.0)
+    return None
+
+
+def _npz_dtype(spec: "DataSpec") -> str | None:
+    """The stored dtype of the npz input array, from its header only (no array is read)."""
+    import zipfile
+
+    import numpy as np
+
+    source = spec.eval or spec.path
+    if not source or not Path(source).is_file():
+        return None
+    try:
+        with zipfile.ZipFile(source) as archive:
+            names = [n.removesuffix(".npy") for n in archive.namelist()]
+            column = spec.input_column if isinstance(spec.input_column, str) else None
+            candidates = [column] if column else ["image", "images", "pixel_values", "input", "inputs", "x", "features"]
+            name = next((n for n in candidates if n in names), None)
+            if name is None:
+                return None
+            with archive.open(name + ".npy") as fh:
+                version = np.lib.format.read_magic(fh)
+                read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                _, _, dtype = read(fh)
+            return str(dtype)
+    except (OSError, ValueError, zipfile.BadZipFile):
+        return None
+
+
+def file_props(record: dict[str, Any], precision: str | None) -> dict[str, str]:
+    """``pruneflow.<key>`` -> JSON text, for ONNX metadata_props and IR rt_info."""
+    values = {**record, "precision": precision}
+    return {f"pruneflow.{key}": json.dumps(values.get(key)) for key in KEYS}
+
+
+def stamp_onnx(model: Any, record: dict[str, Any], precision: str | None) -> None:
+    """Write the record into an ONNX ModelProto's metadata_props (other entries are kept)."""
+    import onnx
+
+    props = {p.key: p.value for p in model.metadata_props}
+    props.update(file_props(record, precision))
+    onnx.helper.set_model_props(model, props)
+
+
+def stamp_ir(model: Any, record: dict[str, Any], precision: str | None) -> None:
+    """Write the record into an OpenVINO model's rt_info (``<rt_info><pruneflow>`` in the .xml)."""
+    for key, value in file_props(record, precision).items():
+        model.set_rt_info(value, ["pruneflow", key.removeprefix("pruneflow.")])
+
+
+def read_onnx(source: Any) -> dict[str, Any]:
+    """The record written into an ONNX file or loaded ModelProto ({} for a model pruneflow did not write)."""
+    import onnx
+
+    model = source if hasattr(source, "metadata_props") else onnx.load(str(source), load_external_data=False)
+    props = {p.key: p.value for p in model.metadata_props}
+    return {key: json.loads(props[f"pruneflow.{key}"]) for key in KEYS if f"pruneflow.{key}" in props}
+
+
+def read_ir(path: str | Path) -> dict[str, Any]:
+    """The record written into an OpenVINO IR's rt_info ({} for an IR pruneflow did not write)."""
+    import openvino as ov
+
+    model = ov.Core().read_model(str(path))
+    out = {}
+    for key in KEYS:
+        if model.has_rt_info(["pruneflow", key]):
+            out[key] = json.loads(model.get_rt_info(["pruneflow", key]).astype(str))
+    return out
