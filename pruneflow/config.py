@@ -11,6 +11,8 @@ A plugin's config subclasses these::
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -42,4 +44,9 @@ class TargetConfig(StrictModel):
         description="Fail the run (exit 3, before any training) when this target's toolchain is absent here. "
         "By default such a target is prepared (everything its vendor tool needs, with the commands) and "
         "reported as `prepared, not built`.",
+    )
+    precisions: list[Literal["fp32", "fp16", "int8"]] | None = Field(
+        default=None, min_length=1,
+        description="Precisions this target writes, when not all of the stage's (e.g. `{type: ascend, precisions: [fp32, fp16]}` "
+        "beside targets that also write int8). Default: the stage's `precisions`.",
     )

@@ -345,7 +345,7 @@ def test_pipeline_prepares_one_bundle_per_precision_without_atc(tmp_path, monkey
         bundle = run_dir / "export" / "ascend" / precision
         assert art["status"] == "prepared" and "prepared, not built: CANN atc not on PATH" in art["notes"]
         assert art["parent"] == "export/onnx/model.fp32.onnx" and art["metrics"]["onnx_parity_max_abs_diff_vs_onnx_fp32"] < 1e-4
-        assert {Path(p).name for p in art["files"]} == {"aipp.cfg", "convert.sh", "README.md", "status.json"}
+        assert {Path(p).name for p in art["files"]} == {"model.onnx", "aipp.cfg", "convert.sh", "README.md", "status.json"}
         status = json.loads((bundle / "status.json").read_text())
         assert status["precision_mode"] == mode and f"--precision_mode={mode}" in (bundle / "convert.sh").read_text()
         assert status["onnx"]["opset"] == 11 and status["onnx"]["input_shape"] == [1, 1, 8, 8]

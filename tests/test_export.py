@@ -102,3 +102,25 @@ def test_openvino_in_bf16_fails_a_strict_parity_limit_by_name_while_f32_passes(t
     assert not gates["openvino.fp32.parity"].passed and "(default: bf16)" in gates["openvino.fp32.parity"].message
     assert "cosine" in gates["openvino.fp32.parity"].message and "< min_cosine 0.99999999" in gates["openvino.fp32.parity"].message
     assert gates["openvino.fp32.parity_f32"].passed and "(f32)" in gates["openvino.fp32.parity_f32"].message
+
+
+def test_a_target_may_write_only_some_of_the_stages_precisions(write_recipe):
+    """Ascend writes no int8: it gets its own list beside targets that do; a precision it cannot write, or
+    one the stage does not export, is an error at its own key."""
+    from pruneflow.errors import RecipeError
+
+    recipe = tiny_recipe_dict(name="some")
+    recipe["stages"] = [{"type": "ptq"}, {"type": "export", "precisions": ["fp32", "int8"],
+                                          "targets": ["onnx", {"type": "ascend", "precisions": ["fp32"]}]}]
+    loaded = load_recipe(write_recipe(recipe))
+    assert loaded.recipe.stages[1].targets[1].precisions == ["fp32"]
+    recipe["stages"][1]["targets"][1] = "ascend"
+    with pytest.raises(RecipeError) as err:
+        load_recipe(write_recipe(recipe))
+    (issue,) = err.value.issues
+    assert issue.path == "stages.1.precisions.1" and "ascend" in issue.message and "precisions: [fp32]" in issue.hint
+    recipe["stages"][1]["targets"][1] = {"type": "ascend", "precisions": ["fp16"]}
+    with pytest.raises(RecipeError) as err:
+        load_recipe(write_recipe(recipe))
+    (issue,) = err.value.issues
+    assert issue.path == "stages.1.targets.1.precisions.0" and "not among the stage's precisions" in issue.message

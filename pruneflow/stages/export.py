@@ -118,12 +118,18 @@ class ExportStage(Stage[ExportConfig]):
     def recipe_rules(cls, config, index, recipe):
         """Each target writes each precision asked for (``Target.precisions``), and int8 has a quantized
         model to write: a `ptq` stage, or a `qat` stage ending in int8, before this export."""
-        for target in config.targets:
+        for t, target in enumerate(config.targets):
             writes = registry.targets.get(target.type).precisions
-            for i, precision in enumerate(config.precisions):
-                if precision not in writes:
-                    yield ConfigError(("stages", index, "precisions", i), f"target {target.type!r} cannot write {precision}",
-                                      value=precision, hint=f"{target.type} writes {', '.join(writes)}")
+            own = target.precisions is not None
+            loc = ("stages", index, "targets", t, "precisions") if own else ("stages", index, "precisions")
+            for i, precision in enumerate(target.precisions or config.precisions):
+                if precision not in config.precisions:
+                    yield ConfigError((*loc, i), f"{precision} is not among the stage's precisions", value=precision,
+                                      hint=f"a target writes some of the stage's precisions ({', '.join(config.precisions)}); add it there")
+                elif precision not in writes:
+                    yield ConfigError((*loc, i), f"target {target.type!r} cannot write {precision}", value=precision,
+                                      hint=f"{target.type} writes {', '.join(writes)}" + ("" if own else
+                                           f"; give it its own list: `{{type: {target.type}, precisions: [{', '.join(w for w in writes if w in config.precisions)}]}}`"))
         if "int8" in config.precisions and not quantized_before(recipe, index):
             yield ConfigError(
                 ("stages", index, "precisions", config.precisions.index("int8")),
@@ -168,7 +174,7 @@ class ExportStage(Stage[ExportConfig]):
             # export/<target>/ for the usual single export stage; a second one gets export/<its id>/<target>/.
             out_dir = ctx.run_dir / "export" / (name if self.id == "export" else f"{self.id}/{name}")
             out_dir.mkdir(parents=True, exist_ok=True)
-            for precision in cfg.precisions:
+            for precision in [p for p in cfg.precisions if p in (target.config.precisions or cfg.precisions)]:
                 for artifact in self._build(name, target, precision, out_dir, state, ctx, list(result.artifacts)):
                     if artifact.status == "failed":  # the vendor tool ran and refused: exit 1, its files kept
                         result.gates.append(GateResult(f"{artifact.label}.build", False, "; ".join(artifact.notes)
