@@ -161,7 +161,7 @@ def _owning_run(path: Path) -> Variant | None:
 
 def disk_size(files: list[Path]) -> int:
     """Bytes on disk of every file that exists (an IR's .xml and .bin, an ONNX and its external data)."""
-    return sum(f.stat().st_size for f in files if f.is_file())
+    return sum(f.stat().st_size for f in dict.fromkeys(files) if f.is_file())  # the manifest's `files` holds the main file too
 
 
 def _unique_names(variants: list[Variant]) -> None:
