@@ -384,3 +384,16 @@ def test_required_with_a_failing_atc_stops_the_export(tmp_path, monkeypatch):
         run_recipe_dict(recipe, tmp_path)
     status = json.loads((tmp_path / "runs" / "tiny" / "export" / "ascend" / "fp16" / "status.json").read_text())
     assert status["status"] == "failed" and status["atc"]["cann_version"] == "8.0.0"
+
+
+def test_a_failing_atc_on_a_target_not_required_fails_a_build_gate_and_keeps_the_bundle(tmp_path, monkeypatch):
+    """The vendor tool ran and refused: status failed, ATC's own message in a failed `ascend.fp16.build` gate
+    (exit 1, as any gate), the bundle kept for whoever debugs it; the other artifacts are measured as usual."""
+    _stand_in_atc(tmp_path, monkeypatch, 'case "$*" in *--output=model*) echo "E19999: Inner Error!"; exit 1;; esac', toolkit=True)
+    _, result = run_recipe_dict(_ascend_recipe({"type": "ascend"}, precisions=("fp16",)), tmp_path)
+    assert result.exit_code == 1
+    (gate,) = [g for g in result.gates if not g.passed]
+    assert gate.name == "ascend.fp16.build" and "E19999: Inner Error!" in gate.message
+    (artifact,) = [a for a in result.artifacts if a.target == "ascend"]
+    assert artifact.status == "failed" and artifact.verify(result.run_dir)
+    assert all(g.passed for g in result.gates if g.name != gate.name)
