@@ -257,12 +257,18 @@ def prepare_onnx(model: "torch.nn.Module", example: "torch.Tensor", cfg: AscendC
                  reference: Path | None = None) -> Prepared:
     """Export with a fixed batch at ``cfg.opset``, fold constants, check (full onnx.checker, static shapes,
     ATC's operator list), and compare in onnxruntime with the raw export and the onnx target's fp32 ONNX."""
+    from .onnx import fold_constants
+
     onnx = require("onnx", "pip install onnx", "the ascend target")
     with tempfile.TemporaryDirectory() as tmp:
         raw_path = Path(tmp) / "raw.onnx"
         notes = export_static(model, example, raw_path, batch=cfg.batch, opset=cfg.opset)
         raw = onnx.load(str(raw_path))
-    proto = to_opset(drop_identity(fold_constants(_copy(raw))), cfg.opset)
+    # The onnx target's folding (onnxscript): ATC sees the ResNet shortcut's Pad amounts as initializers,
+    # not shape arithmetic, and no Identity nodes.
+    # Shapes inferred first: with every dimension static, Shape of a tensor (an RNN's initial state) folds too.
+    proto = to_opset(fold_constants(onnx.shape_inference.infer_shapes(raw, data_prop=True)), cfg.opset)
+    del proto.graph.value_info[:]  # inferred again below, without entries of tensors folded away
     proto = onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True, data_prop=True)
     try:
         onnx.checker.check_model(proto, full_check=True)
@@ -330,71 +336,6 @@ def to_opset(model: "onnx.ModelProto", opset: int) -> "onnx.ModelProto":
                           hint="set the ascend target's `opset` to one torch exports this model at (11 to 17)") from exc
 
 
-def fold_constants(model: "onnx.ModelProto") -> "onnx.ModelProto":
-    """Replace every node whose inputs are all constants by its value (onnx's reference evaluator), so
-    ATC sees e.g. the ResNet shortcut's Pad amounts as initializers instead of 16 shape nodes."""
-    from onnx import helper, numpy_helper
-    from onnx.reference import ReferenceEvaluator
-
-    graph = model.graph
-    consts = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
-    graph_inputs = {i.name for i in graph.input}
-    shapes = _static_shapes(model)
-    kept = []
-    for node in graph.node:
-        known = (node.op_type in ("Shape", "Size") and node.input[0] in shapes) or all(
-            (i in consts and i not in graph_inputs) or i == "" for i in node.input)
-        if known and not _has_subgraph(node):
-            # Shape and Size of a tensor whose shape is static read only that shape: fed zeros of it.
-            feed = {i: consts[i] if i in consts else np.zeros(shapes[i], np.float32) for i in node.input if i}
-            single = helper.make_model(
-                helper.make_graph([node], "fold", [], [helper.make_tensor_value_info(o, 0, None) for o in node.output],
-                                  initializer=[numpy_helper.from_array(v, k) for k, v in feed.items()]),
-                opset_imports=model.opset_import)
-            for name, value in zip(node.output, ReferenceEvaluator(single).run(None, {})):
-                consts[name] = np.asarray(value)
-        else:
-            kept.append(node)
-    used = {i for n in kept for i in n.input} | {o.name for o in graph.output}
-    del graph.node[:]
-    graph.node.extend(kept)
-    del graph.initializer[:]
-    graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in consts.items() if k in used)
-    return model
-
-
-def _static_shapes(model: "onnx.ModelProto") -> dict[str, tuple[int, ...]]:
-    """Tensors whose shape onnx's shape inference fixes completely (all dimensions known and positive)."""
-    import onnx
-
-    inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
-    out = {}
-    for value in [*inferred.graph.input, *inferred.graph.value_info]:
-        dims = value.type.tensor_type.shape.dim
-        if value.type.HasField("tensor_type") and value.type.tensor_type.HasField("shape") and all(d.dim_value > 0 for d in dims):
-            out[value.name] = tuple(d.dim_value for d in dims)
-    return out
-
-
-def drop_identity(model: "onnx.ModelProto") -> "onnx.ModelProto":
-    """Remove Identity nodes (torch's exporter writes one per shared weight) by renaming their users' inputs."""
-    graph = model.graph
-    outputs = {o.name for o in graph.output}
-    rename: dict[str, str] = {}
-    kept = []
-    for node in graph.node:
-        if node.op_type == "Identity" and node.output[0] not in outputs:
-            rename[node.output[0]] = rename.get(node.input[0], node.input[0])
-        else:
-            kept.append(node)
-    for node in kept:
-        for i, name in enumerate(node.input):
-            node.input[i] = rename.get(name, name)
-    del graph.node[:]
-    graph.node.extend(kept)
-    return model
-
-
 def check_static(model: "onnx.ModelProto") -> None:
     """Every input, output and inferred intermediate tensor has fixed, positive dimensions."""
     values = [*model.graph.input, *model.graph.output, *model.graph.value_info]
@@ -428,21 +369,6 @@ def _run_onnx(proto: "onnx.ModelProto", x: np.ndarray, batch: int) -> np.ndarray
     first = session.get_inputs()[0]
     step = first.shape[0] if isinstance(first.shape[0], int) and first.shape[0] > 0 else batch
     return np.concatenate([session.run(None, {first.name: x[i : i + step]})[0] for i in range(0, len(x) - step + 1, step)])
-
-
-def _copy(model: "onnx.ModelProto") -> "onnx.ModelProto":
-    import onnx
-
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    return out
-
-
-def _has_subgraph(node) -> bool:
-    return any(a.HasField("g") or len(a.graphs) for a in node.attribute)
-
-
-# --- ATC: commands, runs, the bundle ------------------------------------------------------------------
 
 
 def atc_commands(cfg: AscendConfig, mode: str, input_shape: tuple[int, ...], aipp: bool) -> tuple[list[str], list[str]]:
