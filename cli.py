@@ -522,8 +522,7 @@ def _print_bench(result, written: list[Path]) -> None:
         console.print(table)
     for v in result.variants:
         if not v.timed:
-            detail = "prepared, not built" if v.status == "prepared" else v.status
-            console.print(f"{v.name}: {detail}" + (f" ({'; '.join(v.notes)})" if v.notes else ""), markup=False)
+            console.print(f"{v.name}: {v.untimed_detail()}", markup=False)
     cpu = result.host["cpu"]
     console.print(f"host: {cpu['model']} ({cpu['arch']}), {cpu['usable_cpus']} CPUs, ISA {' '.join(cpu['isa'])}; "
                   f"threads {result.settings.threads or 'runtime default'}", markup=False)

@@ -139,9 +139,8 @@ def table_html(result: "BenchResult") -> str:
         lines.append("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in table_cells(result, row)) + "</tr>")
     for v in result.variants:
         if not v.timed:
-            note = "prepared, not built" if v.status == "prepared" else v.status
             lines.append(f"<tr><td>{escape(v.name)}</td><td class='l' colspan='{len(head) - 1}'>"
-                         f"{escape(note + ('; ' + '; '.join(v.notes) if v.notes else ''))}</td></tr>")
+                         f"{escape(v.untimed_detail())}</td></tr>")
     return "\n".join(lines) + "</table>"
 
 

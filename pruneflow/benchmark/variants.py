@@ -54,6 +54,13 @@ class Variant:
         """Built, present and loadable by some runtime (whether that runtime is installed is found later)."""
         return self.status == "built" and self.path is not None and self.path.is_file() and bool(runtimes_for(self.path))
 
+    def untimed_detail(self) -> str:
+        """``prepared, not built: tensorrt is not importable here; build on the GPU machine: ...``: why a
+        variant has no figures, from its status and the notes its target wrote (said once)."""
+        head = "prepared, not built" if self.status == "prepared" else self.status
+        notes = [n.removeprefix("prepared, not built").lstrip(": ") for n in self.notes]
+        return ": ".join([head, "; ".join(n for n in notes if n)]) if any(notes) else head
+
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "model": self.model, "label": self.label, "status": self.status,
                 "path": str(self.path) if self.path else None, "precision": self.precision, "target": self.target,
