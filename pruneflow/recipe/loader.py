@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -22,6 +24,8 @@ from pydantic_core import ErrorDetails
 from ..errors import MISSING, ConfigError, InputError, RecipeError, RecipeIssue, UsageError, key_path
 from .models import RecipeBase, recipe_model
 from .rules import recipe_problems
+from .safe_yaml import MAX_DEPTH, YamlRefused, parse_yaml, read_recipe_text
+from .templates import PACKAGE as TEMPLATES
 
 Loc = tuple  # a key path: str keys and int list indices
 SET_SOURCE = "--set"
@@ -67,18 +71,23 @@ def _hints(issues: list[RecipeIssue]) -> str | None:
     return "\n     ".join(f"{i.path}: {i.hint}" for i in hinted) or None
 
 
-def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> LoadedRecipe:
+def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = (),
+                allow_paths: Iterable[str | Path] = ()) -> LoadedRecipe:
     """Load, merge, override, validate, resolve paths, then run the rules that need only the recipe
-    (``rules.py``). Raises RecipeError (exit 2), with FILE:LINE for each problem, on any problem."""
+    (``rules.py``). Raises RecipeError (exit 2), with FILE:LINE for each problem, on any problem.
+
+    `extends` reads only under the recipe's folder, the shipped templates and ``allow_paths``; values
+    from the files it reads are never echoed in an error (a file named there may hold secrets).
+    """
     file = Path(path)
-    data, positions, chain = _load_with_extends(file, ())
+    data, positions, chain = _load_with_extends(file, (), _extends_roots(file, allow_paths))
     apply_overrides(data, positions, overrides)
     recipe = validate(data, positions, str(file))
     _resolve_paths(recipe, positions, file)
     loaded = LoadedRecipe(recipe=recipe, file=file, positions=positions, chain=chain)
     problems = recipe_problems(recipe)
     if problems:
-        raise loaded.error(problems)
+        raise _hide_foreign(loaded.error(problems), str(file))
     return loaded
 
 
@@ -91,39 +100,82 @@ def dump_recipe(recipe: RecipeBase) -> str:
 # --------------------------------------------------------------------------- YAML with positions
 
 
-def _read_yaml(file: Path) -> tuple[Any, dict[Loc, tuple[str, int | None]]]:
-    if not file.is_file():
-        raise InputError(
-            f"recipe file not found: {file}",
-            hint="check the path; `pruneflow init` writes a starting recipe",
-        )
+def _read_yaml(file: Path, echo: bool = True) -> tuple[Any, dict[Loc, tuple[str, int | None]]]:
+    """The data and source positions of one recipe file, read with ``safe_yaml``'s bounds.
+
+    ``echo`` False (a file reached through `extends`): errors name the file and line, never what it holds.
+    """
+    text = _recipe_text(file, echo)
     try:
-        text = file.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise RecipeError(f"{file} is not UTF-8 text (byte {exc.start})", hint="save the recipe as UTF-8") from None
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        node, data = parse_yaml(text)
+    except YamlRefused as exc:
+        raise _refused(file, exc, echo) from None
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark else None
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise RecipeError(
-            f"{file} is not valid YAML",
-            [RecipeIssue(str(file), line, "", MISSING, problem)],
-            hint="fix the YAML syntax at that line (indentation, a missing colon, an unclosed quote)",
-        ) from None
+        raise _syntax_error(file, exc, text, echo) from None
     if data is None:
         raise RecipeError(f"{file} is empty", hint="start from `pruneflow init`")
     if not isinstance(data, dict):
         raise RecipeError(
-            f"{file} must hold a mapping (key: value lines) at the top, not a {type(data).__name__}",
+            f"{file} must hold a mapping (key: value lines) at the top, not {_KIND_OF.get(type(data), 'a value')}",
             [RecipeIssue(str(file), 1, "", MISSING, "expected a mapping")],
+            hint="a recipe starts with `name:`, `model:`, `data:` and `stages:` lines (`pruneflow init` writes one)",
         )
     assert node is not None  # the document holds a mapping (checked above), so it has a node
     positions: dict[Loc, tuple[str, int | None]] = {}
     _walk_positions(node, (), str(file), positions)
     return data, positions
+
+
+_KIND_OF = {str: "text", int: "a number", float: "a number", bool: "a boolean", list: "a list"}
+
+
+def _recipe_text(file: Path, echo: bool) -> str:
+    try:
+        if not file.exists():
+            raise InputError(f"recipe file not found: {file}",
+                             hint="check the path; `pruneflow init` writes a starting recipe")
+        if not file.is_file():
+            raise InputError(f"{file} is {'a folder' if file.is_dir() else 'not a regular file'}, not a recipe file",
+                             hint="name the recipe's YAML file")
+        return read_recipe_text(file)
+    except YamlRefused as exc:
+        raise _refused(file, exc, echo) from None
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot read the recipe {file}: {getattr(exc, 'strerror', None) or type(exc).__name__}",
+                         hint="check the path and its permissions") from None
+
+
+def _refused(file: Path, exc: YamlRefused, echo: bool) -> RecipeError:
+    """A RecipeError for what ``safe_yaml`` refused: file, line and the rule; what was written only if ``echo``."""
+    message = f"{exc.message}: {exc.detail!r}" if echo and exc.detail is not None else exc.message
+    path = _short_path(exc.path) if echo else ""
+    where = f"{file}:{exc.line}" if exc.line else str(file)
+    return RecipeError(f"{where} {exc.message.split(';')[0]}", [RecipeIssue(str(file), exc.line, path, MISSING, message)],
+                       hint=exc.hint)
+
+
+def _short_path(loc: tuple) -> str:
+    """A key path for a message: a deep one (a nesting bomb) cut after a few levels."""
+    return key_path(loc if len(loc) <= 8 else loc[:8] + ("...",))
+
+
+def _syntax_error(file: Path, exc: yaml.YAMLError, text: str, echo: bool) -> RecipeError:
+    """YAML that does not parse: the line and PyYAML's reason (with the text it quotes only if ``echo``)."""
+    mark = getattr(exc, "problem_mark", None)
+    line = mark.line + 1 if mark else None
+    problem = getattr(exc, "problem", None)
+    if isinstance(exc, yaml.reader.ReaderError):
+        line = text[: exc.position].count("\n") + 1
+        char = exc.character
+        problem = f"a control character (#x{char:04x}) that YAML does not allow" if isinstance(char, int) else None
+    problem = problem or "not valid YAML"
+    if not echo:
+        problem = re.sub(r"(['\"]).*?\1", "'...'", problem)
+    return RecipeError(
+        f"{file} is not valid YAML",
+        [RecipeIssue(str(file), line, "", MISSING, problem)],
+        hint="fix the YAML syntax at that line (indentation, a missing colon, an unclosed quote)",
+    )
 
 
 def _walk_positions(node: yaml.Node, loc: Loc, source: str, out: dict) -> None:
@@ -138,38 +190,67 @@ def _walk_positions(node: yaml.Node, loc: Loc, source: str, out: dict) -> None:
             _walk_positions(item, loc + (i,), source, out)
 
 
-def _load_with_extends(file: Path, seen: tuple[Path, ...]):
-    data, positions = _read_yaml(file)
+def _load_with_extends(file: Path, seen: tuple[Path, ...], roots: tuple[Path, ...]):
+    """Read ``file`` and, depth first, what it extends. Only ``file`` at the top (the recipe named on the
+    command line, ``seen`` empty) has its values echoed in errors; an extended one is named by file and line."""
+    data, positions = _read_yaml(file, echo=not seen)
     parent = data.pop("extends", None)
     if parent is None:
         return data, positions, [file]
-    if not isinstance(parent, str):
-        source, line = positions.get(("extends",), (str(file), None))
-        raise RecipeError(
-            f"{file}: `extends` must be a path", [RecipeIssue(source, line, "extends", parent, "expected a file path")]
-        )
-    parent_file = (file.parent / parent).resolve()
-    chain = seen + (file.resolve(),)
-    if parent_file in chain:
-        cycle = " -> ".join(str(p) for p in chain + (parent_file,))
-        source, line = positions.get(("extends",), (str(file), None))
-        raise RecipeError(
-            "`extends` forms a cycle",
-            [RecipeIssue(source, line, "extends", parent, f"cycle: {cycle}")],
-            hint="remove the `extends` that points back to a recipe already in the chain",
-        )
-    if not parent_file.is_file():
-        source, line = positions.get(("extends",), (str(file), None))
-        raise RecipeError(
-            "the recipe named by `extends` does not exist",
-            [RecipeIssue(source, line, "extends", parent, f"no such file: {parent_file}")],
-            hint="`extends` is relative to the recipe that contains it",
-        )
-    base, base_positions, base_chain = _load_with_extends(parent_file, chain)
+    parent_file = _extended_file(file, parent, positions, seen, roots)
+    base, base_positions, base_chain = _load_with_extends(parent_file, seen + (file.resolve(),), roots)
     merged = deep_merge(base, data)
     kept = {loc: pos for loc, pos in base_positions.items() if not _replaced_by(loc, data)}
     kept.update(positions)
     return merged, kept, [file] + base_chain
+
+
+def _extended_file(file: Path, parent: Any, positions: dict, seen: tuple[Path, ...], roots: tuple[Path, ...]) -> Path:
+    """The file ``extends: parent`` names (symlinks resolved), checked: a path, inside ``roots``, no
+    cycle, a file. Confinement comes before existence, so `extends` cannot probe for files elsewhere."""
+    source, line = positions.get(("extends",), (str(file), None))
+    shown = parent if not seen else MISSING
+
+    def refuse(what: str, message: str, hint: str) -> RecipeError:
+        return RecipeError(f"{source}:{line}: {what}", [RecipeIssue(source, line, "extends", shown, message)], hint=hint)
+
+    if not isinstance(parent, str) or not parent.strip():
+        raise refuse("`extends` must be a path", "expected the path of a recipe file",
+                     "write `extends: base.yaml`, relative to the recipe that contains it")
+    try:
+        parent_file = (file.parent / parent).resolve()
+    except (OSError, ValueError, RuntimeError):
+        raise refuse("`extends` is not a usable path", "the path cannot be resolved (a NUL byte, a symlink loop, "
+                     "or too long)", "write the relative path of a recipe file") from None
+    if not any(parent_file.is_relative_to(root) for root in roots):
+        raise refuse("`extends` names a file outside the recipe's folder",
+                     f"{parent_file} is outside {roots[0]} and the shipped templates",
+                     f"`extends` reads recipes under {roots[0]} (the recipe's folder) and the shipped templates; "
+                     "move the base recipe there, or pass --allow-path DIR to allow the folder that holds it")
+    chain = seen + (file.resolve(),)
+    if parent_file in chain:
+        cycle = " -> ".join(str(p) for p in chain + (parent_file,))
+        raise refuse("`extends` forms a cycle", f"cycle: {cycle}",
+                     "remove the `extends` that points back to a recipe already in the chain")
+    if not parent_file.is_file():
+        raise refuse("the recipe named by `extends` does not exist", f"no such file: {parent_file}",
+                     "`extends` is relative to the recipe that contains it")
+    return parent_file
+
+
+def _extends_roots(file: Path, allow_paths: Iterable[str | Path]) -> tuple[Path, ...]:
+    """Where `extends` may read: the recipe's folder tree, the shipped templates, and each --allow-path."""
+    roots = [file.parent.resolve()]
+    templates = resources.files(TEMPLATES)
+    if isinstance(templates, Path):  # an unpacked install; templates inside a zip are not files to extend
+        roots.append(templates.resolve())
+    for folder in allow_paths:
+        path = Path(folder).expanduser()
+        if not path.is_dir():
+            raise UsageError(f"--allow-path {str(folder)!r} is not a folder",
+                             hint="name an existing folder that holds the recipes `extends` should read")
+        roots.append(path.resolve())
+    return tuple(roots)
 
 
 def deep_merge(base: Any, over: Any) -> Any:
@@ -198,23 +279,15 @@ def _replaced_by(loc: Loc, data: Any) -> bool:
 
 
 def parse_key_path(key: str) -> list[str | int]:
-    return [int(p) if p.isdigit() else p for p in key.split(".")]
+    """``stages.0.epochs`` → ``["stages", 0, "epochs"]``: a part of ASCII digits is a list index."""
+    return [int(p) if p.isascii() and p.isdigit() else p for p in key.split(".")]
 
 
 def apply_overrides(data: dict, positions: dict, overrides: list[str] | tuple[str, ...]) -> None:
-    """Apply ``KEY.PATH=VALUE`` items in place; VALUE is parsed as a YAML scalar (3, 0.1, true, [1, 2])."""
+    """Apply ``KEY.PATH=VALUE`` items in place; VALUE is parsed as a YAML scalar (3, 0.1, true, [1, 2]),
+    under the same bounds as a recipe file; text that is not YAML (``[1``) is kept as the text it is."""
     for item in overrides:
-        if "=" not in item:
-            raise UsageError(f"--set {item!r} has no '='", hint="write --set KEY.PATH=VALUE, e.g. --set stages.0.epochs=3")
-        key, raw = item.split("=", 1)
-        key = key.strip()
-        parts = parse_key_path(key)
-        if not key or any(p == "" for p in parts):
-            raise UsageError(f"--set {item!r}: empty key path", hint="e.g. --set stages.0.epochs=3")
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else None
-        except yaml.YAMLError:
-            value = raw
+        parts, value = _parse_override(item)
         cur: Any = data
         for depth, part in enumerate(parts[:-1]):
             cur = _step_into(cur, part, parts[: depth + 1], item)
@@ -224,15 +297,54 @@ def apply_overrides(data: dict, positions: dict, overrides: list[str] | tuple[st
                 raise _bad_set(item, parts, cur)
             cur[last] = value
         elif isinstance(cur, dict):
-            cur[last] = value
+            cur[str(last)] = value
         else:
             raise _bad_set(item, parts[:-1], cur)
-        source = f"{SET_SOURCE} {item}"
-        for loc in [loc for loc in positions if loc[: len(parts)] == tuple(parts)]:
-            del positions[loc]
-        positions[tuple(parts)] = (source, None)
-        for cut in range(1, len(parts)):  # mappings this --set created: errors there point at it, not the file
-            positions.setdefault(tuple(parts[:cut]), (source, None))
+        _record_override(positions, _actual_loc(data, parts), item)
+
+
+def _parse_override(item: str) -> tuple[list[str | int], Any]:
+    """The key path and the value of one ``--set KEY.PATH=VALUE``; UsageError when it cannot be one."""
+    if "=" not in item:
+        raise UsageError(f"--set {item!r} has no '='", hint="write --set KEY.PATH=VALUE, e.g. --set stages.0.epochs=3")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    parts = parse_key_path(key)
+    if not key or any(p == "" for p in parts):
+        raise UsageError(f"--set {item!r}: empty key path", hint="e.g. --set stages.0.epochs=3")
+    if len(parts) > MAX_DEPTH:
+        raise UsageError(f"--set {item[:80]!r}...: a key path of {len(parts)} parts", hint="a recipe key path has a few parts")
+    if parts[0] == "extends":
+        raise UsageError(f"--set {item!r}: `extends` is read before --set applies",
+                         hint="edit the recipe's `extends:` line, or --set the values themselves")
+    try:
+        _, value = parse_yaml(raw) if raw.strip() else (None, None)
+    except YamlRefused as exc:
+        raise UsageError(f"--set {item!r}: the value {exc.message}", hint=exc.hint) from None
+    except yaml.YAMLError:
+        value = raw
+    return parts, value
+
+
+def _actual_loc(data: Any, parts: list[str | int]) -> Loc:
+    """``parts`` as the keys the data holds: an index into a list stays an int, a key of a mapping is text."""
+    loc: list[str | int] = []
+    cur = data
+    for part in parts:
+        key = part if isinstance(cur, list) else str(part)
+        loc.append(key)
+        cur = cur[key] if isinstance(cur, list) and isinstance(key, int) else cur.get(key) if isinstance(cur, dict) else None
+    return tuple(loc)
+
+
+def _record_override(positions: dict, loc: Loc, item: str) -> None:
+    """Point the overridden value, and what it replaced or created, at the --set that wrote it."""
+    source = f"{SET_SOURCE} {item}"
+    for old in [old for old in positions if old[: len(loc)] == loc]:
+        del positions[old]
+    positions[loc] = (source, None)
+    for cut in range(1, len(loc)):  # mappings this --set created: errors there point at it, not the file
+        positions.setdefault(loc[:cut], (source, None))
 
 
 def _step_into(cur: Any, part: str | int, so_far: list, item: str) -> Any:
@@ -241,9 +353,10 @@ def _step_into(cur: Any, part: str | int, so_far: list, item: str) -> Any:
             raise _bad_set(item, so_far, cur)
         return cur[part]
     if isinstance(cur, dict):
-        if part not in cur or cur[part] is None:
-            cur[part] = {}
-        return cur[part]
+        key = str(part)
+        if key not in cur or cur[key] is None:
+            cur[key] = {}
+        return cur[key]
     raise _bad_set(item, so_far[:-1], cur)
 
 
@@ -293,13 +406,49 @@ def _issues(exc: ValidationError, data: dict, positions: dict, main_source: str,
             elif not isinstance(value, str):  # a bare name (`targets: [onx]`) stays as written
                 value = MISSING
         source, line = locate(clean, positions, main_source)
-        path = key_path(clean)
-        merge_key = (path, err["type"] == "extra_forbidden")
+        unknown_key = err["type"] == "extra_forbidden"
+        foreign = not _echoes(source, main_source)
+        path = key_path(clean[:-1] + ("<key>",) if foreign and unknown_key else clean)
+        merge_key = (path, unknown_key)
         if merge_key in merged and merged[merge_key].message != message:
             merged[merge_key].message += f"; or {message[:1].lower()}{message[1:]}"
         else:
             merged[merge_key] = RecipeIssue(source, line, path, value, message)
-    return _sorted(merged.values(), main_source)
+    return _sorted([_hide_value(i) if not _echoes(i.source, main_source) else i for i in merged.values()], main_source)
+
+
+# --------------------------------------------------------------------------- what an error may show
+
+_NOT_SHOWN = "not shown: it was read through `extends`"
+
+
+def _echoes(source: str, main_source: str) -> bool:
+    """Whether an error may quote what ``source`` holds: the recipe the user named and their --set, yes;
+    a file reached through `extends` (it may be a credentials file named by a hostile recipe), no."""
+    return source == main_source or source.startswith(SET_SOURCE)
+
+
+def _hide_value(issue: RecipeIssue) -> RecipeIssue:
+    """``issue`` without the value, a "did you mean" guessed from it, or a message that quotes it."""
+    message = re.sub(r"; did you mean .*?\?", ".", issue.message)
+    if message.startswith("unknown key"):
+        message = f"unknown key (its name is {_NOT_SHOWN}){message[len('unknown key'):]}"
+    elif issue.value is not MISSING and (repr(issue.value) in message or _quoted(issue.value, message)):
+        message = f"invalid value ({_NOT_SHOWN})"
+    elif issue.value is not MISSING:
+        message = f"{message} (the value is {_NOT_SHOWN})"
+    return RecipeIssue(issue.source, issue.line, issue.path, MISSING, message, issue.hint)
+
+
+def _quoted(value: Any, message: str) -> bool:
+    """True when ``message`` holds ``value`` written out (a validator's f-string without repr)."""
+    return isinstance(value, str) and len(value) >= 3 and value in message
+
+
+def _hide_foreign(error: RecipeError, main_source: str) -> RecipeError:
+    """``error`` with every issue located in a file reached through `extends` stripped of its value."""
+    error.issues = [i if _echoes(i.source, main_source) else _hide_value(i) for i in error.issues]
+    return error
 
 
 def _sorted(issues: Iterable[RecipeIssue], main_source: str) -> list[RecipeIssue]:
