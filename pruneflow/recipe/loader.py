@@ -135,7 +135,7 @@ def _recipe_text(file: Path, echo: bool) -> str:
             raise InputError(f"recipe file not found: {file}",
                              hint="check the path; `pruneflow init` writes a starting recipe")
         if not file.is_file():
-            raise InputError(f"{file} is {'a folder' if file.is_dir() else 'not a regular file'}, not a recipe file",
+            raise InputError(f"{file} is {'a folder, not a recipe file' if file.is_dir() else 'not a regular file'}",
                              hint="name the recipe's YAML file")
         return read_recipe_text(file)
     except YamlRefused as exc:
@@ -147,11 +147,9 @@ def _recipe_text(file: Path, echo: bool) -> str:
 
 def _refused(file: Path, exc: YamlRefused, echo: bool) -> RecipeError:
     """A RecipeError for what ``safe_yaml`` refused: file, line and the rule; what was written only if ``echo``."""
-    message = f"{exc.message}: {exc.detail!r}" if echo and exc.detail is not None else exc.message
+    message = f"{exc.message} (here: {exc.detail!r})" if echo and exc.detail is not None else exc.message
     path = _short_path(exc.path) if echo else ""
-    where = f"{file}:{exc.line}" if exc.line else str(file)
-    return RecipeError(f"{where} {exc.message.split(';')[0]}", [RecipeIssue(str(file), exc.line, path, MISSING, message)],
-                       hint=exc.hint)
+    return RecipeError(f"{file}: {exc.title}", [RecipeIssue(str(file), exc.line, path, MISSING, message)], hint=exc.hint)
 
 
 def _short_path(loc: tuple) -> str:
@@ -320,7 +318,7 @@ def _parse_override(item: str) -> tuple[list[str | int], Any]:
     try:
         _, value = parse_yaml(raw) if raw.strip() else (None, None)
     except YamlRefused as exc:
-        raise UsageError(f"--set {item!r}: the value {exc.message}", hint=exc.hint) from None
+        raise UsageError(f"--set {item!r}: the value has {exc.title} ({exc.message})", hint=exc.hint) from None
     except yaml.YAMLError:
         value = raw
     return parts, value
@@ -409,7 +407,7 @@ def _issues(exc: ValidationError, data: dict, positions: dict, main_source: str,
         unknown_key = err["type"] == "extra_forbidden"
         foreign = not _echoes(source, main_source)
         path = key_path(clean[:-1] + ("<key>",) if foreign and unknown_key else clean)
-        merge_key = (path, unknown_key)
+        merge_key = (key_path(clean), unknown_key)
         if merge_key in merged and merged[merge_key].message != message:
             merged[merge_key].message += f"; or {message[:1].lower()}{message[1:]}"
         else:

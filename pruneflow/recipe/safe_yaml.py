@@ -16,7 +16,7 @@ composer that bounds the work a short file can demand:
 Each refusal is a :class:`YamlRefused` with the line and a message that names no content; ``detail``
 adds what was written (a key, a tag), which the loader shows only for the recipe the user named::
 
-    node, data = parse_yaml("seed: 1\\nseed: 2\\n")   # YamlRefused: line 2, "... also set at line 1"
+    node, data = parse_yaml("seed: 1\\nseed: 2\\n")   # YamlRefused: line 2, "a key set twice"
 """
 
 from __future__ import annotations
@@ -46,13 +46,14 @@ _KIND = {_CORE + "int": "a number", _CORE + "float": "a number", _CORE + "bool":
 
 
 class YamlRefused(Exception):
-    """A YAML text this loader will not read. ``message`` names no content of the file; ``detail`` does
-    (a key, a tag) and is shown only where echoing the file is harmless."""
+    """A YAML text this loader will not read: ``title`` (what, in a few words), ``message`` (the rule broken
+    at ``line``) and ``hint`` (the fix) name no content of the file; ``detail`` and ``path`` (a tag, the
+    key path) do, and are shown only where echoing the file is harmless."""
 
-    def __init__(self, message: str, line: int | None = None, *, hint: str, detail: str | None = None,
+    def __init__(self, title: str, message: str, line: int | None = None, *, hint: str, detail: str | None = None,
                  path: tuple = ()):
-        super().__init__(message)
-        self.message, self.line, self.hint, self.detail, self.path = message, line, hint, detail, path
+        super().__init__(f"{title}: {message}")
+        self.title, self.message, self.line, self.hint, self.detail, self.path = title, message, line, hint, detail, path
 
 
 def read_recipe_text(file: Path) -> str:
@@ -60,17 +61,17 @@ def read_recipe_text(file: Path) -> str:
     with open(file, "rb") as fh:
         raw = fh.read(MAX_BYTES + 1)
     if len(raw) > MAX_BYTES:
-        raise YamlRefused(f"is larger than {MAX_BYTES:,} bytes; a recipe is a few kilobytes", None,
+        raise YamlRefused("too large for a recipe", f"the file is larger than {MAX_BYTES:,} bytes; a recipe is a few kilobytes", None,
                           hint="name the recipe file itself; data and weights go in files the recipe points to")
     if b"\x00" in raw:
         line = raw[: raw.index(b"\x00")].count(b"\n") + 1
-        raise YamlRefused("is a binary file (it holds NUL bytes), not a YAML recipe", line,
+        raise YamlRefused("a binary file, not a YAML recipe", "a NUL byte (binary data) on this line", line,
                           hint="name a YAML recipe file (`pruneflow init` writes one)")
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = raw[: exc.start].count(b"\n") + 1
-        raise YamlRefused(f"is not UTF-8 text (byte {exc.start} cannot be decoded)", line,
+        raise YamlRefused("not UTF-8 text", f"byte {exc.start} of the file cannot be decoded as UTF-8", line,
                           hint="save the recipe as UTF-8") from None
 
 
@@ -103,7 +104,8 @@ class _BoundedComposer(Parser, Composer, _Resolver):
             line = event.start_mark.line + 1
             if target is not None:
                 if any(target is node for node in self._open):
-                    raise YamlRefused("an alias refers to the collection that contains it (an endless structure)",
+                    raise YamlRefused("an alias inside the collection it names",
+                                      "an alias refers to the collection that contains it (an endless structure)",
                                       line, hint="copy the values instead of the alias", path=tuple(self._path))
                 self._count(self._size[id(target)], line)
                 self._check_depth(len(self._open) + self._height[id(target)], line)
@@ -171,18 +173,18 @@ class _BoundedComposer(Parser, Composer, _Resolver):
     def _count(self, values: int, line: int) -> None:
         self._total += values
         if self._total > MAX_NODES:
-            raise YamlRefused(f"expands to more than {MAX_NODES:,} values (an alias `*name` repeats everything its "
+            raise YamlRefused("aliases expand to too many values", f"the recipe expands to more than {MAX_NODES:,} values (an alias `*name` repeats everything its "
                               "anchor holds)", line, hint="write the recipe without aliases that repeat large parts",
                               path=tuple(self._path))
 
     def _check_depth(self, depth: int, line: int) -> None:
         if depth > MAX_DEPTH:
-            raise YamlRefused(f"nests more than {MAX_DEPTH} levels deep (aliases included)", line,
+            raise YamlRefused("nested too deeply", f"nests more than {MAX_DEPTH} levels deep (aliases included)", line,
                               hint="a recipe needs a few levels; remove the extra nesting", path=tuple(self._path))
 
     def _check_tag(self, node: Node) -> None:
         if node.tag not in PLAIN_TAGS and node.tag != _MERGE:
-            raise YamlRefused("uses a YAML tag; a recipe holds only plain text, numbers, booleans, lists and "
+            raise YamlRefused("a YAML tag", "a YAML tag; a recipe holds only plain text, numbers, booleans, lists and "
                               "mappings", node.start_mark.line + 1, detail=node.tag, path=tuple(self._path),
                               hint="remove the `!tag` (a recipe never builds Python objects)")
 
@@ -192,12 +194,12 @@ class _BoundedComposer(Parser, Composer, _Resolver):
             return "<<"
         if not isinstance(key, ScalarNode) or key.tag != _CORE + "str":
             kind = _KIND.get(key.tag, "not text") if isinstance(key, ScalarNode) else "a list or mapping"
-            raise YamlRefused(f"has a key that YAML reads as {kind}; recipe keys are text", line,
+            raise YamlRefused("a key that is not text", f"a key that YAML reads as {kind}; recipe keys are text", line,
                               detail=key.value if isinstance(key, ScalarNode) else None, path=tuple(self._path),
                               hint="quote the key (`'1': ...`, `'on': ...`) or write it as a name")
         if key.value in seen:
-            raise YamlRefused(f"sets a key twice in one mapping, at line {seen[key.value]} and at line {line} "
-                              "(YAML keeps only the last)", line, detail=key.value,
+            raise YamlRefused("a key set twice", f"the key is set at line {seen[key.value]} and again at line {line} "
+                              "(YAML would silently keep only the last)", line,
                               path=tuple(self._path) + (key.value,), hint="delete one of the two lines")
         seen[key.value] = line
         return key.value
