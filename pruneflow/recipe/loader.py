@@ -161,7 +161,7 @@ def _syntax_error(file: Path, exc: yaml.YAMLError, text: str, echo: bool) -> Rec
     """YAML that does not parse: the line and PyYAML's reason (with the text it quotes only if ``echo``)."""
     mark = getattr(exc, "problem_mark", None)
     line = mark.line + 1 if mark else None
-    problem = getattr(exc, "problem", None)
+    problem = "; ".join(filter(None, [getattr(exc, "context", None), getattr(exc, "problem", None)]))
     if isinstance(exc, yaml.reader.ReaderError):
         line = text[: exc.position].count("\n") + 1
         char = exc.character
@@ -230,8 +230,13 @@ def _extended_file(file: Path, parent: Any, positions: dict, seen: tuple[Path, .
         cycle = " -> ".join(str(p) for p in chain + (parent_file,))
         raise refuse("`extends` forms a cycle", f"cycle: {cycle}",
                      "remove the `extends` that points back to a recipe already in the chain")
-    if not parent_file.is_file():
-        raise refuse("the recipe named by `extends` does not exist", f"no such file: {parent_file}",
+    try:
+        exists, is_file = parent_file.exists(), parent_file.is_file()
+    except (OSError, ValueError):
+        exists = is_file = False
+    if not is_file:
+        raise refuse("the recipe named by `extends` does not exist",
+                     f"{parent_file} is not a file" if exists else f"no such file: {parent_file}",
                      "`extends` is relative to the recipe that contains it")
     return parent_file
 

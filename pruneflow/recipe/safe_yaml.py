@@ -63,6 +63,9 @@ def read_recipe_text(file: Path) -> str:
     if len(raw) > MAX_BYTES:
         raise YamlRefused("too large for a recipe", f"the file is larger than {MAX_BYTES:,} bytes; a recipe is a few kilobytes", None,
                           hint="name the recipe file itself; data and weights go in files the recipe points to")
+    if raw[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        raise YamlRefused("not UTF-8 text", "the file is UTF-16 text (it starts with a UTF-16 byte order mark)", 1,
+                          hint="save the recipe as UTF-8")
     if b"\x00" in raw:
         line = raw[: raw.index(b"\x00")].count(b"\n") + 1
         raise YamlRefused("a binary file, not a YAML recipe", "a NUL byte (binary data) on this line", line,
