@@ -165,7 +165,7 @@ def _syntax_error(file: Path, exc: yaml.YAMLError, text: str, echo: bool) -> Rec
     if isinstance(exc, yaml.reader.ReaderError):
         line = text[: exc.position].count("\n") + 1
         char = exc.character
-        problem = f"a control character (#x{char:04x}) that YAML does not allow" if isinstance(char, int) else None
+        problem = f"a control character (#x{char:04x}) that YAML does not allow" if isinstance(char, int) else ""
     problem = problem or "not valid YAML"
     if not echo:
         problem = re.sub(r"(['\"]).*?\1", "'...'", problem)
