@@ -281,38 +281,45 @@ def _replaced_by(loc: Loc, data: Any) -> bool:
 # --------------------------------------------------------------------------- --set overrides
 
 
-def parse_key_path(key: str) -> list[str | int]:
-    """``stages.0.epochs`` → ``["stages", 0, "epochs"]``: a part of ASCII digits is a list index."""
-    return [int(p) if p.isascii() and p.isdigit() else p for p in key.split(".")]
-
-
 def apply_overrides(data: dict, positions: dict, overrides: list[str] | tuple[str, ...]) -> None:
     """Apply ``KEY.PATH=VALUE`` items in place; VALUE is parsed as a YAML scalar (3, 0.1, true, [1, 2]),
-    under the same bounds as a recipe file; text that is not YAML (``[1``) is kept as the text it is."""
+    under the same bounds as a recipe file; text that is not YAML (``[1``) is kept as the text it is.
+
+    A part of the path indexes a list when it is ASCII digits and the value there is a list; otherwise
+    it is a mapping key, as written (``model.kwargs.007`` sets the key ``'007'``)."""
     for item in overrides:
         parts, value = _parse_override(item)
         cur: Any = data
-        for depth, part in enumerate(parts[:-1]):
-            cur = _step_into(cur, part, parts[: depth + 1], item)
-        last = parts[-1]
-        if isinstance(cur, list):
-            if not isinstance(last, int) or last >= len(cur):
-                raise _bad_set(item, parts, cur)
-            cur[last] = value
-        elif isinstance(cur, dict):
-            cur[str(last)] = value
-        else:
-            raise _bad_set(item, parts[:-1], cur)
-        _record_override(positions, _actual_loc(data, parts), item)
+        loc: list[str | int] = []
+        for part in parts[:-1]:
+            key = _key_in(cur, part, parts[: len(loc) + 1], item)
+            if isinstance(cur, dict) and cur.get(key) is None:
+                cur[key] = {}
+            cur = cur[key]
+            loc.append(key)
+        key = _key_in(cur, parts[-1], parts, item)
+        cur[key] = value
+        _record_override(positions, (*loc, key), item)
 
 
-def _parse_override(item: str) -> tuple[list[str | int], Any]:
+def _key_in(cur: Any, part: str, so_far: list[str], item: str) -> str | int:
+    """The list index or mapping key ``part`` names in ``cur``; RecipeError when there is none."""
+    if isinstance(cur, list):
+        if not (part.isascii() and part.isdigit()) or int(part) >= len(cur):
+            raise _bad_set(item, so_far, cur)
+        return int(part)
+    if isinstance(cur, dict):
+        return part
+    raise _bad_set(item, so_far[:-1], cur)
+
+
+def _parse_override(item: str) -> tuple[list[str], Any]:
     """The key path and the value of one ``--set KEY.PATH=VALUE``; UsageError when it cannot be one."""
     if "=" not in item:
         raise UsageError(f"--set {item!r} has no '='", hint="write --set KEY.PATH=VALUE, e.g. --set stages.0.epochs=3")
     key, raw = item.split("=", 1)
     key = key.strip()
-    parts = parse_key_path(key)
+    parts = key.split(".")
     if not key or any(p == "" for p in parts):
         raise UsageError(f"--set {item!r}: empty key path", hint="e.g. --set stages.0.epochs=3")
     if len(parts) > MAX_DEPTH:
@@ -329,17 +336,6 @@ def _parse_override(item: str) -> tuple[list[str | int], Any]:
     return parts, value
 
 
-def _actual_loc(data: Any, parts: list[str | int]) -> Loc:
-    """``parts`` as the keys the data holds: an index into a list stays an int, a key of a mapping is text."""
-    loc: list[str | int] = []
-    cur = data
-    for part in parts:
-        key = part if isinstance(cur, list) else str(part)
-        loc.append(key)
-        cur = cur[key] if isinstance(cur, list) and isinstance(key, int) else cur.get(key) if isinstance(cur, dict) else None
-    return tuple(loc)
-
-
 def _record_override(positions: dict, loc: Loc, item: str) -> None:
     """Point the overridden value, and what it replaced or created, at the --set that wrote it."""
     source = f"{SET_SOURCE} {item}"
@@ -348,19 +344,6 @@ def _record_override(positions: dict, loc: Loc, item: str) -> None:
     positions[loc] = (source, None)
     for cut in range(1, len(loc)):  # mappings this --set created: errors there point at it, not the file
         positions.setdefault(loc[:cut], (source, None))
-
-
-def _step_into(cur: Any, part: str | int, so_far: list, item: str) -> Any:
-    if isinstance(cur, list):
-        if not isinstance(part, int) or part >= len(cur):
-            raise _bad_set(item, so_far, cur)
-        return cur[part]
-    if isinstance(cur, dict):
-        key = str(part)
-        if key not in cur or cur[key] is None:
-            cur[key] = {}
-        return cur[key]
-    raise _bad_set(item, so_far[:-1], cur)
 
 
 def _bad_set(item: str, parts: list, cur: Any) -> RecipeError:

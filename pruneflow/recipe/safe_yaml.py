@@ -10,6 +10,7 @@ composer that bounds the work a short file can demand:
   an endless structure) is refused;
 - a key written twice in one mapping is refused (YAML says keys are unique; PyYAML keeps the last);
 - keys are text: ``1:``, ``on:`` or ``[a, b]:`` would become a number, a boolean or a tuple;
+- no number that YAML 1.1 reads in another base than it looks (``010`` is 8, ``1:30`` is 90);
 - only the plain tags (``!!str``, ``!!int``, ``!!float``, ``!!bool``, ``!!null``, ``!!seq``, ``!!map``);
   a date-like value stays the text it is (YAML 1.1 would make it a ``datetime.date``).
 
@@ -21,6 +22,7 @@ adds what was written (a key, a tag), which the loader shows only for the recipe
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,8 @@ MAX_DEPTH = 64
 _CORE = "tag:yaml.org,2002:"
 PLAIN_TAGS = frozenset(_CORE + t for t in ("str", "int", "float", "bool", "null", "seq", "map"))
 _MERGE = _CORE + "merge"
+# What YAML 1.1 (PyYAML) reads as a number other than the decimal one it looks like: 010 is 8, 1:30 is 90.
+_AMBIGUOUS_NUMBER = re.compile(r"^[-+]?(0[0-7_]+|[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?)$")
 _KIND = {_CORE + "int": "a number", _CORE + "float": "a number", _CORE + "bool": "a boolean",
          _CORE + "null": "null", _CORE + "seq": "a list", _CORE + "map": "a mapping"}
 
@@ -123,6 +127,10 @@ class _BoundedComposer(Parser, Composer, _Resolver):
         self._count(1, line)
         node = super().compose_scalar_node(anchor)
         self._size[id(node)], self._height[id(node)] = 1, 0
+        if node.style is None and node.tag in (_CORE + "int", _CORE + "float") and _AMBIGUOUS_NUMBER.match(node.value):
+            raise YamlRefused("a number in base 8 or 60", "YAML 1.1 reads a number with a leading 0 in base 8 (010 is 8) "
+                              "and one with ':' in base 60 (1:30 is 90)", line, detail=node.value,
+                              path=tuple(self._path), hint="write the number without the leading 0 or ':', or quote it as text")
         return node
 
     def compose_sequence_node(self, anchor: Any) -> SequenceNode:
