@@ -24,7 +24,7 @@ from pydantic_core import ErrorDetails
 from ..errors import MISSING, ConfigError, InputError, RecipeError, RecipeIssue, UsageError, key_path
 from .models import RecipeBase, recipe_model
 from .rules import recipe_problems
-from .safe_yaml import MAX_DEPTH, YamlRefused, parse_yaml, read_recipe_text
+from .safe_yaml import MAX_DEPTH, YamlRefused, dump_yaml, parse_yaml, read_recipe_text
 from .templates import PACKAGE as TEMPLATES
 
 Loc = tuple  # a key path: str keys and int list indices
@@ -94,7 +94,7 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = (),
 def dump_recipe(recipe: RecipeBase) -> str:
     """YAML of a validated recipe with every default spelled out (what `recipe.resolved.yaml` holds)."""
     data = recipe.model_dump(mode="json", exclude={"extends"})
-    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+    return dump_yaml(data)
 
 
 # --------------------------------------------------------------------------- YAML with positions

@@ -123,7 +123,12 @@ class _BoundedComposer(Parser, Composer, _Resolver):
         return node
 
     def compose_scalar_node(self, anchor: Any) -> ScalarNode:
-        line = self.peek_event().start_mark.line + 1
+        event = self.peek_event()
+        line = event.start_mark.line + 1
+        if event.tag not in (None, "!", _CORE + "str"):  # `!!int x`, `!!bool x` would make PyYAML raise a bare error
+            raise YamlRefused("a YAML tag", "a YAML tag on a value; write the value plainly (`3`, `true`), or "
+                              "quote it as text", line, detail=event.tag, path=tuple(self._path),
+                              hint="remove the `!tag` (a recipe never builds Python objects)")
         self._count(1, line)
         node = super().compose_scalar_node(anchor)
         self._size[id(node)], self._height[id(node)] = 1, 0
@@ -235,7 +240,11 @@ def parse_yaml(text: str) -> tuple[Node | None, Any]:
     loader = _Loader(text)
     try:
         node = loader.get_single_node()
-        data = loader.construct_document(node) if node is not None else None
+        try:
+            data = loader.construct_document(node) if node is not None else None
+        except (ArithmeticError, LookupError, TypeError, ValueError) as exc:  # PyYAML's own bare errors
+            raise YamlRefused("a value YAML cannot build", f"{type(exc).__name__} while building the data", None,
+                              hint="write plain text, numbers, booleans, lists and mappings") from None
     finally:
         loader.dispose()
     return node, unshare(data)
@@ -249,3 +258,21 @@ def unshare(data: Any) -> Any:
         return [unshare(v) for v in data]
     return data
 
+
+class _Dumper(yaml.SafeDumper):
+    """PyYAML's safe dumper, except that text holding a Unicode line break (NEL, LS, PS) is double-quoted:
+    with ``allow_unicode`` PyYAML writes them raw in single quotes, and its reader folds them into a space."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = '"' if any(ch in value for ch in "\x85\u2028\u2029") else None
+    return dumper.represent_scalar(_CORE + "str", value, style=style)
+
+
+_Dumper.add_representer(str, _represent_str)
+
+
+def dump_yaml(data: Any, **options: Any) -> str:
+    """YAML that :func:`parse_yaml` reads back as ``data`` (what ``recipe.resolved.yaml`` is written with);
+    ``options`` go to ``yaml.dump`` (e.g. ``default_flow_style=True`` for one line)."""
+    return yaml.dump(data, Dumper=_Dumper, **{"sort_keys": False, "allow_unicode": True, **options})
