@@ -157,6 +157,15 @@ def _extended_file_with_broken_yaml(tmp_path):
     return [r], [f"{(proj / 'base.yaml').resolve()}:3", "is not valid YAML", "Fix:"], [TOKEN]
 
 
+def _extended_file_extends_outside(tmp_path):
+    """The second step of a chain: the extended file is named by file and line, the path it wrote is not shown."""
+    proj = plant_secrets(tmp_path)
+    write(proj / "base.yaml", "name: base\nextends: ../secrets/credentials.yaml\n")
+    r = write(proj / "r.yaml", "extends: base.yaml\nname: x\n")
+    return [r], [f"{(proj / 'base.yaml').resolve()}:2  extends  the file it names is outside"], [
+        "secrets", SECRET_VALUE, SECRET_KEY]
+
+
 def _extends_a_folder(tmp_path):
     (tmp_path / "sub").mkdir()
     r = write(tmp_path / "r.yaml", "extends: sub\nname: x\n")
@@ -330,7 +339,8 @@ def _set_unparsable_value_into_an_int(tmp_path):
 
 CASES = [
     _extends_outside, _extends_system_file, _extends_symlink_out, _extends_dotdot_escape, _allowed_secret_file_never_echoed,
-    _env_file_in_the_folder, _extended_recipe_with_bad_values, _extended_file_with_broken_yaml, _extends_a_folder,
+    _env_file_in_the_folder, _extended_recipe_with_bad_values, _extended_file_with_broken_yaml, _extended_file_extends_outside,
+    _extends_a_folder,
     _extends_unusable_paths, _extends_a_long_name, _extends_not_a_path, _allow_path_not_a_folder,
     _alias_bomb, _self_referencing_alias, _deep_nesting, _deep_nesting_through_aliases, _duplicate_key,
     _duplicate_top_level_key, _python_tag, _binary_tag, _number_key, _boolean_key, _mapping_key, _not_utf8, _utf16,
@@ -356,6 +366,7 @@ def test_hostile_recipe_exits_2_and_writes_nothing(tmp_path, monkeypatch, case, 
     assert "Traceback" not in result.output and "internal error" not in result.output
     for text in expected:
         assert text in result.stderr, (text, result.stderr)
+    assert "Fix: " in result.stderr, result.stderr  # every refusal says how to fix it
     for text in forbidden:
         assert text not in result.stdout and text not in result.stderr, (text, result.output)
     if command == "optimize":  # --json: one object, the same exit code, the issues located

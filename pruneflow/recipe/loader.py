@@ -207,7 +207,10 @@ def _extended_file(file: Path, parent: Any, positions: dict, seen: tuple[Path, .
     """The file ``extends: parent`` names (symlinks resolved), checked: a path, inside ``roots``, no
     cycle, a file. Confinement comes before existence, so `extends` cannot probe for files elsewhere."""
     source, line = positions.get(("extends",), (str(file), None))
-    shown = parent if not seen else MISSING
+    shown = parent if not seen else MISSING  # a file reached through `extends` is named, its text never shown
+
+    def named(path: Path) -> str:
+        return str(path) if not seen else "the file it names"
 
     def refuse(what: str, message: str, hint: str) -> RecipeError:
         return RecipeError(f"{source}:{line}: {what}", [RecipeIssue(source, line, "extends", shown, message)], hint=hint)
@@ -222,7 +225,7 @@ def _extended_file(file: Path, parent: Any, positions: dict, seen: tuple[Path, .
                      "or too long)", "write the relative path of a recipe file") from None
     if not any(parent_file.is_relative_to(root) for root in roots):
         raise refuse("`extends` names a file outside the recipe's folder",
-                     f"{parent_file} is outside {roots[0]} and the shipped templates",
+                     f"{named(parent_file)} is outside the folders `extends` may read: {', '.join(map(str, roots))}",
                      f"`extends` reads recipes under {roots[0]} (the recipe's folder) and the shipped templates; "
                      "move the base recipe there, or pass --allow-path DIR to allow the folder that holds it")
     chain = seen + (file.resolve(),)
@@ -236,7 +239,7 @@ def _extended_file(file: Path, parent: Any, positions: dict, seen: tuple[Path, .
         exists = is_file = False
     if not is_file:
         raise refuse("the recipe named by `extends` does not exist",
-                     f"{parent_file} is not a file" if exists else f"no such file: {parent_file}",
+                     f"{named(parent_file)} is not a file" if exists else f"no such file: {named(parent_file)}",
                      "`extends` is relative to the recipe that contains it")
     return parent_file
 
