@@ -11,8 +11,11 @@ composer that bounds the work a short file can demand:
 - a key written twice in one mapping is refused (YAML says keys are unique; PyYAML keeps the last);
 - keys are text: ``1:``, ``on:`` or ``[a, b]:`` would become a number, a boolean or a tuple;
 - no number that YAML 1.1 reads in another base than it looks (``010`` is 8, ``1:30`` is 90);
-- only the plain tags (``!!str``, ``!!int``, ``!!float``, ``!!bool``, ``!!null``, ``!!seq``, ``!!map``);
-  a date-like value stays the text it is (YAML 1.1 would make it a ``datetime.date``).
+- no tag but ``!!str`` on a value and ``!!seq``/``!!map`` on a collection (``!!python/...``, ``!!binary``,
+  ``!!set``, ``!foo`` and ``!!int x`` are refused); a date-like value stays the text it is (YAML 1.1
+  would make it a ``datetime.date``).
+
+:func:`dump_yaml` writes what :func:`parse_yaml` reads back unchanged (``recipe.resolved.yaml``).
 
 Each refusal is a :class:`YamlRefused` with the line and a message that names no content; ``detail``
 adds what was written (a key, a tag), which the loader shows only for the recipe the user named::
