@@ -54,7 +54,7 @@ SetOpt = Annotated[
 ]
 AllowPathOpt = Annotated[
     Optional[list[Path]],
-    typer.Option("--allow-path", help="Let `extends` read recipes under this folder too (repeatable); by default it reads "
+    typer.Option("--allow-path", metavar="DIR", help="Let `extends` read recipes under this folder too (repeatable); by default it reads "
                  "only the recipe's own folder tree and the shipped templates.", show_default=False),
 ]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show tracebacks and debug logging.")]
