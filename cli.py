@@ -52,6 +52,11 @@ SetOpt = Annotated[
     typer.Option("--set", "-s", help="Override a recipe value: KEY.PATH=VALUE, e.g. stages.0.epochs=3 (repeatable).",
                  show_default=False),
 ]
+AllowPathOpt = Annotated[
+    Optional[list[Path]],
+    typer.Option("--allow-path", metavar="DIR", help="Let `extends` read recipes under this folder too (repeatable); by default it reads "
+                 "only the recipe's own folder tree and the shipped templates.", show_default=False),
+]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show tracebacks and debug logging.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout (for CI) instead of tables.")]
 
@@ -197,6 +202,7 @@ def optimize(
     recipe: RecipeArg,
     out: Annotated[Path, typer.Option("--out", "-o", help="Parent folder of the run directory (OUT/NAME).")] = Path("runs"),
     set_: SetOpt = None,
+    allow_path: AllowPathOpt = None,
     resume: Annotated[bool, typer.Option("--resume", help="Skip stages whose checkpoint matches (same input, config, versions).")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Validate, resolve stages and targets, check files and toolchains; run nothing.")] = False,
     json_out: JsonOpt = False,
@@ -219,7 +225,7 @@ def optimize(
         logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)
         logging.getLogger("pruneflow").setLevel(logging.DEBUG)
     with handle_errors(verbose, json_out):
-        loaded = load_recipe(recipe, set_ or [])
+        loaded = load_recipe(recipe, set_ or [], allow_path or [])
         if dry_run:
             stages = plan_stages(loaded)
             notes = preflight(loaded, stages)
@@ -290,6 +296,7 @@ def _print_summary(result) -> None:
 def validate(
     recipe: RecipeArg,
     set_: SetOpt = None,
+    allow_path: AllowPathOpt = None,
     show: Annotated[bool, typer.Option("--show", help="Print the resolved recipe (defaults filled in, paths absolute).")] = False,
     verbose: VerboseOpt = False,
 ) -> None:
@@ -301,7 +308,7 @@ def validate(
     from pruneflow.recipe import dump_recipe, load_recipe
 
     with handle_errors(verbose):
-        loaded = load_recipe(recipe, set_ or [])
+        loaded = load_recipe(recipe, set_ or [], allow_path or [])
         stages = plan_stages(loaded)
         console = _out_console()
         if show:

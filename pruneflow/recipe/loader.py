@@ -3,12 +3,17 @@
 Every validation error is mapped back to the file and line that set the value::
 
     recipe.yaml:14  stages.0.epochs  'three'  Input should be a valid integer
+
+Reading a file (bounded, safe YAML: ``safe_yaml.py``) and following `extends` (confined to the recipe's
+folder, the shipped templates and ``--allow-path``: ``files.py``) come first; a value set in a file
+reached through `extends` is never quoted in an error, only its file and line.
 """
 
 from __future__ import annotations
 
 import contextlib
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -19,11 +24,13 @@ import yaml
 from pydantic import BaseModel, Tag, ValidationError
 from pydantic_core import ErrorDetails
 
-from ..errors import MISSING, ConfigError, InputError, RecipeError, RecipeIssue, UsageError, key_path
+from ..errors import MISSING, ConfigError, RecipeError, RecipeIssue, UsageError, key_path
+from .files import Loc, deep_merge, extends_roots, load_with_extends
 from .models import RecipeBase, recipe_model
 from .rules import recipe_problems
+from .safe_yaml import MAX_DEPTH, YamlRefused, dump_yaml, parse_yaml
 
-Loc = tuple  # a key path: str keys and int list indices
+__all__ = ["LoadedRecipe", "apply_overrides", "deep_merge", "dump_recipe", "load_recipe", "locate", "validate"]
 SET_SOURCE = "--set"
 
 
@@ -67,184 +74,98 @@ def _hints(issues: list[RecipeIssue]) -> str | None:
     return "\n     ".join(f"{i.path}: {i.hint}" for i in hinted) or None
 
 
-def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> LoadedRecipe:
+def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = (),
+                allow_paths: Iterable[str | Path] = ()) -> LoadedRecipe:
     """Load, merge, override, validate, resolve paths, then run the rules that need only the recipe
-    (``rules.py``). Raises RecipeError (exit 2), with FILE:LINE for each problem, on any problem."""
+    (``rules.py``). Raises RecipeError (exit 2), with FILE:LINE for each problem, on any problem.
+
+    `extends` reads only under the recipe's folder, the shipped templates and ``allow_paths``; values
+    from the files it reads are never echoed in an error (a file named there may hold secrets).
+    """
     file = Path(path)
-    data, positions, chain = _load_with_extends(file, ())
+    data, positions, chain = load_with_extends(file, (), extends_roots(file, allow_paths))
     apply_overrides(data, positions, overrides)
     recipe = validate(data, positions, str(file))
     _resolve_paths(recipe, positions, file)
     loaded = LoadedRecipe(recipe=recipe, file=file, positions=positions, chain=chain)
     problems = recipe_problems(recipe)
     if problems:
-        raise loaded.error(problems)
+        raise _hide_foreign(loaded.error(problems), str(file))
     return loaded
 
 
 def dump_recipe(recipe: RecipeBase) -> str:
     """YAML of a validated recipe with every default spelled out (what `recipe.resolved.yaml` holds)."""
     data = recipe.model_dump(mode="json", exclude={"extends"})
-    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
-
-
-# --------------------------------------------------------------------------- YAML with positions
-
-
-def _read_yaml(file: Path) -> tuple[Any, dict[Loc, tuple[str, int | None]]]:
-    if not file.is_file():
-        raise InputError(
-            f"recipe file not found: {file}",
-            hint="check the path; `pruneflow init` writes a starting recipe",
-        )
-    try:
-        text = file.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise RecipeError(f"{file} is not UTF-8 text (byte {exc.start})", hint="save the recipe as UTF-8") from None
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark else None
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise RecipeError(
-            f"{file} is not valid YAML",
-            [RecipeIssue(str(file), line, "", MISSING, problem)],
-            hint="fix the YAML syntax at that line (indentation, a missing colon, an unclosed quote)",
-        ) from None
-    if data is None:
-        raise RecipeError(f"{file} is empty", hint="start from `pruneflow init`")
-    if not isinstance(data, dict):
-        raise RecipeError(
-            f"{file} must hold a mapping (key: value lines) at the top, not a {type(data).__name__}",
-            [RecipeIssue(str(file), 1, "", MISSING, "expected a mapping")],
-        )
-    assert node is not None  # the document holds a mapping (checked above), so it has a node
-    positions: dict[Loc, tuple[str, int | None]] = {}
-    _walk_positions(node, (), str(file), positions)
-    return data, positions
-
-
-def _walk_positions(node: yaml.Node, loc: Loc, source: str, out: dict) -> None:
-    out.setdefault(loc, (source, node.start_mark.line + 1))
-    if isinstance(node, yaml.MappingNode):
-        for key_node, value_node in node.value:
-            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else str(key_node.value)
-            out[loc + (key,)] = (source, key_node.start_mark.line + 1)
-            _walk_positions(value_node, loc + (key,), source, out)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            _walk_positions(item, loc + (i,), source, out)
-
-
-def _load_with_extends(file: Path, seen: tuple[Path, ...]):
-    data, positions = _read_yaml(file)
-    parent = data.pop("extends", None)
-    if parent is None:
-        return data, positions, [file]
-    if not isinstance(parent, str):
-        source, line = positions.get(("extends",), (str(file), None))
-        raise RecipeError(
-            f"{file}: `extends` must be a path", [RecipeIssue(source, line, "extends", parent, "expected a file path")]
-        )
-    parent_file = (file.parent / parent).resolve()
-    chain = seen + (file.resolve(),)
-    if parent_file in chain:
-        cycle = " -> ".join(str(p) for p in chain + (parent_file,))
-        source, line = positions.get(("extends",), (str(file), None))
-        raise RecipeError(
-            "`extends` forms a cycle",
-            [RecipeIssue(source, line, "extends", parent, f"cycle: {cycle}")],
-            hint="remove the `extends` that points back to a recipe already in the chain",
-        )
-    if not parent_file.is_file():
-        source, line = positions.get(("extends",), (str(file), None))
-        raise RecipeError(
-            "the recipe named by `extends` does not exist",
-            [RecipeIssue(source, line, "extends", parent, f"no such file: {parent_file}")],
-            hint="`extends` is relative to the recipe that contains it",
-        )
-    base, base_positions, base_chain = _load_with_extends(parent_file, chain)
-    merged = deep_merge(base, data)
-    kept = {loc: pos for loc, pos in base_positions.items() if not _replaced_by(loc, data)}
-    kept.update(positions)
-    return merged, kept, [file] + base_chain
-
-
-def deep_merge(base: Any, over: Any) -> Any:
-    """Mappings merge key by key; anything else (lists included) is replaced."""
-    if isinstance(base, dict) and isinstance(over, dict):
-        out = dict(base)
-        for key, value in over.items():
-            out[key] = deep_merge(base[key], value) if key in base else value
-        return out
-    return over
-
-
-def _replaced_by(loc: Loc, data: Any) -> bool:
-    """True when ``data`` (the child recipe) sets a non-mapping value at ``loc`` or above it."""
-    cur = data
-    for part in loc:
-        if not isinstance(cur, dict) or part not in cur:
-            return False
-        cur = cur[part]
-        if not isinstance(cur, dict):
-            return True
-    return False
+    return dump_yaml(data)
 
 
 # --------------------------------------------------------------------------- --set overrides
 
 
-def parse_key_path(key: str) -> list[str | int]:
-    return [int(p) if p.isdigit() else p for p in key.split(".")]
-
-
 def apply_overrides(data: dict, positions: dict, overrides: list[str] | tuple[str, ...]) -> None:
-    """Apply ``KEY.PATH=VALUE`` items in place; VALUE is parsed as a YAML scalar (3, 0.1, true, [1, 2])."""
+    """Apply ``KEY.PATH=VALUE`` items in place; VALUE is parsed as a YAML scalar (3, 0.1, true, [1, 2]),
+    under the same bounds as a recipe file; text that is not YAML (``[1``) is kept as the text it is.
+
+    A part of the path indexes a list when it is ASCII digits and the value there is a list; otherwise
+    it is a mapping key, as written (``model.kwargs.007`` sets the key ``'007'``)."""
     for item in overrides:
-        if "=" not in item:
-            raise UsageError(f"--set {item!r} has no '='", hint="write --set KEY.PATH=VALUE, e.g. --set stages.0.epochs=3")
-        key, raw = item.split("=", 1)
-        key = key.strip()
-        parts = parse_key_path(key)
-        if not key or any(p == "" for p in parts):
-            raise UsageError(f"--set {item!r}: empty key path", hint="e.g. --set stages.0.epochs=3")
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else None
-        except yaml.YAMLError:
-            value = raw
+        parts, value = _parse_override(item)
         cur: Any = data
-        for depth, part in enumerate(parts[:-1]):
-            cur = _step_into(cur, part, parts[: depth + 1], item)
-        last = parts[-1]
-        if isinstance(cur, list):
-            if not isinstance(last, int) or last >= len(cur):
-                raise _bad_set(item, parts, cur)
-            cur[last] = value
-        elif isinstance(cur, dict):
-            cur[last] = value
-        else:
-            raise _bad_set(item, parts[:-1], cur)
-        source = f"{SET_SOURCE} {item}"
-        for loc in [loc for loc in positions if loc[: len(parts)] == tuple(parts)]:
-            del positions[loc]
-        positions[tuple(parts)] = (source, None)
-        for cut in range(1, len(parts)):  # mappings this --set created: errors there point at it, not the file
-            positions.setdefault(tuple(parts[:cut]), (source, None))
+        loc: list[str | int] = []
+        for part in parts[:-1]:
+            key = _key_in(cur, part, parts[: len(loc) + 1], item)
+            if isinstance(cur, dict) and cur.get(key) is None:
+                cur[key] = {}
+            cur = cur[key]
+            loc.append(key)
+        key = _key_in(cur, parts[-1], parts, item)
+        cur[key] = value
+        _record_override(positions, (*loc, key), item)
 
 
-def _step_into(cur: Any, part: str | int, so_far: list, item: str) -> Any:
+def _key_in(cur: Any, part: str, so_far: list[str], item: str) -> str | int:
+    """The list index or mapping key ``part`` names in ``cur``; RecipeError when there is none."""
     if isinstance(cur, list):
-        if not isinstance(part, int) or part >= len(cur):
+        if not (part.isascii() and part.isdigit()) or int(part) >= len(cur):
             raise _bad_set(item, so_far, cur)
-        return cur[part]
+        return int(part)
     if isinstance(cur, dict):
-        if part not in cur or cur[part] is None:
-            cur[part] = {}
-        return cur[part]
+        return part
     raise _bad_set(item, so_far[:-1], cur)
+
+
+def _parse_override(item: str) -> tuple[list[str], Any]:
+    """The key path and the value of one ``--set KEY.PATH=VALUE``; UsageError when it cannot be one."""
+    if "=" not in item:
+        raise UsageError(f"--set {item!r} has no '='", hint="write --set KEY.PATH=VALUE, e.g. --set stages.0.epochs=3")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    parts = key.split(".")
+    if not key or any(p == "" for p in parts):
+        raise UsageError(f"--set {item!r}: empty key path", hint="e.g. --set stages.0.epochs=3")
+    if len(parts) > MAX_DEPTH:
+        raise UsageError(f"--set {item[:80]!r}...: a key path of {len(parts)} parts", hint="a recipe key path has a few parts")
+    if parts[0] == "extends":
+        raise UsageError(f"--set {item!r}: `extends` is read before --set applies",
+                         hint="edit the recipe's `extends:` line, or --set the values themselves")
+    try:
+        _, value = parse_yaml(raw) if raw.strip() else (None, None)
+    except YamlRefused as exc:
+        raise UsageError(f"--set {item!r}: the value has {exc.title} ({exc.message})", hint=exc.hint) from None
+    except yaml.YAMLError:
+        value = raw
+    return parts, value
+
+
+def _record_override(positions: dict, loc: Loc, item: str) -> None:
+    """Point the overridden value, and what it replaced or created, at the --set that wrote it."""
+    source = f"{SET_SOURCE} {item}"
+    for old in [old for old in positions if old[: len(loc)] == loc]:
+        del positions[old]
+    positions[loc] = (source, None)
+    for cut in range(1, len(loc)):  # mappings this --set created: errors there point at it, not the file
+        positions.setdefault(loc[:cut], (source, None))
 
 
 def _bad_set(item: str, parts: list, cur: Any) -> RecipeError:
@@ -293,13 +214,49 @@ def _issues(exc: ValidationError, data: dict, positions: dict, main_source: str,
             elif not isinstance(value, str):  # a bare name (`targets: [onx]`) stays as written
                 value = MISSING
         source, line = locate(clean, positions, main_source)
-        path = key_path(clean)
-        merge_key = (path, err["type"] == "extra_forbidden")
+        unknown_key = err["type"] == "extra_forbidden"
+        foreign = not _echoes(source, main_source)
+        path = key_path(clean[:-1] + ("<key>",) if foreign and unknown_key else clean)
+        merge_key = (key_path(clean), unknown_key)
         if merge_key in merged and merged[merge_key].message != message:
             merged[merge_key].message += f"; or {message[:1].lower()}{message[1:]}"
         else:
             merged[merge_key] = RecipeIssue(source, line, path, value, message)
-    return _sorted(merged.values(), main_source)
+    return _sorted([_hide_value(i) if not _echoes(i.source, main_source) else i for i in merged.values()], main_source)
+
+
+# --------------------------------------------------------------------------- what an error may show
+
+_NOT_SHOWN = "not shown: it was read through `extends`"
+
+
+def _echoes(source: str, main_source: str) -> bool:
+    """Whether an error may quote what ``source`` holds: the recipe the user named and their --set, yes;
+    a file reached through `extends` (it may be a credentials file named by a hostile recipe), no."""
+    return source == main_source or source.startswith(SET_SOURCE)
+
+
+def _hide_value(issue: RecipeIssue) -> RecipeIssue:
+    """``issue`` without the value, a "did you mean" guessed from it, or a message that quotes it."""
+    message = re.sub(r"; did you mean .*?\?", ".", issue.message)
+    if message.startswith("unknown key"):
+        message = f"unknown key (its name is {_NOT_SHOWN}){message[len('unknown key'):]}"
+    elif issue.value is not MISSING and (repr(issue.value) in message or _quoted(issue.value, message)):
+        message = f"invalid value ({_NOT_SHOWN})"
+    elif issue.value is not MISSING:
+        message = f"{message} (the value is {_NOT_SHOWN})"
+    return RecipeIssue(issue.source, issue.line, issue.path, MISSING, message, issue.hint)
+
+
+def _quoted(value: Any, message: str) -> bool:
+    """True when ``message`` holds ``value`` written out (a validator's f-string without repr)."""
+    return isinstance(value, str) and len(value) >= 3 and value in message
+
+
+def _hide_foreign(error: RecipeError, main_source: str) -> RecipeError:
+    """``error`` with every issue located in a file reached through `extends` stripped of its value."""
+    error.issues = [i if _echoes(i.source, main_source) else _hide_value(i) for i in error.issues]
+    return error
 
 
 def _sorted(issues: Iterable[RecipeIssue], main_source: str) -> list[RecipeIssue]:
