@@ -67,9 +67,10 @@ def _import_file(path: Path, factory: str):
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)  # type: ignore[union-attr]
-    except Exception as exc:  # noqa: BLE001 - user code: report it with the file named
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - user code: report it with the file named
         del sys.modules[name]
-        raise InputError(f"model.factory {factory!r}: importing {path} failed: {type(exc).__name__}: {exc}") from exc
+        raise InputError(f"model.factory {factory!r}: importing {path} failed: {_what_failed(exc)}",
+                         hint=f"fix {path}: importing it must define the factory, not exit or fail") from exc
     return module
 
 
@@ -83,8 +84,10 @@ def build_model(spec: ModelSpec) -> nn.Module:
             f"model.factory {spec.factory!r} rejected model.kwargs {spec.kwargs}: {exc}",
             hint="check the factory's signature",
         ) from exc
-    except Exception as exc:  # noqa: BLE001 - user code
-        raise InputError(f"model.factory {spec.factory!r} raised {type(exc).__name__}: {exc}") from exc
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - user code; sys.exit there must not end the run silently
+        how = _what_failed(exc) if isinstance(exc, SystemExit) else f"raised {_what_failed(exc)}"
+        raise InputError(f"model.factory {spec.factory!r} {how}",
+                         hint="the factory must return a torch.nn.Module (raise an exception to report a problem)") from exc
     if not isinstance(model, nn.Module):
         raise InputError(
             f"model.factory {spec.factory!r} returned a {type(model).__name__}, not a torch.nn.Module",
@@ -93,6 +96,13 @@ def build_model(spec: ModelSpec) -> nn.Module:
     if spec.checkpoint:
         load_weights(model, read_state_dict(spec.checkpoint), spec.checkpoint)
     return model
+
+
+def _what_failed(exc: BaseException) -> str:
+    """``called sys.exit(0)`` for an exit, else ``TYPE: message``."""
+    if isinstance(exc, SystemExit):
+        return f"called sys.exit({exc.code!r})"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def input_shape_for(spec: ModelSpec, data_shape: tuple[int, ...] | None) -> tuple[int, ...]:
