@@ -489,6 +489,7 @@ def calibrate_cmd(
 def inspect_(
     source: Annotated[str, typer.Argument(help="A run directory, a checkpoint in one, a recipe, a zoo model name, or an .onnx file.", show_default=False)],
     input_shape: Annotated[Optional[str], typer.Option("--input-shape", help="One sample's shape, e.g. 3,32,32.")] = None,
+    recipe: Annotated[Optional[Path], typer.Option("--recipe", help="For a run folder whose model is not a zoo model: the recipe it was made with (a run folder's own recipe never names code to run).", show_default=False)] = None,
     json_out: JsonOpt = False,
     verbose: VerboseOpt = False,
 ) -> None:
@@ -501,7 +502,7 @@ def inspect_(
         except ValueError:
             raise UsageError(f"--input-shape {input_shape!r} is not a list of integers", hint="e.g. --input-shape 3,32,32") from None
         with stdout_to_stderr(json_out):
-            info = inspect_source(source, shape)
+            info = inspect_source(source, shape, recipe)
         if json_out:
             print(json_line(info))
             return

@@ -82,6 +82,10 @@ def clear_stale_locks(folder: Path, notify: Notify = _notify, waiting: dict[Path
         except FileNotFoundError:
             continue  # released meanwhile
         stale = (holders is not None and not holders) or (holders is None and age > STALE_LOCK_SECONDS)
+        if stale and holders is not None:
+            # FileBaton.release closes its descriptor, then removes the file: look again after that moment.
+            time.sleep(0.2)
+            stale = lock.exists() and lock_holders(lock) == []
         if stale:
             lock.unlink(missing_ok=True)
             removed.append(lock)

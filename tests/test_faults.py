@@ -175,6 +175,26 @@ def test_inspect_of_a_run_folder_with_a_planted_payload_runs_no_code(run_copy, t
         assert not marker.exists()
 
 
+@pytest.mark.parametrize("factory", ["os:system", "evil.py:make"])
+def test_inspect_never_runs_a_factory_that_a_run_folder_names(trained, run_copy, tmp_path, factory):
+    """recipe.resolved.yaml is part of the run folder: edited to name code, inspecting the run must not run it."""
+    marker = tmp_path / "pwned"
+    (run_copy / "evil.py").write_text(f"open({str(marker)!r}, 'w')\ndef make():\n    open({str(marker)!r}, 'w')\n")
+    resolved = yaml.safe_load((run_copy / "recipe.resolved.yaml").read_text())
+    resolved["model"].update(factory=factory if factory.startswith("os") else str(run_copy / factory),
+                             kwargs={"command": f"touch {marker}"} if factory.startswith("os") else {})
+    (run_copy / "recipe.resolved.yaml").write_text(yaml.safe_dump(resolved))
+    result = invoke("inspect", run_copy)
+    assert result.exit_code == 2, result.output
+    assert not marker.exists()
+    assert "recipe.resolved.yaml names model.factory" in result.stderr and "does not run code" in result.stderr
+    assert "--recipe" in result.stderr
+    # With the user's own recipe the run's model is shown (its checkpoint, weights only).
+    ok = invoke("inspect", run_copy, "--recipe", trained.recipe, "--json")
+    assert ok.exit_code == 0, ok.output
+    assert one_json(ok.stdout)["kind"] == "checkpoint stages/01-train/model.pt" and not marker.exists()
+
+
 @pytest.mark.parametrize("which", PAYLOADS)
 def test_resume_of_a_run_folder_with_a_planted_payload_runs_no_code_and_stops(trained, run_copy, tmp_path, which):
     """stage.json and manifest.json both record the planted file's sha256: resume must not trust them."""
