@@ -6,6 +6,7 @@ import hashlib
 import importlib
 import importlib.util
 import pickle
+import re
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -35,7 +36,7 @@ def resolve_factory(factory: str) -> Callable[..., Any]:
     else:
         try:
             module = importlib.import_module(target)
-        except Exception as exc:  # noqa: BLE001 - ImportError, or whatever the module raises while importing
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - ImportError, or whatever the module raises (or exits) while importing
             raise InputError(
                 f"model.factory {factory!r}: cannot import module {target!r} ({exc})",
                 hint="install the package that provides it, or point at a file: `path/to/file.py:function`",
@@ -134,9 +135,12 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     else:
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
-        except (pickle.UnpicklingError, RuntimeError, EOFError) as exc:
+        except Exception as exc:  # noqa: BLE001 - a text file raises KeyError, a truncated zip RuntimeError, ...
+            found = re.search(r"GLOBAL ([\w.]+)", str(exc)) if isinstance(exc, pickle.UnpicklingError) else None
+            what = (f"it holds pickled Python objects ({found.group(1)}), which pruneflow never unpickles" if found
+                    else f"{_labelled(exc)} (not a torch checkpoint, or damaged)")
             raise InputError(
-                f"model.checkpoint {path} could not be read as a weights-only state_dict: {_first_line(exc)}",
+                f"model.checkpoint {path} could not be read as a weights-only state_dict: {what}",
                 hint="save weights with torch.save(model.state_dict(), path) or as .safetensors; "
                 "pickled whole models are never loaded",
             ) from exc
@@ -157,6 +161,12 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
 def _first_line(exc: BaseException) -> str:
     """The first line of an error message; the type name when the message is empty (EOFError on an empty file)."""
     return next(iter(str(exc).splitlines()), "") or type(exc).__name__
+
+
+def _labelled(exc: BaseException) -> str:
+    """``KeyError: 101``; just ``EOFError`` when the message is empty."""
+    first = _first_line(exc)
+    return first if first == type(exc).__name__ else f"{type(exc).__name__}: {first}"
 
 
 def load_weights(model: nn.Module, state: dict[str, torch.Tensor], source: str | Path) -> None:

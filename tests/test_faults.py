@@ -222,6 +222,17 @@ def test_a_recipe_checkpoint_holding_a_payload_runs_no_code(tmp_path, which):
     assert result.exit_code == 2 and not marker.exists() and "weights.pt" in result.stderr
 
 
+@pytest.mark.parametrize("content", [b"hello\n", b"", b"PK\x03\x04garbage", bytes(range(256))])
+def test_a_recipe_checkpoint_that_is_not_a_torch_file_exits_2(tmp_path, content):
+    (tmp_path / "weights.pt").write_bytes(content)
+    recipe = write(tmp_path / "r.yaml", tiny(model={"factory": "digits_cnn", "kwargs": {"width": 8},
+                                                    "checkpoint": "weights.pt"}))
+    result = invoke("optimize", recipe, "--out", tmp_path / "runs")
+    assert result.exit_code == 2, result.output
+    assert "weights.pt could not be read as a weights-only state_dict" in result.stderr and "Fix:" in result.stderr
+    assert "internal error" not in result.stderr
+
+
 def test_npz_data_holding_pickled_objects_is_not_unpickled(tmp_path):
     marker = tmp_path / "pwned"
     np.savez(tmp_path / "data.npz", x=np.zeros((4, 64), dtype=np.float32), y=np.array([Trap(marker)] * 4, dtype=object))
