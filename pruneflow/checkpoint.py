@@ -37,7 +37,7 @@ from torch import nn
 
 from . import registry
 from .artifacts import atomic_path
-from .errors import InputError
+from .errors import InputError, PruneflowError
 from .handle import ModelHandle
 
 FORMAT = "pruneflow-checkpoint/2"
@@ -169,7 +169,15 @@ def load_checkpoint(path: Path, into: nn.Module | None = None) -> ModelHandle:
         base = into
     else:
         base = restore_structure(into, payload["structure"], payload["state_dict"], path)
-    handle = registry.model_kinds.get(payload["kind"])().restore(base, payload["kind_payload"])
+    kind = registry.model_kinds.get(payload["kind"])()
+    try:
+        handle = kind.restore(base, payload["kind_payload"])
+    except PruneflowError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the kind's backend refusing what the file holds (e.g. NNCF's import guard)
+        raise InputError(f"{path}: its {payload['kind']!r} model could not be restored: {type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0] if str(exc) else ''}",
+                         hint="re-run the stage that wrote it; a checkpoint is restored only from what its kind records") from exc
     return handle.evolve(meta=dict(payload["meta"])) if payload["meta"] else handle
 
 

@@ -175,6 +175,22 @@ def test_inspect_of_a_run_folder_with_a_planted_payload_runs_no_code(run_copy, t
         assert not marker.exists()
 
 
+def test_an_nncf_checkpoint_naming_a_module_outside_nncf_is_refused(run_copy, tmp_path):
+    """The nncf kind's config names the classes to rebuild: NNCF imports only from nncf.*, and the refusal is exit 2."""
+    from pruneflow.checkpoint import describe_structure
+    from pruneflow.zoo import ZOO
+
+    model = ZOO["digits_cnn"].factory(width=8)
+    command = {"module_path": "os", "module_cls_name": "system", "module_config": {}, "hook_names_in_model": []}
+    plant(run_copy, {"format": FORMAT, "kind": "nncf", "structure": describe_structure(model),
+                     "state_dict": model.state_dict(), "meta": {},
+                     "kind_payload": {"nncf_config": {"compression_state": [command]}, "state_dict": {}}})
+    result = invoke("inspect", run_copy)
+    assert result.exit_code == 2, result.output
+    assert "model.pt: its 'nncf' model could not be restored" in result.stderr and "untrusted path 'os'" in result.stderr
+    assert "internal error" not in result.stderr and "Fix:" in result.stderr
+
+
 @pytest.mark.parametrize("factory", ["os:system", "evil.py:make"])
 def test_inspect_never_runs_a_factory_that_a_run_folder_names(trained, run_copy, tmp_path, factory):
     """recipe.resolved.yaml is part of the run folder: edited to name code, inspecting the run must not run it."""
