@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import sys
 import traceback
 from pathlib import Path
@@ -84,9 +85,14 @@ def handle_errors(verbose: bool, json_mode: bool = False) -> Iterator[None]:
         _print_error(err, exc, verbose)
         issues = [i.as_dict() for i in exc.issues] if isinstance(exc, RecipeError) else None
         failure = (exc.exit_code, type(exc).__name__, exc.message, exc.hint, issues)
-    except KeyboardInterrupt:
-        err.print("[bold yellow]interrupted[/]: finished stages are kept; run again with --resume to continue.")
-        failure = (EXIT_INTERRUPTED, "KeyboardInterrupt", "interrupted", None, None)
+    except KeyboardInterrupt as exc:
+        what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+        err.print(f"[bold yellow]{what}[/]: finished stages are kept; run again with --resume to continue.")
+        failure = (EXIT_INTERRUPTED, type(exc).__name__, what, None, None)
+    except SystemExit as exc:  # code we called (a plugin, user code) exited instead of raising
+        err.print(f"[bold red]stage failed:[/] code run by pruneflow called sys.exit({exc.code!r})", markup=True)
+        failure = (EXIT_STAGE_FAILED, "SystemExit", f"code run by pruneflow called sys.exit({exc.code!r})",
+                   "raise an exception instead of calling sys.exit", None)
     except Exception as exc:  # noqa: BLE001 - the last line of defence: a message, not a traceback
         _print_internal_error(err, exc, verbose)
         failure = (EXIT_STAGE_FAILED, type(exc).__name__, str(exc), None, None)
@@ -95,6 +101,93 @@ def handle_errors(verbose: bool, json_mode: bool = False) -> Iterator[None]:
     if json_mode:
         print(error_json(*failure))
     raise typer.Exit(failure[0])
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (CI cancellation, ``docker stop``), raised where the run is, so it stops like Ctrl-C:
+    manifest ``interrupted``, exit 130, ``--resume`` picks up."""
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Within the block, SIGTERM raises :class:`Terminated` (in the main thread; elsewhere signals cannot be set)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum, frame):
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def stdout_to_stderr(active: bool) -> Iterator[None]:
+    """Under --json, stdout carries one JSON object: while the pipeline runs, whatever else writes there
+    (a factory's print, NNCF's INFO log handler bound to stdout, a C library) goes to stderr instead."""
+    if not active:
+        yield
+        return
+    import logging
+    import os
+
+    original = sys.stdout
+    loggers = [logging.getLogger(), *(lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger))]
+    moved = [(h, h.stream) for lg in loggers for h in lg.handlers
+             if type(h) is logging.StreamHandler and h.stream in (original, sys.__stdout__)]
+    for handler, _ in moved:
+        handler.setStream(sys.stderr)
+    saved_fd = _redirect_fd1()
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stderr.flush()
+        if saved_fd is not None:
+            os.dup2(saved_fd, 1)
+            os.close(saved_fd)
+        for handler, stream in moved:
+            handler.setStream(stream)
+
+
+def _redirect_fd1() -> int | None:
+    """Point file descriptor 1 at 2 (for output below Python); the saved descriptor, or None when stdout
+    is not descriptor 1 (under a test runner)."""
+    import os
+
+    try:
+        if sys.stdout.fileno() != 1:
+            return None
+        sys.stdout.flush()
+        saved = os.dup(1)
+        os.dup2(sys.stderr.fileno(), 1)
+        return saved
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError and a ValueError
+        return None
+
+
+def json_line(payload: object) -> str:
+    """Strict JSON (RFC 8259) on one line: NaN and infinities become null, as strict parsers require."""
+    return json.dumps(_finite(payload), default=str, allow_nan=False)
+
+
+def _finite(value: object) -> object:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):  # a numpy or torch scalar
+        return _finite(value.item())
+    return value
 
 
 def error_json(exit_code: int, type_name: str, message: str, hint: str | None = None,
@@ -107,7 +200,7 @@ def error_json(exit_code: int, type_name: str, message: str, hint: str | None = 
     error: dict = {"type": type_name, "message": message, "hint": hint}
     if issues is not None:
         error["issues"] = issues
-    return json.dumps({"exit_code": exit_code, "error": error}, default=str)
+    return json_line({"exit_code": exit_code, "error": error})
 
 
 def _print_error(err: Console, exc: PruneflowError, verbose: bool) -> None:
@@ -227,14 +320,16 @@ def optimize(
     with handle_errors(verbose, json_out):
         loaded = load_recipe(recipe, set_ or [], allow_path or [])
         if dry_run:
-            stages = plan_stages(loaded)
-            notes = preflight(loaded, stages)
+            with stdout_to_stderr(json_out):
+                stages = plan_stages(loaded)
+                notes = preflight(loaded, stages)
             _print_plan(loaded, stages, notes, out, json_out)
             raise typer.Exit(EXIT_OK)
         reporter = RichReporter(_err_console(), quiet=quiet or json_out)
-        result = run_recipe(loaded, out=out, reporter=reporter, resume=resume)
+        with stdout_to_stderr(json_out), sigterm_as_interrupt():
+            result = run_recipe(loaded, out=out, reporter=reporter, resume=resume)
         if json_out:
-            print(json.dumps(result.as_json(), default=str))
+            print(json_line(result.as_json()))
         else:
             _print_summary(result)
         raise typer.Exit(result.exit_code)
@@ -248,7 +343,7 @@ def _print_plan(loaded, stages, notes, out, json_out) -> None:
         "notes": notes,
     }
     if json_out:
-        print(json.dumps({"exit_code": 0, "dry_run": plan}))
+        print(json_line({"exit_code": 0, "dry_run": plan}))
         return
     console = _out_console()
     table = Table(title=f"plan: {loaded.recipe.name} → {plan['run_dir']}")
@@ -401,6 +496,7 @@ def calibrate_cmd(
 def inspect_(
     source: Annotated[str, typer.Argument(help="A run directory, a checkpoint in one, a recipe, a zoo model name, or an .onnx file.", show_default=False)],
     input_shape: Annotated[Optional[str], typer.Option("--input-shape", help="One sample's shape, e.g. 3,32,32.")] = None,
+    recipe: Annotated[Optional[Path], typer.Option("--recipe", help="For a run folder whose model is not a zoo model: the recipe it was made with (a run folder's own recipe never names code to run).", show_default=False)] = None,
     json_out: JsonOpt = False,
     verbose: VerboseOpt = False,
 ) -> None:
@@ -412,9 +508,10 @@ def inspect_(
             shape = tuple(int(v) for v in input_shape.split(",")) if input_shape else None
         except ValueError:
             raise UsageError(f"--input-shape {input_shape!r} is not a list of integers", hint="e.g. --input-shape 3,32,32") from None
-        info = inspect_source(source, shape)
+        with stdout_to_stderr(json_out):
+            info = inspect_source(source, shape, recipe)
         if json_out:
-            print(json.dumps(info, default=str))
+            print(json_line(info))
             return
         _print_inspect(info)
 

@@ -18,7 +18,9 @@ from datetime import datetime, timezone
 from functools import cache
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Any, Callable, Iterator, Literal
+
+from .errors import InputError
 
 Status = Literal["built", "prepared", "failed"]
 
@@ -98,6 +100,56 @@ def publish_dir(tmp: Path, final: Path) -> None:
     os.replace(tmp, final)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def run_dir_lock(run_dir: Path, notify: Callable[[str], None] = lambda message: None) -> Iterator[Path]:
+    """Hold the run folder for the block: an exclusive ``flock`` on ``OUT/.NAME.lock``, the owner's pid and
+    start time written in it, so a second run into the same folder stops before touching it.
+
+    The lock file lives beside the folder (a run replaces the folder itself) and is left in place, emptied,
+    when the block ends; the kernel drops the lock of a killed owner, and the pid it left behind is
+    reported through ``notify`` as taken over. Raises InputError (exit 2) when another process holds it.
+    """
+    import fcntl
+
+    lock = Path(run_dir).parent / f".{Path(run_dir).name}.lock"
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666 & ~_umask())
+    except OSError as exc:
+        raise InputError(f"cannot create the run folder's lock {lock}: {exc.strerror or exc}",
+                         hint="choose an --out folder you can write to") from exc
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = _lock_owner(fd)
+            raise InputError(
+                f"run folder {run_dir} is in use by pid {owner.get('pid', '?')} since {owner.get('since', '?')} "
+                f"(lock {lock}); nothing was written", hint="wait for that run to finish, or use another --out") from None
+        previous = _lock_owner(fd)
+        if previous.get("pid") not in (None, os.getpid()):
+            notify(f"{run_dir}: taking over the lock of pid {previous['pid']} (since {previous.get('since', '?')}), "
+                   "which ended without releasing it")
+        since = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"pid": os.getpid(), "since": since}).encode(), 0)
+        try:
+            yield lock
+        finally:
+            os.ftruncate(fd, 0)  # released cleanly: no owner left to report
+    finally:
+        os.close(fd)  # drops the flock
+
+
+def _lock_owner(fd: int) -> dict[str, Any]:
+    """The owner record in a lock file ({} when empty or unreadable)."""
+    try:
+        record = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+    except (ValueError, OSError):
+        return {}
+    return record if isinstance(record, dict) else {}
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:

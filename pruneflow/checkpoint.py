@@ -27,6 +27,7 @@ Files of the previous format (``pruneflow-checkpoint/1``: a bare state_dict, a s
 from __future__ import annotations
 
 import copy
+import io
 import pickle
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ from torch import nn
 
 from . import registry
 from .artifacts import atomic_path
-from .errors import InputError
+from .errors import InputError, PruneflowError
 from .handle import ModelHandle
 
 FORMAT = "pruneflow-checkpoint/2"
@@ -55,7 +56,19 @@ def save_checkpoint(handle: ModelHandle, path: Path) -> None:
                "state_dict": base.state_dict(), "meta": dict(handle.meta),
                "kind_payload": handle.behaviour.checkpoint_payload(handle)}
     with atomic_path(path) as tmp:
-        torch.save(payload, tmp)
+        tmp.write_bytes(checkpoint_bytes(payload))
+
+
+def checkpoint_bytes(payload: Any) -> bytes:
+    """``torch.save`` of ``payload`` into memory: identical tensors and values give identical bytes.
+
+    Saved to a path, torch names the zip records after the file (``.model.pt.x1y2.tmp/data.pkl``), so a
+    checkpoint written through a temporary name differed from run to run; in memory the archive is
+    always named ``archive``.
+    """
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    return buffer.getvalue()
 
 
 def _plain(value) -> bool:
@@ -156,8 +169,24 @@ def load_checkpoint(path: Path, into: nn.Module | None = None) -> ModelHandle:
         base = into
     else:
         base = restore_structure(into, payload["structure"], payload["state_dict"], path)
-    handle = registry.model_kinds.get(payload["kind"])().restore(base, payload["kind_payload"])
+    kind = registry.model_kinds.get(payload["kind"])()
+    try:
+        handle = kind.restore(base, payload["kind_payload"])
+    except PruneflowError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the kind's backend refusing what the file holds (e.g. NNCF's import guard)
+        raise InputError(f"{path}: its {payload['kind']!r} model could not be restored: {type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0] if str(exc) else ''}",
+                         hint="re-run the stage that wrote it; a checkpoint is restored only from what its kind records") from exc
     return handle.evolve(meta=dict(payload["meta"])) if payload["meta"] else handle
+
+
+class PickledCheckpointError(InputError):
+    """A checkpoint holds pickled Python objects (code could run on loading): refused, never loaded.
+
+    Distinct from a merely unusable file: ``--resume`` reruns a stage whose checkpoint is damaged, but
+    stops (exit 2) on this one, since a file that a run's records vouch for was replaced.
+    """
 
 
 def _read(path: Path) -> Any:
@@ -169,7 +198,7 @@ def _read(path: Path) -> Any:
     except pickle.UnpicklingError as exc:
         if "Unsupported global" not in str(exc) and "GLOBAL" not in str(exc):
             raise InputError(f"{path} is not a readable checkpoint (not a torch file, or damaged)") from exc
-        raise InputError(
+        raise PickledCheckpointError(
             f"{path} holds pickled Python objects (e.g. a whole module), which pruneflow never unpickles: "
             "its checkpoints are weights, structure and plain values",
             hint="re-run the stage that wrote it with this version of pruneflow (earlier versions pickled pruned models), "

@@ -18,13 +18,26 @@ def _run_dir_of(path: Path) -> Path | None:
     return None
 
 
-def load_run_model(run_dir: Path, checkpoint: Path | None = None) -> tuple[torch.nn.Module, tuple[int, ...] | None, str]:
-    """The model of a run: ``checkpoint`` if given, else the run's latest checkpoint, else the source model."""
+def load_run_model(run_dir: Path, checkpoint: Path | None = None,
+                   recipe: Path | None = None) -> tuple[torch.nn.Module, tuple[int, ...] | None, str]:
+    """The model of a run: ``checkpoint`` if given, else the run's latest checkpoint, else the source model.
+
+    The model is built from ``recipe`` (the user's own) when given, else from the run's recipe.resolved.yaml,
+    but then only with a zoo factory: a run folder is data anyone may have edited, and a factory it names
+    (``os:system`` with ``kwargs: {command: ...}``, a ``.py`` file planted beside it) would run their code.
+    """
     from .checkpoint import load_checkpoint
     from .models import build_model, input_shape_for
     from .recipe import load_recipe
+    from .zoo import ZOO
 
-    loaded = load_recipe(run_dir / "recipe.resolved.yaml")
+    loaded = load_recipe(recipe if recipe is not None else run_dir / "recipe.resolved.yaml")
+    factory = loaded.recipe.model.factory
+    if recipe is None and factory not in ZOO:
+        raise InputError(
+            f"{run_dir / 'recipe.resolved.yaml'} names model.factory {factory!r}: pruneflow does not run code that "
+            "a run folder names (whoever wrote the folder chose it)",
+            hint=f"pass the recipe the run was made with, which you trust: pruneflow inspect {run_dir} --recipe RECIPE.yaml")
     model = build_model(loaded.recipe.model)
     if checkpoint is None:
         manifest = Manifest.read(run_dir)
@@ -42,7 +55,8 @@ def load_run_model(run_dir: Path, checkpoint: Path | None = None) -> tuple[torch
     return model, shape, what
 
 
-def inspect_source(source: str, input_shape: tuple[int, ...] | None = None) -> dict:
+def inspect_source(source: str, input_shape: tuple[int, ...] | None = None, recipe: Path | None = None) -> dict:
+    """Params, MACs and a per-layer table; ``recipe`` builds the model of a run folder (see ``load_run_model``)."""
     from .evaluate import layer_table
     from .models import build_model, input_shape_for
     from .recipe import load_recipe
@@ -65,7 +79,7 @@ def inspect_source(source: str, input_shape: tuple[int, ...] | None = None) -> d
                 f"{path} is not inside a pruneflow run directory (no manifest.json and recipe.resolved.yaml above it)",
                 hint="inspect a run directory, a checkpoint inside one, a recipe, or a zoo name",
             )
-        model, shape, kind = load_run_model(run_dir, path.resolve() if path.is_file() else None)
+        model, shape, kind = load_run_model(run_dir, path.resolve() if path.is_file() else None, recipe)
     elif path.suffix in (".yaml", ".yml"):
         loaded = load_recipe(path)
         model = build_model(loaded.recipe.model)

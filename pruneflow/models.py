@@ -6,6 +6,7 @@ import hashlib
 import importlib
 import importlib.util
 import pickle
+import re
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -35,7 +36,7 @@ def resolve_factory(factory: str) -> Callable[..., Any]:
     else:
         try:
             module = importlib.import_module(target)
-        except Exception as exc:  # noqa: BLE001 - ImportError, or whatever the module raises while importing
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - ImportError, or whatever the module raises (or exits) while importing
             raise InputError(
                 f"model.factory {factory!r}: cannot import module {target!r} ({exc})",
                 hint="install the package that provides it, or point at a file: `path/to/file.py:function`",
@@ -67,9 +68,10 @@ def _import_file(path: Path, factory: str):
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)  # type: ignore[union-attr]
-    except Exception as exc:  # noqa: BLE001 - user code: report it with the file named
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - user code: report it with the file named
         del sys.modules[name]
-        raise InputError(f"model.factory {factory!r}: importing {path} failed: {type(exc).__name__}: {exc}") from exc
+        raise InputError(f"model.factory {factory!r}: importing {path} failed: {_what_failed(exc)}",
+                         hint=f"fix {path}: importing it must define the factory, not exit or fail") from exc
     return module
 
 
@@ -83,8 +85,10 @@ def build_model(spec: ModelSpec) -> nn.Module:
             f"model.factory {spec.factory!r} rejected model.kwargs {spec.kwargs}: {exc}",
             hint="check the factory's signature",
         ) from exc
-    except Exception as exc:  # noqa: BLE001 - user code
-        raise InputError(f"model.factory {spec.factory!r} raised {type(exc).__name__}: {exc}") from exc
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - user code; sys.exit there must not end the run silently
+        how = _what_failed(exc) if isinstance(exc, SystemExit) else f"raised {_what_failed(exc)}"
+        raise InputError(f"model.factory {spec.factory!r} {how}",
+                         hint="the factory must return a torch.nn.Module (raise an exception to report a problem)") from exc
     if not isinstance(model, nn.Module):
         raise InputError(
             f"model.factory {spec.factory!r} returned a {type(model).__name__}, not a torch.nn.Module",
@@ -93,6 +97,13 @@ def build_model(spec: ModelSpec) -> nn.Module:
     if spec.checkpoint:
         load_weights(model, read_state_dict(spec.checkpoint), spec.checkpoint)
     return model
+
+
+def _what_failed(exc: BaseException) -> str:
+    """``called sys.exit(0)`` for an exit, else ``TYPE: message``."""
+    if isinstance(exc, SystemExit):
+        return f"called sys.exit({exc.code!r})"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def input_shape_for(spec: ModelSpec, data_shape: tuple[int, ...] | None) -> tuple[int, ...]:
@@ -124,9 +135,12 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     else:
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
-        except (pickle.UnpicklingError, RuntimeError, EOFError) as exc:
+        except Exception as exc:  # noqa: BLE001 - a text file raises KeyError, a truncated zip RuntimeError, ...
+            found = re.search(r"GLOBAL ([\w.]+)", str(exc)) if isinstance(exc, pickle.UnpicklingError) else None
+            what = (f"it holds pickled Python objects ({found.group(1)}), which pruneflow never unpickles" if found
+                    else f"{_labelled(exc)} (not a torch checkpoint, or damaged)")
             raise InputError(
-                f"model.checkpoint {path} could not be read as a weights-only state_dict: {_first_line(exc)}",
+                f"model.checkpoint {path} could not be read as a weights-only state_dict: {what}",
                 hint="save weights with torch.save(model.state_dict(), path) or as .safetensors; "
                 "pickled whole models are never loaded",
             ) from exc
@@ -147,6 +161,12 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
 def _first_line(exc: BaseException) -> str:
     """The first line of an error message; the type name when the message is empty (EOFError on an empty file)."""
     return next(iter(str(exc).splitlines()), "") or type(exc).__name__
+
+
+def _labelled(exc: BaseException) -> str:
+    """``KeyError: 101``; just ``EOFError`` when the message is empty."""
+    first = _first_line(exc)
+    return first if first == type(exc).__name__ else f"{type(exc).__name__}: {first}"
 
 
 def load_weights(model: nn.Module, state: dict[str, torch.Tensor], source: str | Path) -> None:

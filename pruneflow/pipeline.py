@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 from . import registry
-from .artifacts import Artifact, Manifest, sha256_file, tool_versions, write_json_atomic, write_text_atomic
-from .checkpoint import load_checkpoint, save_checkpoint
+from .artifacts import Artifact, Manifest, run_dir_lock, sha256_file, tool_versions, write_json_atomic, write_text_atomic
+from .checkpoint import PickledCheckpointError, load_checkpoint, save_checkpoint
 from .context import Reporter, RunContext, RunState
 from .errors import EXIT_GATE_FAILED, EXIT_OK, ConfigError, InputError, PruneflowError, StageError
 from .gates import GateResult, check_gates
@@ -109,11 +109,18 @@ def _stat(path: str) -> list:
 
 def run_recipe(loaded: LoadedRecipe, out: str | Path = "runs", reporter: Reporter | None = None,
                resume: bool = False) -> RunResult:
-    recipe = loaded.recipe
+    """Run every stage of ``loaded`` into ``OUT/NAME``, holding that folder's lock (``run_dir_lock``) throughout:
+    a second run into the same folder stops with exit 2 before touching it."""
     reporter = reporter or Reporter()
     stages = plan_stages(loaded)
     preflight(loaded, stages)
-    run_dir = prepare_run_dir(Path(out), recipe.name, resume)
+    with run_dir_lock(Path(out) / loaded.recipe.name, notify=reporter.warning):
+        return _run_locked(loaded, stages, Path(out), reporter, resume)
+
+
+def _run_locked(loaded: LoadedRecipe, stages: list[Stage], out: Path, reporter: Reporter, resume: bool) -> RunResult:
+    recipe = loaded.recipe
+    run_dir = prepare_run_dir(out, recipe.name, resume)
     write_text_atomic(run_dir / "recipe.resolved.yaml", dump_recipe(recipe))
     handler = _attach_log(run_dir)
     manifest = Manifest(run_dir, recipe.name)
@@ -192,7 +199,7 @@ def _check_forward(model: torch.nn.Module, example: torch.Tensor, data_shape: tu
     try:
         with torch.no_grad():
             model(example)
-    except Exception as exc:  # noqa: BLE001 - user model
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - user model
         raise InputError(
             f"the model from {factory!r} fails on an input of shape {tuple(example.shape)} "
             f"(the data's samples are {tuple(data_shape)}): {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
@@ -217,6 +224,9 @@ def _run_stage(stage: Stage, key: str, state: RunState, ctx: RunContext, manifes
         stage.teardown(state, ctx)
     except (PruneflowError, KeyboardInterrupt):
         raise
+    except SystemExit as exc:  # user or plugin code calling sys.exit: a failed stage, never a silent exit
+        raise StageError(f"stage {stage.id} ({stage.config.type}) called sys.exit({exc.code!r})",
+                         hint="code run by a stage (a model's forward, a plugin) must raise an exception, not exit") from exc
     except Exception as exc:  # noqa: BLE001 - wrapped so the CLI maps it to exit 4 with the stage named
         raise StageError(f"stage {stage.id} ({stage.config.type}) failed: {type(exc).__name__}: {exc}") from exc
     artifacts = list(result.artifacts)
@@ -265,6 +275,11 @@ def _resume(stage: Stage, key: str, state: RunState, ctx: RunContext, manifest: 
         try:
             # The structure is applied to (a copy of) the float model in hand: the recipe's, or an earlier stage's.
             loaded = load_checkpoint(ctx.run_dir / checkpoint.path, into=state.handle.float_module())
+        except PickledCheckpointError as exc:
+            # Its sha256 matches the run's records, so they were edited to vouch for it: stop, load nothing.
+            raise PickledCheckpointError(f"--resume: {exc.message}; {stage_file} records this file's sha256, so the "
+                                         "run folder was altered after the run", hint="run without --resume (the folder "
+                                         "is replaced), or use a run folder you made yourself") from exc
         except (PruneflowError, RuntimeError, ValueError, OSError) as exc:
             log.warning("stage %s: checkpoint not reusable (%s); running the stage again", stage.id, exc)
             return None

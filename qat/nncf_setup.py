@@ -1,22 +1,45 @@
 """NNCF's torch C++ extension: built once, up front, in a cache that survives clean clones.
 
 On a CPU, NNCF compiles its quantization kernels the first time they run (~130 s on two cores). Its
-default load timeout is 60 s: past it NNCF raises ExtensionLoaderTimeoutException and leaves a lock
-file that makes every later attempt wait. So: no timeout, a per-torch-version cache directory
-outside the checkout (CI's fresh clones reuse it), stale locks removed, and one explicit build.
+default load timeout is 60 s: past it NNCF raises ExtensionLoaderTimeoutException. So: no timeout, a
+per-torch-version cache directory outside the checkout (CI's fresh clones reuse it), and one explicit build.
+
+torch.utils.cpp_extension guards every build *and every load* with a ``lock`` file in the build folder
+(``FileBaton``: created with O_EXCL, kept open by the building process, removed when it finishes); others
+wait while it exists, silently and without end. A run killed mid-build leaves it behind, and every later
+run then hangs. So the lock's owner is found as the process holding the file open (``/proc/*/fd``); a lock
+no process holds is stale and removed, with a message, and while a live owner builds, what is awaited is
+said every 30 s. Where ``/proc`` cannot tell (not Linux), a lock older than ``STALE_LOCK_SECONDS`` is stale.
 
     python -m qat.nncf_setup      # build now (CI calls this before the tests)
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import sys
+import threading
 import time
 from pathlib import Path
+from typing import Callable, Iterator
 
 from pruneflow.errors import MissingDependencyError
 
-STALE_LOCK_SECONDS = 15 * 60
+#: Age past which a lock whose owner cannot be looked up (no /proc) counts as stale; a build takes ~130 s.
+STALE_LOCK_SECONDS = 10 * 60
+#: How often a wait for another process's build is reported.
+REPORT_EVERY_SECONDS = 30.0
+
+log = logging.getLogger("pruneflow.nncf")
+Notify = Callable[[str], None]
+
+
+def _notify(message: str) -> None:
+    """Say it on stderr (a wait must never be silent, and restoring a checkpoint has no reporter) and in the log."""
+    log.info(message)
+    print(f"pruneflow: {message}", file=sys.stderr, flush=True)
 
 
 def extensions_dir() -> Path:
@@ -26,28 +49,98 @@ def extensions_dir() -> Path:
     return base / f"torch-{torch.__version__.replace('+', '_')}"
 
 
-def configure() -> Path:
-    """Set the environment NNCF's loader reads; must run before nncf.torch builds anything."""
+def lock_holders(lock: Path) -> list[int] | None:
+    """Pids of the processes that hold ``lock`` open (its owner, for torch's FileBaton); None where /proc
+    cannot tell (no /proc, or not even this process's descriptors readable)."""
+    proc = Path("/proc")
+    try:
+        next((proc / "self" / "fd").iterdir())
+    except (OSError, StopIteration):
+        return None
+    target = os.path.realpath(lock)
+    holders = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if any(os.readlink(fd) == target for fd in (entry / "fd").iterdir()):
+                holders.append(int(entry.name))
+        except OSError:  # gone meanwhile, or another user's process
+            continue
+    return holders
+
+
+def clear_stale_locks(folder: Path, notify: Notify = _notify, waiting: dict[Path, float] | None = None) -> list[Path]:
+    """Remove every build lock under ``folder`` whose owner is gone (returned); report the live ones
+    (``waiting`` remembers when each was last reported, so a caller polling says it every 30 s)."""
+    removed = []
+    now = time.time()
+    for lock in folder.rglob("lock"):
+        holders = lock_holders(lock)
+        try:
+            age = now - lock.stat().st_mtime
+        except FileNotFoundError:
+            continue  # released meanwhile
+        stale = (holders is not None and not holders) or (holders is None and age > STALE_LOCK_SECONDS)
+        if stale and holders is not None:
+            # FileBaton.release closes its descriptor, then removes the file: look again after that moment.
+            time.sleep(0.2)
+            stale = lock.exists() and lock_holders(lock) == []
+        if stale:
+            lock.unlink(missing_ok=True)
+            removed.append(lock)
+            why = "no process holds it" if holders is not None else f"it is {age / 60:.0f} min old"
+            notify(f"removed a stale lock of NNCF's C++ extension build, {lock} ({why}: a build was killed)")
+        elif waiting is not None and os.getpid() not in (holders or []) and now - waiting.get(lock, 0.0) >= REPORT_EVERY_SECONDS:
+            waiting[lock] = now
+            owner = f"pid {', '.join(map(str, holders))}" if holders else "an unknown process"
+            notify(f"waiting for NNCF's C++ extension build by {owner} (lock {lock}, {age:.0f} s old); "
+                   f"if that process is stuck, stop it or remove the lock")
+    return removed
+
+
+@contextlib.contextmanager
+def watching_locks(folder: Path, notify: Notify = _notify, every: float = 1.0) -> Iterator[None]:
+    """While the block runs (torch may wait on a lock inside it), clear stale locks and report waits."""
+    stop = threading.Event()
+    waiting: dict[Path, float] = {}
+
+    def watch() -> None:
+        while not stop.wait(every):
+            try:
+                clear_stale_locks(folder, notify, waiting)
+            except OSError as exc:  # a watcher problem must not break the build
+                log.debug("lock watcher: %s", exc)
+
+    thread = threading.Thread(target=watch, name="nncf-lock-watch", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def configure(notify: Notify = _notify) -> Path:
+    """Set the environment NNCF's loader reads and clear stale locks; must run before nncf.torch builds anything."""
     folder = Path(os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_dir())))
     os.environ.setdefault("NNCF_EXTENSION_LOAD_TIMEOUT", "0")
     folder.mkdir(parents=True, exist_ok=True)
-    now = time.time()
-    for lock in folder.rglob("lock"):
-        if now - lock.stat().st_mtime > STALE_LOCK_SECONDS:
-            lock.unlink(missing_ok=True)  # left by a build that was killed
+    clear_stale_locks(folder, notify)
     return folder
 
 
-def ensure_built() -> Path:
+def ensure_built(notify: Notify = _notify) -> Path:
     """Build (or load from the cache) NNCF's CPU extension. Raises MissingDependencyError if it cannot."""
-    folder = configure()
+    folder = configure(notify)
     try:
         import nncf.torch
         import nncf.torch.quantization.extensions  # noqa: F401 - registers the loaders force_build iterates
     except ImportError as exc:
         raise MissingDependencyError("QAT needs NNCF", hint="pip install nncf") from exc
     try:
-        nncf.torch.force_build_cpu_extensions()
+        with watching_locks(folder, notify):
+            nncf.torch.force_build_cpu_extensions()
     except Exception as exc:  # noqa: BLE001 - compiler errors come in many types
         raise MissingDependencyError(
             f"NNCF's C++ extension could not be built in {folder}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",

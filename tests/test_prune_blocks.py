@@ -138,7 +138,7 @@ def test_a_depth_pruned_model_reloads_in_a_fresh_process_and_resumes(depth_run):
     prune = next(s for s in result.stages if s.type == "prune")
     checkpoint = result.run_dir / "stages" / "02-prune" / "model.pt"
     assert "structure" in torch.load(checkpoint, map_location="cpu", weights_only=True)
-    out = subprocess.run([sys.executable, "-m", "cli", "inspect", str(checkpoint), "--json"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "cli", "inspect", str(checkpoint), "--recipe", str(path), "--json"], capture_output=True,
                          text=True, cwd=str(result.run_dir), env=_env())
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["totals"]["params"] == prune.metrics["params"]
