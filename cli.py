@@ -322,7 +322,7 @@ def optimize(
         if dry_run:
             with stdout_to_stderr(json_out):
                 stages = plan_stages(loaded)
-                notes = preflight(loaded, stages)
+                notes = preflight(loaded, stages, out)
             _print_plan(loaded, stages, notes, out, json_out)
             raise typer.Exit(EXIT_OK)
         reporter = RichReporter(_err_console(), quiet=quiet or json_out)
@@ -463,7 +463,7 @@ def calibrate_cmd(
     size: Annotated[int, typer.Option("--size", help="Samples to choose.")] = 512,
     strategy: Annotated[str, typer.Option("--strategy", help="random | stratified | diverse")] = "diverse",
     by: Annotated[str, typer.Option("--by", help="stratified: the label, or any column.")] = "label",
-    seed: Annotated[int, typer.Option("--seed", help="Sampling seed.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", min=0, max=2**32 - 1, help="Sampling seed.")] = 0,
     recipe: Annotated[Optional[Path], typer.Option("--recipe", help="Borrow this recipe's preprocessing (scale, mean/std, tokenizer) and model (features for diverse).")] = None,
     fmt: Annotated[Optional[str], typer.Option("--format", help="Source format when the suffix does not tell.")] = None,
     input_column: Annotated[Optional[str], typer.Option("--input-column", help="Column holding the input.")] = None,

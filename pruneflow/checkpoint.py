@@ -39,6 +39,7 @@ from . import registry
 from .artifacts import atomic_path
 from .errors import InputError, PruneflowError
 from .handle import ModelHandle
+from .preflight import check_dtypes
 
 FORMAT = "pruneflow-checkpoint/2"
 #: The previous format, still read (run folders written before the model handle).
@@ -90,6 +91,7 @@ def restore_structure(model: nn.Module, structure: dict[str, dict], state_dict: 
     """
     if not isinstance(structure, dict) or not all(isinstance(d, dict) and isinstance(d.get("attrs"), dict) for d in structure.values()):
         raise InputError(f"{path} is not a pruneflow checkpoint (its structure is malformed)")
+    _check_dtypes(model, state_dict, path)
     model = copy.deepcopy(model)
     _reshape_modules(model, structure, path)
     _reshape_tensors(model, state_dict, path)
@@ -98,6 +100,18 @@ def restore_structure(model: nn.Module, structure: dict[str, dict], state_dict: 
     except RuntimeError as exc:
         raise _mismatch(path, str(exc).splitlines()[0]) from exc
     return model
+
+
+def _check_dtypes(model: nn.Module, state_dict: dict[str, torch.Tensor], path: Path) -> None:
+    """Each tensor must be of the kind (int, float, bool) of the recipe model's: reshaping takes the file's dtype,
+    and ``load_state_dict`` would cast the rest silently."""
+    if not isinstance(state_dict, dict) or not all(isinstance(v, torch.Tensor) for v in state_dict.values()):
+        raise InputError(f"{path} is not a pruneflow checkpoint (its state_dict holds more than tensors)")
+    try:
+        check_dtypes(model.state_dict(), state_dict, path)
+    except InputError as exc:
+        raise InputError(exc.message.replace("model.checkpoint ", "", 1),
+                         hint="re-run the stage that wrote it; a checkpoint keeps each tensor's dtype") from None
 
 
 def _mismatch(path: Path, detail: str) -> InputError:

@@ -34,6 +34,7 @@ class StageConfig(StrictModel):
         description="Name used for this stage's metrics and folder; defaults to its type "
         "(with a number when the type repeats).",
         pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$",
+        max_length=100,  # the stage folder is stages/NN-NAME: file names stop at 255 bytes
     )
 
 

@@ -8,6 +8,7 @@ on whole batches: datasets' own transforms run per sample in Python and would do
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +17,8 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from .errors import InputError, MissingDependencyError
+from .errors import ConfigError, InputError, MissingDependencyError
+from .preflight import check_finite_inputs
 from .recipe.models import AugmentSpec, DataSpec
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -130,8 +132,8 @@ def load_data(spec: DataSpec, seed: int = 0, with_train: bool = True) -> DataBun
     if spec.max_eval_samples:
         eval_ds = _subsample(eval_ds, spec.max_eval_samples, label, seed)
 
-    eval_split = _to_split(eval_ds, spec, "eval")
-    train_split = _to_split(train_ds, spec, "train") if train_ds is not None else None
+    eval_split = _to_split(eval_ds, spec, "eval", source=spec.path or spec.eval or where)
+    train_split = _to_split(train_ds, spec, "train", source=spec.path or spec.train or where) if train_ds is not None else None
     labels = [eval_split.y] + ([train_split.y] if train_split is not None else [])
     num_classes = len(class_names) if class_names else int(max(int(t.max()) for t in labels)) + 1
     pad_value = None
@@ -310,6 +312,12 @@ def _check_labels(values: np.ndarray, label: str) -> np.ndarray:
 
 
 def _split(ds, spec: DataSpec, seed: int):
+    n_eval = math.ceil(spec.eval_fraction * len(ds))  # how datasets' train_test_split rounds a fraction
+    if n_eval >= len(ds):
+        raise ConfigError(("data", "eval_fraction"),
+                          f"{len(ds)} sample(s) split by eval_fraction {spec.eval_fraction} leave 0 for training "
+                          f"({n_eval} for evaluation)", value=spec.eval_fraction,
+                          hint="use more data (at least 2 samples), or give data.train and data.eval separately")
     label = _label_column(ds, spec)
     ds = _as_class_label(ds, label)
     try:
@@ -340,10 +348,10 @@ def load_inputs(spec: DataSpec, fmt: str, path: str, field_name: str):
     datasets.disable_progress_bars()
     loaded, _ = _load_source("json" if fmt == "jsonl" else fmt, path, field_name)
     ds = datasets.concatenate_datasets(list(loaded)) if isinstance(loaded, tuple) else loaded
-    return _to_split(ds, spec, field_name, require_label=False), ds
+    return _to_split(ds, spec, field_name, require_label=False, source=path), ds
 
 
-def _to_split(ds, spec: DataSpec, role: str, require_label: bool = True) -> Split:
+def _to_split(ds, spec: DataSpec, role: str, require_label: bool = True, source: str = "") -> Split:
     import datasets
 
     if require_label or any(n in ds.column_names for n in (spec.label_column,) + LABEL_FALLBACKS):
@@ -367,6 +375,7 @@ def _to_split(ds, spec: DataSpec, role: str, require_label: bool = True) -> Spli
         x = arrays[0] if len(arrays) == 1 else np.stack([a.astype(np.float32) for a in arrays], axis=1)
         if x.ndim == 1:
             x = x[:, None]  # one scalar feature a sample: (N,) -> (N, 1), so input_shape is (1,), not ()
+        check_finite_inputs(x, f"{source or role} ({role} split)", columns)
     if len(y) == 0:
         raise InputError(f"data: the {role} split is empty", hint="use more data or a smaller eval_fraction")
     return Split(_preprocess(x, spec, layout), torch.from_numpy(y))

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from .artifacts import Manifest
-from .errors import InputError
+from .errors import InputError, UsageError
 
 
 def _run_dir_of(path: Path) -> Path | None:
@@ -63,6 +63,8 @@ def inspect_source(source: str, input_shape: tuple[int, ...] | None = None, reci
     from .recipe.models import ModelSpec
     from .zoo import ZOO
 
+    if input_shape is not None:
+        _check_input_shape(input_shape)
     path = Path(source)
     if path.suffix == ".onnx":
         return _inspect_onnx(path)
@@ -109,6 +111,17 @@ def inspect_source(source: str, input_shape: tuple[int, ...] | None = None, reci
     macs, params = count_macs_params(model, torch.zeros((1,) + tuple(shape)))
     return {"source": source, "kind": kind, "input_shape": list(shape), "layers": rows,
             "totals": {"params": params, "macs": macs, "layers": len(rows)}}
+
+
+def _check_input_shape(shape: tuple[int, ...]) -> None:
+    """``--input-shape`` is checked before any model is built: 0 or negative dimensions, or one so large that
+    the zero sample would exhaust memory (``10**9``), are a usage error (exit 2)."""
+    from .preflight import input_shape_problem
+
+    problem = input_shape_problem(shape)
+    if problem:
+        raise UsageError(f"--input-shape {','.join(map(str, shape))}: {problem}",
+                         hint="give one sample's shape without the batch dimension, e.g. --input-shape 3,32,32")
 
 
 def _inspect_onnx(path: Path) -> dict:

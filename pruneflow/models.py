@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .errors import InputError
+from .preflight import check_dtypes, check_finite_weights
 from .recipe.models import ModelSpec
 from .zoo import ZOO
 
@@ -187,4 +188,6 @@ def load_weights(model: nn.Module, state: dict[str, torch.Tensor], source: str |
             f"model.checkpoint {source} does not fit the model: " + "; ".join(problems),
             hint="check model.factory and model.kwargs (depth, width, num_classes) against the checkpoint",
         )
+    check_dtypes(own, state, source)  # load_state_dict would cast int32/bool into float weights silently
+    check_finite_weights(state, source)
     model.load_state_dict(state, strict=False)

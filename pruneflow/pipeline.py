@@ -7,13 +7,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import logging
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -46,14 +48,17 @@ def plan_stages(loaded: LoadedRecipe) -> list[Stage]:
     return stages
 
 
-def preflight(loaded: LoadedRecipe, stages: list[Stage]) -> list[str]:
-    """Checks that need neither model nor data but the machine: factory import, files, toolchains.
+def preflight(loaded: LoadedRecipe, stages: list[Stage], out: str | Path | None = None) -> list[str]:
+    """Checks that need neither model nor data but the machine: --out, factory import, files, toolchains.
 
     Returns notes; a ConfigError (a file the recipe names is absent) comes out located, FILE:LINE.
     """
     from .models import resolve_factory
+    from .preflight import check_out_dir
 
     recipe = loaded.recipe
+    if out is not None:
+        check_out_dir(Path(out), recipe.name)
     with loaded.locating():
         resolve_factory(recipe.model.factory)
         files = [("model", "checkpoint")] + [("data", name) for name in ("path", "train", "eval")]
@@ -110,15 +115,54 @@ def _stat(path: str) -> list:
 def run_recipe(loaded: LoadedRecipe, out: str | Path = "runs", reporter: Reporter | None = None,
                resume: bool = False) -> RunResult:
     """Run every stage of ``loaded`` into ``OUT/NAME``, holding that folder's lock (``run_dir_lock``) throughout:
-    a second run into the same folder stops with exit 2 before touching it."""
+    a second run into the same folder stops with exit 2 before touching it.
+
+    The data and the model are loaded and checked (``preflight.py``) before the lock and the run folder: a
+    refused input writes nothing and leaves an earlier run in ``OUT/NAME`` as it was.
+    """
     reporter = reporter or Reporter()
     stages = plan_stages(loaded)
-    preflight(loaded, stages)
+    preflight(loaded, stages, out)
+    with loaded.locating():
+        inputs = load_inputs(loaded, stages, reporter)
     with run_dir_lock(Path(out) / loaded.recipe.name, notify=reporter.warning):
-        return _run_locked(loaded, stages, Path(out), reporter, resume)
+        return _run_locked(loaded, stages, inputs, Path(out), reporter, resume)
 
 
-def _run_locked(loaded: LoadedRecipe, stages: list[Stage], out: Path, reporter: Reporter, resume: bool) -> RunResult:
+class RunInputs:
+    """What a run starts from, loaded and checked before anything is written: data, model, device, example."""
+
+    def __init__(self, data: Any, model: torch.nn.Module, device: str, example: torch.Tensor):
+        self.data, self.model, self.device, self.example = data, model, device, example
+
+
+def load_inputs(loaded: LoadedRecipe, stages: list[Stage], reporter: Reporter) -> RunInputs:
+    """Load the data and build the model, then check them together (``preflight.py``); raise before any write."""
+    from .data import load_data
+    from .models import build_model, input_shape_for
+    from .preflight import PREFLIGHT_BATCH, check_labels, check_model_on_batch, check_shape_matches_data
+
+    recipe = loaded.recipe
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if recipe.device == "auto" else recipe.device
+    if device == "cuda" and not torch.cuda.is_available():
+        raise InputError("device: cuda was requested but torch sees no CUDA device", hint="set device: auto or cpu")
+    if recipe.threads:
+        torch.set_num_threads(recipe.threads)
+    torch.manual_seed(recipe.seed)
+    reporter.info(f"loading data ({recipe.data.format})")
+    data = load_data(recipe.data, recipe.seed, with_train=any(s.needs_train_split for s in stages))
+    labels = {"eval": data.eval.y} if data.train is None else {"train": data.train.y, "eval": data.eval.y}
+    check_labels(labels, data.num_classes, data.class_names, recipe.data.label_column)
+    model = build_model(recipe.model)
+    shape = input_shape_for(recipe.model, data.input_shape)
+    check_shape_matches_data(shape, data.input_shape, explicit=recipe.model.input_shape is not None)
+    check_model_on_batch(model, data.eval.x[:PREFLIGHT_BATCH], recipe.model.factory, data.num_classes)
+    example = torch.zeros((1,) + tuple(shape), dtype=data.eval.x.dtype)
+    return RunInputs(data, model, device, example)
+
+
+def _run_locked(loaded: LoadedRecipe, stages: list[Stage], inputs: RunInputs, out: Path, reporter: Reporter,
+                resume: bool) -> RunResult:
     recipe = loaded.recipe
     run_dir = prepare_run_dir(out, recipe.name, resume)
     write_text_atomic(run_dir / "recipe.resolved.yaml", dump_recipe(recipe))
@@ -128,15 +172,18 @@ def _run_locked(loaded: LoadedRecipe, stages: list[Stage], out: Path, reporter: 
     manifest.write()
     try:
         # A rule that needs the model or data raises ConfigError(stage.loc(...)): reported at its FILE:LINE.
-        with loaded.locating():
-            result = _run(loaded, stages, run_dir, manifest, reporter, resume)
+        with loaded.locating(), _disk_full_as_error():
+            result = _run(loaded, stages, inputs, run_dir, manifest, reporter, resume)
     except KeyboardInterrupt:
         manifest.status = "interrupted"
         manifest.write()
         raise
     except BaseException:
         manifest.status = "failed"
-        manifest.write()
+        try:
+            manifest.write()
+        except OSError as exc:  # a full disk: the error on its way out is the one to report
+            log.warning("could not mark the manifest failed: %s", exc)
         raise
     finally:
         logging.getLogger("pruneflow").removeHandler(handler)
@@ -146,30 +193,16 @@ def _run_locked(loaded: LoadedRecipe, stages: list[Stage], out: Path, reporter: 
     return result
 
 
-def _run(loaded: LoadedRecipe, stages: list[Stage], run_dir: Path, manifest: Manifest, reporter: Reporter,
-         resume: bool) -> RunResult:
-    from .data import load_data
-    from .models import build_model, input_shape_for
+def _run(loaded: LoadedRecipe, stages: list[Stage], inputs: RunInputs, run_dir: Path, manifest: Manifest,
+         reporter: Reporter, resume: bool) -> RunResult:
     from .report import write_reports
     from .tasks import make_task
 
-    recipe = loaded.recipe
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if recipe.device == "auto" else recipe.device
-    if device == "cuda" and not torch.cuda.is_available():
-        raise InputError("device: cuda was requested but torch sees no CUDA device", hint="set device: auto or cpu")
-    if recipe.threads:
-        torch.set_num_threads(recipe.threads)
-    torch.manual_seed(recipe.seed)
+    recipe, data, device = loaded.recipe, inputs.data, inputs.device
     ctx = RunContext(run_dir=run_dir, recipe=recipe, recipe_file=loaded.file, seed=recipe.seed, device=device,
                      reporter=reporter, resume=resume)
-    reporter.info(f"loading data ({recipe.data.format})")
-    data = load_data(recipe.data, recipe.seed, with_train=any(s.needs_train_split for s in stages))
-    model = build_model(recipe.model)
-    shape = input_shape_for(recipe.model, data.input_shape)
-    example = torch.zeros((1,) + tuple(shape), dtype=data.eval.x.dtype)
-    _check_forward(model, example, data.input_shape, recipe.model.factory)
-    state = RunState(handle=ModelHandle(model.to(device)), task=make_task(recipe.task), data=data,
-                     model_key=source_key(loaded), example_input=example.to(device))
+    state = RunState(handle=ModelHandle(inputs.model.to(device)), task=make_task(recipe.task), data=data,
+                     model_key=source_key(loaded), example_input=inputs.example.to(device))
     records: list[StageRecord] = []
     key = state.model_key
     for stage in stages:
@@ -194,17 +227,29 @@ def _run(loaded: LoadedRecipe, stages: list[Stage], run_dir: Path, manifest: Man
     return result
 
 
-def _check_forward(model: torch.nn.Module, example: torch.Tensor, data_shape: tuple, factory: str) -> None:
-    model.eval()
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+@contextlib.contextmanager
+def _disk_full_as_error() -> Iterator[None]:
+    """A full disk (or quota) while the run writes is a StageError naming the file, not an internal error.
+
+    Exit 4, like any stage that could not finish: the atomic writers leave no half-written file, finished
+    stages stay recorded and ``--resume`` continues once there is space.
+    """
     try:
-        with torch.no_grad():
-            model(example)
-    except (Exception, SystemExit) as exc:  # noqa: BLE001 - user model
-        raise InputError(
-            f"the model from {factory!r} fails on an input of shape {tuple(example.shape)} "
-            f"(the data's samples are {tuple(data_shape)}): {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
-            hint="check model.input_shape, model.kwargs and the data section (layout, input_column)",
-        ) from exc
+        yield
+    except OSError as exc:
+        if exc.errno not in DISK_FULL:
+            raise
+        raise disk_full(exc, exc.filename) from exc
+
+
+def disk_full(exc: OSError, path: object) -> StageError:
+    return StageError(f"disk full at {path or 'the run folder'}: {exc.strerror or exc}; nothing half-written was left "
+                      "(files are written under a temporary name and renamed when complete)",
+                      hint="free space on that disk (or choose another --out), then run again with --resume: "
+                      "finished stages are kept")
 
 
 def _run_stage(stage: Stage, key: str, state: RunState, ctx: RunContext, manifest: Manifest, total: int) -> StageRecord:
@@ -236,7 +281,12 @@ def _run_stage(stage: Stage, key: str, state: RunState, ctx: RunContext, manifes
         state.handle = result.handle
     if stage.modifies_model or result.handle is not None:
         path = stage_dir / "model.pt"
-        save_checkpoint(state.handle, path)
+        try:
+            save_checkpoint(state.handle, path)
+        except OSError as exc:
+            if exc.errno not in DISK_FULL:
+                raise
+            raise disk_full(exc, path) from exc
         checkpoint = Artifact.from_file(ctx.run_dir, path, kind="checkpoint", producer=stage.id,
                                         precision=state.handle.precision, form=state.handle.form,
                                         parent=state.model_artifact.path if state.model_artifact else f"source:{state.model_key}",

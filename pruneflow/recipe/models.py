@@ -7,6 +7,7 @@ The stage list is a discriminated union over the registered stage types, built w
 from __future__ import annotations
 
 import functools
+import math
 from types import GenericAlias
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, Union
 
@@ -16,6 +17,10 @@ from .. import registry
 from ..config import StageConfig, StrictModel
 
 NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
+#: Longest run or stage name: it becomes a folder name (OUT/NAME, stages/NN-NAME), and file systems stop at 255 bytes.
+NAME_MAX_LENGTH = 100
+#: numpy's seeds (data splits, sampling) stop at 2**32 - 1.
+SEED_MAX = 2**32 - 1
 
 
 def PathField(default: Any = None, *, description: str, **kwargs: Any) -> Any:
@@ -35,7 +40,7 @@ class ModelSpec(StrictModel):
         description="Weights to load: a state_dict in .pt/.pth/.th (loaded weights-only) or .safetensors. "
         "A nested `state_dict` key and `module.` prefixes are handled."
     )
-    input_shape: list[int] | None = Field(
+    input_shape: list[Annotated[int, Field(ge=1, le=2**27)]] | None = Field(
         default=None,
         description="Shape of one input sample without the batch dimension, e.g. [3, 32, 32]. "
         "Defaults to the zoo entry's shape, else to the data's.",
@@ -88,6 +93,7 @@ class DataSpec(StrictModel):
 
     @model_validator(mode="after")
     def _sources(self) -> "DataSpec":
+        self._normalisation()
         if self.format == "digits":
             if self.path or self.train or self.eval:
                 raise ValueError("the built-in `digits` format takes no path, train or eval")
@@ -96,11 +102,18 @@ class DataSpec(StrictModel):
             raise ValueError("give either `path` (split by eval_fraction) or `train`/`eval`, not both")
         if not self.path and not self.eval:
             raise ValueError(f"format {self.format!r} needs `path`, or `eval` (and usually `train`)")
+        return self
+
+    def _normalisation(self) -> None:
+        """For every format (the built-in digits too): a zero or non-finite std divides the inputs into inf/NaN."""
         if (self.mean is None) != (self.std is None):
             raise ValueError("`mean` and `std` go together")
-        if self.std is not None and any(s <= 0 for s in self.std):
-            raise ValueError("every `std` value must be > 0")
-        return self
+        if self.std is not None and any(not math.isfinite(s) or s <= 0 for s in self.std):
+            raise ValueError(f"every `std` value must be a number > 0 (got {self.std}): inputs are divided by it")
+        if self.mean is not None and any(not math.isfinite(m) for m in self.mean):
+            raise ValueError(f"every `mean` value must be a finite number (got {self.mean})")
+        if self.mean is not None and self.std is not None and len(self.mean) != len(self.std):
+            raise ValueError(f"`mean` has {len(self.mean)} values and `std` {len(self.std)}: one of each per channel")
 
 
 class GateSpec(StrictModel):
@@ -124,12 +137,14 @@ class GateSpec(StrictModel):
 
 class RecipeBase(StrictModel):
     version: Literal[1] = Field(default=1, description="Recipe format version.")
-    name: str = Field(description="Run name; the run directory is OUT/NAME.", pattern=NAME_PATTERN)
+    name: str = Field(description="Run name; the run directory is OUT/NAME.", pattern=NAME_PATTERN,
+                      max_length=NAME_MAX_LENGTH)
     description: str = Field(default="", description="What the recipe is for.")
     extends: str | None = PathField(
         description="Another recipe this one builds on (relative path): mappings are deep-merged, lists replaced."
     )
-    seed: int = Field(default=0, ge=0, description="Seed for data splits, initialisation and training.")
+    seed: int = Field(default=0, ge=0, le=SEED_MAX, description="Seed for data splits, initialisation and training "
+                      "(0 to 2**32 - 1, numpy's range).")
     device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="`auto` uses CUDA when available.")
     threads: int | None = Field(default=None, gt=0, description="torch CPU threads (default: torch's own choice).")
     task: Literal["classification"] = Field(default="classification", description="What the model does; sets loss and metric.")

@@ -1,0 +1,202 @@
+"""Checks on what a run is handed, after its data and model load and before anything is trained or written.
+
+Garbage in must never give exit 0 or fail late: inputs holding NaN or infinities, labels beyond the class
+names or the model's outputs, a checkpoint whose tensors are NaN or of another kind than the model's
+(int32 or bool where the model holds floats: ``load_state_dict`` casts them silently), a sample shape the
+model is measured at but the data does not have. Each problem is an :class:`InputError` (exit 2) that names
+what is wrong, where (file, column, key) and the fix. The pipeline runs these checks before it creates the
+run folder, so a refused run writes nothing and leaves an earlier run in that folder as it was.
+
+This module imports only torch, numpy and the error classes: ``data.py``, ``models.py`` and
+``checkpoint.py`` call into it while they read.
+
+    check_dtypes(model.state_dict(), state, "weights.safetensors")   # raises on int32 where a float is due
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+import torch
+
+from .errors import ConfigError, InputError
+
+#: Largest one-sample input ``inspect`` and a recipe's ``model.input_shape`` accept (2**27 values, 512 MiB of
+#: float32): a shape such as 10**9 would allocate until the machine gives out.
+MAX_INPUT_ELEMENTS = 2**27
+#: Samples the preflight forward pass takes from the eval split.
+PREFLIGHT_BATCH = 8
+
+
+def dtype_class(dtype: torch.dtype) -> str:
+    """``bool``, ``integer``, ``float`` or ``complex``: what ``load_state_dict`` must never cast between."""
+    if dtype == torch.bool:
+        return "bool"
+    if dtype.is_complex:
+        return "complex"
+    return "float" if dtype.is_floating_point else "integer"
+
+
+def check_dtypes(expected: Mapping[str, torch.Tensor], given: Mapping[str, torch.Tensor], source: object) -> None:
+    """Refuse checkpoint tensors of another kind than the model's (int vs float vs bool), naming each key.
+
+    ``load_state_dict`` copies an int32 or bool tensor into a float parameter without a word (measured on
+    digits_cnn: accuracy 1.00 -> 0.10); float16 weights for a float32 model are the same kind and pass.
+    """
+    bad = [(k, given[k].dtype, expected[k].dtype) for k in given
+           if k in expected and dtype_class(given[k].dtype) != dtype_class(expected[k].dtype)]
+    if not bad:
+        return
+    first = "; ".join(f"{k} is {str(g).replace('torch.', '')} where the model's is {str(e).replace('torch.', '')}"
+                      for k, g, e in bad[:3])
+    raise InputError(
+        f"model.checkpoint {source}: {len(bad)} tensor(s) hold another kind of number than the model's ({first}); "
+        "loading would cast them silently and the weights would be garbage",
+        hint="save the checkpoint from the trained model itself (torch.save(model.state_dict(), path) or "
+        "safetensors' save_file(model.state_dict(), path)) so every tensor keeps its dtype",
+    )
+
+
+def check_finite_weights(state: Mapping[str, torch.Tensor], source: object) -> None:
+    """Refuse a checkpoint whose floating-point tensors hold NaN or infinities, naming the first keys."""
+    bad = []
+    for key, tensor in state.items():
+        if tensor.is_floating_point() and tensor.numel():
+            finite = torch.isfinite(tensor)
+            if not bool(finite.all()):
+                bad.append(f"{key} ({int((~finite).sum())} of {tensor.numel()} values)")
+    if bad:
+        raise InputError(
+            f"model.checkpoint {source}: {len(bad)} tensor(s) hold NaN or infinite values, e.g. {', '.join(bad[:3])}",
+            hint="the file comes from a diverged or damaged training run: use a checkpoint saved before the loss "
+            "became NaN",
+        )
+
+
+def check_finite_inputs(x: np.ndarray, source: str, columns: Sequence[str]) -> None:
+    """Refuse input values that are NaN or infinite, naming the source, the column(s) and the first rows."""
+    if not np.issubdtype(x.dtype, np.floating):
+        return
+    bad = ~np.isfinite(x.reshape(len(x), -1)).all(axis=1)
+    if not bad.any():
+        return
+    rows = np.flatnonzero(bad)
+    raise InputError(
+        f"data: {source}, column {', '.join(map(repr, columns))}: {len(rows)} of {len(x)} samples hold NaN or "
+        f"infinite values (rows {', '.join(map(str, rows[:5]))}{', ...' if len(rows) > 5 else ''})",
+        hint="drop or impute those rows before training (e.g. numpy.nan_to_num, or remove them); NaN inputs "
+        "make the loss NaN and every figure garbage",
+    )
+
+
+def check_labels(labels: Mapping[str, torch.Tensor], num_classes: int, class_names: Sequence[str] | None,
+                 label_column: str) -> None:
+    """Every label of every split must be a class id below ``num_classes`` (the number of class names when given)."""
+    for role, y in labels.items():
+        if not len(y):
+            raise InputError(f"data: the {role} split holds 0 samples",
+                             hint="use more data, or a smaller or larger data.eval_fraction")
+        top = int(y.max())
+        if top >= num_classes:
+            named = f"{len(class_names)} class names" if class_names else f"{num_classes} classes"
+            raise InputError(
+                f"data.label_column {label_column!r}: the {role} split has label {top} "
+                f"({int((y >= num_classes).sum())} samples at or above {num_classes}), but the data gives {named} "
+                f"(ids 0..{num_classes - 1})",
+                hint="list one class name per label id (class_names in the npz, or a ClassLabel feature), or fix the labels",
+            )
+
+
+def input_shape_problem(shape: Sequence[int]) -> str | None:
+    """Why ``shape`` (one sample, no batch dimension) cannot be a model input; None when it can."""
+    if not shape:
+        return "it is empty"
+    if any(int(d) < 1 for d in shape):
+        return f"every dimension must be at least 1 (got {list(shape)})"
+    if math.prod(int(d) for d in shape) > MAX_INPUT_ELEMENTS:
+        return (f"one sample would hold {math.prod(int(d) for d in shape):,} values, more than the "
+                f"{MAX_INPUT_ELEMENTS:,} allowed")
+    return None
+
+
+def check_shape_matches_data(shape: Sequence[int], data_shape: Sequence[int], explicit: bool) -> None:
+    """The shape a model is measured at (MACs, exports) must be the data's sample shape."""
+    problem = input_shape_problem(shape)
+    if problem:
+        raise ConfigError(("model", "input_shape"), problem, value=list(shape), hint="give one sample's shape, e.g. [3, 32, 32]")
+    if tuple(shape) == tuple(data_shape):
+        return
+    origin = "model.input_shape" if explicit else "the zoo model's default input shape"
+    raise ConfigError(
+        ("model", "input_shape"),
+        f"{origin} is {list(shape)} but the data's samples are {list(data_shape)}: MACs and exports would be "
+        "for a shape the model never sees",
+        value=list(shape),
+        hint=f"set model.input_shape: {list(data_shape)}, or fix the data section (layout, image_size, input_column)",
+    )
+
+
+def check_model_on_batch(model: torch.nn.Module, batch: torch.Tensor, factory: str, num_classes: int) -> None:
+    """One real eval batch through the model: it must run, give finite outputs, and one logit per class."""
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = model(batch)
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - user model
+        raise InputError(
+            f"the model from {factory!r} fails on a batch of the data, shape {tuple(batch.shape)} "
+            f"(the data's samples are {tuple(batch.shape[1:])}): {type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}",
+            hint="check model.input_shape, model.kwargs and the data section (layout, input_column)",
+        ) from exc
+    logits = getattr(out, "logits", out)
+    if not isinstance(logits, torch.Tensor):
+        return  # a model returning a structure: the task reads it; nothing general to check here
+    if logits.is_floating_point() and not bool(torch.isfinite(logits).all()):
+        raise InputError(
+            f"the model from {factory!r} gives NaN or infinite outputs on the first {len(batch)} eval samples",
+            hint="check model.checkpoint and the factory's initialisation (weights holding NaN), and the data's scale",
+        )
+    if logits.dim() == 2 and logits.shape[1] < num_classes:
+        raise InputError(
+            f"the model from {factory!r} gives {logits.shape[1]} outputs a sample but the data has {num_classes} classes",
+            hint="build the model with one output per class (model.kwargs, e.g. num_classes), or fix the labels",
+        )
+
+
+def check_out_dir(out: Path, name: str) -> None:
+    """``--out`` must be a folder this process can create and write in; checked without writing anything.
+
+    The nearest existing folder on the way to ``OUT/NAME`` must be writable (a nameless temporary file tells): a file in the way, a read-only
+    folder or a read-only file system stop the run here (exit 2) instead of after loading data and model.
+    """
+    from .errors import UsageError
+
+    run_dir = out / name
+    for path in [run_dir, *run_dir.parents]:
+        if not path.exists():
+            continue
+        if not path.is_dir():
+            raise UsageError(f"--out {out}: {path} is a file, not a folder; the run folder and its lock file go inside --out",
+                             hint="choose an --out folder (it is created when missing)")
+        if path == run_dir:
+            path = run_dir.parent  # the run replaces OUT/NAME itself: what counts is writing beside it
+        if not _writable(path):
+            raise UsageError(f"--out {out}: cannot write in {path} (read-only folder or file system); nothing was written",
+                             hint="choose an --out folder you can write to, e.g. --out ./runs")
+        return
+
+
+def _writable(folder: Path) -> bool:
+    """A nameless temporary file made and dropped in ``folder``: the only test that also holds for root on a
+    read-only mount or a pseudo file system (``os.access`` says yes there)."""
+    import tempfile
+
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return True
+    except OSError:
+        return False
