@@ -110,6 +110,8 @@ def load_data(spec: DataSpec, seed: int = 0, with_train: bool = True) -> DataBun
         where = "scikit-learn digits"
     elif spec.path:
         loaded, class_names = _load_source(spec.format, spec.path, "data.path")
+        for part in loaded if isinstance(loaded, tuple) else (loaded,):
+            _check_finite(part, spec, spec.path)
         if isinstance(loaded, tuple):
             train_ds, eval_ds = loaded
         else:
@@ -119,7 +121,9 @@ def load_data(spec: DataSpec, seed: int = 0, with_train: bool = True) -> DataBun
         train_ds = None
         if spec.train and with_train:
             train_ds, class_names = _load_source(spec.format, spec.train, "data.train")
+            _check_finite(train_ds, spec, spec.train)
         eval_ds, eval_names = _load_source(spec.format, spec.eval, "data.eval")  # type: ignore[arg-type]
+        _check_finite(eval_ds, spec, spec.eval)  # type: ignore[arg-type]
         class_names = class_names or eval_names
         where = spec.eval or ""
 
@@ -132,8 +136,8 @@ def load_data(spec: DataSpec, seed: int = 0, with_train: bool = True) -> DataBun
     if spec.max_eval_samples:
         eval_ds = _subsample(eval_ds, spec.max_eval_samples, label, seed)
 
-    eval_split = _to_split(eval_ds, spec, "eval", source=spec.path or spec.eval or where)
-    train_split = _to_split(train_ds, spec, "train", source=spec.path or spec.train or where) if train_ds is not None else None
+    eval_split = _to_split(eval_ds, spec, "eval")
+    train_split = _to_split(train_ds, spec, "train") if train_ds is not None else None
     labels = [eval_split.y] + ([train_split.y] if train_split is not None else [])
     num_classes = len(class_names) if class_names else int(max(int(t.max()) for t in labels)) + 1
     pad_value = None
@@ -311,6 +315,23 @@ def _check_labels(values: np.ndarray, label: str) -> np.ndarray:
     return values
 
 
+def _check_finite(ds, spec: DataSpec, source: str) -> None:
+    """NaN or infinite inputs in a source, named by file, column and row (checked before any split or
+    subsample reorders the rows). Images and text cannot hold them."""
+    if spec.tokenizer:
+        return
+    label = next((n for n in (spec.label_column,) + LABEL_FALLBACKS if n in ds.column_names), "")
+    columns = _input_columns(ds, spec, label)
+    fmt = ds.with_format("numpy")
+    for column in columns:
+        feature = ds.features[column]
+        dtype = getattr(feature, "dtype", None) or getattr(getattr(feature, "feature", None), "dtype", None)
+        if isinstance(dtype, str) and dtype.startswith("float"):
+            values = np.asarray(fmt[column])
+            if values.dtype != object:
+                check_finite_inputs(values, source, [column])
+
+
 def _split(ds, spec: DataSpec, seed: int):
     n_eval = math.ceil(spec.eval_fraction * len(ds))  # how datasets' train_test_split rounds a fraction
     if n_eval >= len(ds):
@@ -348,10 +369,11 @@ def load_inputs(spec: DataSpec, fmt: str, path: str, field_name: str):
     datasets.disable_progress_bars()
     loaded, _ = _load_source("json" if fmt == "jsonl" else fmt, path, field_name)
     ds = datasets.concatenate_datasets(list(loaded)) if isinstance(loaded, tuple) else loaded
-    return _to_split(ds, spec, field_name, require_label=False, source=path), ds
+    _check_finite(ds, spec, path)
+    return _to_split(ds, spec, field_name, require_label=False), ds
 
 
-def _to_split(ds, spec: DataSpec, role: str, require_label: bool = True, source: str = "") -> Split:
+def _to_split(ds, spec: DataSpec, role: str, require_label: bool = True) -> Split:
     import datasets
 
     if require_label or any(n in ds.column_names for n in (spec.label_column,) + LABEL_FALLBACKS):
@@ -375,7 +397,6 @@ def _to_split(ds, spec: DataSpec, role: str, require_label: bool = True, source:
         x = arrays[0] if len(arrays) == 1 else np.stack([a.astype(np.float32) for a in arrays], axis=1)
         if x.ndim == 1:
             x = x[:, None]  # one scalar feature a sample: (N,) -> (N, 1), so input_shape is (1,), not ()
-        check_finite_inputs(x, f"{source or role} ({role} split)", columns)
     if len(y) == 0:
         raise InputError(f"data: the {role} split is empty", hint="use more data or a smaller eval_fraction")
     return Split(_preprocess(x, spec, layout), torch.from_numpy(y))

@@ -11,7 +11,7 @@ import math
 from types import GenericAlias
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, Union
 
-from pydantic import Field, create_model, model_validator
+from pydantic import Field, create_model, field_validator, model_validator
 
 from .. import registry
 from ..config import StageConfig, StrictModel
@@ -104,14 +104,26 @@ class DataSpec(StrictModel):
             raise ValueError(f"format {self.format!r} needs `path`, or `eval` (and usually `train`)")
         return self
 
+    @field_validator("std")
+    @classmethod
+    def _std(cls, std: list[float] | None) -> list[float] | None:
+        """For every format (the built-in digits too): a zero or non-finite std turns the inputs into inf/NaN."""
+        if std is not None and any(not math.isfinite(s) or s <= 0 for s in std):
+            raise ValueError(f"every std value must be a number > 0: inputs are divided by it (a 0 makes them "
+                             f"infinite); use the data's per-channel standard deviation, e.g. {[0.25] * len(std)}")
+        return std
+
+    @field_validator("mean")
+    @classmethod
+    def _mean(cls, mean: list[float] | None) -> list[float] | None:
+        if mean is not None and any(not math.isfinite(m) for m in mean):
+            raise ValueError("every mean value must be a finite number (the data's per-channel mean)")
+        return mean
+
     def _normalisation(self) -> None:
-        """For every format (the built-in digits too): a zero or non-finite std divides the inputs into inf/NaN."""
+        """For every format (the built-in digits too): mean and std come together, one of each per channel."""
         if (self.mean is None) != (self.std is None):
             raise ValueError("`mean` and `std` go together")
-        if self.std is not None and any(not math.isfinite(s) or s <= 0 for s in self.std):
-            raise ValueError(f"every `std` value must be a number > 0 (got {self.std}): inputs are divided by it")
-        if self.mean is not None and any(not math.isfinite(m) for m in self.mean):
-            raise ValueError(f"every `mean` value must be a finite number (got {self.mean})")
         if self.mean is not None and self.std is not None and len(self.mean) != len(self.std):
             raise ValueError(f"`mean` has {len(self.mean)} values and `std` {len(self.std)}: one of each per channel")
 
