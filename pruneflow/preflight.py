@@ -146,10 +146,11 @@ def check_model_on_batch(model: torch.nn.Module, batch: torch.Tensor, factory: s
         with torch.no_grad():
             out = model(batch)
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - user model
+        how = (f"called sys.exit({exc.code!r})" if isinstance(exc, SystemExit)
+               else f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
         raise InputError(
             f"the model from {factory!r} fails on a batch of the data, shape {tuple(batch.shape)} "
-            f"(the data's samples are {tuple(batch.shape[1:])}): {type(exc).__name__}: "
-            f"{str(exc).splitlines()[0] if str(exc) else ''}",
+            f"(the data's samples are {tuple(batch.shape[1:])}): {how}",
             hint="check model.input_shape, model.kwargs and the data section (layout, input_column)",
         ) from exc
     logits = getattr(out, "logits", out)

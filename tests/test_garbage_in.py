@@ -42,6 +42,11 @@ def tiny(**changes) -> dict:
     return recipe
 
 
+def tiny_text(**changes) -> str:
+    """The recipe as YAML written by hand where yaml.safe_dump would not write a value as YAML reads it (.nan)."""
+    return json.dumps(tiny(**changes)).replace("NaN", ".nan")
+
+
 def write(path: Path, content: dict | str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(content if isinstance(content, str) else yaml.safe_dump(content, sort_keys=False))
@@ -140,6 +145,38 @@ def a_zero_in_the_std_list(tmp: Path) -> Case:
     recipe = write(tmp / "r.yaml", tiny(data={"format": "npz", "path": "data.npz", "label_column": "y",
                                               "mean": [0.5, 0.5, 0.5], "std": [0.2, 0.0, 0.2]}))
     return Case(recipe, ["r.yaml:", "data.std", "[0.2, 0.0, 0.2]", "must be a number > 0", "Fix:"], recipe_only=True)
+
+
+def a_nan_std(tmp: Path) -> Case:
+    recipe = write(tmp / "r.yaml", tiny_text(data={"format": "digits", "mean": [0.5], "std": [float("nan")]}))
+    return Case(recipe, ["r.yaml:", "data.std", "must be a number > 0", "Fix:"], recipe_only=True)
+
+
+def nan_in_a_separate_train_file(tmp: Path) -> Case:
+    x = np.random.default_rng(0).random((40, 8, 8), dtype=np.float32)
+    x[39] = np.nan
+    digits_npz(tmp / "train.npz", n=40, x=x)
+    digits_npz(tmp / "eval.npz", n=20)
+    recipe = write(tmp / "r.yaml", tiny(data={"format": "npz", "train": "train.npz", "eval": "eval.npz", "label_column": "y"}))
+    return Case(recipe, ["train.npz", "column 'x'", "1 of 40 samples", "rows 39", "Fix:"])
+
+
+NAN_FACTORY = """
+import torch
+from pruneflow.zoo import ZOO
+
+def make():
+    model = ZOO["digits_cnn"].factory(width=8)
+    with torch.no_grad():
+        model.classifier.weight.fill_(float("nan"))
+    return model
+"""
+
+
+def a_factory_whose_model_gives_nan(tmp: Path) -> Case:
+    write(tmp / "nan_model.py", NAN_FACTORY)
+    recipe = write(tmp / "r.yaml", tiny(model={"factory": "nan_model.py:make"}))
+    return Case(recipe, ["nan_model.py:make", "gives NaN or infinite outputs on the first 8 eval samples", "Fix:"])
 
 
 def input_shape_not_the_datas(tmp: Path) -> Case:
@@ -327,3 +364,31 @@ def test_disk_full_while_writing_a_checkpoint_leaves_no_half_written_file(tmp_pa
     monkeypatch.setattr(checkpoint, "atomic_path", real)
     again = invoke("optimize", recipe, "--out", tmp_path / "runs", "--resume")
     assert again.exit_code == 0, again.output
+
+
+def test_a_run_checkpoint_with_tensors_of_another_kind_is_refused_naming_the_key(tmp_path):
+    """The run-folder path (inspect, --resume): reshaping took the file's dtype, so int32 weights became int32
+    parameters; now refused before any copy is made."""
+    from pruneflow.checkpoint import FORMAT, checkpoint_bytes, describe_structure, load_checkpoint
+    from pruneflow.errors import InputError
+
+    model = ZOO["digits_cnn"].factory(width=8)
+    state = {k: v.to(torch.int32) if k == "classifier.weight" else v for k, v in model.state_dict().items()}
+    path = tmp_path / "model.pt"
+    path.write_bytes(checkpoint_bytes({"format": FORMAT, "kind": "float", "structure": describe_structure(model),
+                                       "state_dict": state, "meta": {}, "kind_payload": {}}))
+    with pytest.raises(InputError) as caught:
+        load_checkpoint(path, into=model)
+    assert str(path) in caught.value.message and "classifier.weight is int32 where the model's is float32" in caught.value.message
+    assert "re-run the stage" in (caught.value.hint or "")
+
+
+def test_checkpoint_tensors_of_the_same_kind_load():
+    """float16 weights for a float32 model, and int64 counters, are the same kind: accepted (and cast as torch does)."""
+    from pruneflow.preflight import check_dtypes, dtype_class
+
+    model = ZOO["digits_cnn"].factory(width=8)
+    state = {k: v.half() if v.is_floating_point() else v for k, v in model.state_dict().items()}
+    check_dtypes(model.state_dict(), state, "weights.pt")
+    kinds = [dtype_class(d) for d in (torch.bfloat16, torch.uint8, torch.bool, torch.complex64)]
+    assert kinds == ["float", "integer", "bool", "complex"]

@@ -101,7 +101,8 @@ def test_atomic_path_leaves_nothing_when_the_writer_fails(tmp_path):
     assert final.read_bytes() == b"whole" and list(tmp_path.iterdir()) == [final]
 
 
-def test_a_failure_before_the_first_stage_marks_the_manifest_failed(tmp_path, write_recipe):
+def test_a_failure_before_the_first_stage_writes_nothing(tmp_path, write_recipe):
+    """Data and model are loaded and checked before the run folder exists (tests/test_garbage_in.py)."""
     from pruneflow.errors import InputError
 
     from conftest import tiny_recipe_dict
@@ -110,4 +111,4 @@ def test_a_failure_before_the_first_stage_marks_the_manifest_failed(tmp_path, wr
     recipe = tiny_recipe_dict(data={"format": "csv", "path": "empty.csv"})
     with pytest.raises(InputError, match="no rows"):
         run_recipe(load_recipe(write_recipe(recipe)), out=tmp_path / "runs")
-    assert Manifest.read(tmp_path / "runs" / "tiny")["status"] == "failed"
+    assert not (tmp_path / "runs").exists()
