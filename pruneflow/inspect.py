@@ -116,7 +116,7 @@ def inspect_source(source: str, input_shape: tuple[int, ...] | None = None, reci
 def _check_input_shape(shape: tuple[int, ...]) -> None:
     """``--input-shape`` is checked before any model is built: 0 or negative dimensions, or one so large that
     the zero sample would exhaust memory (``10**9``), are a usage error (exit 2)."""
-    from .preflight import input_shape_problem
+    from .recipe.models import input_shape_problem
 
     problem = input_shape_problem(shape)
     if problem:

@@ -15,7 +15,6 @@ This module imports only torch, numpy and the error classes: ``data.py``, ``mode
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -23,10 +22,8 @@ import numpy as np
 import torch
 
 from .errors import ConfigError, InputError
+from .recipe.models import input_shape_problem
 
-#: Largest one-sample input ``inspect`` and a recipe's ``model.input_shape`` accept (2**27 values, 512 MiB of
-#: float32): a shape such as 10**9 would allocate until the machine gives out.
-MAX_INPUT_ELEMENTS = 2**27
 #: Samples the preflight forward pass takes from the eval split.
 PREFLIGHT_BATCH = 8
 
@@ -108,18 +105,6 @@ def check_labels(labels: Mapping[str, torch.Tensor], num_classes: int, class_nam
                 f"(ids 0..{num_classes - 1})",
                 hint="list one class name per label id (class_names in the npz, or a ClassLabel feature), or fix the labels",
             )
-
-
-def input_shape_problem(shape: Sequence[int]) -> str | None:
-    """Why ``shape`` (one sample, no batch dimension) cannot be a model input; None when it can."""
-    if not shape:
-        return "it is empty"
-    if any(int(d) < 1 for d in shape):
-        return f"every dimension must be at least 1 (got {list(shape)})"
-    if math.prod(int(d) for d in shape) > MAX_INPUT_ELEMENTS:
-        return (f"one sample would hold {math.prod(int(d) for d in shape):,} values, more than the "
-                f"{MAX_INPUT_ELEMENTS:,} allowed")
-    return None
 
 
 def check_shape_matches_data(shape: Sequence[int], data_shape: Sequence[int], explicit: bool) -> None:

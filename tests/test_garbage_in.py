@@ -328,7 +328,8 @@ def test_inspect_refuses_an_input_shape_out_of_range(shape, shows):
 
 def test_a_recipe_input_shape_out_of_range_is_refused_by_validate(tmp_path):
     recipe = write(tmp_path / "r.yaml", tiny(model={"factory": "digits_cnn", "input_shape": [1, 0, 8]}))
-    assert_refused(invoke("validate", recipe), ["r.yaml:", "model.input_shape.1", "greater than or equal to 1"])
+    assert_refused(invoke("validate", recipe), ["r.yaml:", "model.input_shape", "[1, 0, 8]",
+                                                "every dimension must be at least 1"])
 
 
 def test_calibrate_refuses_a_seed_numpy_cannot_take(tmp_path):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import math
 from types import GenericAlias
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, Sequence, Union
 
 from pydantic import Field, create_model, field_validator, model_validator
 
@@ -21,6 +21,21 @@ NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
 NAME_MAX_LENGTH = 100
 #: numpy's seeds (data splits, sampling) stop at 2**32 - 1.
 SEED_MAX = 2**32 - 1
+#: Most values one input sample may hold (2**27, 512 MiB of float32): a shape such as 10**9 would allocate
+#: until the machine gives out (``model.input_shape``, ``inspect --input-shape``).
+MAX_INPUT_ELEMENTS = 2**27
+
+
+def input_shape_problem(shape: Sequence[int]) -> str | None:
+    """Why ``shape`` (one sample, no batch dimension) cannot be a model input; None when it can."""
+    if not shape:
+        return "it is empty"
+    if any(int(d) < 1 for d in shape):
+        return f"every dimension must be at least 1 (got {list(shape)})"
+    size = math.prod(int(d) for d in shape)
+    if size > MAX_INPUT_ELEMENTS:
+        return f"one sample would hold {size:,} values, more than the {MAX_INPUT_ELEMENTS:,} allowed"
+    return None
 
 
 def PathField(default: Any = None, *, description: str, **kwargs: Any) -> Any:
@@ -40,12 +55,21 @@ class ModelSpec(StrictModel):
         description="Weights to load: a state_dict in .pt/.pth/.th (loaded weights-only) or .safetensors. "
         "A nested `state_dict` key and `module.` prefixes are handled."
     )
-    input_shape: list[Annotated[int, Field(ge=1, le=2**27)]] | None = Field(
+    input_shape: list[int] | None = Field(
         default=None,
         description="Shape of one input sample without the batch dimension, e.g. [3, 32, 32]. "
         "Defaults to the zoo entry's shape, else to the data's.",
         min_length=1,
     )
+
+
+    @field_validator("input_shape")
+    @classmethod
+    def _input_shape(cls, shape: list[int] | None) -> list[int] | None:
+        problem = input_shape_problem(shape) if shape is not None else None
+        if problem:
+            raise ValueError(f"{problem}; give one sample's shape without the batch dimension, e.g. [3, 32, 32]")
+        return shape
 
 
 class AugmentSpec(StrictModel):
@@ -155,8 +179,7 @@ class RecipeBase(StrictModel):
     extends: str | None = PathField(
         description="Another recipe this one builds on (relative path): mappings are deep-merged, lists replaced."
     )
-    seed: int = Field(default=0, ge=0, le=SEED_MAX, description="Seed for data splits, initialisation and training "
-                      "(0 to 2**32 - 1, numpy's range).")
+    seed: int = Field(default=0, ge=0, le=SEED_MAX, description="Seed for data splits, initialisation and training.")
     device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="`auto` uses CUDA when available.")
     threads: int | None = Field(default=None, gt=0, description="torch CPU threads (default: torch's own choice).")
     task: Literal["classification"] = Field(default="classification", description="What the model does; sets loss and metric.")
