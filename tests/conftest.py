@@ -35,6 +35,26 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
+def write(path: Path, content: dict | str) -> Path:
+    """Write a recipe (a dict, dumped as YAML) or any text to ``path``, making its folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(content if isinstance(content, str) else yaml.safe_dump(content, sort_keys=False))
+    return path
+
+
+def invoke(*args: object):
+    """Run the CLI in-process (plain output, 200 columns); an exception other than the exit itself fails
+    the test with its traceback."""
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    result = CliRunner(env={"FORCE_COLOR": None, "COLUMNS": "200"}).invoke(app, [str(a) for a in args])
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result
+
+
 def tiny_recipe_dict(**overrides) -> dict:
     """A recipe that runs in a few seconds: digits_cnn, 1 epoch on 300 digits, no latency timing."""
     recipe = {

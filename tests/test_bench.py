@@ -17,20 +17,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
 
-from cli import app
-from conftest import run_recipe_dict, tiny_recipe_dict
+from conftest import invoke, run_recipe_dict, tiny_recipe_dict
 
-runner = CliRunner(env={"FORCE_COLOR": None, "COLUMNS": "200"})
 FAST = ["--runs", "5", "--warmup", "1", "--threads", "1"]
-
-
-def invoke(*args: object):
-    result = runner.invoke(app, [str(a) for a in args])
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result
 
 
 def no_train_run(folder: Path, name: str, width: int) -> Path:

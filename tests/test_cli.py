@@ -22,6 +22,7 @@ from pruneflow import __version__, registry
 from pruneflow.errors import MissingDependencyError
 from pruneflow.recipe.models import recipe_model, target_union
 from pruneflow.stage import Stage, StageConfig, StageResult, Target, TargetConfig
+from conftest import invoke, write
 
 # No forced colours (a CI variable could otherwise put ANSI codes between the words we look for).
 runner = CliRunner(env={"FORCE_COLOR": None, "COLUMNS": "200"})
@@ -50,20 +51,6 @@ def no_train(**changes) -> dict:
     changes.setdefault("stages", [{"type": "evaluate"},
                                   {"type": "export", "targets": ["onnx"], "latency": None, "evaluate": True}])
     return tiny(**changes)
-
-
-def write(path: Path, content: dict | str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(content if isinstance(content, str) else yaml.safe_dump(content, sort_keys=False))
-    return path
-
-
-def invoke(*args: object):
-    """Run the CLI in-process; an exception other than the exit itself fails the test with its traceback."""
-    result = runner.invoke(app, [str(a) for a in args])
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result
 
 
 def manifest(run_dir: Path) -> dict:

@@ -24,18 +24,17 @@ import pytest
 import torch
 import yaml
 from pydantic import Field
-from typer.testing import CliRunner
 
-from cli import app, json_line
+from cli import json_line
 from pruneflow import registry
 from pruneflow.artifacts import run_dir_lock
 from pruneflow.checkpoint import FORMAT, FORMAT_V1
 from pruneflow.recipe.models import recipe_model, target_union
 from pruneflow.stage import Stage, StageConfig, StageResult
+from conftest import invoke, write
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
-runner = CliRunner(env={"FORCE_COLOR": None, "COLUMNS": "200"})
 
 
 class Trap:
@@ -57,19 +56,6 @@ def tiny(**changes) -> dict:
     }
     recipe.update(changes)
     return recipe
-
-
-def write(path: Path, content: dict | str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(content if isinstance(content, str) else yaml.safe_dump(content, sort_keys=False))
-    return path
-
-
-def invoke(*args: object):
-    result = runner.invoke(app, [str(a) for a in args])
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result
 
 
 def one_json(stdout: str) -> dict:

@@ -21,14 +21,11 @@ from typing import Callable
 import numpy as np
 import pytest
 import torch
-import yaml
 from safetensors.torch import save_file
-from typer.testing import CliRunner
 
-from cli import app
 from pruneflow.zoo import ZOO
+from conftest import invoke, write
 
-runner = CliRunner(env={"FORCE_COLOR": None, "COLUMNS": "200"})
 
 
 def tiny(**changes) -> dict:
@@ -45,19 +42,6 @@ def tiny(**changes) -> dict:
 def tiny_text(**changes) -> str:
     """The recipe as YAML written by hand where yaml.safe_dump would not write a value as YAML reads it (.nan)."""
     return json.dumps(tiny(**changes)).replace("NaN", ".nan")
-
-
-def write(path: Path, content: dict | str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(content if isinstance(content, str) else yaml.safe_dump(content, sort_keys=False))
-    return path
-
-
-def invoke(*args: object):
-    result = runner.invoke(app, [str(a) for a in args])
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result
 
 
 def snapshot(folder: Path) -> dict[str, str]:
