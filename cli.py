@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import sys
 import traceback
 from pathlib import Path
@@ -175,19 +174,9 @@ def _redirect_fd1() -> int | None:
 
 def json_line(payload: object) -> str:
     """Strict JSON (RFC 8259) on one line: NaN and infinities become null, as strict parsers require."""
-    return json.dumps(_finite(payload), default=str, allow_nan=False)
+    from pruneflow.artifacts import finite
 
-
-def _finite(value: object) -> object:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):  # a numpy or torch scalar
-        return _finite(value.item())
-    return value
+    return json.dumps(finite(payload), default=str, allow_nan=False)
 
 
 def error_json(exit_code: int, type_name: str, message: str, hint: str | None = None,

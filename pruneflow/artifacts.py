@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import posixpath
 import shutil
@@ -158,7 +159,21 @@ def write_text_atomic(path: str | Path, text: str) -> None:
 
 
 def write_json_atomic(path: str | Path, data: Any) -> None:
-    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False, default=_json_default) + "\n")
+    """Strict JSON (RFC 8259): NaN and infinities are written as null, which every parser reads."""
+    write_text_atomic(path, json.dumps(finite(data), indent=2, sort_keys=False, default=_json_default, allow_nan=False) + "\n")
+
+
+def finite(value: Any) -> Any:
+    """``value`` with every NaN or infinite float (numpy and torch scalars included) replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):  # a numpy or torch scalar
+        return finite(value.item())
+    return value
 
 
 def _json_default(obj: Any) -> Any:

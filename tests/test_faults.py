@@ -555,3 +555,18 @@ def test_nan_and_infinite_metrics_are_null_in_strict_json(tmp_path, plugins):
 def test_json_line_maps_every_non_finite_number():
     text = json_line({"a": [float("nan"), -float("inf")], "b": np.float64("inf"), "c": torch.tensor(float("nan")), "d": 2})
     assert json.loads(text) == {"a": [None, None], "b": None, "c": None, "d": 2}
+
+
+def test_run_files_are_strict_json_with_null_for_nan(tmp_path):
+    """manifest.json and metrics.json go through the same writer: a NaN or infinite metric is null there too."""
+    import numpy as np
+
+    from pruneflow.artifacts import write_json_atomic
+
+    path = tmp_path / "metrics.json"
+    write_json_atomic(path, {"a": float("nan"), "b": [float("inf"), 1.5], "c": np.float32("nan"), "d": torch.tensor(2.0)})
+
+    def refuse(name: str):
+        raise AssertionError(f"{name} in {path.name}")
+
+    assert json.loads(path.read_text(), parse_constant=refuse) == {"a": None, "b": [None, 1.5], "c": None, "d": 2.0}

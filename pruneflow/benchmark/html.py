@@ -14,8 +14,11 @@ if TYPE_CHECKING:
     from .result import BenchResult
     from .measure import Row
 
+#: Twenty distinct colours (matplotlib's tab10, then its lighter tab20 partners): a comparison of two runs'
+#: artifacts (a dozen variants) keeps one colour each; past twenty they repeat, in the same order.
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22",
-           "#7f7f7f")
+           "#7f7f7f", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2", "#9edae5",
+           "#dbdb8d", "#c7c7c7")
 WIDTH = 1100
 CSS = """body{font:14px system-ui,sans-serif;margin:24px;color:#222}h1{font-size:20px}h2{font-size:16px;margin-top:28px}
 table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}
