@@ -608,6 +608,21 @@ def test_init_writes_a_recipe_that_validates_and_refuses_to_overwrite(tmp_path):
     assert yaml.safe_load(target.read_text())["name"] == "quickstart"
 
 
+def test_init_writes_the_recipe_a_template_extends_beside_it(tmp_path):
+    """resnet56-cifar10-int8 extends resnet56-cifar10-prune: the copy validates where it lands, and a base
+    file the user already has there is kept."""
+    target = tmp_path / "mine.yaml"
+    result = invoke("init", "resnet56-cifar10-int8", target)
+    assert result.exit_code == 0, result.output
+    base = tmp_path / "resnet56-cifar10-prune.yaml"
+    assert "also wrote" in result.stdout and base.is_file()
+    assert invoke("validate", target).exit_code == 0
+    base.write_text(base.read_text().replace("name: resnet56-cifar10-prune", "name: my-base"))
+    result = invoke("init", "resnet56-cifar10-int8", tmp_path / "again.yaml")
+    assert result.exit_code == 0 and "kept the existing" in result.stdout
+    assert "name: my-base" in base.read_text()
+
+
 def test_init_unknown_template_exits_2(tmp_path):
     result = invoke("init", "quickstrat", tmp_path / "x.yaml")
     assert result.exit_code == 2

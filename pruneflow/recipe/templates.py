@@ -57,5 +57,22 @@ def write_template(name: str, path: Path | None = None, *, force: bool = False) 
         raise InputError(f"{target} exists", hint="pass --force to overwrite it, or give another PATH")
     text = known[name].read_text()
     write_text_atomic(target, text)
-    notes = ("this template refers to files by relative path; edit them to point at your data.",) if "../" in text else ()
-    return WrittenTemplate(target, notes)
+    notes = ["this template refers to files by relative path; edit them to point at your data."] if "../" in text else []
+    notes += _write_bases(text, target.parent, known, force)
+    return WrittenTemplate(target, tuple(notes))
+
+
+def _write_bases(text: str, folder: Path, known: dict[str, Traversable], force: bool) -> list[str]:
+    """The shipped recipes a template `extends`, written beside it under their own names, so the copy
+    validates where it lands (an existing file of that name is kept unless ``force``)."""
+    import yaml
+
+    base = (yaml.safe_load(text) or {}).get("extends")
+    if not isinstance(base, str) or Path(base).name != base or Path(base).stem not in known:
+        return []
+    stem, dest = Path(base).stem, folder / base
+    if dest.exists() and not force:
+        return [f"kept the existing {dest} this recipe extends (pass --force to replace it with the template)"]
+    base_text = known[stem].read_text()
+    write_text_atomic(dest, base_text)
+    return [f"also wrote {dest}, the recipe it extends", *_write_bases(base_text, folder, known, force)]
