@@ -43,7 +43,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pruneflow.bench import interleaved_times  # noqa: E402
+from pruneflow.runtime import interleaved_times, open_artifact  # noqa: E402
 from pruneflow.pipeline import run_recipe  # noqa: E402
 from pruneflow.prune.config import BlockPruneConfig  # noqa: E402
 from pruneflow.recipe import load_recipe  # noqa: E402
@@ -142,9 +142,8 @@ def row(name: str, result, seconds: float, pretrained: float, extra_seconds: flo
 
 def side_by_side_latency(rows: list[dict], batch_sizes=(1, 32), runs: int = 30) -> None:
     """Time every variant's ONNX model in one interleaved loop, so machine load hits all alike."""
-    from pruneflow.export.onnx import onnxruntime_runner
 
-    runners = {r["variant"]: onnxruntime_runner(Path(r["run_dir"]) / "export/onnx/model.fp32.onnx", threads=1) for r in rows}
+    runners = {r["variant"]: open_artifact(Path(r["run_dir"]) / "export/onnx/model.fp32.onnx", threads=1) for r in rows}
     rng = np.random.default_rng(0)
     for bs in batch_sizes:
         x = rng.standard_normal((bs, 3, 32, 32)).astype(np.float32)

@@ -29,7 +29,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pruneflow.bench import interleaved_times  # noqa: E402
+from pruneflow.runtime import interleaved_times, open_artifact  # noqa: E402
 from pruneflow.pipeline import run_recipe  # noqa: E402
 from pruneflow.recipe import load_recipe  # noqa: E402
 
@@ -96,15 +96,13 @@ def run_variant(name: str, stages: list[dict], out: Path, quick: bool) -> dict:
 
 def side_by_side_latency(row: dict, batch_sizes=(1, 32), runs: int = 100) -> dict:
     """Time the FP32 and INT8 artifacts of one run in one interleaved loop, so machine load hits all alike."""
-    from pruneflow.export.onnx import onnxruntime_runner
-    from pruneflow.export.openvino import openvino_runner
 
     run_dir = Path(row["run_dir"])
     runners = {
-        "onnxruntime fp32": onnxruntime_runner(run_dir / row["onnx_fp32_path"], threads=1),
-        "onnxruntime int8": onnxruntime_runner(run_dir / row["onnx_int8_path"], threads=1),
-        "openvino fp32": openvino_runner(run_dir / row["openvino_fp32_path"], threads=1),
-        "openvino int8": openvino_runner(run_dir / row["openvino_int8_path"], threads=1),
+        "onnxruntime fp32": open_artifact(run_dir / row["onnx_fp32_path"], threads=1),
+        "onnxruntime int8": open_artifact(run_dir / row["onnx_int8_path"], threads=1),
+        "openvino fp32": open_artifact(run_dir / row["openvino_fp32_path"], threads=1, precision_hint="f32"),
+        "openvino int8": open_artifact(run_dir / row["openvino_int8_path"], threads=1, precision_hint="f32"),
     }
     rng = np.random.default_rng(0)
     out: dict[str, dict] = {k: {} for k in runners}

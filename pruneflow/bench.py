@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .runtime import fresh_batch, interleaved_times, open_artifact, time_interleaved
+from .runtime import fresh_batch, open_artifact, time_interleaved
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["cpu_channel_block", "fresh_batch", "interleaved_times", "onnx_latency"]
+__all__ = ["cpu_channel_block", "onnx_latency"]
 
 
 def onnx_latency(model: "torch.nn.Module", example: "torch.Tensor", samples: "torch.Tensor", batch_sizes: list[int],

@@ -55,6 +55,12 @@ def invoke(*args: object):
     return result
 
 
+def tiny_train_recipe(**overrides) -> dict:
+    """``tiny_recipe_dict`` without its export: train 1 epoch, evaluate (the fault catalogues' run)."""
+    stages = [{"type": "train", "epochs": 1, "batch_size": 32, "lr": 0.05}, {"type": "evaluate"}]
+    return tiny_recipe_dict(**{"stages": stages, **overrides})
+
+
 def tiny_recipe_dict(**overrides) -> dict:
     """A recipe that runs in a few seconds: digits_cnn, 1 epoch on 300 digits, no latency timing."""
     recipe = {

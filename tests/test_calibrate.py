@@ -138,14 +138,14 @@ def test_save_set_publishes_the_amct_input_with_the_set_or_nothing(tmp_path):
 def test_onnxruntime_static_quantization_uses_the_reader(tmp_path):
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
-    from pruneflow.export.onnx import onnxruntime_runner
+    from pruneflow.runtime import open_artifact
 
     model, path = _digits_onnx(tmp_path)
     x = torch.rand(64, 1, 8, 8)
     calib = build_calibration_set(Split(x, torch.zeros(64, dtype=torch.long)), size=32, strategy="diverse", seed=0)
     quantize_static(str(path), str(tmp_path / "q.onnx"), ort_reader(calib, "input"), quant_format=QuantFormat.QDQ,
                     activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=True)
-    got = onnxruntime_runner(tmp_path / "q.onnx")(x.numpy())
+    got = open_artifact(tmp_path / "q.onnx")(x.numpy())
     with torch.no_grad():
         ref = model(x).numpy()
     cos = (got * ref).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(ref, axis=1))

@@ -16,7 +16,8 @@ import torch
 from pruneflow.artifacts import PRECISIONS, Artifact, Manifest, combined_sha256, sha256_file
 from pruneflow.checkpoint import load_checkpoint
 from pruneflow.deployment import read_ir, read_onnx, resolved_scale
-from pruneflow.export.onnx import export_onnx, onnxruntime_runner
+from pruneflow.export.onnx import export_onnx
+from pruneflow.runtime import open_artifact
 from pruneflow.models import build_model
 from pruneflow.recipe import load_recipe
 
@@ -72,7 +73,7 @@ def test_the_fp32_artifacts_are_the_model_that_entered_ptq_not_the_bias_correcte
         ref = entering(torch.from_numpy(x)).numpy()
         old = old_view.eval()(torch.from_numpy(x)).numpy()
     by = _by_label(run)
-    got_onnx = onnxruntime_runner(run.run_dir / by["onnx.fp32"].path)(x)
+    got_onnx = open_artifact(run.run_dir / by["onnx.fp32"].path)(x)
     assert np.abs(got_onnx - ref).max() < 1e-5
     assert np.abs(got_onnx - old).max() > 1e-4  # what the fp32 artifact held before the fix
     import openvino as ov
@@ -301,7 +302,7 @@ def test_resnet20s_shortcut_pad_amounts_are_folded_and_outputs_identical(tmp_pat
     assert [d.dim_param for d in folded.input[0].type.tensor_type.shape.dim[:1]] == ["batch"]
     assert {o.domain for o in onnx.load(str(tmp_path / "folded.onnx")).opset_import} == {""}  # standard ONNX ops only
     x = np.random.default_rng(0).standard_normal((5, 3, 32, 32)).astype(np.float32)
-    got, ref = onnxruntime_runner(tmp_path / "folded.onnx")(x), onnxruntime_runner(tmp_path / "raw.onnx")(x)
+    got, ref = open_artifact(tmp_path / "folded.onnx")(x), open_artifact(tmp_path / "raw.onnx")(x)
     assert np.array_equal(got, ref)
     with torch.no_grad():
         assert np.abs(got - model(torch.from_numpy(x)).numpy()).max() < 1e-4
@@ -334,5 +335,5 @@ def test_resnet20s_int8_forms_are_folded_keep_their_qdq_and_pass_their_conventio
         ops = [n.op_type for n in unfolded.graph.node]
         assert sorted(op for op in ops if "Quantize" in op) == sorted(n.op_type for n in graph.node if "Quantize" in n.op_type)
         onnx.save(unfolded, str(tmp_path / f"{form}.unfolded.onnx"))
-        assert np.array_equal(onnxruntime_runner(path)(batch), onnxruntime_runner(tmp_path / f"{form}.unfolded.onnx")(batch))
+        assert np.array_equal(open_artifact(path)(batch), open_artifact(tmp_path / f"{form}.unfolded.onnx")(batch))
         assert fold_constants(onnx.load(str(path))).graph.node[0].op_type == graph.node[0].op_type  # folding again: a no-op

@@ -31,7 +31,7 @@ from pruneflow.artifacts import run_dir_lock
 from pruneflow.checkpoint import FORMAT, FORMAT_V1
 from pruneflow.recipe.models import recipe_model, target_union
 from pruneflow.stage import Stage, StageConfig, StageResult
-from conftest import invoke, write
+from conftest import invoke, tiny_train_recipe as tiny, write
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -45,17 +45,6 @@ class Trap:
 
     def __reduce__(self):
         return (open, (self.marker, "w"))
-
-
-def tiny(**changes) -> dict:
-    recipe = {
-        "name": "tiny", "seed": 0, "device": "cpu",
-        "model": {"factory": "digits_cnn", "kwargs": {"width": 8}},
-        "data": {"format": "digits", "max_train_samples": 300, "max_eval_samples": 100},
-        "stages": [{"type": "train", "epochs": 1, "batch_size": 32, "lr": 0.05}, {"type": "evaluate"}],
-    }
-    recipe.update(changes)
-    return recipe
 
 
 def one_json(stdout: str) -> dict:

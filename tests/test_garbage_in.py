@@ -24,19 +24,8 @@ import torch
 from safetensors.torch import save_file
 
 from pruneflow.zoo import ZOO
-from conftest import invoke, write
+from conftest import invoke, tiny_train_recipe as tiny, write
 
-
-
-def tiny(**changes) -> dict:
-    recipe = {
-        "name": "tiny", "seed": 0, "device": "cpu",
-        "model": {"factory": "digits_cnn", "kwargs": {"width": 8}},
-        "data": {"format": "digits", "max_train_samples": 300, "max_eval_samples": 100},
-        "stages": [{"type": "train", "epochs": 1, "batch_size": 32, "lr": 0.05}, {"type": "evaluate"}],
-    }
-    recipe.update(changes)
-    return recipe
 
 
 def tiny_text(**changes) -> str:

@@ -15,7 +15,8 @@ from torch import nn
 
 from pruneflow.bench import cpu_channel_block
 from pruneflow.errors import InputError, RecipeError
-from pruneflow.export.onnx import export_onnx, onnxruntime_runner
+from pruneflow.export.onnx import export_onnx
+from pruneflow.runtime import open_artifact
 from pruneflow.prune.engine import (PruneOptions, layer_channels, layer_widths, measure, output_positions, plan_step,
                                     prune_step, resolve_ignored, search_ratio)
 from pruneflow.prune.fisher import fisher_diagonal, mean_gradients
@@ -151,7 +152,7 @@ def test_coupled_channels_are_pruned_together_and_the_model_stays_valid(factory,
         out = model(x)
     assert out.shape == (3, classes)
     export_onnx(model, example, tmp_path / "m.onnx")  # the pruned graph is consistent enough to export
-    got = onnxruntime_runner(tmp_path / "m.onnx")(x.numpy())
+    got = open_artifact(tmp_path / "m.onnx")(x.numpy())
     assert abs(got - out.numpy()).max() < 1e-4
     if isinstance(model, DepthwiseNet):
         assert model.dw.groups == model.dw.in_channels == model.dw.out_channels == model.stem.out_channels
@@ -321,7 +322,7 @@ def test_every_ranking_meets_a_macs_target_and_keeps_the_model_valid(ranking, tm
     assert all(c % 8 == 0 for n, c in layer_channels(model).items() if n != "linear")
     out = model.eval()(example).detach()
     export_onnx(model, example[:1], tmp_path / "m.onnx")
-    assert abs(onnxruntime_runner(tmp_path / "m.onnx")(example.numpy()) - out.numpy()).max() < 1e-4
+    assert abs(open_artifact(tmp_path / "m.onnx")(example.numpy()) - out.numpy()).max() < 1e-4
 
 
 def test_per_mac_ranking_divides_by_what_a_channel_costs_in_every_coupled_layer():

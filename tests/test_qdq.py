@@ -14,7 +14,8 @@ from torch import nn
 
 from calibrate.build import build_calibration_set
 from pruneflow.data import Split
-from pruneflow.export.onnx import export_int8_onnx, onnxruntime_runner
+from pruneflow.export.onnx import export_int8_onnx
+from pruneflow.runtime import open_artifact
 from pruneflow.export.qdq import check_convention, u8s8_overflow_risks
 from pruneflow.stages.measure import PARITY_DEFAULTS, parity_metrics
 from qat.nncf_quant import quantize, strip_quantizers
@@ -153,7 +154,7 @@ def test_the_overflow_check_finds_what_a_cpu_without_vnni_saturates():
 
 def test_both_forms_compute_what_the_quantized_torch_model_computes(quantized):
     _, x, ref, paths, model = quantized
-    outs = {form: onnxruntime_runner(path)(x.numpy()) for form, path in paths.items()}
+    outs = {form: open_artifact(path)(x.numpy()) for form, path in paths.items()}
     with torch.no_grad():
         fp32 = model(x).numpy()
     scale = np.abs(ref).max()
@@ -311,7 +312,7 @@ def test_the_convention_check_rejects_nncfs_placement_on_residual_adds(resnet20_
 @pytest.mark.slow  # ResNet-20 through NNCF: about 15 s on two cores
 def test_resnet20_tensorrt_form_keeps_int8_parity_in_onnxruntime(resnet20_int8):
     x, ref, fp32, out = resnet20_int8
-    got = onnxruntime_runner(out / "trt.onnx")(x.numpy())
+    got = open_artifact(out / "trt.onnx")(x.numpy())
     parity = parity_metrics(ref, got)
     limits = PARITY_DEFAULTS["int8"]
     assert parity["cosine"] >= limits.min_cosine and parity["top1_agreement"] >= limits.min_top1_agreement, parity
@@ -357,7 +358,7 @@ def test_with_a_convolution_on_both_inputs_the_longer_branch_stays_float(tmp_pat
     assert check_convention(onnx_model, "tensorrt") == []
     with torch.no_grad():
         ref = q(x).numpy()
-    parity = parity_metrics(ref, onnxruntime_runner(tmp_path / "trt.onnx")(x.numpy()))
+    parity = parity_metrics(ref, open_artifact(tmp_path / "trt.onnx")(x.numpy()))
     assert parity["cosine"] >= PARITY_DEFAULTS["int8"].min_cosine and parity["top1_agreement"] >= 0.95, parity
 
 

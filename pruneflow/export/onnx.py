@@ -19,7 +19,6 @@ from ..errors import ExportError
 from ..stage import Target, TargetConfig
 
 if TYPE_CHECKING:
-    from ..runtime import Executor
     from .qdq import Form, PassReport
 
 
@@ -202,13 +201,6 @@ def _check_runs_in_openvino(path: Path, example: torch.Tensor) -> None:
         path.unlink(missing_ok=True)
         raise ExportError(f"{path.name} runs in onnxruntime but not in OpenVINO: {type(exc).__name__}: {str(exc).splitlines()[0]}",
                           hint="export `int8_forms: [tensorrt]` only, or report the model to pruneflow") from exc
-
-
-def onnxruntime_runner(path: Path, threads: int | None = None, device: str | None = None) -> "Executor":
-    """``path`` in onnxruntime on the best provider here (or ``device``): the runtime layer's executor."""
-    from ..runtime import open_artifact
-
-    return open_artifact(path, runtime="onnxruntime", device=device, threads=threads)
 
 
 def export_int8_onnx(stripped: torch.nn.Module, example: torch.Tensor, path: Path, *, form: "Form", opset: int = 17,

@@ -9,7 +9,7 @@ import os
 import tempfile
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import Field
 
@@ -18,9 +18,6 @@ from ..deployment import deployment_record, stamp_ir
 from ..deps import require
 from ..errors import ExportError
 from ..stage import Target, TargetConfig
-
-if TYPE_CHECKING:
-    from ..runtime import Executor
 
 
 class OpenVinoConfig(TargetConfig):
@@ -95,11 +92,3 @@ def _dynamic_batch(onnx_path: Path) -> bool:
     onnx = require("onnx", "pip install onnx", "reading an ONNX model")
     first = onnx.load(str(onnx_path), load_external_data=False).graph.input[0]
     return not first.type.tensor_type.shape.dim[0].HasField("dim_value")
-
-
-def openvino_runner(path: Path, threads: int | None = None, precision_hint: str | None = "f32") -> "Executor":
-    """``path`` in OpenVINO on the CPU, by default with f32 forced (the artifact's own arithmetic; the export
-    stage times the plugin's default too, see ``pruneflow.runtime.open_artifact``)."""
-    from ..runtime import open_artifact
-
-    return open_artifact(path, runtime="openvino", device="CPU", threads=threads, precision_hint=precision_hint)
