@@ -26,6 +26,28 @@ class Phase(StrictModel):
     lr: float | None = Field(default=None, gt=0, description="Peak LR of the phase (default: finetune.lr).")
 
 
+class AccuracyControl(StrictModel):
+    """Per-layer quantization sensitivity and, with ``max_drop``, fallback of the most sensitive layers to float."""
+
+    max_drop: float | None = Field(
+        default=None, ge=0, le=1,
+        description="Largest drop of `metric` (absolute: 0.01 = 1 point of accuracy) of the INT8 model below the float model "
+        "entering the stage, both on the whole eval split. Past it, the most sensitive layers fall back to float one at a "
+        "time (their quantizers removed, so every export keeps them float) until it holds; when `max_fallback` is spent "
+        "first, the gate `<stage>.accuracy_control` fails (exit 1). Unset: only the sensitivity table.",
+    )
+    metric: str = Field(default="accuracy", min_length=1,
+                        description="Metric of the task (higher is better) that `max_drop` bounds.")
+    max_fallback: int = Field(default=10, ge=0, description="Most layers (quantizer groups) that may fall back to float.")
+    samples: int = Field(
+        default=256, ge=1,
+        description="Calibration samples the sensitivity is measured on (logits' SNR in dB against the float model and "
+        "top-1 agreement, with each layer alone kept float and alone quantized).",
+    )
+    alone_int8: bool = Field(
+        default=True, description="Also measure each layer quantized alone (one more pass over the samples per layer).")
+
+
 class QuantizeSettings(StrictModel):
     preset: Literal["performance", "mixed"] = Field(
         default="performance", description="`performance`: symmetric activations (what TensorRT wants); `mixed`: asymmetric activations."
@@ -39,6 +61,9 @@ class QuantizeSettings(StrictModel):
     )
     calibration_size: int = Field(default=300, ge=1, description="Samples for range initialisation when no calibrate stage ran.")
     batch_size: int = Field(default=32, ge=1, description="Batch size for range initialisation.")
+    accuracy_control: AccuracyControl | None = Field(
+        default=None, description="Per-layer sensitivity report (the report's `quantization sensitivity` table) and "
+        "`max_drop` fallback to float: `{max_drop: 0.01, max_fallback: 10}`.")
 
 
 class PtqConfig(StageConfig, QuantizeSettings):
@@ -73,15 +98,35 @@ class QatConfig(StageConfig, QuantizeSettings):
 
 
 def _calibration(stage: Stage, state, ctx):
-    """The run's calibration set, or a random one from the training split (with a note)."""
+    """The run's calibration set, or a random one from the training split (with a note, once a stage)."""
     if state.calibration is not None:
         return state.calibration
+    if getattr(stage, "_calibration_set", None) is not None:
+        return stage._calibration_set  # type: ignore[attr-defined]
     from calibrate.build import build_calibration_set
 
     split = state.data.train if state.data.train is not None else state.data.eval
     ctx.reporter.warning(f"{stage.id}: no calibrate stage ran; initialising ranges from {stage.config.calibration_size} "
                          "random training samples")
-    return build_calibration_set(split, size=stage.config.calibration_size, strategy="random", seed=ctx.seed)
+    stage._calibration_set = build_calibration_set(  # type: ignore[attr-defined]
+        split, size=stage.config.calibration_size, strategy="random", seed=ctx.seed)
+    return stage._calibration_set  # type: ignore[attr-defined]
+
+
+def _controlled(stage: Stage, state, ctx, result: StageResult, fp32: dict, int8: dict | None) -> StageResult:
+    """``accuracy_control``: the sensitivity table and the max_drop fallback (qat/sensitivity.py) added to ``result``."""
+    spec = stage.config.accuracy_control
+    if spec is None or result.handle is None:
+        return result
+    from .sensitivity import accuracy_control
+
+    handle = result.handle
+    metrics, tables, gates = accuracy_control(spec, stage.id, stage.loc("accuracy_control"), handle.module, handle.float_module(),
+                                              _calibration(stage, state, ctx), state, ctx, fp32=fp32, int8=int8)
+    result.metrics.update(metrics)
+    result.tables.update(tables)
+    result.gates += gates
+    return result
 
 
 def _int8(stage: Stage, state, ctx) -> ModelHandle:
@@ -116,9 +161,10 @@ class PtqStage(Stage[PtqConfig]):
         handle = _int8(self, state, ctx)
         after = evaluate_model(handle.module, state.data.eval, state.task, ctx.recipe.data.eval_batch_size, ctx.device,
                                ctx.reporter, f"{self.id} int8")
-        return StageResult(metrics={"accuracy": after["accuracy"], "accuracy_fp32": before["accuracy"],
-                                    "accuracy_drop": before["accuracy"] - after["accuracy"], "eval_samples": len(state.data.eval)},
-                           handle=handle)
+        result = StageResult(metrics={"accuracy": after["accuracy"], "accuracy_fp32": before["accuracy"],
+                                      "accuracy_drop": before["accuracy"] - after["accuracy"], "eval_samples": len(state.data.eval)},
+                             handle=handle)
+        return _controlled(self, state, ctx, result, before, after)
 
 
 class QatStage(Stage[QatConfig]):
@@ -163,7 +209,8 @@ class QatStage(Stage[QatConfig]):
                    "eval_samples": len(state.data.eval)}
         for row in rows[1:]:
             metrics[f"accuracy_{row['precision']}"] = row["accuracy"]
-        return StageResult(metrics=metrics, tables={"phases": rows}, handle=quantized)
+        result = StageResult(metrics=metrics, tables={"phases": rows}, handle=quantized)
+        return _controlled(self, state, ctx, result, entering, {"accuracy": rows[-1]["accuracy"]})
 
     def _train(self, model: nn.Module, state, ctx, teacher, settings, phase, description) -> float:
         """Train ``model`` (the entering float module, or the int8 phase's quantized one) for one phase."""

@@ -1,0 +1,301 @@
+"""Per-layer quantization sensitivity of an NNCF-quantized torch model, and accuracy-controlled fallback to float.
+
+NNCF has this only for OpenVINO and ONNX models: ``nncf.quantize_with_accuracy_control`` dispatches on the
+backend and raises UnsupportedBackendError for torch, and its ranker
+(nncf/quantization/algorithms/accuracy_control/ranker.py) works on those backends' graphs. So the torch
+side is written here, following NNCF's design: quantizers that share a consumer form one *group* (NNCF's
+"groups of quantizers to rank"; e.g. BERT's query/key/value share their input quantizer), each group is
+ranked by how much keeping it float restores the model's outputs on the calibration set, and the
+most sensitive groups fall back to float one at a time until the accuracy drop holds. What is reused from
+NNCF: its graph of the quantized model (``build_nncf_graph``), its hook storage (``delete_hook``), and the
+quantizers' own ``disable_quantization``/``enable_quantization``.
+
+A group that falls back has its quantizers *deleted* from NNCF's hook storage (not only disabled), so every
+later consumer sees a float layer: ``nncf.strip`` (the INT8 ONNX then has no Q/DQ around it), NNCF's
+checkpoint config (``nncf.torch.get_config``) and OpenVINO's conversion.
+
+    groups = quantizer_groups(quantized, example)
+    rows = sensitivity(quantized, float_model, calib, task, groups)
+    remove_group(quantized, groups[0])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from calibrate.calibset import CalibrationSet
+    from pruneflow.tasks import Task
+
+    from .stage import AccuracyControl
+
+#: NNCF graph node types of its fake-quantize operations.
+QUANTIZE_OPS = frozenset({"symmetric_quantize", "asymmetric_quantize"})
+HOOKS_PREFIX = "__nncf_hooks."
+
+
+@dataclass
+class QuantGroup:
+    """Quantizers reverted together: those of one op (its weight and input quantizers), merged with every
+    other op that reads one of them."""
+
+    ops: list[str] = field(default_factory=list)  # NNCF op node names, e.g. ``mid/linear/0``
+    hooks: list[str] = field(default_factory=list)  # names in NNCF's hook storage (``pre_hooks.mid/linear/0__1.0``)
+    weights: int = 0  # weight elements quantized in the group (what falling back to float costs: 3 bytes each)
+
+    @property
+    def name(self) -> str:
+        """The ops' module names (``mid``, ``encoder.layer.0.attention.self.query+key+value``)."""
+        modules = list(dict.fromkeys(op_module(op) or op for op in self.ops))
+        if len(modules) > 1:
+            prefix = _common_prefix(modules)
+            return prefix + "+".join(m[len(prefix):] for m in modules)
+        return modules[0] if modules else "?"
+
+    @property
+    def modules(self) -> list[str]:
+        """Module names of the ops (what a recipe's ``ignore:`` takes); ops of the root module are left out."""
+        return [m for m in dict.fromkeys(op_module(op) for op in self.ops) if m]
+
+
+def op_module(op: str) -> str:
+    """The module an NNCF op node belongs to: ``encoder/layer/0/output/dense/linear/0`` -> ``encoder.layer.0.output.dense``."""
+    parts = op.split("/")
+    return ".".join(p for p in parts[:-2] if p)
+
+
+def _common_prefix(names: list[str]) -> str:
+    parts = [n.split(".") for n in names]
+    common = []
+    for items in zip(*parts):
+        if len(set(items)) != 1:
+            break
+        common.append(items[0])
+    return ".".join(common) + "." if common and len(common) < min(map(len, parts)) else ""
+
+
+def _hook_of(graph, node) -> str | None:
+    """The hook-storage name of a quantize node, read from its parameter inputs (``__nncf_hooks.NAME._scale_param_storage``)."""
+    for edge in graph.get_input_edges(node):
+        name = edge.from_node.node_name
+        if name.startswith(HOOKS_PREFIX):
+            return name[len(HOOKS_PREFIX):].rsplit(".", 1)[0]
+    return None
+
+
+def quantizer_groups(model: nn.Module, example: torch.Tensor) -> list[QuantGroup]:
+    """Group the quantizers of an NNCF-quantized ``model`` by the ops that read them (connected components
+    of the op-quantizer graph), in graph order."""
+    from nncf.torch.function_hook import get_hook_storage
+    from nncf.torch.function_hook.nncf_graph.nncf_graph_builder import build_nncf_graph
+
+    storage = get_hook_storage(model)
+    aliases: dict[int, list[str]] = {}  # one quantizer module may sit under several hook names
+    for name, module in storage.named_hooks(remove_duplicate=False):
+        aliases.setdefault(id(module), []).append(name)
+    with torch.no_grad():
+        graph = build_nncf_graph(model, example)
+    parent: dict[str, str] = {}
+
+    def find(a: str) -> str:
+        while parent.setdefault(a, a) != a:
+            a = parent[a]
+        return a
+
+    weights: dict[str, int] = {}
+    for node in graph.get_all_nodes():
+        if node.node_type not in QUANTIZE_OPS:
+            continue
+        hook = _hook_of(graph, node)
+        if hook is None:
+            continue
+        key = "q:" + min(aliases.get(id(storage.get_submodule(hook)), [hook]))
+        weights[key] = max(weights.get(key, 0), _weight_elements(graph, node, model))
+        for edge in graph.get_output_edges(node):
+            parent[find("op:" + edge.to_node.node_name)] = find(key)
+    groups: dict[str, QuantGroup] = {}
+    for item in parent:
+        group = groups.setdefault(find(item), QuantGroup())
+        if item.startswith("op:"):
+            group.ops.append(item[3:])
+        else:
+            module = storage.get_submodule(item[2:])
+            group.hooks += aliases.get(id(module), [item[2:]])
+            group.weights += weights.get(item, 0)
+    return [g for g in groups.values() if g.ops and g.hooks]
+
+
+def _weight_elements(graph, node, model: nn.Module) -> int:
+    """Elements of the constant (a parameter of ``model``) a weight quantizer reads; 0 for an activation quantizer."""
+    params = dict(model.named_parameters())
+    for edge in graph.get_input_edges(node):
+        name = edge.from_node.node_name
+        if not name.startswith(HOOKS_PREFIX) and name in params:
+            return params[name].numel()
+    return 0
+
+
+def group_quantizers(model: nn.Module, group: QuantGroup) -> list[nn.Module]:
+    from nncf.torch.function_hook import get_hook_storage
+
+    storage = get_hook_storage(model)
+    return list({id(m): m for m in (storage.get_submodule(h) for h in group.hooks)}.values())
+
+
+def all_quantizers(model: nn.Module) -> list[nn.Module]:
+    from nncf.torch.function_hook import get_hook_storage
+    from nncf.torch.quantization.layers import BaseQuantizer
+
+    return [m for _, m in get_hook_storage(model).named_hooks() if isinstance(m, BaseQuantizer)]
+
+
+@contextlib.contextmanager
+def quantizers_off(quantizers: list[Any]) -> Iterator[None]:
+    """Run with ``quantizers`` passing values through unchanged (NNCF's own switch), then switch them back."""
+    was = [q.is_enabled_quantization() for q in quantizers]
+    for q in quantizers:
+        q.disable_quantization()
+    try:
+        yield
+    finally:
+        for q, on in zip(quantizers, was):
+            if on:
+                q.enable_quantization()
+
+
+def remove_group(model: nn.Module, group: QuantGroup) -> None:
+    """Delete the group's quantizers from NNCF's hook storage: the group's ops are float from now on, in
+    the live model, its NNCF checkpoint config, nncf.strip and every export."""
+    from nncf.torch.function_hook import get_hook_storage
+
+    storage = get_hook_storage(model)
+    for hook in group.hooks:
+        storage.delete_hook(hook)
+
+
+@torch.no_grad()
+def outputs(model: nn.Module, x: torch.Tensor, task: "Task", batch_size: int, device: str) -> torch.Tensor:
+    """The model's logits on ``x`` (in batches), on the CPU, in float32."""
+    was = model.training
+    model.eval()
+    try:
+        return torch.cat([task.logits(model(x[i:i + batch_size].to(device))).float().cpu()
+                          for i in range(0, len(x), batch_size)])
+    finally:
+        model.train(was)
+
+
+def snr_db(reference: torch.Tensor, approx: torch.Tensor) -> float:
+    """Signal-to-noise ratio of ``approx`` against ``reference`` in dB (inf when they are equal); NNCF's
+    ranker uses the inverse of this ratio (normalized MSE) when it has no metric."""
+    noise = float(((reference - approx) ** 2).sum())
+    signal = float((reference ** 2).sum())
+    if noise == 0:
+        return math.inf
+    return 10 * math.log10(max(signal, 1e-30) / noise)
+
+
+def agreement(reference: torch.Tensor, approx: torch.Tensor) -> float:
+    """Top-1 agreement of two logit tensors."""
+    return float((reference.argmax(-1) == approx.argmax(-1)).float().mean())
+
+
+def sensitivity(model: nn.Module, float_model: nn.Module, calib: "CalibrationSet", task: "Task", groups: list[QuantGroup], *,
+                samples: int = 256, batch_size: int = 64, device: str = "cpu", alone: bool = True) -> list[tuple[dict, QuantGroup]]:
+    """(row, group) for each group, most sensitive first; a row holds: the logits' SNR against ``float_model`` and top-1
+    agreement (and accuracy, where the calibration set has labels) with only this group kept float, and,
+    with ``alone``, with only this group quantized. Ranked by the SNR with the group kept float (the
+    larger, the more of the INT8 error it carries); NNCF's ranker ranks by normalized MSE the same way
+    when it has no metric, and this one is continuous where accuracy on a few hundred samples is not."""
+    x = calib.x[:samples]
+    y = calib.y[:samples] if calib.y is not None else None
+    reference = outputs(float_model, x, task, batch_size, device)
+    every = all_quantizers(model)
+    rows = []
+    for group in groups:
+        mine = group_quantizers(model, group)
+        with quantizers_off(mine):
+            kept = outputs(model, x, task, batch_size, device)
+        row: dict = {"layer": group.name, "quantizers": len(mine), "weights": group.weights,
+                     "snr_db_kept_float": snr_db(reference, kept), "agreement_kept_float": agreement(reference, kept)}
+        if y is not None:
+            row["accuracy_kept_float"] = float((kept.argmax(-1) == y).float().mean())
+        if alone:
+            others = [q for q in every if all(q is not m for m in mine)]
+            with quantizers_off(others):
+                only = outputs(model, x, task, batch_size, device)
+            row["snr_db_alone_int8"] = snr_db(reference, only)
+            row["agreement_alone_int8"] = agreement(reference, only)
+        rows.append((row, group))
+    rows.sort(key=lambda rg: -rg[0]["snr_db_kept_float"])
+    for rank, (row, _) in enumerate(rows, 1):
+        row["rank"] = rank
+    return rows
+
+
+def fall_back(model: nn.Module, ranked: list[tuple[dict, QuantGroup]], measure: Callable[[], float], *, baseline: float,
+              start: float, max_drop: float, max_fallback: int) -> tuple[list[dict], float]:
+    """Keep the most sensitive groups float, one at a time (their quantizers deleted), until
+    ``baseline - measure() <= max_drop`` or ``max_fallback`` groups fell back. ``start``: the metric before
+    any fallback. Returns one row per fallback (layer, metric after, its drop, the weight bytes it costs
+    against int8) and the final metric."""
+    rows: list[dict] = []
+    value = start
+    for row, group in ranked:
+        if baseline - value <= max_drop or len(rows) >= max_fallback:
+            break
+        remove_group(model, group)
+        value = measure()
+        rows.append({"step": len(rows) + 1, "layer": row["layer"], "modules": ", ".join(group.modules),
+                     "metric_after": value, "drop_after": baseline - value, "size_cost_bytes": 3 * group.weights})
+    return rows, value
+
+
+def accuracy_control(spec: "AccuracyControl", stage_id: str, loc: tuple, model: nn.Module, float_model: nn.Module,
+                     calib: "CalibrationSet", state, ctx, *, fp32: dict, int8: dict | None) -> tuple[dict, dict, list]:
+    """The qat/ptq stages' ``accuracy_control``: the sensitivity table on the calibration set and, with
+    ``max_drop``, the fallback measured on the whole eval split (the split the stage's ``accuracy_drop``
+    and the recipe's gates read). Returns (metrics, tables, gates); ``metrics["accuracy"]`` is the metric
+    after the fallback. ``fp32``/``int8``: the stage's evaluations of the float and the INT8 model on the
+    eval split (``int8`` None: measured here)."""
+    from pruneflow.errors import ConfigError
+    from pruneflow.evaluate import evaluate_model
+    from pruneflow.gates import GateResult
+
+    if spec.metric not in fp32 or spec.metric in ("loss", "samples"):
+        raise ConfigError((*loc, "metric"), f"the task computes no metric {spec.metric!r} where higher is better",
+                          value=spec.metric, hint=f"use one of: {', '.join(sorted(k for k in fp32 if k not in ('loss', 'samples')))}")
+
+    def measure() -> float:
+        return float(evaluate_model(model, state.data.eval, state.task, ctx.recipe.data.eval_batch_size, ctx.device,
+                                    ctx.reporter, f"{stage_id} int8 fallback")[spec.metric])
+
+    groups = quantizer_groups(model, calib.x[:1].to(ctx.device))
+    ranked = sensitivity(model, float_model, calib, state.task, groups, samples=spec.samples,
+                         batch_size=ctx.recipe.data.eval_batch_size, device=ctx.device, alone=spec.alone_int8)
+    tables: dict[str, list[dict]] = {"quantization sensitivity": [row for row, _ in ranked]}
+    metrics: dict = {"sensitivity_groups": len(ranked), "sensitivity_samples": min(spec.samples, len(calib)),
+                     "most_sensitive": ranked[0][0]["layer"] if ranked else ""}
+    if spec.max_drop is None:
+        return metrics, tables, []
+    base = float(fp32[spec.metric])
+    start = float(int8[spec.metric]) if int8 and spec.metric in int8 else measure()
+    rows, value = fall_back(model, ranked, measure, baseline=base, start=start, max_drop=spec.max_drop,
+                            max_fallback=spec.max_fallback)
+    tables["quantization fallback"] = rows
+    held = base - value <= spec.max_drop
+    metrics.update({f"{spec.metric}_before_fallback": start, spec.metric: value, f"{spec.metric}_drop": base - value,
+                    "fallback_layers": len(rows), "fallback_size_cost_bytes": sum(r["size_cost_bytes"] for r in rows)})
+    kept = ", ".join(r["layer"] for r in rows) or "none"
+    message = (f"int8 {spec.metric} {value:.4g} vs fp32 {base:.4g}: drop {base - value:.4g} "
+               f"{'<=' if held else '>'} max_drop {spec.max_drop:g} on the eval split; kept float: {kept}")
+    if not held:
+        message += (f" (max_fallback {spec.max_fallback} spent)" if len(rows) >= spec.max_fallback
+                    else " (every quantized layer ranked)")
+    return metrics, tables, [GateResult(f"{stage_id}.accuracy_control", held, message, base - value)]
