@@ -38,6 +38,10 @@ if TYPE_CHECKING:
 #: NNCF graph node types of its fake-quantize operations.
 QUANTIZE_OPS = frozenset({"symmetric_quantize", "asymmetric_quantize"})
 HOOKS_PREFIX = "__nncf_hooks."
+#: Ops that move values without computing new ones: NNCF puts an activation quantizer before them (the
+#: runtimes propagate Q/DQ through them), so the op that really reads the quantizer is found after them.
+PASS_THROUGH = frozenset({"flatten", "reshape", "view", "permute", "transpose", "squeeze", "unsqueeze", "contiguous",
+                          "max_pool1d", "max_pool2d", "adaptive_max_pool2d", "dropout", "__getitem__", "expand", "chunk", "split"})
 
 
 @dataclass
@@ -117,8 +121,8 @@ def quantizer_groups(model: nn.Module, example: torch.Tensor) -> list[QuantGroup
             continue
         key = "q:" + min(aliases.get(id(storage.get_submodule(hook)), [hook]))
         weights[key] = max(weights.get(key, 0), _weight_elements(graph, node, model))
-        for edge in graph.get_output_edges(node):
-            parent[find("op:" + edge.to_node.node_name)] = find(key)
+        for op in _readers(graph, node):
+            parent[find("op:" + op)] = find(key)
     groups: dict[str, QuantGroup] = {}
     for item in parent:
         group = groups.setdefault(find(item), QuantGroup())
@@ -129,6 +133,22 @@ def quantizer_groups(model: nn.Module, example: torch.Tensor) -> list[QuantGroup
             group.hooks += aliases.get(id(module), [item[2:]])
             group.weights += weights.get(item, 0)
     return [g for g in groups.values() if g.ops and g.hooks]
+
+
+def _readers(graph, node) -> list[str]:
+    """The ops that read a quantize node's output, looking through PASS_THROUGH ops."""
+    found, todo, seen = [], [node], set()
+    while todo:
+        for edge in graph.get_output_edges(todo.pop()):
+            to = edge.to_node
+            if to.node_name in seen:
+                continue
+            seen.add(to.node_name)
+            if to.node_type in PASS_THROUGH:
+                todo.append(to)
+            else:
+                found.append(to.node_name)
+    return found
 
 
 def _weight_elements(graph, node, model: nn.Module) -> int:

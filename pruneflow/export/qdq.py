@@ -707,6 +707,11 @@ def check_convention(model, form: Form) -> list[str]:
                 problems.append(f"{node.name}: activation must be int8 with zero point 0")
     for node in graph.g.node:
         if node.op_type in WEIGHTED_OPS:
+            # A layer with no dequantized input is float on purpose (the qat/ptq `ignore` scope, or an
+            # accuracy_control fallback): only a half-quantized one breaks the convention.
+            if not any((src := graph.producer.get(name)) is not None and src.op_type in ("DequantizeLinear", *PASS_THROUGH)
+                       for name in node.input[:2]):
+                continue
             for k, name in enumerate(node.input[:2]):
                 src = graph.producer.get(name)
                 # NNCF places an activation quantizer before ops that do not change the grid much

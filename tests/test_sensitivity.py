@@ -1,0 +1,182 @@
+"""Accuracy-aware quantization (issue 13, Deliver 7): per-layer sensitivity and max_drop fallback to float.
+
+The model has a deliberately sensitive layer: `mid` reads an activation whose channel 0 is ~1000x the
+others (a function-preserving rescale of a trained MLP: ReLU is positively homogeneous, so stem's row 0
+times 1000 and mid's column 0 over 1000 compute the same function). Per-tensor int8 on mid's input then
+gives channel 0 the whole grid and rounds the other channels to a few levels.
+"""
+
+from __future__ import annotations
+
+import copy
+import numpy as np
+import onnx
+import pytest
+import torch
+from torch import nn
+
+from conftest import run_recipe_dict
+
+OUTLIER = 1000.0
+
+
+class OutlierNet(nn.Module):
+    """digits (1x8x8) -> 10 classes through three Linear layers."""
+
+    def __init__(self, width: int = 48):
+        super().__init__()
+        self.stem = nn.Linear(64, width)
+        self.mid = nn.Linear(width, width)
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.mid(torch.relu(self.stem(x.flatten(1))))))
+
+
+def build(width: int = 48) -> nn.Module:
+    return OutlierNet(width)
+
+
+def _digits():
+    from pruneflow.data import load_data
+    from pruneflow.recipe.models import DataSpec
+
+    return load_data(DataSpec(format="digits", max_train_samples=600, max_eval_samples=300), seed=0)
+
+
+@pytest.fixture(scope="module")
+def outlier_model():
+    """A trained OutlierNet with the outlier channel injected, and the digits data."""
+    data = _digits()
+    torch.manual_seed(0)
+    model = OutlierNet()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    assert data.train is not None
+    for _ in range(150):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(data.train.x), data.train.y).backward()
+        opt.step()
+    model.eval()
+    before = model(data.eval.x)
+    with torch.no_grad():
+        model.stem.weight[0] *= OUTLIER
+        model.stem.bias[0] *= OUTLIER
+        model.mid.weight[:, 0] /= OUTLIER
+    assert torch.allclose(model(data.eval.x), before, atol=1e-3)  # the same function in float
+    return model, data
+
+
+def _quantize(model, data):
+    from calibrate.build import build_calibration_set
+    from qat.nncf_quant import quantize
+
+    assert data.train is not None
+    calib = build_calibration_set(data.train, size=256, strategy="random", seed=0)
+    return quantize(copy.deepcopy(model), calib), calib
+
+
+def test_groups_and_ranking_put_the_outlier_layer_first(outlier_model):
+    from pruneflow.tasks import Classification
+    from qat.sensitivity import agreement, outputs, quantizer_groups, remove_group, sensitivity
+
+    model, data = outlier_model
+    quantized, calib = _quantize(model, data)
+    groups = quantizer_groups(quantized, calib.x[:1])
+    # one group a Linear: its weight quantizer and the quantizer of the activation it reads
+    assert sorted(g.name for g in groups) == ["head", "mid", "stem"]
+    assert all(len(g.hooks) == 2 for g in groups)
+    assert {g.name: g.weights for g in groups} == {"stem": 64 * 48, "mid": 48 * 48, "head": 48 * 10}
+
+    ranked = sensitivity(quantized, model, calib, Classification(), groups, samples=256)
+    rows = [row for row, _ in ranked]
+    assert [r["rank"] for r in rows] == [1, 2, 3]
+    assert rows[0]["layer"] == "mid"
+    # keeping mid float restores most of the output; keeping any other layer float restores little
+    assert rows[0]["snr_db_kept_float"] > rows[1]["snr_db_kept_float"] + 10
+    assert rows[0]["agreement_kept_float"] > rows[1]["agreement_kept_float"]
+    # and quantized alone, mid is the layer that hurts
+    alone = {r["layer"]: r["snr_db_alone_int8"] for r in rows}
+    assert alone["mid"] < min(alone["stem"], alone["head"]) - 10
+    assert "accuracy_kept_float" in rows[0]  # the calibration set has labels
+
+    # the quantizers were switched back on: the model is the INT8 model again
+    reference = outputs(model, data.eval.x, Classification(), 64, "cpu")
+    int8 = outputs(quantized, data.eval.x, Classification(), 64, "cpu")
+    remove_group(quantized, ranked[0][1])
+    fallen = outputs(quantized, data.eval.x, Classification(), 64, "cpu")
+    assert agreement(reference, fallen) > agreement(reference, int8)
+    from nncf.torch.function_hook import get_hook_storage
+
+    names = [n for n, _ in get_hook_storage(quantized).named_hooks()]
+    assert not any("mid/" in n for n in names) and len(names) == 4
+
+
+def _recipe(tmp_path, model, **control) -> dict:
+    checkpoint = tmp_path / "outlier.pt"
+    torch.save(model.state_dict(), checkpoint)
+    return {
+        "name": "aaq", "seed": 0, "device": "cpu",
+        "model": {"factory": f"{__file__}:build", "checkpoint": str(checkpoint)},
+        "data": {"format": "digits", "max_train_samples": 600, "max_eval_samples": 300},
+        "stages": [
+            {"type": "ptq", "calibration_size": 256, "accuracy_control": control},
+            {"type": "export", "targets": ["onnx"], "precisions": ["fp32", "int8"], "latency": None},
+        ],
+    }
+
+
+def test_ptq_max_drop_falls_back_to_the_outlier_layer_and_exports_it_float(tmp_path, outlier_model):
+    model, _ = outlier_model
+    _, result = run_recipe_dict(_recipe(tmp_path, model, max_drop=0.02, max_fallback=3), tmp_path)
+    stage = result.stages[0]
+    m = stage.metrics
+    assert m["accuracy_before_fallback"] < m["accuracy_fp32"] - 0.02  # the outlier breaks plain int8
+    fallback = stage.tables["quantization fallback"]
+    assert fallback[0]["layer"] == "mid" and fallback[0]["size_cost_bytes"] == 3 * 48 * 48
+    assert len(fallback) == 1 and m["fallback_layers"] == 1
+    assert m["accuracy_drop"] <= 0.02 and m["accuracy"] == fallback[0]["metric_after"]
+    assert stage.tables["quantization sensitivity"][0]["layer"] == "mid"
+    gate = next(g for g in result.gates if g.name == "ptq.accuracy_control")
+    assert gate.passed and "kept float: mid" in gate.message
+    assert result.exit_code == 0
+
+    # the INT8 ONNX: mid's Gemm/MatMul reads float input and float weight; the others stay int8
+    path = next(a for a in result.artifacts if a.precision == "int8" and a.form == "cpu").path
+    proto = onnx.load(str(result.run_dir / path))
+    onnx.checker.check_model(proto, full_check=True)
+    producer = {o: n for n in proto.graph.node for o in n.output}
+    weighted = [n for n in proto.graph.node if n.op_type in ("Gemm", "MatMul")]
+    assert len(weighted) == 3
+
+    def dequantized(name: str) -> bool:
+        src = producer.get(name)
+        while src is not None and src.op_type in ("Flatten", "Reshape"):
+            src = producer.get(src.input[0])
+        return src is not None and src.op_type == "DequantizeLinear"
+
+    dq = {n.name: [dequantized(i) for i in n.input[:2]] for n in weighted}
+    assert dq == {"/stem/Gemm": [True, True], "/mid/Gemm": [False, False], "/head/Gemm": [True, True]}
+    int8 = next(a for a in result.artifacts if a.precision == "int8" and a.form == "cpu")
+    assert int8.metrics["top1_agreement"] >= 0.95  # parity with the quantized torch model, in onnxruntime
+    report = (result.run_dir / "report.md").read_text()
+    assert "quantization sensitivity" in report and "quantization fallback" in report
+
+
+def test_budget_spent_fails_the_gate(tmp_path, outlier_model):
+    model, _ = outlier_model
+    _, result = run_recipe_dict(_recipe(tmp_path, model, max_drop=0.0, max_fallback=0), tmp_path)
+    gate = next(g for g in result.gates if g.name == "ptq.accuracy_control")
+    assert not gate.passed and "max_fallback 0 spent" in gate.message
+    assert result.exit_code == 1
+    assert result.stages[0].tables["quantization fallback"] == []
+
+
+def test_unknown_metric_is_a_config_error(tmp_path, outlier_model):
+    from pruneflow.errors import RecipeError
+
+    model, _ = outlier_model
+    with pytest.raises(RecipeError) as info:
+        run_recipe_dict(_recipe(tmp_path, model, max_drop=0.01, metric="f1"), tmp_path)
+    text = str(info.value)
+    assert "accuracy_control.metric" in text and "'f1'" in text and "recipe.yaml:" in text
+    assert "accuracy" in str(info.value.hint)
