@@ -207,6 +207,7 @@ def export_int8_onnx(stripped: torch.nn.Module, example: torch.Tensor, path: Pat
                      dynamic_batch: bool = True, metadata: dict | None = None) -> "PassReport":
     """Export a model stripped to torch's fake-quant ops (``handle.int8_module(example)``), convert it to
     ``form``, fold what is computed from constants (Q/DQ kept) and write the deployment ``metadata``."""
+    from .embedding import quantize_embeddings
     from .qdq import check_convention, convert
 
     onnx = require("onnx", "pip install onnx", "INT8 ONNX export")
@@ -216,6 +217,8 @@ def export_int8_onnx(stripped: torch.nn.Module, example: torch.Tensor, path: Pat
         model_proto = onnx.load(str(raw))
     report = convert(model_proto, form)
     model_proto = fold_constants(model_proto)
+    if form == "cpu":  # word-embedding tables in int8 (weight-only, per-row scales): pruneflow/export/embedding.py
+        report.notes += quantize_embeddings(model_proto).notes()
     if metadata is not None:
         stamp_onnx(model_proto, metadata, "int8")
     problems = check_convention(model_proto, form)
