@@ -27,13 +27,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
+from pydantic import Field
 from torch import nn
+
+from pruneflow.config import StrictModel
 
 if TYPE_CHECKING:
     from calibrate.calibset import CalibrationSet
     from pruneflow.tasks import Task
-
-    from .stage import AccuracyControl
 
 #: NNCF graph node types of its fake-quantize operations.
 QUANTIZE_OPS = frozenset({"symmetric_quantize", "asymmetric_quantize"})
@@ -42,6 +43,28 @@ HOOKS_PREFIX = "__nncf_hooks."
 #: runtimes propagate Q/DQ through them), so the op that really reads the quantizer is found after them.
 PASS_THROUGH = frozenset({"flatten", "reshape", "view", "permute", "transpose", "squeeze", "unsqueeze", "contiguous",
                           "max_pool1d", "max_pool2d", "adaptive_max_pool2d", "dropout", "__getitem__", "expand", "chunk", "split"})
+
+
+class AccuracyControl(StrictModel):
+    """Per-layer quantization sensitivity and, with ``max_drop``, fallback of the most sensitive layers to float."""
+
+    max_drop: float | None = Field(
+        default=None, ge=0, le=1,
+        description="Largest drop of `metric` (absolute: 0.01 = 1 point of accuracy) of the INT8 model below the float model "
+        "entering the stage, both on the whole eval split. Past it, the most sensitive layers fall back to float one at a "
+        "time (their quantizers removed, so every export keeps them float) until it holds; when `max_fallback` is spent "
+        "first, the gate `<stage>.accuracy_control` fails (exit 1). Unset: only the sensitivity table.",
+    )
+    metric: str = Field(default="accuracy", min_length=1,
+                        description="Metric of the task (higher is better) that `max_drop` bounds.")
+    max_fallback: int = Field(default=10, ge=0, description="Most layers (quantizer groups) that may fall back to float.")
+    samples: int = Field(
+        default=256, ge=1,
+        description="Calibration samples the sensitivity is measured on (logits' SNR in dB against the float model and "
+        "top-1 agreement, with each layer alone kept float and alone quantized).",
+    )
+    alone_int8: bool = Field(
+        default=True, description="Also measure each layer quantized alone (one more pass over the samples per layer).")
 
 
 @dataclass
@@ -277,7 +300,7 @@ def fall_back(model: nn.Module, ranked: list[tuple[dict, QuantGroup]], measure: 
     return rows, value
 
 
-def accuracy_control(spec: "AccuracyControl", stage_id: str, loc: tuple, model: nn.Module, float_model: nn.Module,
+def accuracy_control(spec: AccuracyControl, stage_id: str, loc: tuple, model: nn.Module, float_model: nn.Module,
                      calib: "CalibrationSet", state, ctx, *, fp32: dict, int8: dict | None) -> tuple[dict, dict, list]:
     """The qat/ptq stages' ``accuracy_control``: the sensitivity table on the calibration set and, with
     ``max_drop``, the fallback measured on the whole eval split (the split the stage's ``accuracy_drop``

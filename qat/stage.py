@@ -18,34 +18,13 @@ from pruneflow.train import FinetuneSettings, fit
 
 from .nncf_quant import quantize, quantizer_parameters
 from .precision import fp16_rounding
+from .sensitivity import AccuracyControl, accuracy_control
 
 
 class Phase(StrictModel):
     precision: Literal["fp32", "fp16", "int8"] = Field(description="Numeric precision the phase trains in.")
     epochs: int = Field(default=1, ge=0, le=10_000, description="Epochs of the phase (0: int8 only inserts and calibrates).")
     lr: float | None = Field(default=None, gt=0, description="Peak LR of the phase (default: finetune.lr).")
-
-
-class AccuracyControl(StrictModel):
-    """Per-layer quantization sensitivity and, with ``max_drop``, fallback of the most sensitive layers to float."""
-
-    max_drop: float | None = Field(
-        default=None, ge=0, le=1,
-        description="Largest drop of `metric` (absolute: 0.01 = 1 point of accuracy) of the INT8 model below the float model "
-        "entering the stage, both on the whole eval split. Past it, the most sensitive layers fall back to float one at a "
-        "time (their quantizers removed, so every export keeps them float) until it holds; when `max_fallback` is spent "
-        "first, the gate `<stage>.accuracy_control` fails (exit 1). Unset: only the sensitivity table.",
-    )
-    metric: str = Field(default="accuracy", min_length=1,
-                        description="Metric of the task (higher is better) that `max_drop` bounds.")
-    max_fallback: int = Field(default=10, ge=0, description="Most layers (quantizer groups) that may fall back to float.")
-    samples: int = Field(
-        default=256, ge=1,
-        description="Calibration samples the sensitivity is measured on (logits' SNR in dB against the float model and "
-        "top-1 agreement, with each layer alone kept float and alone quantized).",
-    )
-    alone_int8: bool = Field(
-        default=True, description="Also measure each layer quantized alone (one more pass over the samples per layer).")
 
 
 class QuantizeSettings(StrictModel):
@@ -118,8 +97,6 @@ def _controlled(stage: Stage, state, ctx, result: StageResult, fp32: dict, int8:
     spec = stage.config.accuracy_control
     if spec is None or result.handle is None:
         return result
-    from .sensitivity import accuracy_control
-
     handle = result.handle
     metrics, tables, gates = accuracy_control(spec, stage.id, stage.loc("accuracy_control"), handle.module, handle.float_module(),
                                               _calibration(stage, state, ctx), state, ctx, fp32=fp32, int8=int8)
