@@ -185,3 +185,29 @@ def test_unknown_metric_is_a_config_error(tmp_path, outlier_model):
     text = str(info.value)
     assert "accuracy_control.metric" in text and "'f1'" in text and "recipe.yaml:" in text
     assert "accuracy" in str(info.value.hint)
+
+
+def test_qat_fallback_survives_the_checkpoint(tmp_path, outlier_model):
+    """The qat stage runs the same control after its int8 phase; the fallen-back layer stays float in the
+    NNCF checkpoint (its quantizers are gone from NNCF's config, not merely switched off)."""
+    from nncf.torch.function_hook import get_hook_storage
+
+    from pruneflow.checkpoint import load_checkpoint
+    from pruneflow.models import build_model
+    from pruneflow.recipe import load_recipe
+
+    model, data = outlier_model
+    recipe = _recipe(tmp_path, model, max_drop=0.02, alone_int8=False)
+    recipe["stages"] = [{"type": "qat", "calibration_size": 256, "schedule": [{"precision": "int8", "epochs": 0}],
+                         "accuracy_control": {"max_drop": 0.02, "alone_int8": False}}]
+    _, result = run_recipe_dict(recipe, tmp_path)
+    stage = result.stages[0]
+    assert [r["layer"] for r in stage.tables["quantization fallback"]] == ["mid"]
+    assert "snr_db_alone_int8" not in stage.tables["quantization sensitivity"][0]
+    assert stage.metrics["accuracy_drop"] <= 0.02 and result.exit_code == 0
+    loaded = load_recipe(result.run_dir / "recipe.resolved.yaml").recipe
+    handle = load_checkpoint(result.run_dir / "stages" / "01-qat" / "model.pt", into=build_model(loaded.model))
+    hooks = [n for n, _ in get_hook_storage(handle.module).named_hooks()]
+    assert len(hooks) == 4 and not any("mid/" in n for n in hooks)
+    out = handle.module(data.eval.x).argmax(-1)
+    assert float((out == data.eval.y).float().mean()) == pytest.approx(stage.metrics["accuracy"])
