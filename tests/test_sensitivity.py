@@ -211,3 +211,25 @@ def test_qat_fallback_survives_the_checkpoint(tmp_path, outlier_model):
     assert len(hooks) == 4 and not any("mid/" in n for n in hooks)
     out = handle.module(data.eval.x).argmax(-1)
     assert float((out == data.eval.y).float().mean()) == pytest.approx(stage.metrics["accuracy"])
+
+
+def test_bert_groups_name_real_modules():
+    """NNCF's op names leave out ModuleList indices; groups are named by the modules owning their weights."""
+    from calibrate.calibset import CalibrationSet
+    from pruneflow.zoo.hf import bert_classifier
+    from qat.nncf_quant import quantize
+    from qat.sensitivity import quantizer_groups
+
+    model = bert_classifier(num_layers=2, hidden_size=64, num_heads=4, intermediate_size=128, seed=0).eval()
+    ids = torch.randint(1, 30522, (32, 16), generator=torch.Generator().manual_seed(0))
+    quantized = quantize(copy.deepcopy(model), CalibrationSet(x=ids), batch_size=16)
+    groups = quantizer_groups(quantized, ids[:1])
+    modules = dict(model.named_modules())
+    assert all(name in modules for g in groups for name in g.modules)
+    qkv = [g for g in groups if any(name.endswith("attention.self.query") for name in g.modules)]
+    # query, key and value read one input quantizer: they fall back together, one group a layer
+    assert [[n.rsplit(".", 1)[1] for n in g.modules] for g in qkv] == [["query", "key", "value"]] * 2
+    assert [g.name.split(" ")[0] for g in qkv] == [f"model.bert.encoder.layer.{i}.attention.self.query+key+value" for i in (0, 1)]
+    assert {g.modules[0]: g.weights for g in groups if g.modules}["model.bert.encoder.layer.1.output.dense"] == 128 * 64
+    hooks = [h for g in groups for h in g.hooks]
+    assert len(hooks) == len(set(hooks))  # every quantizer in exactly one group
