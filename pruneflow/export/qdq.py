@@ -679,6 +679,14 @@ def u8s8_overflow_risks(model) -> list[str]:
     return risks
 
 
+def _dequantized(graph: "_Graph", name: str, k: int) -> bool:
+    """True when input ``k`` of a weighted op comes from a DequantizeLinear (the data input through PASS_THROUGH ops)."""
+    src = graph.producer.get(name)
+    while k == 0 and src is not None and src.op_type in PASS_THROUGH:
+        src = graph.producer.get(src.input[0])
+    return src is not None and src.op_type == "DequantizeLinear"
+
+
 def check_convention(model, form: Form) -> list[str]:
     """Problems with ``model`` against the form's convention (empty when it conforms)."""
     graph = _Graph(model)
@@ -709,8 +717,7 @@ def check_convention(model, form: Form) -> list[str]:
         if node.op_type in WEIGHTED_OPS:
             # A layer with no dequantized input is float on purpose (the qat/ptq `ignore` scope, or an
             # accuracy_control fallback): only a half-quantized one breaks the convention.
-            if not any((src := graph.producer.get(name)) is not None and src.op_type in ("DequantizeLinear", *PASS_THROUGH)
-                       for name in node.input[:2]):
+            if not any(_dequantized(graph, name, k) for k, name in enumerate(node.input[:2])):
                 continue
             for k, name in enumerate(node.input[:2]):
                 src = graph.producer.get(name)
