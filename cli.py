@@ -11,10 +11,10 @@ import json
 import logging
 import sys
 import traceback
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Iterator, Optional
 
-import click
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -62,8 +62,14 @@ AllowPathOpt = Annotated[
 NprocOpt = Annotated[int, typer.Option(
     "--nproc", min=1, max=4096, help="Train on N local processes with PyTorch DistributedDataParallel (gloo on CPU, nccl with "
     "--device cuda), started by torch's elastic launcher; rank 0 writes the run. Multi-node: torchrun -m pruneflow.")]
-DeviceOpt = Annotated[Optional[str], typer.Option(
-    "--device", click_type=click.Choice(["auto", "cpu", "cuda"]), help="Override the recipe's `device`; cuda where "
+class Device(str, Enum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+DeviceOpt = Annotated[Optional[Device], typer.Option(
+    "--device", help="Override the recipe's `device`; cuda where "
     "there is none is exit 3 before any work.", show_default=False)]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show tracebacks and debug logging.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout (for CI) instead of tables.")]
@@ -318,7 +324,7 @@ def optimize(
         logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)
         logging.getLogger("pruneflow").setLevel(logging.DEBUG)
     with handle_errors(verbose, json_out):
-        loaded = load_recipe(recipe, [*(set_ or []), *([f"device={device}"] if device else [])], allow_path or [])
+        loaded = load_recipe(recipe, [*(set_ or []), *([f"device={device.value}"] if device else [])], allow_path or [])
         distributed.check_device(loaded.recipe.device, nproc)
         if dry_run:
             with stdout_to_stderr(json_out):
@@ -354,7 +360,7 @@ def _worker_args(recipe, out, set_, allow_path, json_out, quiet, verbose, device
     args = ["optimize", str(recipe), "--out", str(out)]
     args += [a for item in set_ or [] for a in ("--set", item)]
     args += [a for path in allow_path or [] for a in ("--allow-path", str(path))]
-    args += ["--device", device] if device else []
+    args += ["--device", device.value] if device else []
     return args + [flag for flag, on in (("--json", json_out), ("--quiet", quiet), ("--verbose", verbose)) if on]
 
 

@@ -185,20 +185,23 @@ def shard_size(samples: int) -> int:
 
 
 def shard(data: Any, epoch: int, seed: int) -> Any:
-    """``data`` (a DataBundle) with its train split cut to this rank's shard for ``epoch``.
-
-    torch's DistributedSampler draws the permutation from ``seed + epoch`` and deals it out: the shards are
-    disjoint, pad to equal length (so every rank takes as many optimizer steps) and are reproducible.
-    """
+    """``data`` (a DataBundle) with its train split cut to this rank's shard for ``epoch``
+    (:func:`shard_indices`); ``data`` itself outside torchrun."""
     if not active() or data.train is None:
         return data
+    return replace(data, train=_take(data.train, shard_indices(len(data.train), epoch, seed, rank(), world())))
+
+
+def shard_indices(samples: int, epoch: int, seed: int, rank: int, world: int) -> torch.Tensor:
+    """Rank ``rank``'s sample indices for ``epoch``: torch's DistributedSampler draws one permutation from
+    ``seed + epoch`` and deals it out, so the shards are disjoint, equally long (the last padded with the
+    first indices again: every rank takes as many optimizer steps) and reproducible."""
     from torch.utils.data import DistributedSampler
 
-    rows: Any = range(len(data.train))  # the sampler needs only len()
-    sampler: DistributedSampler[int] = DistributedSampler(rows, num_replicas=world(), rank=rank(), shuffle=True, seed=seed)
+    rows: Any = range(samples)  # the sampler needs only len()
+    sampler: DistributedSampler[int] = DistributedSampler(rows, num_replicas=world, rank=rank, shuffle=True, seed=seed)
     sampler.set_epoch(epoch)
-    idx = torch.tensor(list(iter(sampler)), dtype=torch.long)
-    return replace(data, train=_take(data.train, idx))
+    return torch.tensor(list(iter(sampler)), dtype=torch.long)
 
 
 def _take(split: Any, idx: torch.Tensor) -> Any:
