@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterator, Sequence, TypeVar
 import torch
 from torch import nn
 
-from .errors import EXIT_STAGE_FAILED, MissingDependencyError, StageError, UsageError
+from .errors import EXIT_OK, EXIT_STAGE_FAILED, MissingDependencyError, StageError, UsageError
 
 #: Stage types whose training runs under DDP; the other ranks stop after the last of them.
 DDP_STAGE_TYPES = frozenset({"train", "prune", "qat"})
@@ -134,6 +134,29 @@ def init(device: str) -> None:
     _session.released = False
 
 
+#: What gloo and nccl say when another rank is gone (DDP's reducer passes it on as a plain RuntimeError).
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "gloo/transport", "ProcessGroupNCCL", "NCCL error",
+              "Timed out waiting")
+
+
+@contextlib.contextmanager
+def peers_guard(where: str) -> Iterator[None]:
+    """A collective that fails because another rank died (its sockets closed, or the timeout passed)
+    becomes a StageError saying so: the other rank's own error is the one to read."""
+    import torch.distributed as dist
+
+    try:
+        yield
+    except RuntimeError as exc:  # DDP's reducer raises gloo's and nccl's failures as plain RuntimeErrors
+        if not active() or not (isinstance(exc, dist.DistError) or any(m in str(exc) for m in _PEER_LOST)):
+            raise
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise StageError(f"{where}: rank {rank()} lost contact with the other ranks of the job ({first}); another "
+                         "rank failed or was stopped, and its own message says why",
+                         hint=f"read the other ranks' errors; a rank that is only slow needs a longer {TIMEOUT_ENV} "
+                         f"(seconds, default {DEFAULT_TIMEOUT_S})") from exc
+
+
 def shutdown() -> None:
     import torch.distributed as dist
 
@@ -149,12 +172,15 @@ def release() -> None:
 
 def finish(code: int) -> int:
     """Rank 0 tells the waiting ranks its exit code; they return it. Rank 0 tells them only once they
-    wait (after :func:`release`): failing earlier, it exits and torch's launcher stops the others."""
+    wait (after :func:`release`), and a rank waits only when its own part succeeded: a rank that fails
+    exits at once and torch's launcher stops the others (whose collectives fail or are interrupted)."""
     import torch.distributed as dist
 
     if not active():
         return code
     if is_main() and not _session.released:
+        return code
+    if not is_main() and code != EXIT_OK:  # this rank failed: exit now (the launcher stops the others)
         return code
     box = [code]
     dist.broadcast_object_list(box, src=0, group=_session.final)
@@ -374,14 +400,18 @@ def launch(nproc: int, args: list[str], echo: Callable[[str], None]) -> int:
 
 
 def _job_code(failures: dict, echo: Callable[[str], None]) -> int:
-    if 0 in failures:
-        code = failures[0].exitcode
-        return code if code > 0 else EXIT_STAGE_FAILED
-    first = min(failures)
-    code = failures[first].exitcode
-    how = f"exit code {code}" if code > 0 else f"signal {-code}"
-    echo(f"worker rank {first} failed ({how}); torch's launcher stopped every worker (its message is above)")
+    """Rank 0's exit code when it failed (it ran the recipe), else the first failed rank's; a line names
+    every other rank that failed, whose message (printed by that rank) is the cause to read."""
+    others = sorted(r for r in failures if r != 0)
+    if others:
+        what = ", ".join(f"rank {r} ({_how(failures[r].exitcode)})" for r in others)
+        echo(f"worker {what} failed; torch's launcher stopped every worker (the rank's own message is above)")
+    code = failures[0].exitcode if 0 in failures else failures[others[0]].exitcode
     return code if code > 0 else EXIT_STAGE_FAILED
+
+
+def _how(code: int) -> str:
+    return f"exit code {code}" if code >= 0 else f"signal {-code}"
 
 
 @contextlib.contextmanager

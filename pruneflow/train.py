@@ -104,11 +104,12 @@ def fit(model: nn.Module, data: DataBundle, task: Task, s: TrainSettings, ctx: R
         if on_epoch_start:
             on_epoch_start(epoch, model)
         net = distributed.wrap(model, ctx.device)  # per epoch: on_epoch_start may freeze parameters
-        with ctx.reporter.progress(f"{description} epoch {epoch}/{s.epochs}", total=steps_per_epoch) as advance:
+        with (ctx.reporter.progress(f"{description} epoch {epoch}/{s.epochs}", total=steps_per_epoch) as advance,
+              distributed.peers_guard(f"{description} epoch {epoch}")):
             batches = distributed.shard(data, epoch, seed).train_batches(batch_size, gen, augment=s.augment)
             sums = loop.epoch(net, batches, advance)
-        distributed.sync_state(model, *extra_modules)
-        loss_sum, correct, seen = distributed.all_sum(sums)
+            distributed.sync_state(model, *extra_modules)
+            loss_sum, correct, seen = distributed.all_sum(sums)
         row = {"epoch": epoch, "train_loss": loss_sum / seen, "train_accuracy": correct / seen, "lr": opt.param_groups[0]["lr"]}
         if (s.eval_every and epoch % s.eval_every == 0) or epoch == s.epochs:
             row["eval_accuracy"] = evaluate_model(model, data.eval, task, device=ctx.device, reporter=ctx.reporter,
