@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterator, Sequence, TypeVar
 import torch
 from torch import nn
 
-from .errors import EXIT_OK, EXIT_STAGE_FAILED, MissingDependencyError, StageError, UsageError
+from .errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_STAGE_FAILED, MissingDependencyError, StageError, UsageError
 
 #: Stage types whose training runs under DDP; the other ranks stop after the last of them.
 DDP_STAGE_TYPES = frozenset({"train", "prune", "qat"})
@@ -191,13 +191,15 @@ def finish(code: int) -> int:
 
 
 def wrap(model: nn.Module, device: str) -> nn.Module:
-    """``model`` in DistributedDataParallel (its parameters and buffers broadcast from rank 0); itself alone."""
+    """``model`` in DistributedDataParallel (its parameters and buffers broadcast from rank 0 on wrapping);
+    ``model`` itself outside torchrun."""
     if not active():
         return model
     from torch.nn.parallel import DistributedDataParallel
 
     ids = [torch.cuda.current_device()] if str(device).startswith("cuda") else None
-    return DistributedDataParallel(model, device_ids=ids)
+    # Buffers stay per rank while training (BatchNorm statistics of each shard); sync_state averages them.
+    return DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
 
 
 def global_batch_share(batch_size: int) -> int:
@@ -246,17 +248,26 @@ def _take(split: Any, idx: torch.Tensor) -> Any:
     return replace(split, **{f.name: pick(getattr(split, f.name)) for f in fields(split) if f.init})
 
 
-def sync_state(*modules: nn.Module) -> None:
-    """Broadcast every parameter and buffer of ``modules`` from rank 0, so every replica is bit-identical
-    (BatchNorm statistics are updated by each rank's own batches; rank 0's are kept)."""
+def sync_state(*modules: nn.Module, average_buffers: bool = False) -> None:
+    """Make every replica bit-identical: parameters and buffers broadcast from rank 0.
+
+    ``average_buffers`` (after training): floating-point buffers (BatchNorm running statistics) are averaged
+    over the ranks first: each rank updated them from its own shard (DDP runs with ``broadcast_buffers=False``),
+    and the mean of the ranks' estimates stands for the whole epoch's data as one process's estimate does.
+    """
     import torch.distributed as dist
 
     if not active():
         return
     with torch.no_grad():
         for module in modules:
-            for tensor in [*module.parameters(), *module.buffers()]:
-                dist.broadcast(tensor.data, src=0)
+            for p in module.parameters():
+                dist.broadcast(p.data, src=0)
+            for b in module.buffers():
+                if average_buffers and b.is_floating_point():
+                    dist.all_reduce(b.data)
+                    b.data /= world()
+                dist.broadcast(b.data, src=0)  # the mean, bit-identical everywhere (reductions may round apart)
 
 
 def average_gradients(modules: Sequence[nn.Module]) -> None:
@@ -391,12 +402,17 @@ def launch(nproc: int, args: list[str], echo: Callable[[str], None]) -> int:
 
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.5)
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
     try:
         with _worker_env(nproc), _quiet_launcher():
             elastic_launch(config, sys.executable)("-m", "pruneflow", *args)
     except ChildFailedError as exc:
         return _job_code(exc.failures, echo)
-    return 0
+    except SignalException as exc:  # SIGTERM/SIGINT to the launcher: passed on to the workers, which stop cleanly
+        echo(f"stopped by signal {exc.sigval}: the workers were told to stop; finished stages are kept")
+        return EXIT_INTERRUPTED
+    return EXIT_OK
 
 
 def _job_code(failures: dict, echo: Callable[[str], None]) -> int:

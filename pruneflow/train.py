@@ -108,7 +108,7 @@ def fit(model: nn.Module, data: DataBundle, task: Task, s: TrainSettings, ctx: R
               distributed.peers_guard(f"{description} epoch {epoch}")):
             batches = distributed.shard(data, epoch, seed).train_batches(batch_size, gen, augment=s.augment)
             sums = loop.epoch(net, batches, advance)
-            distributed.sync_state(model, *extra_modules)
+            distributed.sync_state(model, *extra_modules, average_buffers=True)
             loss_sum, correct, seen = distributed.all_sum(sums)
         row = {"epoch": epoch, "train_loss": loss_sum / seen, "train_accuracy": correct / seen, "lr": opt.param_groups[0]["lr"]}
         if (s.eval_every and epoch % s.eval_every == 0) or epoch == s.epochs:
