@@ -199,7 +199,12 @@ def wrap(model: nn.Module, device: str) -> nn.Module:
 
     ids = [torch.cuda.current_device()] if str(device).startswith("cuda") else None
     # Buffers stay per rank while training (BatchNorm statistics of each shard); sync_state averages them.
-    return DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
+    # torch 2.13 renamed the switch (broadcast_buffers=False still works there, with a FutureWarning).
+    import inspect
+
+    newer = "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
+    switch: dict[str, Any] = {"forward_sync_buffers": False} if newer else {"broadcast_buffers": False}
+    return DistributedDataParallel(model, device_ids=ids, **switch)
 
 
 def global_batch_share(batch_size: int) -> int:
