@@ -23,6 +23,8 @@ from conftest import invoke, tiny_recipe_dict, write
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
+#: The files of a run folder besides the manifest's artifacts and the stages' records.
+RUN_FILES = {"manifest.json", "metrics.json", "report.md", "recipe.resolved.yaml", "logs/pruneflow.log"}
 
 
 def _prune_recipe(**overrides) -> dict:
@@ -157,26 +159,32 @@ def test_python_dash_m_pruneflow_is_the_cli():
 
 
 def test_two_processes_train_and_prune_identically_and_rank_0_alone_writes(tmp_path):
-    """`--nproc 2` (gloo): rank 1's checkpoints equal rank 0's byte for byte (same structure, same weights), the
-    run folder holds each file once with an intact manifest, and rank 1 ran neither the export nor the report."""
-    recipe = write(tmp_path / "r.yaml", _prune_recipe())
+    """`--nproc 2` (gloo): rank 1's checkpoints (train, prune with KD, NNCF QAT) equal rank 0's byte for byte (same
+    structure, same weights, same quantizer ranges), the run folder holds each file once with an intact manifest,
+    and rank 1 ran neither the export nor the report."""
+    recipe_dict = _prune_recipe()
+    recipe_dict["stages"].insert(2, {"type": "qat", "schedule": [{"precision": "int8", "epochs": 1}], "calibration_size": 64,
+                                     "freeze_bn_after": 0})
+    recipe = write(tmp_path / "r.yaml", recipe_dict)
     scratch = tmp_path / "scratch"
     proc, _ = _optimize(recipe, tmp_path / "runs", "--nproc", "2", scratch=scratch)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout)  # rank 0 alone printed: one JSON object on stdout
     run = tmp_path / "runs" / "ddp"
     mine = scratch / "rank1" / "ddp"
-    for stage in ("01-train", "02-prune"):
+    for stage in ("01-train", "02-prune", "03-qat"):
         assert _sha(run / "stages" / stage / "model.pt") == _sha(mine / "stages" / stage / "model.pt")
-    assert not (mine / "export").exists() and not (mine / "stages" / "03-export").exists()
+    assert not (mine / "export").exists() and not (mine / "stages" / "04-export").exists()
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["status"] == "complete"
-    assert [s["id"] for s in manifest["stages"]] == ["train", "prune", "export"]
+    assert [s["id"] for s in manifest["stages"]] == ["train", "prune", "qat", "export"]
     for artifact in manifest["artifacts"]:
         assert _sha(run / artifact["path"]) == artifact["sha256"]
     assert sorted(a["path"] for a in summary["artifacts"]) == sorted(a["path"] for a in manifest["artifacts"])
-    files = _files(run)
-    assert len([f for f in files if f.endswith(".onnx")]) == 1 and len([f for f in files if f.endswith("model.pt")]) == 2
+    files = set(_files(run))
+    recorded = {a["path"] for a in manifest["artifacts"]} | {f"stages/{s}/stage.json" for s in ("01-train", "02-prune", "03-qat", "04-export")}
+    assert files - recorded == RUN_FILES, files - recorded  # nothing unrecorded, nothing twice
+    assert len([f for f in files if f.endswith("model.pt")]) == 3
     log = (run / "logs" / "pruneflow.log").read_text()
     assert log.count("stage prune (prune) started") == 1  # one writer of the run's log
     assert not list(tmp_path.glob("runs/*.tmp*")) and sorted(p.name for p in (tmp_path / "runs").iterdir()) == [".ddp.lock", "ddp"]
