@@ -98,9 +98,11 @@ def _seconds(env: str, default: int) -> timedelta:
 
 
 def check_device(device: str, nproc: int) -> None:
-    """``cuda`` where torch sees no CUDA device (or fewer than ``nproc``): exit 3 before any work."""
-    if device != "cuda":
+    """``cuda`` where torch sees no CUDA device (or fewer than ``nproc``, or than torchrun's processes on this
+    node): exit 3 before any work. ``auto`` is checked as what it resolves to."""
+    if resolve_device(device) != "cuda":
         return
+    nproc = max(nproc, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     if not torch.cuda.is_available():
         raise MissingDependencyError(
             "device cuda was asked for (--device or the recipe's `device`), but torch sees no CUDA device here "
@@ -108,8 +110,8 @@ def check_device(device: str, nproc: int) -> None:
             hint="use --device cpu (or device: auto), or run on a machine with an NVIDIA GPU and a CUDA build of torch")
     if nproc > torch.cuda.device_count():
         raise MissingDependencyError(
-            f"--nproc {nproc} with device cuda needs one GPU per process, and torch sees {torch.cuda.device_count()}",
-            hint=f"use --nproc {torch.cuda.device_count()} or fewer")
+            f"{nproc} processes with device cuda need one GPU each, and torch sees {torch.cuda.device_count()} on this machine",
+            hint=f"use --nproc (or torchrun's --nproc-per-node) {torch.cuda.device_count()} or fewer")
 
 
 def resolve_device(device: str) -> str:
@@ -183,7 +185,10 @@ def finish(code: int) -> int:
     if not is_main() and code != EXIT_OK:  # this rank failed: exit now (the launcher stops the others)
         return code
     box = [code]
-    dist.broadcast_object_list(box, src=0, group=_session.final)
+    try:
+        dist.broadcast_object_list(box, src=0, group=_session.final)
+    except RuntimeError:  # a waiting rank died (rank 0's run stands) or rank 0 did (this rank cannot know how it ended)
+        return code if is_main() else EXIT_STAGE_FAILED
     return int(box[0])
 
 
