@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import sys
 import traceback
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Iterator, Optional
 
@@ -57,6 +59,18 @@ AllowPathOpt = Annotated[
     typer.Option("--allow-path", metavar="DIR", help="Let `extends` read recipes under this folder too (repeatable); by default it reads "
                  "only the recipe's own folder tree and the shipped templates.", show_default=False),
 ]
+NprocOpt = Annotated[int, typer.Option(
+    "--nproc", min=1, max=4096, help="Train on N local processes with PyTorch DistributedDataParallel (gloo on CPU, nccl with "
+    "--device cuda), started by torch's elastic launcher; rank 0 writes the run. Multi-node: torchrun -m pruneflow.")]
+class Device(str, Enum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+DeviceOpt = Annotated[Optional[Device], typer.Option(
+    "--device", help="Override the recipe's `device`; cuda where "
+    "there is none is exit 3 before any work.", show_default=False)]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show tracebacks and debug logging.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout (for CI) instead of tables.")]
 
@@ -290,6 +304,8 @@ def optimize(
     json_out: JsonOpt = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or stage lines; the summary only.")] = False,
     verbose: VerboseOpt = False,
+    nproc: NprocOpt = 1,
+    device: DeviceOpt = None,
 ) -> None:
     """Run a recipe: every stage in order, then every export, measured and reported.
 
@@ -300,6 +316,7 @@ def optimize(
     """
     import logging
 
+    from pruneflow import distributed
     from pruneflow.pipeline import plan_stages, preflight, run_recipe
     from pruneflow.recipe import load_recipe
 
@@ -307,13 +324,21 @@ def optimize(
         logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)
         logging.getLogger("pruneflow").setLevel(logging.DEBUG)
     with handle_errors(verbose, json_out):
-        loaded = load_recipe(recipe, set_ or [], allow_path or [])
+        loaded = load_recipe(recipe, [*(set_ or []), *([f"device={device.value}"] if device else [])], allow_path or [])
+        distributed.check_device(loaded.recipe.device, nproc)
         if dry_run:
             with stdout_to_stderr(json_out):
                 stages = plan_stages(loaded)
                 notes = preflight(loaded, stages, out)
             _print_plan(loaded, stages, notes, out, json_out)
             raise typer.Exit(EXIT_OK)
+        if nproc > 1 or distributed.in_worker():
+            _check_distributed(resume)
+        if nproc > 1 and not distributed.in_worker():
+            args = _worker_args(recipe, out, set_, allow_path, json_out, quiet, verbose, device)
+            raise typer.Exit(distributed.launch(nproc, args, _err_console().print))
+        if distributed.in_worker():
+            raise typer.Exit(_optimize_worker(loaded, out, json_out, quiet, verbose))
         reporter = RichReporter(_err_console(), quiet=quiet or json_out)
         with stdout_to_stderr(json_out), sigterm_as_interrupt():
             result = run_recipe(loaded, out=out, reporter=reporter, resume=resume)
@@ -322,6 +347,83 @@ def optimize(
         else:
             _print_summary(result)
         raise typer.Exit(result.exit_code)
+
+
+def _check_distributed(resume: bool) -> None:
+    if resume:
+        raise UsageError("--resume is not supported with --nproc > 1 or under torchrun",
+                         hint="resume with one process (without --nproc), or run again without --resume")
+
+
+def _worker_args(recipe, out, set_, allow_path, json_out, quiet, verbose, device) -> list[str]:
+    """The command line of each worker ``--nproc`` starts: this one without ``--nproc``."""
+    args = ["optimize", str(recipe), "--out", str(out)]
+    args += [a for item in set_ or [] for a in ("--set", item)]
+    args += [a for path in allow_path or [] for a in ("--allow-path", str(path))]
+    args += ["--device", device.value] if device else []
+    return args + [flag for flag, on in (("--json", json_out), ("--quiet", quiet), ("--verbose", verbose)) if on]
+
+
+class _SilentReporter(Reporter):
+    """The reporter of ranks other than 0: rank 0 alone shows progress, stage lines and warnings."""
+
+    def warning(self, message):
+        logging.getLogger("pruneflow").debug(message)
+
+
+class _ReleasingReporter(RichReporter):
+    """Rank 0's reporter: when the last training stage finishes, the other ranks may stop and wait."""
+
+    def __init__(self, console: Console, quiet: bool, release_after: str | None):
+        super().__init__(console, quiet)
+        self.release_after = release_after
+
+    def stage_finished(self, stage_id, seconds, metrics, skipped=False):
+        from pruneflow import distributed
+
+        if stage_id == self.release_after:
+            distributed.release()
+        super().stage_finished(stage_id, seconds, metrics, skipped)
+
+
+def _optimize_worker(loaded, out, json_out: bool, quiet: bool, verbose: bool) -> int:
+    """One rank under torchrun: rank 0 runs the recipe into OUT, the others its training stages into a
+    scratch folder; every rank ends with rank 0's exit code (``pruneflow.distributed``)."""
+    from pruneflow import distributed
+
+    distributed.init(loaded.recipe.device)
+    code = EXIT_STAGE_FAILED
+    try:
+        with handle_errors(verbose, json_out and distributed.is_main()):
+            code = _run_rank(loaded, out, json_out, quiet)
+    except typer.Exit as exc:
+        code = exc.exit_code
+    code = distributed.finish(code)
+    distributed.shutdown()
+    return code
+
+
+def _run_rank(loaded, out, json_out: bool, quiet: bool) -> int:
+    from pruneflow import distributed
+    from pruneflow.pipeline import run_recipe
+
+    if not distributed.is_main():
+        mine = distributed.worker_recipe(loaded)
+        if mine is not None:
+            with distributed.scratch_dir() as scratch, stdout_to_stderr(True):
+                run_recipe(mine, out=scratch, reporter=_SilentReporter())
+        return EXIT_OK
+    last = distributed.last_training_stage_id(loaded)
+    if last is None:
+        distributed.release()
+    reporter = _ReleasingReporter(_err_console(), quiet or json_out, last)
+    with stdout_to_stderr(json_out), sigterm_as_interrupt():
+        result = run_recipe(loaded, out=out, reporter=reporter)
+    if json_out:
+        print(json_line(result.as_json()))
+    else:
+        _print_summary(result)
+    return result.exit_code
 
 
 def _print_plan(loaded, stages, notes, out, json_out) -> None:

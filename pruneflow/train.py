@@ -10,6 +10,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
+from . import distributed
 from .context import RunContext
 from .data import DataBundle, Split
 from .evaluate import evaluate_model
@@ -81,37 +82,34 @@ def fit(model: nn.Module, data: DataBundle, task: Task, s: TrainSettings, ctx: R
     are trained alongside (e.g. feature-KD projections). ``on_epoch_start(epoch, model)`` runs after
     the model is put in training mode (QAT freezes BatchNorm statistics there); ``on_step_end(step, total)``
     after every optimizer step (1-based; pruning fades chosen channels out there).
+
+    Under torchrun (``pruneflow.distributed``) each epoch runs the model in DistributedDataParallel on this
+    rank's shard of the train split, ``batch_size`` being the global batch; the replicas (and the extra
+    modules) are synchronised from rank 0 after every epoch, so evaluation gives every rank the same figures.
     """
     train = _train_split(data)
     task = _training_task(task, s)
     seed = ctx.seed if seed is None else seed
-    torch.manual_seed(seed)
-    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed + distributed.rank())
+    gen = torch.Generator().manual_seed(seed + distributed.rank())
     model.to(ctx.device).train()
+    distributed.sync_state(*extra_modules)
     opt = make_optimizer(model, s, extra_modules)
-    steps_per_epoch = math.ceil(len(train) / s.batch_size)
-    step = 0
+    batch_size = distributed.global_batch_share(s.batch_size)
+    steps_per_epoch = math.ceil(distributed.shard_size(len(train)) / batch_size)
+    loop = _Loop(model, opt, task, s, ctx, extra_loss, extra_modules, on_step_end, steps_per_epoch)
     history = []
     for epoch in range(1, s.epochs + 1):
         model.train()
         if on_epoch_start:
             on_epoch_start(epoch, model)
-        seen = correct = 0
-        loss_sum = 0.0
-        with ctx.reporter.progress(f"{description} epoch {epoch}/{s.epochs}", total=steps_per_epoch) as advance:
-            for x, y in data.train_batches(s.batch_size, gen, augment=s.augment):
-                _set_lr(opt, s, step, steps_per_epoch)
-                x, y = x.to(ctx.device), y.to(ctx.device)
-                out = model(x)
-                loss = extra_loss(model, x, y, out) if extra_loss else task.loss(out, y)
-                _optimizer_step(model, opt, loss, s.grad_clip)
-                step += 1
-                if on_step_end:
-                    on_step_end(step, s.epochs * steps_per_epoch)
-                seen += len(y)
-                loss_sum += float(loss.detach()) * len(y)
-                correct += int((task.logits(out).argmax(-1) == y).sum())
-                advance(1, loss=f"{loss_sum / seen:.3f}")
+        net = distributed.wrap(model, ctx.device)  # per epoch: on_epoch_start may freeze parameters
+        with (ctx.reporter.progress(f"{description} epoch {epoch}/{s.epochs}", total=steps_per_epoch) as advance,
+              distributed.peers_guard(f"{description} epoch {epoch}")):
+            batches = distributed.shard(data, epoch, seed).train_batches(batch_size, gen, augment=s.augment)
+            sums = loop.epoch(net, batches, advance)
+            distributed.sync_state(model, *extra_modules, average_buffers=True)
+            loss_sum, correct, seen = distributed.all_sum(sums)
         row = {"epoch": epoch, "train_loss": loss_sum / seen, "train_accuracy": correct / seen, "lr": opt.param_groups[0]["lr"]}
         if (s.eval_every and epoch % s.eval_every == 0) or epoch == s.epochs:
             row["eval_accuracy"] = evaluate_model(model, data.eval, task, device=ctx.device, reporter=ctx.reporter,
@@ -120,6 +118,37 @@ def fit(model: nn.Module, data: DataBundle, task: Task, s: TrainSettings, ctx: R
         ctx.reporter.info(_epoch_line(description, row))
     model.eval()
     return history
+
+
+class _Loop:
+    """The optimizer steps of ``fit``, one epoch at a time; counts steps across epochs for the schedule."""
+
+    def __init__(self, model: nn.Module, opt: torch.optim.Optimizer, task: Task, s: TrainSettings, ctx: RunContext,
+                 extra_loss: LossFn | None, extra_modules: Sequence[nn.Module],
+                 on_step_end: Callable[[int, int], None] | None, steps_per_epoch: int):
+        self.model, self.opt, self.task, self.s, self.ctx = model, opt, task, s, ctx
+        self.extra_loss, self.extra_modules, self.on_step_end = extra_loss, list(extra_modules), on_step_end
+        self.steps_per_epoch, self.step = steps_per_epoch, 0
+
+    def epoch(self, net: nn.Module, batches, advance: Callable[..., None]) -> tuple[float, float, float]:
+        """One pass of ``net`` (the model, or it in DDP) over ``batches``: (loss sum, correct, samples)."""
+        s, task, device = self.s, self.task, self.ctx.device
+        seen = correct = 0
+        loss_sum = 0.0
+        for x, y in batches:
+            _set_lr(self.opt, s, self.step, self.steps_per_epoch)
+            x, y = x.to(device), y.to(device)
+            out = net(x)
+            loss = self.extra_loss(self.model, x, y, out) if self.extra_loss else task.loss(out, y)
+            _optimizer_step(self.model, self.opt, loss, s.grad_clip, self.extra_modules)
+            self.step += 1
+            if self.on_step_end:
+                self.on_step_end(self.step, s.epochs * self.steps_per_epoch)
+            seen += len(y)
+            loss_sum += float(loss.detach()) * len(y)
+            correct += int((task.logits(out).argmax(-1) == y).sum())
+            advance(1, loss=f"{loss_sum / seen:.3f}")
+        return loss_sum, float(correct), float(seen)
 
 
 def _train_split(data: DataBundle) -> Split:
@@ -146,10 +175,13 @@ def _set_lr(opt: torch.optim.Optimizer, s: TrainSettings, step: int, steps_per_e
         group["lr"] = s.lr * lr_factor(s, step, steps_per_epoch)
 
 
-def _optimizer_step(model: nn.Module, opt: torch.optim.Optimizer, loss: torch.Tensor, grad_clip: float | None) -> None:
-    """Backward and step, clipping the model's gradient norm first when ``grad_clip`` is set."""
+def _optimizer_step(model: nn.Module, opt: torch.optim.Optimizer, loss: torch.Tensor, grad_clip: float | None,
+                    extra_modules: Sequence[nn.Module] = ()) -> None:
+    """Backward and step, clipping the model's gradient norm first when ``grad_clip`` is set. Under DDP the
+    model's gradients arrive averaged over the ranks; the extra modules' are averaged here."""
     opt.zero_grad(set_to_none=True)
     loss.backward()
+    distributed.average_gradients(extra_modules)
     if grad_clip:
         nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     opt.step()

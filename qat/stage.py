@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 from torch import nn
 
+from pruneflow import distributed
 from pruneflow.distill import DistillSpec, Distiller, frozen_copy
 from pruneflow.evaluate import evaluate_model
 from pruneflow.handle import ModelHandle
@@ -171,6 +172,9 @@ class QatStage(Stage[QatConfig]):
         for i, phase in enumerate(cfg.schedule, 1):
             if phase.precision == "int8":
                 quantized = _int8(self, state, ctx)
+                # Under torchrun every rank initialises the ranges from the same calibration set; rank 0's
+                # quantizer parameters and buffers are then broadcast, so the ranks start QAT identical.
+                distributed.sync_state(quantized.module)
             model = quantized.module if quantized is not None else state.model
             settings = cfg.finetune.model_copy(update={"epochs": phase.epochs, "lr": phase.lr or cfg.finetune.lr})
             rounding = fp16_rounding(model) if phase.precision == "fp16" else contextlib.nullcontext()

@@ -25,6 +25,7 @@ from typing import Any, Callable, ClassVar
 import torch
 from torch import nn
 
+from .. import distributed
 from ..distill import Distiller, frozen_copy
 from ..errors import ConfigError
 from ..evaluate import evaluate_model
@@ -203,13 +204,18 @@ def run_round(strategy: Strategy, tuner: Tuner, sample: Callable[[int], Batches]
     start = time.perf_counter()
     goal = strategy.goal(index, rounds)
     t0 = time.perf_counter()
-    scores = strategy.score(lambda: sample(index))
+    # Under torchrun rank 0 scores and every rank plans from its scores (planning is deterministic).
+    with distributed.peers_guard(f"prune round {index}"):
+        scores = distributed.from_main(lambda: strategy.score(lambda: sample(index)), strategy.example.device)
+        distributed.sync_state(strategy.model)  # scoring may have run batches through rank 0's model
     scoring = time.perf_counter() - t0
     plan = strategy.plan(scores, goal)
     removed = plan.apply() if plan.on_step_end is None else {}
     accuracy = tuner.after_round(strategy.model, index, rounds, plan.on_step_end)
     if plan.on_step_end is not None:
         removed = plan.apply()  # faded to zero during the fine-tune: the removal changes no output
+    with distributed.peers_guard(f"prune round {index}"):
+        distributed.check_same_structure(strategy.model, f"prune round {index}")
     figures = strategy.measure()
     record = Round(index, goal, removed, accuracy, figures, round(time.perf_counter() - start, 1), plan.figures)
     return record, scoring

@@ -7,6 +7,7 @@ and MACs/params before and after, onnxruntime latency before and after, the roun
 
 from __future__ import annotations
 
+from .. import distributed
 from ..bench import onnx_latency
 from ..evaluate import evaluate_model
 from ..stage import Stage, StageResult
@@ -39,11 +40,12 @@ class PruneStage(Stage[AnyPruneConfig]):
     def run(self, state, ctx) -> StageResult:
         cfg = self.config
         model, example, data = state.model, state.example_input, state.data
+        latency = cfg.latency if distributed.is_main() else None  # other ranks would disturb rank 0's timing
         strategy = _STRATEGIES[type(cfg)](cfg, model, example, state.task.loss, self.loc)
         entering = strategy.entering()
         accuracy_before = evaluate_model(model, data.eval, state.task, ctx.recipe.data.eval_batch_size, ctx.device,
                                          ctx.reporter, f"{self.id} baseline")["accuracy"]
-        latency_before = onnx_latency(model, example, data.eval.x, cfg.latency.batch_sizes, cfg.latency.runs) if cfg.latency else {}
+        latency_before = onnx_latency(model, example, data.eval.x, latency.batch_sizes, latency.runs) if latency else {}
         strategy.prepare()
         tuner = Tuner(cfg, state, ctx, self.id, self.loc("distill"))
         batches = cfg.importance_batches or strategy.default_importance_batches
@@ -62,8 +64,8 @@ class PruneStage(Stage[AnyPruneConfig]):
             **strategy.summary(after),
             "rounds": len(records), "importance_seconds": round(importance_seconds, 3),
         }
-        if cfg.latency:
-            _add_latency(metrics, latency_before, onnx_latency(model, example, data.eval.x, cfg.latency.batch_sizes, cfg.latency.runs))
+        if latency:
+            _add_latency(metrics, latency_before, onnx_latency(model, example, data.eval.x, latency.batch_sizes, latency.runs))
         tables = {"rounds": [strategy.row(r) for r in records], **strategy.tables(records)}
         for row in tables.get("notes", []):
             ctx.reporter.info(f"{self.id}: {row['note']}")
