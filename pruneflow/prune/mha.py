@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import InputError
+from .tp_adapter import count_ops_as
 
 
 class HeadAttention(nn.Module):
@@ -170,3 +171,23 @@ def prune_attention_heads(attn: HeadAttention, remove: list[int]) -> None:
         attn.out_proj.in_features = len(rows)
     attn.num_heads = len(kept)
     attn.head_index = attn.head_index[torch.tensor(kept, device=attn.head_index.device)]
+
+
+def _count_ops(module: HeadAttention, inputs: tuple, output) -> None:
+    """torch-pruning's count for ``nn.MultiheadAttention`` (projections, biases, q scaling, per-head scores,
+    softmax and context, output projection) with the inner width ``num_heads * head_dim``: equal to it
+    for an unpruned module, so MACs before and after the conversion agree."""
+    query, key = inputs[0], inputs[1]
+    batch_first = module.batch_first and query.dim() == 3
+    batch = query.shape[0] if batch_first else (query.shape[1] if query.dim() == 3 else 1)
+    qlen, klen = query.shape[1 if batch_first else 0], key.shape[1 if batch_first else 0]
+    inner, e = module.num_heads * module.head_dim, module.embed_dim
+    flops = qlen * inner + qlen * e * inner + klen * (module.kdim + module.vdim) * inner
+    if module.q_proj.bias is not None:
+        flops += (qlen + 2 * klen) * inner
+    flops += module.num_heads * (2 * qlen * klen * module.head_dim + qlen * klen)
+    flops += qlen * e * (inner + 1)
+    module.__flops__ += int(flops * batch)  # type: ignore[operator]
+
+
+count_ops_as(HeadAttention, _count_ops)

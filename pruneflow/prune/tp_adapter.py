@@ -170,3 +170,11 @@ class GroupPruner:
         current = self.out_channels(selection.module)
         return self._pruner.estimate_importance(self.graph.get_pruning_group(selection.module, selection.handler,
                                                                              list(range(current))))
+
+
+def count_ops_as(cls: type[nn.Module], hook) -> None:
+    """Let torch-pruning's op counter (``count_ops_and_params``) count ``cls`` with ``hook(module, inputs, output)``
+    (which adds to ``module.__flops__``) as one unit: its children are then not counted on their own."""
+    from torch_pruning.utils import op_counter
+
+    op_counter.MODULES_MAPPING[cls] = hook
