@@ -34,6 +34,8 @@ class HeadAttention(nn.Module):
     shaped (batch, target length, heads x head size): importance hooks read and mask the heads there.
     """
 
+    head_index: torch.Tensor
+
     def __init__(self, embed_dim: int, num_heads: int, head_dim: int, kdim: int | None = None, vdim: int | None = None,
                  bias: bool = True, dropout: float = 0.0, batch_first: bool = False):
         super().__init__()
@@ -187,7 +189,7 @@ def _count_ops(module: HeadAttention, inputs: tuple, output) -> None:
         flops += (qlen + 2 * klen) * inner
     flops += module.num_heads * (2 * qlen * klen * module.head_dim + qlen * klen)
     flops += qlen * e * (inner + 1)
-    module.__flops__ += int(flops * batch)  # type: ignore[operator]
+    setattr(module, "__flops__", getattr(module, "__flops__", 0) + int(flops * batch))
 
 
 count_ops_as(HeadAttention, _count_ops)
