@@ -143,6 +143,10 @@ def test_removing_heads_equals_zeroing_them_first_and_exports_to_onnx(tmp_path):
     assert (zeroed - dense).abs().max() > 1e-2  # the removed heads mattered
     assert (pruned - zeroed).abs().max() < 1e-5
     assert _onnx_parity(model, x, tmp_path / "vit.onnx") < 1e-4
+    import openvino as ov
+
+    compiled = ov.Core().compile_model(str(tmp_path / "vit.onnx"), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    assert np.abs(compiled(x.numpy())[0] - pruned.numpy()).max() < 1e-4
 
 
 def test_heads_need_attention_and_ffn_needs_bert_style_layers():
