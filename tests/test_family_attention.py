@@ -149,6 +149,29 @@ def test_removing_heads_equals_zeroing_them_first_and_exports_to_onnx(tmp_path):
     assert np.abs(compiled(x.numpy())[0] - pruned.numpy()).max() < 1e-4
 
 
+def test_torch_pruning_cannot_remove_whole_heads_of_multihead_attention():
+    """Why mha.py exists (torch-pruning 1.6.1, checked on its result): asked for half the heads it removes none,
+    and channel pruning through nn.MultiheadAttention shrinks every layer's width alike and re-splits the heads."""
+    import warnings
+
+    import torch_pruning as tp
+
+    def pruned(heads: bool, **kwargs) -> list[tuple[int, int, int]]:
+        model = vit.build().eval()
+        mhas = [m for m in model.modules() if isinstance(m, nn.MultiheadAttention)]
+        if heads:
+            kwargs.update(num_heads={m: m.num_heads for m in mhas}, prune_num_heads=True, head_pruning_ratio=0.5)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tp.pruner.MetaPruner(model, torch.zeros(1, *IMAGE), importance=tp.importance.GroupMagnitudeImportance(),
+                                 ignored_layers=[model.head], **kwargs).step()
+        assert model(torch.rand(2, *IMAGE)).shape == (2, 10)
+        return [(m.embed_dim, m.num_heads, m.head_dim) for m in mhas]
+
+    assert pruned(True, pruning_ratio=0.0) == [(64, 4, 16)] * 2
+    assert pruned(False, pruning_ratio=0.25, round_to=4) == [(48, 4, 12)] * 2  # heads of 16 re-split into heads of 12
+
+
 def test_heads_need_attention_and_ffn_needs_bert_style_layers():
     x = torch.rand(2, *IMAGE)
     with pytest.raises(ConfigError, match="attention heads"):
