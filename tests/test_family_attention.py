@@ -237,7 +237,15 @@ def test_pre_norm_blocks_are_found_in_vits_and_convnexts():
             y = x + self.f(x)
             return y + self.g(y)
 
-    assert not is_residual(TwoBranches()) and is_residual(Chained())
+    class EmptyShortcut(nn.Module):  # relu(f(x) + shortcut(x)), the shortcut an empty nn.Sequential
+        def __init__(self):
+            super().__init__()
+            self.f, self.shortcut = nn.Linear(4, 4), nn.Sequential()
+
+        def forward(self, x):
+            return torch.relu(self.f(x) + self.shortcut(x))
+
+    assert not is_residual(TwoBranches()) and is_residual(Chained()) and is_residual(EmptyShortcut())
 
 
 def test_vit_blocks_are_removed_and_the_model_still_runs():

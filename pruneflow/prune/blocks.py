@@ -52,10 +52,11 @@ def _strip(gm: fx.GraphModule, node, activations: bool):
 
 
 class _ShallowTracer(fx.Tracer):
-    """Traces a module's own forward only: its submodules are calls (their control flow does not matter)."""
+    """Traces a module's own forward: its submodules are calls (their control flow does not matter), except
+    ``nn.Sequential`` containers, traced through as torch.fx does (an empty one is a common identity shortcut)."""
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        return True
+        return not isinstance(m, nn.Sequential)
 
 
 def _is_add(node) -> bool:
