@@ -123,6 +123,7 @@ def test_vit_loses_half_its_heads_whole_and_never_resplit(importance):
         assert attn.head_index.tolist() == sorted(set(attn.head_index.tolist()))
         kept += attn.num_heads
     assert kept == 6 and strategy.summary(strategy.measure())["heads_before"] == 12
+    assert "3 nn.MultiheadAttention module(s) became HeadAttention" in strategy.tables([])["notes"][0]["note"]
     assert model(torch.rand(3, *IMAGE)).shape == (3, 10)
 
 

@@ -97,7 +97,12 @@ class HeadStrategy(Strategy):
         heads1, ffn1 = self._heads(), self._neurons()
         layers = [{"layer": n, "heads before": self.heads0[n], "heads after": heads1[n]} for n in self.heads0]
         layers += [{"layer": n, "ffn before": self.ffn0[n], "ffn after": ffn1[n]} for n in self.ffn0]
-        return {"units": layers}
+        tables: dict[str, list[dict]] = {"units": layers}
+        if self.converted:
+            tables["notes"] = [{"note": f"{len(self.converted)} nn.MultiheadAttention module(s) became HeadAttention (the same "
+                                        "function with separate q/k/v projections, so heads go whole and the embedding width "
+                                        "stays); code reading in_proj_weight must read q_proj/k_proj/v_proj instead"}]
+        return tables
 
 
 def _remove_lowest(scores: dict, counts: dict[str, int], total: int, share: float, prune) -> None:

@@ -135,7 +135,7 @@ def from_mha(name: str, mha: nn.MultiheadAttention) -> HeadAttention:
 def convert_mha(model: nn.Module, ignored: tuple[str, ...] = ()) -> list[str]:
     """Replace every ``nn.MultiheadAttention`` of ``model`` (outside ``ignored``) by its :class:`HeadAttention`,
     in place; returns the names replaced."""
-    names = [n for n, m in model.named_modules() if isinstance(m, nn.MultiheadAttention)
+    names = [n for n, m in model.named_modules() if n and isinstance(m, nn.MultiheadAttention)
              and not any(n == i or n.startswith(i + ".") for i in ignored)]
     for name in names:
         parent, _, child = name.rpartition(".")
