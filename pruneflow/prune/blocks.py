@@ -9,9 +9,9 @@ below a kernel's SIMD channel block (8 or 16) save MACs but little time.
 
 Written by hand: torch-pruning removes channels, not layers, and nncf has no depth pruning.
 A block is a module (not the model itself) that keeps its input's shape and whose own forward, traced
-by torch.fx with every submodule a leaf, ends in an add of another branch and its input (through identity
-modules, or through earlier such adds), optionally followed by an element-wise activation. Blocks are ranked by the *measured* loss increase when each one
-alone is replaced by the identity, on the importance batches: exact where Taylor or Hessian scores
+by torch.fx with its submodules as calls, ends in an add of another branch and its input (through identity
+modules, or through earlier such adds), optionally followed by an element-wise activation. Blocks are
+ranked by the *measured* loss increase when each one alone is replaced by the identity, on the importance batches: exact where Taylor or Hessian scores
 estimate, and cheap at the tens of blocks a network has (one forward pass per block and batch).
 """
 
