@@ -250,10 +250,19 @@ def test_pre_norm_blocks_are_found_in_vits_and_convnexts():
     assert not is_residual(TwoBranches()) and is_residual(Chained()) and is_residual(EmptyShortcut())
 
 
-def test_vit_blocks_are_removed_and_the_model_still_runs():
-    model = _perturbed_vit(layers=3)
-    remove_blocks(model, ["encoder.1"])
-    assert isinstance(model.encoder[1], nn.Identity) and model(torch.rand(2, *IMAGE)).shape == (2, 10)
+def test_a_vit_loses_whole_encoder_layers_under_granularity_blocks():
+    from pruneflow.prune.blocks import BlockStrategy
+    from pruneflow.prune.config import BlockPruneConfig
+
+    model = _perturbed_vit(layers=4)
+    x, y = torch.rand(16, *IMAGE), torch.randint(0, 10, (16,))
+    cfg = BlockPruneConfig(granularity="blocks", target={"ratio": 0.5}, rounds=1, finetune=None, latency=None)
+    strategy = BlockStrategy(cfg, model, x[:1], F.cross_entropy, _loc)
+    assert strategy.entering()["blocks"] == 4  # "has no removable residual block" in issue 15
+    strategy.prepare()
+    records, _ = run_rounds(strategy, EvalOnly(x, y), lambda k: [(x, y)], Reporter(), "prune")
+    assert records[0].figures["blocks"] == 2 and len(records[0].removed) == 2
+    assert sum(isinstance(layer, nn.Identity) for layer in model.encoder) == 2 and model(x).shape == (16, 10)
 
 
 def test_convnext_channels_prune_through_layer_norm_and_layer_scale_and_blocks_go_whole(tmp_path):
