@@ -121,6 +121,7 @@ def _mismatch(path: Path, detail: str) -> InputError:
 
 def _reshape_modules(model: nn.Module, structure: dict[str, dict], path: Path) -> None:
     """Swap in the known rewrites and set each module's recorded plain attributes (parents before children)."""
+    from .prune.mha import HeadAttention
     from .prune.surgery import ChannelEmbedConv
 
     modules = dict(model.named_modules())
@@ -129,10 +130,12 @@ def _reshape_modules(model: nn.Module, structure: dict[str, dict], path: Path) -
         if module is None:
             raise _mismatch(path, f"the recipe's model has no module {name!r}")
         if type(module).__name__ != desc.get("class"):
-            if desc.get("class") not in (ChannelEmbedConv.__name__, "Identity") or not name:
+            if desc.get("class") not in (ChannelEmbedConv.__name__, HeadAttention.__name__, "Identity") or not name:
                 raise _mismatch(path, f"module {name!r} is a {type(module).__name__}, the checkpoint's a {desc.get('class')}")
             if desc["class"] == "Identity":
                 module = nn.Identity()  # a residual block removed by depth pruning
+            elif desc["class"] == HeadAttention.__name__:
+                module = HeadAttention(1, 1, 1)  # an nn.MultiheadAttention that lost heads: sizes from the attributes
             else:
                 module = ChannelEmbedConv(1, 0, 1)  # its sizes and stride come from the attributes, its weight from state_dict
             parent, _, child = name.rpartition(".")

@@ -1,15 +1,17 @@
 """Depth pruning: whole residual blocks removed (replaced by the identity), ranked by measured loss.
 
 A residual block computes ``act(f(x) + x)``; without its branch ``f`` it passes ``x`` on (exactly, when
-``act`` is a ReLU and ``x`` is a ReLU's output, as between ResNet blocks). Removing blocks keeps every
+``act`` is a ReLU and ``x`` is a ReLU's output, as between ResNet blocks). Pre-norm blocks (ViT, ConvNeXt)
+compute ``x + f(norm(x))``, or a chain of them (``y = x + attn(norm1(x)); y + mlp(norm2(y))``): the skip of
+the last add reaches the input through earlier adds. Removing blocks keeps every
 remaining layer's width, so on CPUs the MACs saved turn into time one for one, where channels pruned
 below a kernel's SIMD channel block (8 or 16) save MACs but little time.
 
 Written by hand: torch-pruning removes channels, not layers, and nncf has no depth pruning.
-A block is a module (not the model itself) that keeps its input's shape and whose traced graph
-(torch.fx) ends in an add of its input (through identity modules) and another branch, optionally
-followed by an element-wise activation. Blocks are ranked by the *measured* loss increase when each one
-alone is replaced by the identity, on the importance batches: exact where Taylor or Hessian scores
+A block is a module (not the model itself) that keeps its input's shape and whose own forward, traced
+by torch.fx with its submodules as calls, ends in an add of another branch and its input (through identity
+modules, or through earlier such adds), optionally followed by an element-wise activation. Blocks are
+ranked by the *measured* loss increase when each one alone is replaced by the identity, on the importance batches: exact where Taylor or Hessian scores
 estimate, and cheap at the tens of blocks a network has (one forward pass per block and batch).
 """
 
@@ -49,10 +51,32 @@ def _strip(gm: fx.GraphModule, node, activations: bool):
     return node
 
 
+class _ShallowTracer(fx.Tracer):
+    """Traces a module's own forward: its submodules are calls (their control flow does not matter), except
+    ``nn.Sequential`` containers, traced through as torch.fx does (an empty one is a common identity shortcut)."""
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return not isinstance(m, nn.Sequential)
+
+
+def _is_add(node) -> bool:
+    return isinstance(node, fx.Node) and ((node.op == "call_function" and node.target in _ADDS)
+                                          or (node.op == "call_method" and node.target in ("add", "add_")))
+
+
+def _skip_reaches(gm: fx.GraphModule, node, source) -> bool:
+    """``node`` is ``source`` (through identity modules), or an add one of whose arguments is (pre-norm chains)."""
+    node = _strip(gm, node, activations=False)
+    if node is source:
+        return True
+    return _is_add(node) and any(_skip_reaches(gm, a, source) for a in node.args[:2] if isinstance(a, fx.Node))
+
+
 def is_residual(module: nn.Module) -> bool:
-    """``module``'s output is ``[act](x + branch)`` of its single input ``x`` (an identity skip)."""
+    """``module``'s output is ``[act](x + branch)`` of its single input ``x``: an identity skip, or the skip
+    of a chain of pre-norm adds (``y = x + f(norm(x)); y + g(norm(y))``)."""
     try:
-        gm = fx.symbolic_trace(module)
+        gm = fx.GraphModule(module, _ShallowTracer().trace(module))
     except Exception:  # noqa: BLE001 - data-dependent control flow etc.: not a block we can reason about
         return False
     inputs = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -60,8 +84,7 @@ def is_residual(module: nn.Module) -> bool:
     if len(inputs) != 1 or not isinstance(output, fx.Node):
         return False
     add = _strip(gm, output, activations=True)
-    is_add = (add.op == "call_function" and add.target in _ADDS) or (add.op == "call_method" and add.target in ("add", "add_"))
-    return is_add and any(isinstance(a, fx.Node) and _strip(gm, a, activations=False) is inputs[0] for a in add.args[:2])
+    return _is_add(add) and any(_skip_reaches(gm, a, inputs[0]) for a in add.args[:2] if isinstance(a, fx.Node))
 
 
 def find_blocks(model: nn.Module, example: torch.Tensor, ignored: tuple[str, ...] = ()) -> list[str]:

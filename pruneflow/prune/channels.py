@@ -15,6 +15,7 @@ from .engine import (PruneOptions, auto_rounds, channel_table, layer_channels, l
 from .fisher import fisher_diagonal, mean_gradients
 from .importance import hessian_saliency, magnitude_saliency, mixed_saliency, taylor_saliency
 from .rounds import Batches, Plan, Round, Strategy, linear_goal
+from .mha import attention_modules
 from .surgery import make_prunable
 
 
@@ -31,7 +32,9 @@ class ChannelStrategy(Strategy):
         cfg, model = self.config, self.model
         self.metric, self.keep = cfg.target.metric_and_keep()
         self.replaced = make_prunable(model, self.example)
-        self.ignored = resolve_ignored(model, cfg.ignore, self.loc("ignore"))
+        # Attention is kept whole here: torch-pruning would cut its heads (issue 15); `granularity: heads` removes them.
+        self.attention = attention_modules(model)
+        self.ignored = tuple(dict.fromkeys(resolve_ignored(model, cfg.ignore, self.loc("ignore")) + tuple(self.attention)))
         if not prunable_layers(model, self.ignored):
             raise ConfigError(self.loc("ignore"), "every prunable layer is ignored; nothing is left to prune",
                               hint="shorten `ignore` (the classifier is ignored by default)")
@@ -90,10 +93,18 @@ class ChannelStrategy(Strategy):
     def tables(self, records: list[Round]) -> dict[str, list[dict]]:
         layers = channel_table(self.model, self.channels_before)
         tables = {"channels": layers}
-        note = self._block_note(layers)
-        if note:
-            tables["notes"] = [{"note": note}]
+        notes = [note for note in (self._attention_note(), self._block_note(layers)) if note]
+        if notes:
+            tables["notes"] = [{"note": note} for note in notes]
         return tables
+
+    def _attention_note(self) -> str | None:
+        if not self.attention:
+            return None
+        owners = list(dict.fromkeys(n.rsplit(".", 1)[0] if n.endswith("_proj") else n for n in self.attention))
+        return (f"{len(owners)} attention module(s) kept whole ({', '.join(owners[:3])}{', ...' if len(owners) > 3 else ''}): "
+                "channel pruning does not cut attention heads, and the embedding width they read and write stays; "
+                "`granularity: heads` removes whole heads")
 
     def _block_note(self, layers: list[dict]) -> str | None:
         """Say so when pruned layers end off this CPU's SIMD channel block: their MACs fall, their time less."""

@@ -127,7 +127,8 @@ class ChannelPruneConfig(_ScoredPruneBase):
     """`granularity: channels` (the default): remove channels (width) on torch-pruning's dependency graph."""
 
     granularity: Literal["channels"] = Field(
-        default="channels", description="`channels`: remove channels (width); coupled channels go together. The default."
+        default="channels", description="`channels`: remove channels (width); coupled channels go together (squeeze-excite "
+        "gates with the channels they scale). Attention modules and the embedding width they share are kept whole. The default."
     )
     target: PruneTarget = Field(description="What to reach: {ratio: 0.3} channels removed, {macs: 0.5} or {params: 0.5} kept.")
     rounds: int | Literal["auto"] = Field(
@@ -169,8 +170,9 @@ class BlockPruneConfig(_PruneBase):
     """`granularity: blocks`: remove whole residual blocks (depth), ranked by the measured loss increase of removing each."""
 
     granularity: Literal["blocks"] = Field(
-        description="`blocks`: remove whole residual blocks (depth), ranked by the measured loss increase of removing "
-        "each; `ratio` is then the share of blocks. On CPUs, blocks turn MACs into time one for one; channels keep the depth."
+        description="`blocks`: remove whole residual blocks (depth; post-activation `act(x + f(x))` and pre-norm "
+        "`x + f(norm(x))`), ranked by the measured loss increase of removing each; `ratio` is then the share of blocks. "
+        "On CPUs, blocks turn MACs into time one for one; channels keep the depth."
     )
     target: PruneTarget = Field(
         description="What to reach: {ratio: 0.5} of the blocks removed, {macs: 0.5} or {params: 0.5} kept."
@@ -186,11 +188,12 @@ class BlockPruneConfig(_PruneBase):
 
 
 class HeadPruneConfig(_ScoredPruneBase):
-    """`granularity: heads`: BERT-style transformers lose attention heads and FFN neurons (the default for a heads/ffn target)."""
+    """`granularity: heads`: BERT-style transformers lose attention heads and FFN neurons, models with
+    ``torch.nn.MultiheadAttention`` (a ViT) whole heads (the default for a heads/ffn target)."""
 
     granularity: Literal["heads"] = Field(
-        default="heads", description="`heads`: remove attention heads and FFN neurons of a BERT-style transformer; the default "
-        "when the target names heads or ffn."
+        default="heads", description="`heads`: remove attention heads and FFN neurons of a BERT-style transformer, or whole "
+        "heads of torch.nn.MultiheadAttention modules (the embedding width kept); the default when the target names heads or ffn."
     )
     target: UnitTarget = Field(description="What to remove: {heads: 0.5, ffn: 0.3} (shares of the original counts).")
     rounds: int | Literal["auto"] = Field(

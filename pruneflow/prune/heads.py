@@ -1,11 +1,17 @@
 """Transformer pruning (`granularity: heads`) as a round-loop strategy: attention heads and FFN neurons
-scored through per-sample masks and removed by hand-written surgery (see ``transformer.py``)."""
+scored through per-sample masks and removed by hand-written surgery (see ``transformer.py``).
+
+Models with ``torch.nn.MultiheadAttention`` (a ViT) lose whole heads too: each such module is first turned
+into the :class:`~pruneflow.prune.mha.HeadAttention` computing the same function (``mha.py`` says why),
+so the embedding width stays and each layer keeps its own number of heads."""
 
 from __future__ import annotations
 
 from typing import Callable
 
+from ..errors import ConfigError
 from ..evaluate import count_macs_params
+from .mha import convert_mha
 from .rounds import Batches, Plan, Round, Strategy
 from .transformer import attention_sites, ffn_sites, prune_heads, prune_neurons, select_lowest, unit_importance
 
@@ -16,12 +22,24 @@ class HeadStrategy(Strategy):
     for_transformers = True
 
     def entering(self) -> dict[str, int]:
+        self.converted = convert_mha(self.model)
         self.check_kind()
         self.heads0 = self._heads()
         self.ffn0 = self._neurons()
         self.total_heads, self.total_ffn = sum(self.heads0.values()), sum(self.ffn0.values())
         macs, params = count_macs_params(self.model, self.example)
         return {"macs": macs, "params": params}
+
+    def check_kind(self) -> None:
+        """BERT-style attention or ``nn.MultiheadAttention`` (already converted); ffn only where FFN sites are."""
+        if not attention_sites(self.model):
+            raise ConfigError(self.loc("target"), "heads/ffn targets need a model with attention heads: a BERT-style "
+                              "transformer or torch.nn.MultiheadAttention modules; this model has neither",
+                              hint="use target: {macs: 0.5}, {params: 0.5} or {ratio: 0.3}")
+        if self.config.target.ffn and not ffn_sites(self.model):
+            raise ConfigError(self.loc("target", "ffn"), "ffn counts the FFN neurons of BERT-style layers "
+                              "(intermediate.dense, output.dense); this model has none", value=self.config.target.ffn,
+                              hint="drop ffn here and prune the MLP's hidden neurons in a later `granularity: channels` stage")
 
     def _heads(self) -> dict[str, int]:
         return {s.name: s.heads for s in attention_sites(self.model)}
@@ -79,7 +97,12 @@ class HeadStrategy(Strategy):
         heads1, ffn1 = self._heads(), self._neurons()
         layers = [{"layer": n, "heads before": self.heads0[n], "heads after": heads1[n]} for n in self.heads0]
         layers += [{"layer": n, "ffn before": self.ffn0[n], "ffn after": ffn1[n]} for n in self.ffn0]
-        return {"units": layers}
+        tables: dict[str, list[dict]] = {"units": layers}
+        if self.converted:
+            tables["notes"] = [{"note": f"{len(self.converted)} nn.MultiheadAttention module(s) became HeadAttention (the same "
+                                        "function with separate q/k/v projections, so heads go whole and the embedding width "
+                                        "stays); code reading in_proj_weight must read q_proj/k_proj/v_proj instead"}]
+        return tables
 
 
 def _remove_lowest(scores: dict, counts: dict[str, int], total: int, share: float, prune) -> None:

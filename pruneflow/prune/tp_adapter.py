@@ -17,6 +17,7 @@ it) and a :class:`GroupPruner` (one global or uniform step, yielded group by gro
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator, Literal, NamedTuple
 
@@ -136,14 +137,18 @@ class GroupPruner:
     def __init__(self, model: nn.Module, example: torch.Tensor, importance: GroupImportance, rule: "KeepRule", *,
                  ratio: float, global_pruning: bool, ignored: list[nn.Module],
                  initial_widths: dict[nn.Module, tuple[int, int]] | None = None):
-        self._pruner = _NearestRoundingPruner(
-            model, example, importance=importance, global_pruning=global_pruning, pruning_ratio=ratio,
-            max_pruning_ratio=rule.max_layer_ratio, ignored_layers=ignored,
-            # 1 when unset: the rule then keeps at least one channel of a group selected whole (once the global
-            # threshold reaches the +inf floor scores), and the cap restores the floor; torch-pruning would
-            # otherwise reject such a group and prune nothing there.
-            round_to=rule.step, rule=rule,
-        )
+        with warnings.catch_warnings():
+            # Bare parameters (a ViT's class token and position embedding, ConvNeXt's layer scale) are pruned on
+            # their last non-singleton dimension, the channel one in each: right, and not worth a warning a run.
+            warnings.filterwarnings("ignore", message="Unwrapped parameters detected")
+            self._pruner = _NearestRoundingPruner(
+                model, example, importance=importance, global_pruning=global_pruning, pruning_ratio=ratio,
+                max_pruning_ratio=rule.max_layer_ratio, ignored_layers=ignored,
+                # 1 when unset: the rule then keeps at least one channel of a group selected whole (once the global
+                # threshold reaches the +inf floor scores), and the cap restores the floor; torch-pruning would
+                # otherwise reject such a group and prune nothing there.
+                round_to=rule.step, rule=rule,
+            )
         for module, (out_ch, in_ch) in (initial_widths or {}).items():
             if module in self._pruner.layer_init_out_ch:
                 self._pruner.layer_init_out_ch[module] = out_ch
@@ -170,3 +175,11 @@ class GroupPruner:
         current = self.out_channels(selection.module)
         return self._pruner.estimate_importance(self.graph.get_pruning_group(selection.module, selection.handler,
                                                                              list(range(current))))
+
+
+def count_ops_as(cls: type[nn.Module], hook) -> None:
+    """Let torch-pruning's op counter (``count_ops_and_params``) count ``cls`` with ``hook(module, inputs, output)``
+    (which adds to ``module.__flops__``) as one unit: its children are then not counted on their own."""
+    from torch_pruning.utils import op_counter
+
+    op_counter.MODULES_MAPPING[cls] = hook

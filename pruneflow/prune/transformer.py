@@ -1,10 +1,11 @@
-"""Attention-head and FFN-neuron pruning for BERT-style `transformers` models.
+"""Attention-head and FFN-neuron pruning for BERT-style `transformers` models and ``nn.MultiheadAttention``.
 
 transformers 5.x removed ``prune_heads`` and the ``head_mask`` argument, and torch-pruning's head
 pruning still leaves each attention module's head counts for the caller to fix, so the surgery is
 written here: remove the heads' rows from query/key/value and their columns from the output
 projection, then update ``num_attention_heads`` and ``all_head_size``. FFN neurons: rows of
-``intermediate.dense``, columns of ``output.dense``.
+``intermediate.dense``, columns of ``output.dense``. ``nn.MultiheadAttention`` modules are first turned
+into the equivalent :class:`~pruneflow.prune.mha.HeadAttention` (see ``mha.py``), whose heads are sites too.
 
 Importance uses per-sample *masks*: the head outputs (and FFN activations) are multiplied by a
 (batch, units) tensor of ones, so one backward pass yields every sample's gradient for every unit:
@@ -20,6 +21,8 @@ from typing import Callable, Iterable, Iterator
 import torch
 from torch import nn
 
+from .mha import HeadAttention, prune_attention_heads
+
 
 @dataclass
 class AttentionSite:
@@ -30,6 +33,8 @@ class AttentionSite:
     value: nn.Linear
     head_size: int
     out: nn.Linear  # the projection after attention
+    # Where the merged head outputs (batch, length, heads x head size) appear: importance masks hook here.
+    hook: nn.Module | None = None
 
     @property
     def heads(self) -> int:
@@ -53,7 +58,9 @@ def attention_sites(model: nn.Module) -> list[AttentionSite]:
 
 def _attention_site(name: str, m: nn.Module) -> AttentionSite | None:
     """``m`` as a BERT-style attention block (``self`` with query/key/value projections and the head
-    size, ``output.dense`` after it), else None."""
+    size, ``output.dense`` after it) or a :class:`HeadAttention`, else None."""
+    if isinstance(m, HeadAttention):
+        return AttentionSite(name, m, m.q_proj, m.k_proj, m.v_proj, m.head_dim, m.out_proj, m.context)
     attn, out = getattr(m, "self", None), getattr(getattr(m, "output", None), "dense", None)
     if not isinstance(attn, nn.Module) or not isinstance(out, nn.Linear):
         return None
@@ -75,7 +82,9 @@ def ffn_sites(model: nn.Module) -> list[FfnSite]:
 
 
 def is_transformer(model: nn.Module) -> bool:
-    return bool(attention_sites(model))
+    """A BERT-style transformer (pruned by heads and FFN neurons only); models with ``nn.MultiheadAttention``
+    prune by channels or blocks too."""
+    return any(not isinstance(s.attn, HeadAttention) for s in attention_sites(model))
 
 
 # --------------------------------------------------------------------------- surgery
@@ -98,6 +107,9 @@ def prune_heads(site: AttentionSite, remove: Iterable[int]) -> None:
     heads, size = site.heads, site.head_size
     if len(remove) >= heads:
         raise ValueError(f"{site.name}: cannot remove all {heads} heads")
+    if isinstance(site.attn, HeadAttention):
+        prune_attention_heads(site.attn, remove)
+        return
     kept_heads = [h for h in range(heads) if h not in remove]
     keep = torch.cat([torch.arange(h * size, (h + 1) * size) for h in kept_heads])
     for lin in (site.query, site.key, site.value):
@@ -164,7 +176,7 @@ def unit_masks(model: nn.Module, head_mask: dict[str, torch.Tensor] | None = Non
 
     try:
         if head_mask is not None or per_sample:
-            handles += [s.attn.register_forward_hook(head_hook(s)) for s in attention_sites(model)]
+            handles += [(s.hook or s.attn).register_forward_hook(head_hook(s)) for s in attention_sites(model)]
         if ffn_mask is not None or per_sample:
             handles += [_activation_module(model, s).register_forward_hook(ffn_hook(s)) for s in ffn_sites(model)]
         yield captured
