@@ -77,7 +77,8 @@ class OnnxTarget(Target[OnnxConfig]):
                                   opset=max(cfg.opset, 13), dynamic_batch=cfg.dynamic_batch, metadata=record)
         artifact = Artifact.from_file(ctx.run_dir, path, kind="onnx", producer="export", target="onnx",
                                       precision="int8", form=form, deployment=record)
-        artifact.metrics.update(weights_int8=report.weights_folded, batchnorms_folded=report.batchnorms_folded)
+        artifact.metrics.update(weights_int8=report.weights_folded, batchnorms_folded=report.batchnorms_folded,
+                                ops_float=len(report.float_ops))
         artifact.notes += report.notes
         if form == "cpu":
             _check_runs_in_openvino(path, state.example_input)
@@ -207,7 +208,7 @@ def export_int8_onnx(stripped: torch.nn.Module, example: torch.Tensor, path: Pat
                      dynamic_batch: bool = True, metadata: dict | None = None) -> "PassReport":
     """Export a model stripped to torch's fake-quant ops (``handle.int8_module(example)``), convert it to
     ``form``, fold what is computed from constants (Q/DQ kept) and write the deployment ``metadata``."""
-    from .qdq import check_convention, convert
+    from .qdq import check_convention, convert, float_ops
 
     onnx = require("onnx", "pip install onnx", "INT8 ONNX export")
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
@@ -221,7 +222,15 @@ def export_int8_onnx(stripped: torch.nn.Module, example: torch.Tensor, path: Pat
     problems = check_convention(model_proto, form)
     if problems:
         raise ExportError(f"the INT8 ONNX ({form}) does not meet its convention: " + "; ".join(problems[:3])
-                          + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""))
+                          + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""),
+                          hint="report the model to pruneflow; meanwhile `ignore` the layer named in the qat/ptq stage "
+                          "(it is then kept in float), or export the other form only (`int8_forms` of the onnx target)")
+    floats = float_ops(model_proto)
+    if floats:
+        report.float_ops = floats
+        report.notes.append(f"{len(floats)} weighted op(s) kept in float, as NNCF left them (a layer in `ignore`, or "
+                            "NNCF's own choice, e.g. a squeeze-excite gate or attention MatMuls of two activations): "
+                            + ", ".join(floats[:8]) + (" ..." if len(floats) > 8 else ""))
     with atomic_path(path) as tmp_path:
         onnx.save(model_proto, str(tmp_path))
         onnx.checker.check_model(str(tmp_path))
