@@ -94,9 +94,21 @@ def _int8(stage: Stage, state, ctx) -> ModelHandle:
     return ModelHandle(quantized, kind="nncf", float_base=base)
 
 
+def _check_model(stage: Stage, model: nn.Module, batch) -> list[str]:
+    """Before any stage of the run trains: NNCF can quantize ``model`` with this stage's settings
+    (``qat/nncf_preflight.py``), else a ConfigError on the stage naming the module and the `ignore` fix."""
+    if not stage.quantizes(stage.config):
+        return []
+    from .nncf_preflight import check_quantizable
+
+    cfg = stage.config
+    return check_quantizable(model, batch, ignore=cfg.ignore, preset=cfg.preset, loc=stage.loc())
+
+
 class PtqStage(Stage[PtqConfig]):
     Config = PtqConfig
     modifies_model = True
+    check_model = _check_model
 
     @classmethod
     def quantizes(cls, config) -> bool:
@@ -130,6 +142,7 @@ class QatStage(Stage[QatConfig]):
     Config = QatConfig
     modifies_model = True
     needs_train_split = True
+    check_model = _check_model
 
     @classmethod
     def quantizes(cls, config) -> bool:
