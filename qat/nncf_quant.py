@@ -52,8 +52,9 @@ class SequentialRoot(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, *args, **kwargs):
-        return self.model(*args, **kwargs)
+    def forward(self, x):
+        # One named input, as a Sequential takes: NNCF's input quantizer hooks onto the root's argument by name.
+        return self.model(x)
 
 
 def rooted(model: nn.Module) -> tuple[nn.Module, str]:

@@ -15,7 +15,7 @@ from pydantic import Field
 from ..artifacts import Artifact, atomic_path
 from ..deployment import INPUT_NAME, OUTPUT_NAME, deployment_record, stamp_onnx
 from ..deps import require
-from ..errors import ExportError
+from ..errors import ExportError, InputError, MissingDependencyError, PruneflowError
 from ..stage import Target, TargetConfig
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ class OnnxTarget(Target[OnnxConfig]):
         record = deployment_record(state, ctx, dynamic_batch=cfg.dynamic_batch)
         if precision == "int8":
             stripped = state.handle.int8_module(state.example_input)  # once for every form
-            return [self._int8(stripped, state, ctx, out_dir, form, record) for form in dict.fromkeys(cfg.int8_forms)]
+            return [self._int8_or_failed(stripped, state, ctx, out_dir, form, record) for form in dict.fromkeys(cfg.int8_forms)]
         # fp32/fp16: the float model that entered quantization, when a ptq/qat stage ran (handle.float_module).
         export = functools.partial(export_onnx, state.handle.float_module(), state.example_input, opset=cfg.opset,
                                    dynamic_batch=cfg.dynamic_batch, exporter=cfg.exporter)
@@ -69,6 +69,19 @@ class OnnxTarget(Target[OnnxConfig]):
             artifact.notes.append("the float model that entered quantization (the float base of the quantized checkpoint), "
                                   "not the quantized model's float weights")
         return artifact
+
+    def _int8_or_failed(self, stripped: torch.nn.Module, state, ctx, out_dir: Path, form: Form, record: dict) -> Artifact:
+        """One INT8 form, or its ``failed`` record: one form that cannot be written leaves the other (the export
+        stage turns a failed artifact into a failed ``<label>.build`` gate, exit 1)."""
+        try:
+            return self._int8(stripped, state, ctx, out_dir, form, record)
+        except (InputError, MissingDependencyError):
+            raise
+        except PruneflowError as exc:
+            ctx.reporter.warning(f"onnx int8 ({form} form) failed: {exc.message}")
+            return Artifact(path=out_dir.resolve().relative_to(ctx.run_dir.resolve()).as_posix(), kind="onnx", producer="export",
+                            status="failed", target="onnx", precision="int8", form=form,
+                            notes=[exc.message + (f" (hint: {exc.hint})" if exc.hint else "")])
 
     def _int8(self, stripped: torch.nn.Module, state, ctx, out_dir: Path, form: Form, record: dict) -> Artifact:
         cfg = self.config
