@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import tempfile
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Iterator, Literal
 
 import torch
 from pydantic import Field
@@ -115,7 +116,7 @@ def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: Path, *, op
     x = torch.ones(shape, dtype=example.dtype) if not example.dtype.is_floating_point else torch.randn(shape)
     with atomic_path(path) as tmp:
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), no_attention_fastpath():
                 warnings.simplefilter("ignore")
                 if exporter == "dynamo":
                     require("onnxscript", "pip install onnxscript", "the dynamo ONNX exporter")
@@ -132,8 +133,10 @@ def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: Path, *, op
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ExportError(
                 f"the model could not be exported to ONNX ({exporter} exporter): {type(exc).__name__}: {first}",
-                hint="data-dependent Python control flow does not trace; try `exporter: dynamo` on the onnx target, "
-                "or make the forward pass shape-static",
+                hint=("an operator the exporter does not know: try `exporter: dynamo` (or a higher `opset`) on the onnx target"
+                      if "UnsupportedOperator" in type(exc).__name__ else
+                      "data-dependent Python control flow does not trace; try `exporter: dynamo` on the onnx target, "
+                      "or make the forward pass shape-static"),
             ) from exc
         if fold or metadata:
             proto = fold_constants(onnx.load(str(tmp))) if fold else onnx.load(str(tmp))
@@ -144,6 +147,23 @@ def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: Path, *, op
             onnx.checker.check_model(str(tmp))
         except Exception as exc:  # noqa: BLE001
             raise ExportError(f"the exported ONNX model failed onnx.checker: {exc}") from exc
+
+
+@contextlib.contextmanager
+def no_attention_fastpath() -> Iterator[None]:
+    """Exports see the composite ops of ``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer``.
+
+    In eval mode, with gradients off or the parameters frozen (a float base, a distillation teacher,
+    an export under ``torch.no_grad()``), torch runs those modules through one fused kernel
+    (``aten::_transformer_encoder_layer_fwd``, ``aten::_native_multi_head_attention``) that no ONNX
+    exporter or OpenVINO converter knows. torch's own switch turns that fast path off for the export.
+    """
+    was = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(was)
 
 
 #: Never folded: weight quantizers stay Q/DQ pairs (the INT8 passes and runtimes read them), and the
