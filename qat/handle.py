@@ -46,9 +46,10 @@ class NncfKind(ModelKind):
         """Re-insert the quantizers into a copy of ``base`` from the saved config, then load the trained weights."""
         from .nncf_setup import ensure_built
 
-        from .nncf_quant import SequentialRoot
+        from .nncf_quant import SequentialRoot, attention_fastpath_off
 
         ensure_built()
+        attention_fastpath_off(base)
         import nncf.torch
 
         # A Sequential top module was quantized under a plain root (qat/nncf_quant.py, SequentialRoot).

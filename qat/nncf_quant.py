@@ -170,6 +170,7 @@ def nncf_quantize(model: nn.Module, dataset, items: int, example: torch.Tensor, 
     import nncf
 
     refuse_scripted(model, ignore_loc[:-1])
+    attention_fastpath_off(model)
     root, prefix = rooted(model)
     root.eval()
     names = [n for n, _ in model.named_modules() if n]
@@ -180,6 +181,20 @@ def nncf_quantize(model: nn.Module, dataset, items: int, example: torch.Tensor, 
             return nncf.quantize(root, dataset, subset_size=items, ignored_scope=scope, preset=nncf.QuantizationPreset(preset))
     except nncf.ValidationError as exc:
         raise ConfigError(ignore_loc, str(exc).strip(), hint="use module names from `pruneflow inspect`, or NNCF node-name regexes") from exc
+
+
+def attention_fastpath_off(model: nn.Module) -> None:
+    """Turn torch's fused attention fast path off for this process when ``model`` has attention modules.
+
+    In eval mode without gradients, ``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer`` run one
+    fused kernel that never calls the linear ops NNCF hooks its quantizers onto: NNCF would trace (and
+    quantize) a different graph from the one that is trained and exported, and evaluation would skip the
+    projections' weight quantizers. torch's own switch (``torch.backends.mha``) makes them run as composite ops.
+    """
+    if any(isinstance(m, (nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)) for m in model.modules()):
+        if torch.backends.mha.get_fastpath_enabled():
+            log.info("attention modules: torch's fused attention fast path turned off (it bypasses quantizers)")
+        torch.backends.mha.set_fastpath_enabled(False)
 
 
 def refuse_scripted(model: nn.Module, stage_loc: tuple) -> None:

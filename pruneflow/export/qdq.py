@@ -180,7 +180,7 @@ def fold_weight_quantizers(graph: _Graph, report: PassReport) -> None:
         w = graph.const(q.input[0])
         scale = graph.const(q.input[1])
         zp = graph.const(q.input[2]) if len(q.input) > 2 and q.input[2] else np.zeros((), np.uint8)
-        if w is None or scale is None or zp is None or w.ndim < 2:
+        if w is None or scale is None or zp is None or w.ndim < 1:  # any constant (LayerNorm weights too)
             continue
         axis = _attr(q, "axis", 1)
         axis = axis + w.ndim if axis < 0 else axis
