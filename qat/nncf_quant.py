@@ -99,7 +99,7 @@ def ignore_patterns(model: nn.Module, ignore: list[str], loc: tuple, prefix: str
                               hint="use a module name from `pruneflow inspect` (e.g. `features.3`), or a valid regex") from exc
         if node_names is not None and not any(rx.match(n) for n in node_names):
             close = difflib.get_close_matches(item, names, n=3, cutoff=0.3) or names[:3]
-            raise ConfigError((*loc, i), "matches no module of the model and no NNCF node name", value=item,
+            raise ConfigError((*loc, i), f"{item!r} matches no module of the model and no NNCF node name", value=item,
                               hint=f"closest module names: {', '.join(close)}; a regex must match a whole dotted "
                               "module name (`blocks\\.1\\..*`)")
         patterns.append(item)

@@ -734,12 +734,17 @@ def _quantizer_problems(graph: _Graph, node, form: Form) -> list[str]:
     return problems
 
 
-def _dequantized(graph: _Graph, name: str, through: bool) -> bool:
-    """Whether tensor ``name`` comes from a DequantizeLinear (``through`` the ops a runtime propagates Q/DQ across)."""
+#: Ops between a DequantizeLinear and a weighted op that keep its input on the int8 grid: a transposed
+#: weight (a Linear on 3-D input exports as Transpose -> MatMul), a class token taken by Gather or Slice.
+_GRID_READERS = PASS_THROUGH + ("Gather", "Slice", "Identity")
+
+
+def _dequantized(graph: _Graph, name: str) -> bool:
+    """Whether tensor ``name`` comes from a DequantizeLinear, through ops that keep the int8 grid."""
     src = graph.producer.get(name)
     # NNCF places an activation quantizer before ops that do not change the grid much (pooling, flatten);
     # runtimes propagate Q/DQ through them.
-    while through and src is not None and src.op_type in PASS_THROUGH:
+    while src is not None and src.op_type in _GRID_READERS:
         src = graph.producer.get(src.input[0])
     return src is not None and src.op_type == "DequantizeLinear"
 
@@ -753,7 +758,7 @@ def float_ops(model) -> list[str]:
     """
     graph = _Graph(model)
     return [f"{n.op_type} {n.name}" for n in graph.g.node if n.op_type in WEIGHTED_OPS
-            and not all(_dequantized(graph, name, k == 0) for k, name in enumerate(n.input[:2]))]
+            and not all(_dequantized(graph, name) for name in n.input[:2])]
 
 
 def check_convention(model, form: Form) -> list[str]:
