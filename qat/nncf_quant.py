@@ -200,6 +200,7 @@ def attention_fastpath_off(model: nn.Module) -> None:
 def refuse_scripted(model: nn.Module, stage_loc: tuple) -> None:
     """NNCF cannot trace TorchScript modules (it fails inside them, and ignoring them does not help)."""
     scripted = [name for name, m in model.named_modules() if name and isinstance(m, torch.jit.ScriptModule)]
+    scripted = [n for n in scripted if not any(n.startswith(f"{outer}.") for outer in scripted)]  # outermost only
     if scripted or isinstance(model, torch.jit.ScriptModule):
         kind = type(model.get_submodule(scripted[0]) if scripted else model).__name__
         raise ConfigError(

@@ -145,6 +145,7 @@ def check_runtimes(q: nn.Module, files: dict, digits, min_top1: float = 0.95) ->
     return measured
 
 
+@pytest.mark.slow  # ~40 s of CPU: a few training steps, NNCF, two exports, two runtimes
 def test_densenet_ignore_fc_exports_both_int8_forms(digits, tmp_path):
     """`ignore: ['fc']` used to fail the convention check (`input 't413' is not dequantized`); fc now runs in
     float, named in the artifact notes, and both forms match the quantized torch model in both runtimes."""
@@ -159,6 +160,7 @@ def test_densenet_ignore_fc_exports_both_int8_forms(digits, tmp_path):
     assert measured["torch"] > 0.5  # trained: the agreement above is about real predictions
 
 
+@pytest.mark.slow  # ~40 s of CPU: a few training steps, NNCF, two exports, two runtimes
 def test_mobilenet_se_sequential_top_and_per_channel_activations(digits, tmp_path):
     """An nn.Sequential top module quantizes (it used to fail with NNCF's HookStorage error); NNCF puts
     per-channel activation quantizers before the depthwise convs and keeps the SE convs float; both forms export."""
@@ -203,6 +205,7 @@ def test_ignore_entries_with_dots_match_and_unknown_ones_are_refused(digits):
     assert "features.9.conv" in str(caught.value) and "features." in (caught.value.hint or "")
 
 
+@pytest.mark.slow  # ~40 s of CPU: a few training steps, NNCF, two exports, two runtimes
 def test_vit_attention_int8_both_forms_agree_with_quantized_torch(digits, tmp_path):
     """nn.MultiheadAttention ViT: NNCF quantizes the projections and leaves the score/context MatMuls of two
     activations in float (recorded in the notes); both forms agree with the quantized torch model >= 0.98."""
