@@ -230,7 +230,8 @@ def failing_module(model: nn.Module, exc: BaseException) -> str | None:
 
 
 def force_signed_activations(model: nn.Module) -> int:
-    """Make every per-tensor symmetric activation quantizer signed (int8, zero point 0); returns how many changed.
+    """Make every symmetric activation quantizer signed (int8, zero point 0), per-tensor or per-channel (NNCF's
+    choice before depthwise convolutions); returns how many changed.
 
     NNCF's hardware configs do not let `signedness_to_force` constrain activations, so this is done
     on the inserted quantizers: an unsigned one covering [0, s] in 256 steps becomes [-s·128/127, s]

@@ -16,7 +16,7 @@ from pruneflow.handle import ModelHandle
 from pruneflow.stage import Stage, StageConfig, StageResult, StrictModel
 from pruneflow.train import FinetuneSettings, fit
 
-from .nncf_quant import quantize, quantizer_parameters
+from .nncf_quant import SequentialRoot, quantize, quantizer_parameters
 from .precision import fp16_rounding
 
 
@@ -195,7 +195,9 @@ class QatStage(Stage[QatConfig]):
         spec = cfg.distill  # set exactly when run made a teacher
         distiller = None
         if spec is not None and teacher is not None:
-            distiller = Distiller(model, teacher, spec, state.task, state.example_input, self.loc("distill"))
+            # feature KD names the user's modules: those of a Sequential under NNCF's root (qat/nncf_quant.py) too
+            student = model.model if isinstance(model, SequentialRoot) else model
+            distiller = Distiller(student, teacher, spec, state.task, state.example_input, self.loc("distill"))
         try:
             history = fit(model, state.data, state.task, settings, ctx, description=description,
                           extra_loss=distiller.loss if distiller else None,
