@@ -205,9 +205,11 @@ class ExportStage(Stage[ExportConfig]):
         target.upstream = upstream  # what this stage built before: a target may convert it (OpenVINO INT8 from ONNX)
         try:
             built = target.build(state, ctx, out_dir, precision)
-        except (InputError, MissingDependencyError, KeyboardInterrupt):
+        except (InputError, MissingDependencyError):
             raise  # the recipe or the machine is wrong: no other artifact would fare better
         except Exception as exc:  # noqa: BLE001 - reported on the artifact, with the target named
+            if getattr(target.config, "required", False):  # the recipe says this target must build (ascend)
+                raise
             error = exc if isinstance(exc, PruneflowError) else ExportError(f"{name} {precision} export failed: {type(exc).__name__}: {exc}")
             log.warning("%s: %s %s failed: %s", self.id, name, precision, error)
             ctx.reporter.warning(f"{self.id}: {name} {precision} failed: {error.message}")
