@@ -10,6 +10,7 @@ mean something; every figure asserted is measured from real NNCF, onnxruntime an
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 from pathlib import Path
 
@@ -325,3 +326,23 @@ def test_family_through_calibrate_qat_and_ptq_to_onnx_and_openvino(name, tmp_pat
         for label in ("onnx.int8", "onnx.int8_tensorrt", "openvino.int8"):
             assert result.metrics[f"{label}.top1_agreement"] >= 0.95
             assert abs(result.metrics[f"{label}.accuracy"] - result.metrics[f"{quant['type']}.accuracy"]) <= 0.03
+
+
+def test_a_quantized_sequential_model_checkpoints_and_reloads_identically(digits, tmp_path):
+    """The quantizers of a model quantized under SequentialRoot are rebuilt on the recipe's plain Sequential
+    when the checkpoint is read back (--resume, later stages): same outputs, bit for bit."""
+    from pruneflow.checkpoint import load_checkpoint, save_checkpoint
+    from pruneflow.handle import ModelHandle
+    from qat.nncf_quant import SequentialRoot
+
+    torch.manual_seed(0)
+    model = family("mobilenet_se")().eval()
+    base = copy.deepcopy(model)
+    q = quantized(model, digits)
+    save_checkpoint(ModelHandle(q, kind="nncf", float_base=base), tmp_path / "model.pt")
+    torch.manual_seed(1)
+    loaded = load_checkpoint(tmp_path / "model.pt", into=family("mobilenet_se")())
+    assert loaded.kind == "nncf" and isinstance(loaded.module, SequentialRoot)
+    x = digits[0][:64]
+    with torch.no_grad():
+        assert torch.equal(loaded.module.eval()(x), q(x))
