@@ -346,3 +346,19 @@ def test_a_quantized_sequential_model_checkpoints_and_reloads_identically(digits
     x = digits[0][:64]
     with torch.no_grad():
         assert torch.equal(loaded.module.eval()(x), q(x))
+
+
+def test_a_misspelled_ignore_entry_is_refused_before_training(tmp_path):
+    """`ignore: [fcc]` used to select nothing silently: the preflight refuses it (exit 2, nothing written),
+    at the entry's line, naming the closest module names."""
+    recipe = {"name": "typo", "seed": 0, "device": "cpu",
+              "model": {"factory": str(FAMILIES / "densenet.py") + ":build"},
+              "data": {"format": "digits", "max_train_samples": 100, "max_eval_samples": 50},
+              "stages": [{"type": "train", "epochs": 1}, {"type": "ptq", "ignore": ["features.2.conv", "fcc"]},
+                         {"type": "export", "targets": ["onnx"], "precisions": ["int8"], "latency": None}]}
+    path = write(tmp_path / "recipe.yaml", recipe)
+    result = invoke("optimize", path, "--out", tmp_path / "runs")
+    assert result.exit_code == 2, result.output
+    assert "stages.1.ignore.1" in result.output and "'fcc'" in result.output
+    assert "closest module names: fc" in result.output
+    assert not (tmp_path / "runs" / "typo").exists()
