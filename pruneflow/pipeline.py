@@ -157,6 +157,11 @@ def load_inputs(loaded: LoadedRecipe, stages: list[Stage], reporter: Reporter) -
     shape = input_shape_for(recipe.model, data.input_shape)
     check_shape_matches_data(shape, data.input_shape, explicit=recipe.model.input_shape is not None)
     check_model_on_batch(model, data.eval.x[:PREFLIGHT_BATCH], recipe.model.factory, data.num_classes)
+    for stage in stages:  # a stage's checks on the model itself (qat/ptq: NNCF can quantize it), before any training
+        check = getattr(stage, "check_model", None)
+        if check is not None:
+            reporter.info(f"{stage.id}: preflight on the model")
+            check(model, data.eval.x[:PREFLIGHT_BATCH])
     example = torch.zeros((1,) + tuple(shape), dtype=data.eval.x.dtype)
     return RunInputs(data, model, device, example)
 

@@ -37,16 +37,24 @@ class NncfKind(ModelKind):
         float base (which the checkpoint records as structure + weights) rebuild them."""
         import nncf.torch
 
-        return {"nncf_config": nncf.torch.get_config(handle.module), "state_dict": handle.module.state_dict()}
+        from .nncf_quant import SequentialRoot
+
+        return {"nncf_config": nncf.torch.get_config(handle.module), "state_dict": handle.module.state_dict(),
+                "sequential_root": isinstance(handle.module, SequentialRoot)}
 
     def restore(self, base: "nn.Module", payload: dict[str, Any]) -> ModelHandle:
         """Re-insert the quantizers into a copy of ``base`` from the saved config, then load the trained weights."""
         from .nncf_setup import ensure_built
 
+        from .nncf_quant import SequentialRoot, attention_fastpath_off
+
         ensure_built()
+        attention_fastpath_off(base)
         import nncf.torch
 
-        module = nncf.torch.load_from_config(copy.deepcopy(base), payload["nncf_config"])
+        # A Sequential top module was quantized under a plain root (qat/nncf_quant.py, SequentialRoot).
+        model = SequentialRoot(copy.deepcopy(base)) if payload.get("sequential_root") else copy.deepcopy(base)
+        module = nncf.torch.load_from_config(model, payload["nncf_config"])
         module.load_state_dict(payload["state_dict"])
         return ModelHandle(module.eval(), kind=self.name, float_base=base)
 

@@ -39,28 +39,98 @@ def quiet_nncf() -> Iterator[None]:
             log.debug("nncf: %s", buffer.getvalue().strip()[-2000:])
 
 
-def ignored_scope(model: nn.Module, ignore: list[str]):
-    """NNCF IgnoredScope from module names (``features.0``) or regexes over NNCF node names."""
+class SequentialRoot(nn.Module):
+    """A plain module around a model whose top module is an ``nn.Sequential``.
+
+    NNCF stores its quantizer hooks as a child module of the model it quantizes; an ``nn.Sequential``
+    runs every child in turn, that one too, and NNCF then fails with ``Module [HookStorage] is missing
+    the required "forward" function``. Under this root the Sequential is an ordinary child. Its module
+    names gain the prefix ``model.`` (``ignore`` entries are written without it and translated).
+    """
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        # One named input, as a Sequential takes: NNCF's input quantizer hooks onto the root's argument by name.
+        return self.model(x)
+
+
+def rooted(model: nn.Module) -> tuple[nn.Module, str]:
+    """The module to hand NNCF and the prefix its module names gain (``SequentialRoot`` for a Sequential top)."""
+    if isinstance(model, nn.Sequential):
+        return SequentialRoot(model), "model."
+    return model, ""
+
+
+def _matched_modules(names: list[str], item: str) -> list[str]:
+    """Module names an ``ignore`` entry selects: itself, or every name the entry matches whole as a regex
+    (``layers\\.0\\..*``, ``features.[0-3]``), outermost only (ignoring a module ignores what it holds)."""
+    if item in names:
+        return [item]
+    try:
+        rx = re.compile(item)
+    except re.error:
+        return []
+    found = [n for n in names if rx.fullmatch(n)]
+    return [n for n in found if not any(n.startswith(f + ".") for f in found)]
+
+
+def ignore_patterns(model: nn.Module, ignore: list[str], loc: tuple, prefix: str = "", node_names: "set[str] | None" = None) -> list[str]:
+    """NNCF node-name regexes for the recipe's ``ignore`` entries: module names and regexes over module
+    names (dotted, as ``named_modules`` writes them; NNCF's node names use ``/``), or NNCF node-name regexes
+    (checked against ``node_names`` when given). An entry that selects nothing is a ConfigError naming the
+    entry and the closest module names: ignoring nothing silently would quantize what the user meant to keep float.
+    """
+    import difflib
+
+    names = [n for n, _ in model.named_modules() if n]
+    patterns = []
+    for i, item in enumerate(ignore):
+        modules = _matched_modules(names, item)
+        if modules:
+            patterns += [f"^{re.escape((prefix + n).replace('.', '/'))}(/.*)?$" for n in modules]
+            continue
+        try:
+            rx = re.compile(item)
+        except re.error as exc:
+            raise ConfigError((*loc, i), f"neither a module name nor a valid regex ({exc})", value=item,
+                              hint="use a module name from `pruneflow inspect` (e.g. `features.3`), or a valid regex") from exc
+        if node_names is not None and not any(rx.match(n) for n in node_names):
+            close = difflib.get_close_matches(item, names, n=3, cutoff=0.3) or names[:3]
+            raise ConfigError((*loc, i), f"{item!r} matches no module of the model and no NNCF node name", value=item,
+                              hint=f"closest module names: {', '.join(close)}; a regex must match a whole dotted "
+                              "module name (`blocks\\.1\\..*`)")
+        patterns.append(item)
+    return patterns
+
+
+def ignored_scope(model: nn.Module, ignore: list[str], loc: tuple = ("ignore",), prefix: str = "", node_names: "set[str] | None" = None):
+    """NNCF IgnoredScope for the recipe's ``ignore`` (see ``ignore_patterns``), or None when it is empty."""
     import nncf
 
     if not ignore:
         return None
-    modules = {n for n, _ in model.named_modules() if n}
-    patterns = []
-    for item in ignore:
-        if item in modules:
-            patterns.append(re.escape(item.replace(".", "/")) + "(/.*)?")  # NNCF node names use '/'
-        else:
-            patterns.append(item)
-    return nncf.IgnoredScope(patterns=patterns, validate=True)
+    return nncf.IgnoredScope(patterns=ignore_patterns(model, ignore, loc, prefix, node_names), validate=True)
+
+
+def node_names(model: nn.Module, example: torch.Tensor) -> set[str]:
+    """The node names of NNCF's graph of ``model`` (what its ignored-scope regexes match)."""
+    from nncf.torch.function_hook.nncf_graph.nncf_graph_builder import build_nncf_graph
+
+    with torch.no_grad():
+        graph = build_nncf_graph(model, example)
+    return {node.node_name for node in graph.get_all_nodes()}
 
 
 def quantize(model: nn.Module, calib: CalibrationSet, *, ignore: list[str] | None = None, preset: str = "performance",
              batch_size: int = 32, activations: str = "signed", ignore_loc: tuple = ("ignore",)) -> nn.Module:
-    """Insert FakeQuantize operations and set their ranges from ``calib``. Returns the quantized model.
+    """Insert FakeQuantize operations and set their ranges from ``calib``. Returns the quantized model
+    (under a ``SequentialRoot`` when the model's top module is an ``nn.Sequential``).
 
     ``ignore_loc``: the recipe key path of ``ignore`` (the stage's ``self.loc("ignore")``), for the error
-    when NNCF refuses a pattern.
+    when an entry selects nothing.
 
     ``activations="signed"`` forces every activation quantizer to int8 (-128..127, zero point 0), the
     only activation type TensorRT accepts; the CPU INT8 form writes the same grid as uint8 (zero point 0
@@ -69,38 +139,76 @@ def quantize(model: nn.Module, calib: CalibrationSet, *, ignore: list[str] | Non
     NNCF use unsigned quantizers after ReLU (one more bit there, but no exact TensorRT form).
     """
     ensure_built()
-    import nncf
-
-    scripted = [name for name, m in model.named_modules() if name and isinstance(m, torch.jit.ScriptModule)]
-    if scripted or isinstance(model, torch.jit.ScriptModule):
-        raise StageError(
-            f"NNCF cannot trace TorchScript modules, and the model has {', '.join(map(repr, scripted[:3])) or 'a scripted root'} "
-            f"({type(model.get_submodule(scripted[0]) if scripted else model).__name__})",
-            hint="build the model from its Python class instead of torch.jit.script/torch.jit.load",
-        )
     params = next(model.parameters(), None)
     dataset = nncf_dataset(calib, batch_size, device=str(params.device) if params is not None else None)
     items = -(-len(calib) // batch_size)
+    first = next(calib.batches(batch_size)).to(params.device if params is not None else "cpu")
     was = model.training
-    model.eval()
     try:
-        with quiet_nncf():
-            quantized = nncf.quantize(model, dataset, subset_size=items, ignored_scope=ignored_scope(model, ignore or []),
-                                      preset=nncf.QuantizationPreset(preset))
-    except nncf.ValidationError as exc:
-        raise ConfigError(ignore_loc, str(exc), hint="use module names from `pruneflow inspect`, or NNCF node-name regexes") from exc
+        quantized = nncf_quantize(model, dataset, items, first, ignore or [], preset, ignore_loc)
+    except ConfigError:
+        raise
     except Exception as exc:  # noqa: BLE001 - tracing failures come in many types
         where = failing_module(model, exc)
         raise StageError(
             f"NNCF could not quantize the model{f' (failed in module {where!r})' if where else ''}: "
             f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
-            hint="NNCF traces the forward pass: data-dependent control flow or unsupported ops stop it; "
-            "`ignore` the module that fails, or run the ptq/qat stages on an exportable model",
+            hint="the qat/ptq preflight traces the model before any training and names the module and the "
+            "`ignore` entry that avoids it; this failure came later, with the calibration data: report it with the model",
         ) from exc
     if activations == "signed":
         force_signed_activations(quantized)
     quantized.train(was)
     return quantized
+
+
+def nncf_quantize(model: nn.Module, dataset, items: int, example: torch.Tensor, ignore: list[str], preset: str,
+                  ignore_loc: tuple) -> nn.Module:
+    """``nncf.quantize`` on ``model`` (rooted, see ``SequentialRoot``) with the recipe's ``ignore`` resolved;
+    a TorchScript module or an ``ignore`` entry selecting nothing is a ConfigError, anything else NNCF
+    raises comes out as it is."""
+    import nncf
+
+    refuse_scripted(model, ignore_loc[:-1])
+    attention_fastpath_off(model)
+    root, prefix = rooted(model)
+    root.eval()
+    names = [n for n, _ in model.named_modules() if n]
+    nodes = node_names(root, example) if any(not _matched_modules(names, i) for i in ignore) else None
+    scope = ignored_scope(model, ignore, ignore_loc, prefix, nodes)
+    try:
+        with quiet_nncf():
+            return nncf.quantize(root, dataset, subset_size=items, ignored_scope=scope, preset=nncf.QuantizationPreset(preset))
+    except nncf.ValidationError as exc:
+        raise ConfigError(ignore_loc, str(exc).strip(), hint="use module names from `pruneflow inspect`, or NNCF node-name regexes") from exc
+
+
+def attention_fastpath_off(model: nn.Module) -> None:
+    """Turn torch's fused attention fast path off for this process when ``model`` has attention modules.
+
+    In eval mode without gradients, ``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer`` run one
+    fused kernel that never calls the linear ops NNCF hooks its quantizers onto: NNCF would trace (and
+    quantize) a different graph from the one that is trained and exported, and evaluation would skip the
+    projections' weight quantizers. torch's own switch (``torch.backends.mha``) makes them run as composite ops.
+    """
+    if any(isinstance(m, (nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)) for m in model.modules()):
+        if torch.backends.mha.get_fastpath_enabled():
+            log.info("attention modules: torch's fused attention fast path turned off (it bypasses quantizers)")
+        torch.backends.mha.set_fastpath_enabled(False)
+
+
+def refuse_scripted(model: nn.Module, stage_loc: tuple) -> None:
+    """NNCF cannot trace TorchScript modules (it fails inside them, and ignoring them does not help)."""
+    scripted = [name for name, m in model.named_modules() if name and isinstance(m, torch.jit.ScriptModule)]
+    scripted = [n for n in scripted if not any(n.startswith(f"{outer}.") for outer in scripted)]  # outermost only
+    if scripted or isinstance(model, torch.jit.ScriptModule):
+        kind = type(model.get_submodule(scripted[0]) if scripted else model).__name__
+        raise ConfigError(
+            stage_loc, f"NNCF cannot quantize TorchScript modules, and the model has "
+            f"{', '.join(map(repr, scripted[:3])) or 'a scripted root'} ({kind}); `ignore` does not help, NNCF traces "
+            "the whole model", hint="build the model from its Python class instead of torch.jit.script/torch.jit.load, "
+            "or drop the qat/ptq stage (and int8 from export)",
+        )
 
 
 def failing_module(model: nn.Module, exc: BaseException) -> str | None:
@@ -122,7 +230,8 @@ def failing_module(model: nn.Module, exc: BaseException) -> str | None:
 
 
 def force_signed_activations(model: nn.Module) -> int:
-    """Make every per-tensor symmetric activation quantizer signed (int8, zero point 0); returns how many changed.
+    """Make every symmetric activation quantizer signed (int8, zero point 0), per-tensor or per-channel (NNCF's
+    choice before depthwise convolutions); returns how many changed.
 
     NNCF's hardware configs do not let `signedness_to_force` constrain activations, so this is done
     on the inserted quantizers: an unsigned one covering [0, s] in 256 steps becomes [-s·128/127, s]
@@ -133,7 +242,8 @@ def force_signed_activations(model: nn.Module) -> int:
 
     changed = 0
     for module in model.modules():
-        if isinstance(module, SymmetricQuantizer) and not module.per_channel and not module.signed:
+        # per-channel ones too (NNCF's choice before depthwise convolutions); weight quantizers are signed already
+        if isinstance(module, SymmetricQuantizer) and not module.signed:
             module.signed = True
             changed += 1
     return changed

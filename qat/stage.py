@@ -17,7 +17,7 @@ from pruneflow.handle import ModelHandle
 from pruneflow.stage import Stage, StageConfig, StageResult, StrictModel
 from pruneflow.train import FinetuneSettings, fit
 
-from .nncf_quant import quantize, quantizer_parameters
+from .nncf_quant import SequentialRoot, quantize, quantizer_parameters
 from .precision import fp16_rounding
 from .sensitivity import AccuracyControl, accuracy_control
 
@@ -117,9 +117,21 @@ def _int8(stage: Stage, state, ctx) -> ModelHandle:
     return ModelHandle(quantized, kind="nncf", float_base=base)
 
 
+def _check_model(stage: Stage, model: nn.Module, batch) -> list[str]:
+    """Before any stage of the run trains: NNCF can quantize ``model`` with this stage's settings
+    (``qat/nncf_preflight.py``), else a ConfigError on the stage naming the module and the `ignore` fix."""
+    if not stage.quantizes(stage.config):
+        return []
+    from .nncf_preflight import check_quantizable
+
+    cfg = stage.config
+    return check_quantizable(model, batch, ignore=cfg.ignore, preset=cfg.preset, loc=stage.loc())
+
+
 class PtqStage(Stage[PtqConfig]):
     Config = PtqConfig
     modifies_model = True
+    check_model = _check_model
 
     @classmethod
     def quantizes(cls, config) -> bool:
@@ -154,6 +166,7 @@ class QatStage(Stage[QatConfig]):
     Config = QatConfig
     modifies_model = True
     needs_train_split = True
+    check_model = _check_model
 
     @classmethod
     def quantizes(cls, config) -> bool:
@@ -210,7 +223,9 @@ class QatStage(Stage[QatConfig]):
         spec = cfg.distill  # set exactly when run made a teacher
         distiller = None
         if spec is not None and teacher is not None:
-            distiller = Distiller(model, teacher, spec, state.task, state.example_input, self.loc("distill"))
+            # feature KD names the user's modules: those of a Sequential under NNCF's root (qat/nncf_quant.py) too
+            student = model.model if isinstance(model, SequentialRoot) else model
+            distiller = Distiller(student, teacher, spec, state.task, state.example_input, self.loc("distill"))
         try:
             history = fit(model, state.data, state.task, settings, ctx, description=description,
                           extra_loss=distiller.loss if distiller else None,

@@ -450,7 +450,9 @@ def make():
 '''
 
 
-def test_an_onnx_export_failure_exits_4(tmp_path):
+def test_an_onnx_export_failure_is_a_failed_artifact_and_build_gate_exit_1(tmp_path):
+    """One artifact that cannot be built never aborts the export stage (issue 15): a `failed` artifact with
+    the error, a failed `onnx.fp32.build` gate, exit 1."""
     write(tmp_path / "opaque.py", OPAQUE_MODEL)
     recipe = write(tmp_path / "r.yaml", tiny(
         model={"factory": "opaque.py:make"},
@@ -458,12 +460,14 @@ def test_an_onnx_export_failure_exits_4(tmp_path):
         gates=[],
     ))
     result = invoke("optimize", recipe, "--out", tmp_path / "runs")
-    assert result.exit_code == 4, result.output
-    assert "export failed" in result.stderr
-    assert "could not be exported to ONNX" in result.stderr
+    assert result.exit_code == 1, result.output
+    assert "onnx.fp32.build" in result.output and "could not be exported to ONNX" in result.output
     assert "Traceback" not in result.output
     run_dir = tmp_path / "runs" / "tiny"
-    assert manifest(run_dir)["status"] == "failed"
+    data = manifest(run_dir)
+    assert data["status"] == "gate_failed"
+    failed = [a for a in data["artifacts"] if a["status"] == "failed"]
+    assert len(failed) == 1 and "could not be exported to ONNX" in failed[0]["notes"][0]
     assert not (run_dir / "export" / "onnx" / "model.fp32.onnx").exists()
     assert not [p for p in (run_dir / "export" / "onnx").iterdir()]  # no half-written temporary left behind
 

@@ -191,8 +191,10 @@ def test_a_model_nncf_cannot_trace_is_a_clear_error_naming_the_layer(tmp_path, w
     recipe = tiny_recipe_dict(model={"factory": "scripted.py:build"})
     recipe["stages"] = [{"type": "ptq", "calibration_size": 32}]
     result = CliRunner().invoke(app, ["optimize", str(write_recipe(recipe)), "--out", str(tmp_path / "runs")])
-    assert result.exit_code == 4, result.output
-    assert "NNCF cannot trace TorchScript modules" in result.output and "'1'" in result.output  # the scripted layer
+    # refused by the ptq stage's preflight on the model (qat/nncf_preflight.py), before any stage runs: exit 2
+    assert result.exit_code == 2, result.output
+    assert "NNCF cannot quantize TorchScript modules" in result.output and "'1'" in result.output  # the scripted layer
+    assert not (tmp_path / "runs" / recipe["name"]).exists()
     assert "Fix:" in result.output
 
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import tempfile
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Iterator, Literal
 
 import torch
 from pydantic import Field
@@ -15,7 +16,7 @@ from pydantic import Field
 from ..artifacts import Artifact, atomic_path
 from ..deployment import INPUT_NAME, OUTPUT_NAME, deployment_record, stamp_onnx
 from ..deps import require
-from ..errors import ExportError
+from ..errors import ExportError, InputError, MissingDependencyError, PruneflowError
 from ..stage import Target, TargetConfig
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ class OnnxTarget(Target[OnnxConfig]):
         record = deployment_record(state, ctx, dynamic_batch=cfg.dynamic_batch)
         if precision == "int8":
             stripped = state.handle.int8_module(state.example_input)  # once for every form
-            return [self._int8(stripped, state, ctx, out_dir, form, record) for form in dict.fromkeys(cfg.int8_forms)]
+            return [self._int8_or_failed(stripped, state, ctx, out_dir, form, record) for form in dict.fromkeys(cfg.int8_forms)]
         # fp32/fp16: the float model that entered quantization, when a ptq/qat stage ran (handle.float_module).
         export = functools.partial(export_onnx, state.handle.float_module(), state.example_input, opset=cfg.opset,
                                    dynamic_batch=cfg.dynamic_batch, exporter=cfg.exporter)
@@ -70,6 +71,19 @@ class OnnxTarget(Target[OnnxConfig]):
                                   "not the quantized model's float weights")
         return artifact
 
+    def _int8_or_failed(self, stripped: torch.nn.Module, state, ctx, out_dir: Path, form: Form, record: dict) -> Artifact:
+        """One INT8 form, or its ``failed`` record: one form that cannot be written leaves the other (the export
+        stage turns a failed artifact into a failed ``<label>.build`` gate, exit 1)."""
+        try:
+            return self._int8(stripped, state, ctx, out_dir, form, record)
+        except (InputError, MissingDependencyError):
+            raise
+        except PruneflowError as exc:
+            ctx.reporter.warning(f"onnx int8 ({form} form) failed: {exc.message}")
+            return Artifact(path=out_dir.resolve().relative_to(ctx.run_dir.resolve()).as_posix(), kind="onnx", producer="export",
+                            status="failed", target="onnx", precision="int8", form=form,
+                            notes=[exc.message + (f" (hint: {exc.hint})" if exc.hint else "")])
+
     def _int8(self, stripped: torch.nn.Module, state, ctx, out_dir: Path, form: Form, record: dict) -> Artifact:
         cfg = self.config
         path = out_dir / ("model.int8.onnx" if form == "cpu" else "model.int8.tensorrt.onnx")
@@ -77,7 +91,8 @@ class OnnxTarget(Target[OnnxConfig]):
                                   opset=max(cfg.opset, 13), dynamic_batch=cfg.dynamic_batch, metadata=record)
         artifact = Artifact.from_file(ctx.run_dir, path, kind="onnx", producer="export", target="onnx",
                                       precision="int8", form=form, deployment=record)
-        artifact.metrics.update(weights_int8=report.weights_folded, batchnorms_folded=report.batchnorms_folded)
+        artifact.metrics.update(weights_int8=report.weights_folded, batchnorms_folded=report.batchnorms_folded,
+                                ops_float=len(report.float_ops))
         artifact.notes += report.notes
         if form == "cpu":
             _check_runs_in_openvino(path, state.example_input)
@@ -101,7 +116,7 @@ def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: Path, *, op
     x = torch.ones(shape, dtype=example.dtype) if not example.dtype.is_floating_point else torch.randn(shape)
     with atomic_path(path) as tmp:
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), no_attention_fastpath():
                 warnings.simplefilter("ignore")
                 if exporter == "dynamo":
                     require("onnxscript", "pip install onnxscript", "the dynamo ONNX exporter")
@@ -118,8 +133,10 @@ def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: Path, *, op
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ExportError(
                 f"the model could not be exported to ONNX ({exporter} exporter): {type(exc).__name__}: {first}",
-                hint="data-dependent Python control flow does not trace; try `exporter: dynamo` on the onnx target, "
-                "or make the forward pass shape-static",
+                hint=("an operator the exporter does not know: try `exporter: dynamo` (or a higher `opset`) on the onnx target"
+                      if "UnsupportedOperator" in type(exc).__name__ else
+                      "data-dependent Python control flow does not trace; try `exporter: dynamo` on the onnx target, "
+                      "or make the forward pass shape-static"),
             ) from exc
         if fold or metadata:
             proto = fold_constants(onnx.load(str(tmp))) if fold else onnx.load(str(tmp))
@@ -130,6 +147,23 @@ def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: Path, *, op
             onnx.checker.check_model(str(tmp))
         except Exception as exc:  # noqa: BLE001
             raise ExportError(f"the exported ONNX model failed onnx.checker: {exc}") from exc
+
+
+@contextlib.contextmanager
+def no_attention_fastpath() -> Iterator[None]:
+    """Exports see the composite ops of ``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer``.
+
+    In eval mode, with gradients off or the parameters frozen (a float base, a distillation teacher,
+    an export under ``torch.no_grad()``), torch runs those modules through one fused kernel
+    (``aten::_transformer_encoder_layer_fwd``, ``aten::_native_multi_head_attention``) that no ONNX
+    exporter or OpenVINO converter knows. torch's own switch turns that fast path off for the export.
+    """
+    was = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(was)
 
 
 #: Never folded: weight quantizers stay Q/DQ pairs (the INT8 passes and runtimes read them), and the
@@ -208,7 +242,7 @@ def export_int8_onnx(stripped: torch.nn.Module, example: torch.Tensor, path: Pat
     """Export a model stripped to torch's fake-quant ops (``handle.int8_module(example)``), convert it to
     ``form``, fold what is computed from constants (Q/DQ kept) and write the deployment ``metadata``."""
     from .embedding import quantize_embeddings
-    from .qdq import check_convention, convert
+    from .qdq import check_convention, convert, float_ops
 
     onnx = require("onnx", "pip install onnx", "INT8 ONNX export")
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
@@ -224,7 +258,15 @@ def export_int8_onnx(stripped: torch.nn.Module, example: torch.Tensor, path: Pat
     problems = check_convention(model_proto, form)
     if problems:
         raise ExportError(f"the INT8 ONNX ({form}) does not meet its convention: " + "; ".join(problems[:3])
-                          + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""))
+                          + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""),
+                          hint="report the model to pruneflow; meanwhile `ignore` the layer named in the qat/ptq stage "
+                          "(it is then kept in float), or export the other form only (`int8_forms` of the onnx target)")
+    floats = float_ops(model_proto)
+    if floats:
+        report.float_ops = floats
+        report.notes.append(f"{len(floats)} weighted op(s) kept in float, as NNCF left them (a layer in `ignore`, or "
+                            "NNCF's own choice, e.g. a squeeze-excite gate or attention MatMuls of two activations): "
+                            + ", ".join(floats[:8]) + (" ..." if len(floats) > 8 else ""))
     with atomic_path(path) as tmp_path:
         onnx.save(model_proto, str(tmp_path))
         onnx.checker.check_model(str(tmp_path))

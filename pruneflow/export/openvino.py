@@ -50,8 +50,10 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
                     warnings.simplefilter("ignore")
                     converted = ov.convert_model(str(onnx_file))
             except Exception as exc:  # noqa: BLE001
-                raise ExportError(f"OpenVINO could not convert the model: {type(exc).__name__}: {str(exc).splitlines()[0]}",
-                                  hint="export ONNX first and check that it runs; OpenVINO converts from the same graph") from exc
+                raise ExportError(f"OpenVINO could not convert {onnx_file.name if source else 'the model'} (converted from "
+                                  f"ONNX, never traced from torch): {type(exc).__name__}: {str(exc).splitlines()[0]}",
+                                  hint="the onnx target's artifact of this precision is the graph OpenVINO reads: check that "
+                                  "it builds and runs in onnxruntime; an operator OpenVINO lacks needs a newer openvino") from exc
             stamp_ir(converted, record, precision)
             ov.save_model(converted, str(Path(tmp) / "model.xml"), compress_to_fp16=precision == "fp16")
             os.replace(Path(tmp) / "model.bin", xml.with_suffix(".bin"))

@@ -67,6 +67,8 @@ class PassReport:
     #: tensorrt form: residual Adds whose weighted branch left Q/DQ, and skip inputs given a Q/DQ
     residual_branches_float: int = 0
     residual_skips_quantized: int = 0
+    #: weighted ops left in float (``float_ops``: ignored, or NNCF's choice)
+    float_ops: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 
@@ -178,7 +180,7 @@ def fold_weight_quantizers(graph: _Graph, report: PassReport) -> None:
         w = graph.const(q.input[0])
         scale = graph.const(q.input[1])
         zp = graph.const(q.input[2]) if len(q.input) > 2 and q.input[2] else np.zeros((), np.uint8)
-        if w is None or scale is None or zp is None or w.ndim < 2:
+        if w is None or scale is None or zp is None or w.ndim < 1:  # any constant (LayerNorm weights too)
             continue
         axis = _attr(q, "axis", 1)
         axis = axis + w.ndim if axis < 0 else axis
@@ -244,12 +246,42 @@ def fold_batchnorm(graph: _Graph, report: PassReport) -> None:
     graph.remove(dead)
 
 
-def _activation_zero_point(graph: _Graph, node) -> np.ndarray | None:
-    """The zero point of a per-tensor activation Q/DQ node; None for weights and per-channel nodes."""
+def _activation_zero_point(graph: _Graph, node, per_channel: bool = False) -> np.ndarray | None:
+    """The zero point of a per-tensor activation Q/DQ node (also of a per-channel one with ``per_channel``,
+    as NNCF places before depthwise convolutions); None for weights."""
     if node.op_type not in QUANT_OPS or len(node.input) < 3 or node.input[0] in graph.inits:
         return None
     scale, zp = graph.const(node.input[1]), graph.const(node.input[2])
-    return zp if scale is not None and zp is not None and scale.size == 1 else None
+    return zp if scale is not None and zp is not None and (scale.size == 1 or per_channel) else None
+
+
+def per_tensor_activations(graph: _Graph, report: PassReport) -> None:
+    """tensorrt form: each per-channel activation quantizer (NNCF's choice before depthwise convolutions)
+    becomes per-tensor with the largest of its channel scales, the only activation grid TensorRT takes.
+
+    Every value the per-channel grid could hold stays in range; channels with a smaller scale lose
+    resolution, so the artifact's parity (measured against the quantized torch model) shows the cost.
+    Written by hand: no library we depend on converts activation quantizer granularity in an ONNX graph.
+    """
+    changed = []
+    for q in graph.g.node:
+        zp = _activation_zero_point(graph, q, per_channel=True)
+        if q.op_type != "QuantizeLinear" or zp is None or zp.size == 1:
+            continue
+        scale = graph.const(q.input[1])
+        assert scale is not None  # _activation_zero_point checked it
+        one_scale = graph.add_init(q.input[1] + "_per_tensor", np.asarray(scale.max(), np.float32))
+        one_zp = graph.add_init(q.input[2] + "_per_tensor", np.zeros((), zp.dtype))
+        users = [c for c in graph.consumers.get(q.output[0], []) if c.op_type == "DequantizeLinear"]
+        for n in (q, *users):
+            n.input[1], n.input[2] = one_scale, one_zp
+            for a in [a for a in n.attribute if a.name == "axis"]:
+                n.attribute.remove(a)
+        changed.append(q.name)
+    if changed:
+        report.notes.append(f"{len(changed)} per-channel activation quantizer(s) written per-tensor with the largest channel "
+                            "scale (TensorRT quantizes activations per tensor): " + ", ".join(changed[:5]))
+    graph.refresh()
 
 
 def _u8_zero_point(graph: _Graph, zps: dict[tuple[str, int], str], node, zp: np.ndarray, value: int) -> str:
@@ -306,6 +338,7 @@ def rewrite_activations(graph: _Graph, form: Form, report: PassReport) -> None:
     zero point 0 followed by ``Clip(0, 127)``; any other tensor becomes uint8 with zero point 128.
     """
     if form == "tensorrt":
+        per_tensor_activations(graph, report)
         _check_tensorrt_activations(graph)
         graph.refresh()
         return
@@ -316,13 +349,13 @@ def rewrite_activations(graph: _Graph, form: Form, report: PassReport) -> None:
     zps: dict[tuple[str, int], str] = {}
     clips = []
     for node in list(graph.g.node):
-        zp = _activation_zero_point(graph, node)
+        zp = _activation_zero_point(graph, node, per_channel=True)
         # DQs follow their Q; an unsigned quantizer (`activations: auto`) runs as it is
         if zp is not None and node.op_type == "QuantizeLinear" and zp.dtype == np.int8:
             clip = _rewrite_cpu_quantizer(graph, node, zp, memo[node.input[0]], zps, report)
             clips += [clip] if clip is not None else []
     for node in graph.g.node:  # anything left (a DQ no Q feeds, a shared zero point): uint8 zero point 128
-        zp = _activation_zero_point(graph, node)
+        zp = _activation_zero_point(graph, node, per_channel=True)
         if zp is not None and zp.dtype == np.int8:
             node.input[2] = _u8_zero_point(graph, zps, node, zp, 128)
     if clips:
@@ -679,54 +712,66 @@ def u8s8_overflow_risks(model) -> list[str]:
     return risks
 
 
-def _dequantized(graph: "_Graph", name: str, k: int) -> bool:
-    """True when input ``k`` of a weighted op comes from a DequantizeLinear (the data input through PASS_THROUGH ops)."""
+def _quantizer_problems(graph: _Graph, node, form: Form) -> list[str]:
+    """What is wrong with one Q/DQ node against the form's convention (empty when it conforms)."""
+    zp = graph.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+    scale = graph.const(node.input[1])
+    if zp is None:
+        return [f"{node.name}: no explicit zero point"]
+    if scale is None:
+        return [f"{node.name}: the scale is not a constant"]
+    problems = []
+    if node.input[0] in graph.inits:  # a weight
+        if zp.dtype != np.int8 or np.any(zp != 0):
+            problems.append(f"{node.name}: weight zero point must be int8 0")
+        if scale.size > 1 and _attr(node, "axis", 1) != 0:
+            problems.append(f"{node.name}: per-channel weight scales must be on axis 0")
+        return problems
+    if scale.size != 1 and (form == "tensorrt" or _attr(node, "axis", 1) != 1):
+        problems.append(f"{node.name}: activation scale must be per-tensor" + ("" if form == "tensorrt" else " or per channel (axis 1)"))
+    if form == "tensorrt" and (zp.dtype != np.int8 or np.any(zp != 0)):
+        problems.append(f"{node.name}: activation must be int8 with zero point 0")
+    return problems
+
+
+#: Ops between a DequantizeLinear and a weighted op that keep its input on the int8 grid: a transposed
+#: weight (a Linear on 3-D input exports as Transpose -> MatMul), a class token taken by Gather or Slice.
+_GRID_READERS = PASS_THROUGH + ("Gather", "Slice", "Identity")
+
+
+def _dequantized(graph: _Graph, name: str) -> bool:
+    """Whether tensor ``name`` comes from a DequantizeLinear, through ops that keep the int8 grid."""
     src = graph.producer.get(name)
-    while k == 0 and src is not None and src.op_type in PASS_THROUGH:
+    # NNCF places an activation quantizer before ops that do not change the grid much (pooling, flatten);
+    # runtimes propagate Q/DQ through them.
+    while src is not None and src.op_type in _GRID_READERS:
         src = graph.producer.get(src.input[0])
     return src is not None and src.op_type == "DequantizeLinear"
 
 
+def float_ops(model) -> list[str]:
+    """The weighted ops (Conv/Gemm/MatMul) that run in float: not every input is dequantized from int8.
+
+    NNCF leaves them so when the recipe's ``ignore`` names them, or by its own choice (a squeeze-excite
+    gate's convolutions, attention score and context MatMuls of two activations); runtimes run them in
+    float on dequantized inputs. They are listed in the artifact's notes.
+    """
+    graph = _Graph(model)
+    return [f"{n.op_type} {n.name}" for n in graph.g.node if n.op_type in WEIGHTED_OPS
+            and not all(_dequantized(graph, name) for name in n.input[:2])]
+
+
 def check_convention(model, form: Form) -> list[str]:
-    """Problems with ``model`` against the form's convention (empty when it conforms)."""
+    """Problems with ``model`` against the form's convention (empty when it conforms).
+
+    A weighted op with an input that is not dequantized is not a problem: it runs in float (``float_ops``,
+    e.g. a layer in `ignore`), which the export records in the artifact's notes.
+    """
     graph = _Graph(model)
     problems = []
     for node in graph.g.node:
-        if node.op_type not in QUANT_OPS:
-            continue
-        zp = graph.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
-        scale = graph.const(node.input[1])
-        weight = node.input[0] in graph.inits
-        if zp is None:
-            problems.append(f"{node.name}: no explicit zero point")
-            continue
-        if scale is None:
-            problems.append(f"{node.name}: the scale is not a constant")
-            continue
-        if weight:
-            if zp.dtype != np.int8 or np.any(zp != 0):
-                problems.append(f"{node.name}: weight zero point must be int8 0")
-            if scale.size > 1 and _attr(node, "axis", 1) != 0:
-                problems.append(f"{node.name}: per-channel weight scales must be on axis 0")
-        else:
-            if scale.size != 1:
-                problems.append(f"{node.name}: activation scale must be per-tensor")
-            if form == "tensorrt" and (zp.dtype != np.int8 or np.any(zp != 0)):
-                problems.append(f"{node.name}: activation must be int8 with zero point 0")
-    for node in graph.g.node:
-        if node.op_type in WEIGHTED_OPS:
-            # A layer with no dequantized input is float on purpose (the qat/ptq `ignore` scope, or an
-            # accuracy_control fallback): only a half-quantized one breaks the convention.
-            if not any(_dequantized(graph, name, k) for k, name in enumerate(node.input[:2])):
-                continue
-            for k, name in enumerate(node.input[:2]):
-                src = graph.producer.get(name)
-                # NNCF places an activation quantizer before ops that do not change the grid much
-                # (pooling, flatten); runtimes propagate Q/DQ through them.
-                while k == 0 and src is not None and src.op_type in PASS_THROUGH:
-                    src = graph.producer.get(src.input[0])
-                if src is None or src.op_type != "DequantizeLinear":
-                    problems.append(f"{node.op_type} {node.name}: input {name!r} is not dequantized from int8")
+        if node.op_type in QUANT_OPS:
+            problems += _quantizer_problems(graph, node, form)
     if form == "tensorrt":
         problems += residual_problems(graph)
     return problems

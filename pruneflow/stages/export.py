@@ -8,6 +8,8 @@ artifact of the stage exists, all of them are timed together, interleaved, per b
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -15,7 +17,7 @@ from pydantic import Field, create_model, field_validator
 
 from .. import registry
 from ..artifacts import Artifact
-from ..errors import ConfigError, ExportError, PruneflowError
+from ..errors import ConfigError, ExportError, InputError, MissingDependencyError, PruneflowError
 from ..evaluate import evaluate_runtime
 from ..gates import ArtifactGates, GateResult, artifact_gates
 from ..recipe.models import list_of, normalise_target_list, target_union
@@ -24,7 +26,9 @@ from ..runtime import host_info
 from ..stage import Stage, StageConfig, StageResult, StrictModel, Target
 from .measure import Opened, ParityLimits, batched, default_limits, open_for, parity_gate, parity_metrics, reference_logits, time_all
 
-__all__ = ["ExportConfig", "ExportStage", "parity_metrics"]
+__all__ = ["ExportConfig", "ExportStage", "failed_artifact", "parity_metrics"]
+
+log = logging.getLogger("pruneflow")
 
 
 class ParitySpec(StrictModel):
@@ -194,14 +198,22 @@ class ExportStage(Stage[ExportConfig]):
         return result
 
     def _build(self, name: str, target: Target, precision: str, out_dir, state, ctx, upstream: list[Artifact]) -> list[Artifact]:
+        """The artifacts of one target and precision; one that cannot be built is a ``failed`` artifact with the
+        error in its notes (the stage then fails its ``<label>.build`` gate, exit 1), never the end of the stage:
+        the other targets and precisions are still built and measured."""
         ctx.reporter.info(f"{self.id}: building {name} {precision}")
         target.upstream = upstream  # what this stage built before: a target may convert it (OpenVINO INT8 from ONNX)
         try:
             built = target.build(state, ctx, out_dir, precision)
-        except PruneflowError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - reported as an export failure with the target named
-            raise ExportError(f"{name} {precision} export failed: {type(exc).__name__}: {exc}") from exc
+        except (InputError, MissingDependencyError):
+            raise  # the recipe or the machine is wrong: no other artifact would fare better
+        except Exception as exc:  # noqa: BLE001 - reported on the artifact, with the target named
+            if getattr(target.config, "required", False):  # the recipe says this target must build (ascend)
+                raise
+            error = exc if isinstance(exc, PruneflowError) else ExportError(f"{name} {precision} export failed: {type(exc).__name__}: {exc}")
+            log.warning("%s: %s %s failed: %s", self.id, name, precision, error)
+            ctx.reporter.warning(f"{self.id}: {name} {precision} failed: {error.message}")
+            built = failed_artifact(ctx.run_dir, out_dir, name, precision, error)
         artifacts = built if isinstance(built, list) else [built]
         for artifact in artifacts:
             if artifact.parent is None:  # a target converting another's artifact names that one
@@ -251,6 +263,16 @@ class ExportStage(Stage[ExportConfig]):
                  progress=lambda description, total: ctx.reporter.progress(f"{self.id}: {description}", total=total))
         for o in opened:
             o.artifact.metrics["latency_threads"] = lat.threads or 0
+
+
+def failed_artifact(run_dir: Path, out_dir: Path, target: str, precision: str, error: PruneflowError,
+                    form: str | None = None) -> Artifact:
+    """The record of an artifact that could not be built: no file (``path`` names the folder it was due in),
+    status ``failed``, the error and its hint in ``notes``."""
+    folder = Path(out_dir).resolve().relative_to(Path(run_dir).resolve()).as_posix()
+    message = error.message + (f" (hint: {error.hint})" if error.hint else "")
+    return Artifact(path=folder, kind=target, producer="export", status="failed", target=target, precision=precision,
+                    form=form, notes=[message])
 
 
 def host_record(threads: int | None) -> dict[str, Any]:
