@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import difflib
 import math
+import re
 from typing import Callable, Literal, Sequence
 
 import torch
@@ -13,6 +15,7 @@ from torch import nn
 from . import distributed
 from .context import RunContext
 from .data import DataBundle, Split
+from .errors import InputError
 from .evaluate import evaluate_model
 from .stage import StrictModel
 from .tasks import Task
@@ -29,7 +32,9 @@ class TrainSettings(StrictModel):
     lr: float = Field(default=0.05, gt=0, le=10, description="Peak learning rate.")
     momentum: float = Field(default=0.9, ge=0, lt=1, description="SGD momentum.")
     weight_decay: float = Field(default=5e-4, ge=0, le=1, description="L2 weight decay.")
-    schedule: Literal["cosine", "step", "constant"] = Field(default="cosine", description="LR schedule over all steps.")
+    schedule: Literal["cosine", "linear", "step", "constant"] = Field(
+        default="cosine", description="LR schedule over all steps after the warm-up: `cosine`, `linear` decay to 0 "
+        "(BERT fine-tuning's usual schedule), `step`, `constant`.")
     warmup_epochs: float = Field(default=0.0, ge=0, description="Linear LR warm-up at the start, in epochs.")
     step_epochs: int = Field(default=30, ge=1, description="`step` schedule: epochs between LR drops.")
     gamma: float = Field(default=0.1, gt=0, le=1, description="`step` schedule: LR factor at each drop.")
@@ -37,6 +42,11 @@ class TrainSettings(StrictModel):
     augment: bool = Field(default=True, description="Apply the data section's augmentation while training.")
     grad_clip: float | None = Field(default=None, gt=0, description="Clip the gradient norm to this value.")
     eval_every: int = Field(default=1, ge=0, description="Evaluate every N epochs (0 = only at the end).")
+    freeze: list[str] = Field(
+        default_factory=list, max_length=64,
+        description="Parameters kept fixed while training: regexes matched against whole parameter names "
+        "(`.*word_embeddings.*`); each must match one. A pretrained word-embedding table is half of a small BERT "
+        "and the costliest part of its AdamW step. `pruneflow inspect` lists the names.")
 
 
 class FinetuneSettings(TrainSettings):
@@ -67,6 +77,8 @@ def lr_factor(s: TrainSettings, step: int, steps_per_epoch: int) -> float:
     if s.schedule == "cosine":
         progress = (step - warm) / max(total - warm, 1)
         return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+    if s.schedule == "linear":
+        return max(0.0, 1.0 - (step - warm) / max(total - warm, 1))
     if s.schedule == "step":
         return s.gamma ** (step // (s.step_epochs * steps_per_epoch))
     return 1.0
@@ -94,6 +106,7 @@ def fit(model: nn.Module, data: DataBundle, task: Task, s: TrainSettings, ctx: R
     gen = torch.Generator().manual_seed(seed + distributed.rank())
     model.to(ctx.device).train()
     distributed.sync_state(*extra_modules)
+    frozen = freeze_parameters(model, s.freeze)
     opt = make_optimizer(model, s, extra_modules)
     batch_size = distributed.global_batch_share(s.batch_size)
     steps_per_epoch = math.ceil(distributed.shard_size(len(train)) / batch_size)
@@ -116,8 +129,29 @@ def fit(model: nn.Module, data: DataBundle, task: Task, s: TrainSettings, ctx: R
                                                   description=f"{description} eval")["accuracy"]
         history.append(row)
         ctx.reporter.info(_epoch_line(description, row))
+    for param in frozen:
+        param.requires_grad_(True)
     model.eval()
     return history
+
+
+def freeze_parameters(model: nn.Module, patterns: Sequence[str]) -> list[nn.Parameter]:
+    """Stop gradients for the parameters whose whole name matches one of ``patterns``; returns those it froze."""
+    named = dict(model.named_parameters())
+    frozen: list[nn.Parameter] = []
+    for pattern in patterns:
+        try:
+            hits = [p for name, p in named.items() if re.fullmatch(pattern, name)]
+        except re.error as exc:
+            raise InputError(f"freeze: {pattern!r} is not a regular expression: {exc}", hint="escape dots as `\\.`") from exc
+        if not hits:
+            close = difflib.get_close_matches(pattern, list(named), n=3, cutoff=0.3)
+            raise InputError(f"freeze: {pattern!r} matches no parameter of the model" + (f" (close: {', '.join(close)})" if close else ""),
+                             hint="patterns match whole names; `pruneflow inspect` lists them")
+        frozen += [p for p in hits if p.requires_grad]
+        for param in hits:
+            param.requires_grad_(False)
+    return frozen
 
 
 class _Loop:
