@@ -83,23 +83,38 @@ def handle_errors(verbose: bool, json_mode: bool = False) -> Iterator[None]:
     except PruneflowError as exc:
         _print_error(err, exc, verbose)
         issues = [i.as_dict() for i in exc.issues] if isinstance(exc, RecipeError) else None
+        caught: BaseException = exc
         failure = (exc.exit_code, type(exc).__name__, exc.message, exc.hint, issues)
     except KeyboardInterrupt as exc:
         what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
         err.print(f"[bold yellow]{what}[/]: finished stages are kept; run again with --resume to continue.")
+        caught = exc
         failure = (EXIT_INTERRUPTED, type(exc).__name__, what, None, None)
     except SystemExit as exc:  # code we called (a plugin, user code) exited instead of raising
         err.print(f"[bold red]stage failed:[/] code run by pruneflow called sys.exit({exc.code!r})", markup=True)
+        caught = exc
         failure = (EXIT_STAGE_FAILED, "SystemExit", f"code run by pruneflow called sys.exit({exc.code!r})",
                    "raise an exception instead of calling sys.exit", None)
     except Exception as exc:  # noqa: BLE001 - the last line of defence: a message, not a traceback
         _print_internal_error(err, exc, verbose)
+        caught = exc
         failure = (EXIT_STAGE_FAILED, type(exc).__name__, str(exc), None, None)
     else:
         return
+    partial = partial_of(caught)
+    if partial is not None and not json_mode:
+        err.print(f"the stages that finished and the error: {partial.run_dir / 'report.md'} (log: "
+                  f"{partial.run_dir / 'logs' / 'pruneflow.log'})", markup=False)
     if json_mode:
-        print(error_json(*failure))
+        print(error_json(*failure, run=partial.as_json() if partial is not None else None))
     raise typer.Exit(failure[0])
+
+
+def partial_of(exc: BaseException):
+    """The finished part of a run that ``exc`` stopped (``pruneflow.results.partial_run``), or None."""
+    from pruneflow.results import partial_run
+
+    return partial_run(exc)
 
 
 class Terminated(KeyboardInterrupt):
@@ -180,16 +195,18 @@ def json_line(payload: object) -> str:
 
 
 def error_json(exit_code: int, type_name: str, message: str, hint: str | None = None,
-               issues: list[dict] | None = None) -> str:
+               issues: list[dict] | None = None, run: dict | None = None) -> str:
     """The `--json` error object, built in one place so every failure reads the same to CI.
 
     ``{"exit_code": N, "error": {"type", "message", "hint", "issues"?}}`` (the README's contract):
-    ``issues`` only for a recipe error, one per location.
+    ``issues`` only for a recipe error, one per location. ``run``: when a run folder was made before the
+    failure, what ``optimize --json`` prints for a run (``run_dir``, ``stages`` with the metrics of those that
+    finished, ``artifacts``, ``gates``) is merged in.
     """
     error: dict = {"type": type_name, "message": message, "hint": hint}
     if issues is not None:
         error["issues"] = issues
-    return json_line({"exit_code": exit_code, "error": error})
+    return json_line({**(run or {}), "exit_code": exit_code, "error": error})
 
 
 def _print_error(err: Console, exc: PruneflowError, verbose: bool) -> None:
