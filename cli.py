@@ -401,16 +401,18 @@ def validate(
     show: Annotated[bool, typer.Option("--show", help="Print the resolved recipe (defaults filled in, paths absolute).")] = False,
     verbose: VerboseOpt = False,
 ) -> None:
-    """Check a recipe without running it: keys, types, ranges, stage types and targets.
+    """Check a recipe without running it: keys, types, ranges, stage types and targets, and that
+    model.factory resolves (a `file.py` is imported; no model is built, no data read).
 
     Each problem is printed as `FILE:LINE  key.path  value  message`.
     """
-    from pruneflow.pipeline import plan_stages
+    from pruneflow.pipeline import check_factory, plan_stages
     from pruneflow.recipe import dump_recipe, load_recipe
 
     with handle_errors(verbose):
         loaded = load_recipe(recipe, set_ or [], allow_path or [])
         stages = plan_stages(loaded)
+        check_factory(loaded)
         console = _out_console()
         if show:
             console.print(dump_recipe(loaded.recipe), markup=False)

@@ -54,14 +54,13 @@ def preflight(loaded: LoadedRecipe, stages: list[Stage], out: str | Path | None 
 
     Returns notes; a ConfigError (a file the recipe names is absent) comes out located, FILE:LINE.
     """
-    from .models import resolve_factory
     from .preflight import check_out_dir
 
     recipe = loaded.recipe
     if out is not None:
         check_out_dir(Path(out), recipe.name)
+    check_factory(loaded)
     with loaded.locating():
-        resolve_factory(recipe.model.factory)
         files = [("model", "checkpoint")] + [("data", name) for name in ("path", "train", "eval")]
         for section, name in files:
             value = getattr(getattr(recipe, section), name)
@@ -72,6 +71,25 @@ def preflight(loaded: LoadedRecipe, stages: list[Stage], out: str | Path | None 
         for stage in stages:
             notes += stage.preflight(None)
     return notes
+
+
+def check_factory(loaded: LoadedRecipe) -> None:
+    """``model.factory`` names a zoo model or a callable that imports (a ``file.py`` is imported, nothing is
+    built): for `validate` and ``--dry-run``, a located recipe error (FILE:LINE  model.factory), exit 2."""
+    import difflib
+
+    from .models import resolve_factory
+    from .zoo import ZOO
+
+    factory = loaded.recipe.model.factory
+    with loaded.locating():
+        try:
+            resolve_factory(factory)
+        except InputError as exc:
+            close = difflib.get_close_matches(factory, list(ZOO), n=1) if ":" not in factory else []
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            message = exc.message.removeprefix(f"model.factory {factory!r}").lstrip(": ")
+            raise ConfigError(("model", "factory"), message, value=factory, hint=hint + (exc.hint or "")) from exc
 
 
 def prepare_run_dir(out: Path, name: str, resume: bool) -> Path:
