@@ -421,6 +421,49 @@ def validate(
 
 
 @app.command(epilog=EPILOG)
+def doctor(
+    recipe: RecipeArg,
+    set_: SetOpt = None,
+    allow_path: AllowPathOpt = None,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Try every stage on the loaded model and one batch, in seconds, before a long run: what will work, what
+    will be skipped here and what will fail, with why and the fix.
+
+    Exit 0: everything will work · 1: something will fail · 2: the recipe, its files, model or data are refused.
+
+        pruneflow doctor recipe.yaml
+    """
+    from pruneflow.doctor import run_doctor
+    from pruneflow.recipe import load_recipe
+
+    with handle_errors(verbose, json_out):
+        loaded = load_recipe(recipe, set_ or [], allow_path or [])
+        with stdout_to_stderr(json_out):
+            report = run_doctor(loaded, RichReporter(_err_console(), quiet=json_out))
+        if json_out:
+            print(json_line(report.as_json()))
+        else:
+            _print_doctor(report)
+        raise typer.Exit(report.exit_code)
+
+
+def _print_doctor(report) -> None:
+    console = _out_console()
+    table = Table(title=f"doctor: {report.recipe}", title_justify="left")
+    for column in ("stage / target", "check", "status", "why", "fix"):
+        table.add_column(column, overflow="fold")
+    style = {"ok": "green", "will skip": "yellow", "will fail": "bold red"}
+    for r in report.rows:
+        table.add_row(r.where, r.check, f"[{style[r.status]}]{r.status}[/]", r.why, r.fix)
+    console.print(table)
+    failing = sum(r.status == "will fail" for r in report.rows)
+    verdict = f"[bold red]{failing} check(s) will fail[/]" if failing else "[bold green]everything will work[/]"
+    console.print(f"{verdict} ({report.seconds:.1f}s)")
+
+
+@app.command(epilog=EPILOG)
 def schema(
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write to this file instead of stdout.")] = None,
     verbose: VerboseOpt = False,
