@@ -18,7 +18,7 @@ import copy
 import functools
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -45,6 +45,7 @@ class DoctorRow:
     why: str = ""
     fix: str = ""
     seconds: float = 0.0
+    figures: dict[str, float | int] = field(default_factory=dict)
 
 
 @dataclass
@@ -127,7 +128,7 @@ def _timed(where: str, checks: Callable[[], list[Check]]) -> list[DoctorRow]:
     start = time.perf_counter()
     found = checks()
     seconds = (time.perf_counter() - start) / max(len(found), 1)
-    return [DoctorRow(where, c.check, c.status, c.why, c.fix, round(seconds, 2)) for c in found]
+    return [DoctorRow(where, c.check, c.status, c.why, c.fix, round(seconds, 2), c.figures) for c in found]
 
 
 def _stage_checks(stage: Stage, state: RunState, ctx: RunContext, loaded: LoadedRecipe) -> list[Check]:
@@ -231,7 +232,9 @@ def _prune_checks(stage: Stage, state: RunState, ctx: RunContext) -> list[Check]
     state.handle = ModelHandle(model)
     return rows + [Check("pruning to the target in one round", "ok", f"MACs {before['macs']:,} -> {after['macs']:,}, "
                          f"parameters {before['params']:,} -> {after['params']:,} (the run takes {rounds} rounds); "
-                         "the pruned model runs on one batch")]
+                         "the pruned model runs on one batch",
+                         figures={"macs_before": before["macs"], "macs_after": after["macs"], "params_before": before["params"],
+                                  "params_after": after["params"], "rounds": rounds})]
 
 
 def _coupling_rows(model: torch.nn.Module, example: torch.Tensor) -> list[Check]:
@@ -305,7 +308,7 @@ def _artifact_check(artifact: Any, target: Any, state: RunState, ctx: RunContext
     want = getattr(want, "logits", want)
     agree = float((got.reshape(len(x), -1).argmax(-1) == want.reshape(len(x), -1).argmax(-1).cpu().numpy()).mean())
     return Check(artifact.label, "ok", f"built and run: top-1 agreement with the torch model {agree:.3f} on {len(x)} samples"
-                 f"{'; ' + notes if notes else ''}")
+                 f"{'; ' + notes if notes else ''}", figures={"top1_agreement": agree, "samples": len(x)})
 
 
 #: Checks for the built-in stage types (their packages do not define ``doctor`` themselves).

@@ -57,6 +57,8 @@ class Check:
     status: str  # one of CHECK_STATUSES
     why: str = ""
     fix: str = ""
+    #: What was measured, for --json (e.g. ``{"macs_before": ..., "macs_after": ...}``).
+    figures: dict[str, float | int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.status not in CHECK_STATUSES:
