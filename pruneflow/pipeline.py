@@ -195,7 +195,7 @@ def _run_locked(loaded: LoadedRecipe, stages: list[Stage], inputs: RunInputs, ou
         with loaded.locating(), _disk_full_as_error():
             result = _run(loaded, stages, inputs, run_dir, manifest, reporter, resume, progress)
         if resume:
-            sweep_stale(run_dir, progress.records, [])
+            sweep_stale(run_dir, progress.records)
     except BaseException as exc:
         manifest.status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
         record_failure(exc, loaded, inputs, manifest, progress, resume)
@@ -234,10 +234,9 @@ def record_failure(exc: BaseException, loaded: LoadedRecipe, inputs: RunInputs, 
                   f"\nFix: {error['hint']}" if error["hint"] else "", exc_info=not isinstance(exc, PruneflowError))
     try:
         left = written_since(run_dir, progress.before) if stage else []
+        earlier = (stale_files(run_dir, progress.records, left) if resume else None) or []
         manifest.failure = {"stage": stage.id if stage else None, "stage_type": stage.config.type if stage else None,
-                            "error": error, "files": left}
-        if resume:
-            sweep_stale(run_dir, progress.records, left)
+                            "error": error, "files": left, "earlier_run_files": earlier}
         manifest.write()
         records = progress.records
         result = RunResult(run_dir, error["exit_code"], list(records), list(manifest.artifacts), [],
@@ -282,24 +281,41 @@ def written_since(run_dir: Path, before: dict[str, tuple[int, int, int]]) -> lis
                   if before.get(rel) != sig and rel not in RUN_FILES and not rel.endswith("/stage.json"))
 
 
-def sweep_stale(run_dir: Path, records: list[StageRecord], failed_files: list[str]) -> list[str]:
-    """``--resume``: remove the files an earlier run left that no stage of this run wrote or reused (exports of a
-    stage that ran again with other targets, what a failed stage left), so the manifest lists exactly the files
-    on disk. Skipped when a reused stage was recorded by a version that did not list its files."""
+def stale_files(run_dir: Path, records: list[StageRecord], failed_files: list[str]) -> list[str] | None:
+    """``--resume``: the files an earlier run left that no stage of this run wrote or reused (exports of a stage
+    that ran again with other targets, what a failed stage left, the stages a recipe no longer has). None when
+    a reused stage was recorded by a version that did not list its files (then nobody can tell)."""
     if any(r.files is None for r in records):
-        log.warning("--resume: a reused stage does not list its files (an older run); earlier files were kept")
-        return []
+        return None
     keep = RUN_FILES | set(failed_files) | {f for r in records for f in (r.files or [])}
     keep |= {f"stages/{r.index + 1:02d}-{r.id}/stage.json" for r in records}
-    stale = sorted(rel for rel in snapshot(run_dir) if rel not in keep)
-    for rel in stale:
-        (run_dir / rel).unlink()
-    for folder in sorted((p for p in run_dir.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
-        if not any(folder.iterdir()) and folder.name != "logs":
-            folder.rmdir()
+    return sorted(rel for rel in snapshot(run_dir) if rel not in keep)
+
+
+def sweep_stale(run_dir: Path, records: list[StageRecord]) -> list[str]:
+    """After a ``--resume`` run that completed: remove ``stale_files`` and the folders they leave empty, so the
+    manifest lists exactly the files on disk. (After a failure they are kept and listed instead.)"""
+    stale = stale_files(run_dir, records, [])
+    if stale is None:
+        log.warning("--resume: a reused stage does not list its files (an older run); earlier files were kept")
+        return []
+    remove_files(run_dir, stale)
     if stale:
         log.info("--resume: removed %d files an earlier run left: %s", len(stale), ", ".join(stale[:20]))
     return stale
+
+
+def remove_files(run_dir: Path, files: list[str]) -> None:
+    """Remove ``files`` (relative paths inside ``run_dir``; anything else named is left alone) and empty folders."""
+    root = run_dir.resolve()
+    for rel in files:
+        path = run_dir / rel
+        if (path.is_file() or path.is_symlink()) and path.parent.resolve().is_relative_to(root) and rel not in RUN_FILES:
+            path.unlink()
+    for folder in sorted((p for p in run_dir.rglob("*") if p.is_dir() and not p.is_symlink()),
+                         key=lambda p: len(p.parts), reverse=True):
+        if folder.name != "logs" and not any(folder.iterdir()):
+            folder.rmdir()
 
 
 def _run(loaded: LoadedRecipe, stages: list[Stage], inputs: RunInputs, run_dir: Path, manifest: Manifest,
@@ -360,7 +376,7 @@ def disk_full(exc: OSError, path: object) -> StageError:
 def _run_stage(stage: Stage, key: str, state: RunState, ctx: RunContext, manifest: Manifest, total: int,
                before: dict[str, tuple[int, int, int]]) -> StageRecord:
     stage_dir = ctx.stage_dir(stage.index, stage.id)
-    (stage_dir / "stage.json").unlink(missing_ok=True)  # an earlier run's record of it no longer holds
+    _forget_earlier(stage_dir, ctx.run_dir)
     ctx.reporter.stage_started(stage.id, stage.config.type, stage.index, total)
     start = time.perf_counter()
     try:
@@ -410,6 +426,20 @@ def _run_stage(stage: Stage, key: str, state: RunState, ctx: RunContext, manifes
     state.artifacts.extend(artifacts)
     ctx.reporter.stage_finished(stage.id, seconds, result.metrics)
     return record
+
+
+def _forget_earlier(stage_dir: Path, run_dir: Path) -> None:
+    """The stage runs again: what an earlier run of it wrote (its stage.json lists the files) is removed with that
+    record, so neither is mistaken for this run's."""
+    record = stage_dir / "stage.json"
+    try:
+        files = json.loads(record.read_text()).get("files") if record.is_file() else None
+    except (ValueError, OSError, AttributeError):
+        files = None
+    if isinstance(files, list):
+        remove_files(run_dir, [f for f in files if isinstance(f, str) and not f.endswith("stage.json")])
+    record.unlink(missing_ok=True)
+    stage_dir.mkdir(parents=True, exist_ok=True)
 
 
 def _resume(stage: Stage, key: str, state: RunState, ctx: RunContext, manifest: Manifest) -> StageRecord | None:

@@ -60,7 +60,8 @@ def files_on_disk(run_dir: Path) -> set[str]:
 
 def assert_manifest_lists_exactly_the_files(run_dir: Path) -> dict:
     manifest = json.loads((run_dir / "manifest.json").read_text())
-    listed = {f for s in manifest["stages"] for f in s["files"]} | set(manifest.get("failure", {}).get("files", []))
+    failure = manifest.get("failure", {})
+    listed = {f for s in manifest["stages"] for f in s["files"]} | set(failure.get("files", [])) | set(failure.get("earlier_run_files", []))
     records = {f"stages/{s['index'] + 1:02d}-{s['id']}/stage.json" for s in manifest["stages"]}
     assert files_on_disk(run_dir) == listed | records | (RUN_FILES & files_on_disk(run_dir))
     for artifact in manifest["artifacts"]:
@@ -130,7 +131,7 @@ def test_a_failed_resume_rerun_keeps_no_file_of_the_earlier_run(tmp_path, boom):
     assert not (run_dir / "export" / "openvino").exists()
     assert (run_dir / "export" / "onnx" / "model.fp32.onnx").stat().st_ino != old_onnx
     manifest = assert_manifest_lists_exactly_the_files(run_dir)
-    assert manifest["failure"]["files"] == ["stages/04-boom/partial.bin"]
+    assert manifest["failure"]["files"] == ["stages/04-boom/partial.bin"] and manifest["failure"]["earlier_run_files"] == []
 
     third = write(tmp_path / "r.yaml", tiny_recipe_dict(stages=stages(["onnx"])[:3]))
     result = invoke("optimize", third, "--out", tmp_path / "runs", "--resume", "--json")
@@ -138,3 +139,19 @@ def test_a_failed_resume_rerun_keeps_no_file_of_the_earlier_run(tmp_path, boom):
     assert not (run_dir / "stages" / "04-boom").exists()  # what the failed stage left goes with it
     manifest = assert_manifest_lists_exactly_the_files(run_dir)
     assert manifest["status"] == "complete" and "failure" not in manifest
+
+
+def test_a_failed_resume_lists_the_earlier_runs_files_it_did_not_reach(tmp_path, boom):
+    """Run 2 (--resume) fails before the export stage of run 1: that stage's files stay (a later --resume may
+    reuse them) and the manifest lists them as the earlier run's, apart from this run's."""
+    first = write(tmp_path / "r.yaml", tiny_recipe_dict(stages=stages(["onnx"])[:3]))
+    assert invoke("optimize", first, "--out", tmp_path / "runs", "-q").exit_code == 0
+    run_dir = tmp_path / "runs" / "tiny"
+    s = stages(["onnx"])
+    second = write(tmp_path / "r.yaml", tiny_recipe_dict(stages=[s[0], s[1], s[3], s[2]]))
+    result = invoke("optimize", second, "--out", tmp_path / "runs", "--resume", "--json")
+    assert result.exit_code == 4, result.output
+    manifest = assert_manifest_lists_exactly_the_files(run_dir)
+    assert manifest["failure"]["files"] == ["stages/03-boom/partial.bin"]
+    assert manifest["failure"]["earlier_run_files"] == ["export/onnx/model.fp32.onnx", "stages/03-export/stage.json"]
+    assert [a["path"] for a in manifest["artifacts"]] == ["stages/01-train/model.pt"]
