@@ -31,6 +31,11 @@ from .handle import ModelHandle
 from .recipe import LoadedRecipe
 from .stage import Check, Stage
 
+#: The fix when an exported file fails in its runtime on a batch (the export traced a batch of 2).
+TRACED_SIZES = ("the export traces forward with a batch of 2 and the file runs a batch of 32: a size read with len() or "
+                "int() in forward is frozen into the graph (use x.shape[0] or torch ops); else try `exporter: dynamo` "
+                "on the onnx target")
+
 #: Samples of each split the checks see (one batch): enough for a training step and an agreement figure.
 DOCTOR_BATCH = 32
 
@@ -85,11 +90,11 @@ def run_doctor(loaded: LoadedRecipe, reporter: Reporter | None = None) -> Doctor
     with tempfile.TemporaryDirectory(prefix="pruneflow-doctor-") as tmp:
         state, ctx = _probe(loaded, inputs, Path(tmp), reporter)
         rows += _timed("model", lambda: _model_checks(state, Path(tmp)))
-        with reporter.progress("doctor", total=len(stages)) as advance:
-            for stage in stages:
-                reporter.info(f"doctor: {stage.id} ({stage.config.type})")
-                rows += _timed(f"{stage.id} ({stage.config.type})", functools.partial(_stage_checks, stage, state, ctx, loaded))
-                advance(1, stage=stage.id)
+        for stage in stages:  # progress: one line a stage, as a run prints them
+            reporter.stage_started(stage.id, f"doctor: {stage.config.type}", stage.index, len(stages))
+            began = time.perf_counter()
+            rows += _timed(f"{stage.id} ({stage.config.type})", functools.partial(_stage_checks, stage, state, ctx, loaded))
+            reporter.stage_finished(stage.id, time.perf_counter() - began, {})
     return DoctorReport(str(loaded.file), rows, time.perf_counter() - start)
 
 
@@ -173,7 +178,7 @@ def _model_checks(state: RunState, tmp: Path) -> list[Check]:
         export_onnx(state.model, _example(state), path)
         open_artifact(path, runtime="onnxruntime")(state.data.eval.x.cpu().numpy())
     except Exception as exc:  # noqa: BLE001
-        return rows + [failed("ONNX export (torch.onnx) and onnxruntime", exc)]
+        return rows + [failed("ONNX export (torch.onnx) and onnxruntime", exc, TRACED_SIZES)]
     return rows + [Check("ONNX export (torch.onnx) and onnxruntime", "ok", "exported, loaded and run on one batch")]
 
 
@@ -301,7 +306,7 @@ def _artifact_check(artifact: Any, target: Any, state: RunState, ctx: RunContext
     try:
         got = np.asarray(open_artifact(path)(x.cpu().numpy()))
     except Exception as exc:  # noqa: BLE001
-        return failed(artifact.label, exc, "the file was written but its runtime refuses it")
+        return failed(artifact.label, exc, TRACED_SIZES)
     module = state.handle.module if artifact.precision == "int8" else state.handle.float_module()
     with torch.no_grad():
         want = module.eval()(x.to(ctx.device))
