@@ -215,3 +215,12 @@ def test_validate_resolves_the_factory_without_building_the_model(tmp_path):
     missing = write(tmp_path / "missing.yaml", tiny_recipe_dict(model={"factory": "nope.py:build"}))
     result = invoke("validate", missing)
     assert result.exit_code == 2 and "model.factory" in result.stderr and "file not found" in result.stderr
+
+
+def test_doctor_finds_a_batch_size_frozen_by_tracing_before_the_run(vit):
+    """len() in forward is a constant in the traced ONNX graph: the export would fail its check after training."""
+    write(vit.parent / "models.py", VIT.replace("t.shape[0]", "len(t)"))
+    result = invoke("doctor", vit, "--json")
+    assert result.exit_code == 1, result.output
+    onnx = rows(payload(result), "model")["ONNX export (torch.onnx) and onnxruntime"]
+    assert onnx["status"] == "will fail" and "Concat" in onnx["why"] and "len()" in onnx["fix"]
