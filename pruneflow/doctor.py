@@ -216,7 +216,11 @@ def _prune_checks(stage: Stage, state: RunState, ctx: RunContext) -> list[Check]
 
     rows = _coupling_rows(state.model, _example(state))
     model = copy.deepcopy(state.model)
-    strategy = _STRATEGIES[type(stage.config)](stage.config, model, _example(state), state.task.loss, stage.loc)
+    cfg = stage.config
+    scored = getattr(cfg, "importance", None)
+    if scored not in (None, "magnitude", "taylor"):  # which channels go does not change what traces; Hessian scores are slow
+        cfg = cfg.model_copy(update={"importance": "taylor"})
+    strategy = _STRATEGIES[type(cfg)](cfg, model, _example(state), state.task.loss, stage.loc)
     before = strategy.entering()
     strategy.prepare()
     split = state.data.train if state.data is not None and state.data.train is not None else state.data.eval  # type: ignore[union-attr]
@@ -236,7 +240,8 @@ def _prune_checks(stage: Stage, state: RunState, ctx: RunContext) -> list[Check]
     after = strategy.measure()
     state.handle = ModelHandle(model)
     return rows + [Check("pruning to the target in one round", "ok", f"MACs {before['macs']:,} -> {after['macs']:,}, "
-                         f"parameters {before['params']:,} -> {after['params']:,} (the run takes {rounds} rounds); "
+                         f"parameters {before['params']:,} -> {after['params']:,} (the run takes {rounds} rounds"
+                         f"{f'; channels scored by taylor here, {scored} in the run' if scored != cfg.importance else ''}); "
                          "the pruned model runs on one batch",
                          figures={"macs_before": before["macs"], "macs_after": after["macs"], "params_before": before["params"],
                                   "params_after": after["params"], "rounds": rounds})]
@@ -276,6 +281,9 @@ def _export_checks(stage: Stage, state: RunState, ctx: RunContext) -> list[Check
         out_dir = ctx.run_dir / "export" / name
         out_dir.mkdir(parents=True, exist_ok=True)
         for precision in [p for p in cfg.precisions if p in (target.config.precisions or cfg.precisions)]:
+            if precision == "fp16" and "fp32" in cfg.precisions:  # the same graph, converted: tried as fp32
+                rows.append(Check(f"{name}.fp16", "ok", "not built here: the fp32 graph converted to fp16 (tried as fp32)"))
+                continue
             target.upstream = list(built)
             try:
                 made = target.build(state, ctx, out_dir, precision)
