@@ -280,9 +280,9 @@ def _export_checks(stage: Stage, state: RunState, ctx: RunContext) -> list[Check
             continue
         out_dir = ctx.run_dir / "export" / name
         out_dir.mkdir(parents=True, exist_ok=True)
-        for precision in [p for p in cfg.precisions if p in (target.config.precisions or cfg.precisions)]:
-            if precision == "fp16" and "fp32" in cfg.precisions:  # the same graph, converted: tried as fp32
-                rows.append(Check(f"{name}.fp16", "ok", "not built here: the fp32 graph converted to fp16 (tried as fp32)"))
+        precisions = [p for p in cfg.precisions if p in (target.config.precisions or cfg.precisions)]
+        for precision in precisions:
+            if precision == "fp16" and "fp32" in precisions:  # the same graph, converted: tried as fp32 (below)
                 continue
             target.upstream = list(built)
             try:
@@ -293,6 +293,10 @@ def _export_checks(stage: Stage, state: RunState, ctx: RunContext) -> list[Check
             for artifact in made if isinstance(made, list) else [made]:
                 built.append(artifact)
                 rows.append(_artifact_check(artifact, target, state, ctx))
+        if "fp16" in precisions and "fp32" in precisions:
+            fp32 = next((r for r in rows if r.check == f"{name}.fp32"), None)
+            rows.append(Check(f"{name}.fp16", fp32.status if fp32 else "ok", "not built here: the fp32 graph, converted to "
+                              f"fp16; as {name}.fp32" + (f" ({fp32.status})" if fp32 else "")))
     return rows
 
 

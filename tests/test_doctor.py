@@ -77,7 +77,7 @@ def test_doctor_tries_every_stage_and_says_everything_will_work(tmp_path):
     recipe = write(tmp_path / "r.yaml", tiny_recipe_dict(data=DATA, stages=[
         {"type": "train", "epochs": 1}, {"type": "evaluate"},
         {"type": "prune", "target": {"macs": 0.5}, "importance": "taylor", "finetune": None},
-        {"type": "export", "targets": ["onnx", "tensorrt"], "latency": None}]))
+        {"type": "export", "targets": ["onnx", "tensorrt"], "precisions": ["fp32", "fp16"], "latency": None}]))
     result = invoke("doctor", recipe, "--json")
     assert result.exit_code == 0, result.output
     report = payload(result)
@@ -92,6 +92,7 @@ def test_doctor_tries_every_stage_and_says_everything_will_work(tmp_path):
     export = rows(report, "export (export)")
     assert export["onnx.fp32"]["status"] == "ok" and export["onnx.fp32"]["figures"]["top1_agreement"] == 1.0
     assert export["tensorrt.fp32"]["status"] == "will skip" and "prepared, not built" in export["tensorrt.fp32"]["why"]
+    assert export["onnx.fp16"]["status"] == "ok" and export["tensorrt.fp16"]["status"] == "will skip"  # as their fp32
     assert not (tmp_path / "runs").exists()  # doctor writes no run folder
 
     table = invoke("doctor", recipe)
