@@ -97,23 +97,38 @@ def handle_errors(verbose: bool, json_mode: bool = False) -> Iterator[None]:
     except PruneflowError as exc:
         _print_error(err, exc, verbose)
         issues = [i.as_dict() for i in exc.issues] if isinstance(exc, RecipeError) else None
+        caught: BaseException = exc
         failure = (exc.exit_code, type(exc).__name__, exc.message, exc.hint, issues)
     except KeyboardInterrupt as exc:
         what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
         err.print(f"[bold yellow]{what}[/]: finished stages are kept; run again with --resume to continue.")
+        caught = exc
         failure = (EXIT_INTERRUPTED, type(exc).__name__, what, None, None)
     except SystemExit as exc:  # code we called (a plugin, user code) exited instead of raising
         err.print(f"[bold red]stage failed:[/] code run by pruneflow called sys.exit({exc.code!r})", markup=True)
+        caught = exc
         failure = (EXIT_STAGE_FAILED, "SystemExit", f"code run by pruneflow called sys.exit({exc.code!r})",
                    "raise an exception instead of calling sys.exit", None)
     except Exception as exc:  # noqa: BLE001 - the last line of defence: a message, not a traceback
         _print_internal_error(err, exc, verbose)
+        caught = exc
         failure = (EXIT_STAGE_FAILED, type(exc).__name__, str(exc), None, None)
     else:
         return
+    partial = partial_of(caught)
+    if partial is not None and not json_mode:
+        err.print(f"the stages that finished and the error: {partial.run_dir / 'report.md'} (log: "
+                  f"{partial.run_dir / 'logs' / 'pruneflow.log'})", markup=False)
     if json_mode:
-        print(error_json(*failure))
+        print(error_json(*failure, run=partial.as_json() if partial is not None else None))
     raise typer.Exit(failure[0])
+
+
+def partial_of(exc: BaseException):
+    """The finished part of a run that ``exc`` stopped (``pruneflow.results.partial_run``), or None."""
+    from pruneflow.results import partial_run
+
+    return partial_run(exc)
 
 
 class Terminated(KeyboardInterrupt):
@@ -194,16 +209,18 @@ def json_line(payload: object) -> str:
 
 
 def error_json(exit_code: int, type_name: str, message: str, hint: str | None = None,
-               issues: list[dict] | None = None) -> str:
+               issues: list[dict] | None = None, run: dict | None = None) -> str:
     """The `--json` error object, built in one place so every failure reads the same to CI.
 
     ``{"exit_code": N, "error": {"type", "message", "hint", "issues"?}}`` (the README's contract):
-    ``issues`` only for a recipe error, one per location.
+    ``issues`` only for a recipe error, one per location. ``run``: when a run folder was made before the
+    failure, what ``optimize --json`` prints for a run (``run_dir``, ``stages`` with the metrics of those that
+    finished, ``artifacts``, ``gates``) is merged in.
     """
     error: dict = {"type": type_name, "message": message, "hint": hint}
     if issues is not None:
         error["issues"] = issues
-    return json_line({"exit_code": exit_code, "error": error})
+    return json_line({**(run or {}), "exit_code": exit_code, "error": error})
 
 
 def _print_error(err: Console, exc: PruneflowError, verbose: bool) -> None:
@@ -486,21 +503,66 @@ def validate(
     show: Annotated[bool, typer.Option("--show", help="Print the resolved recipe (defaults filled in, paths absolute).")] = False,
     verbose: VerboseOpt = False,
 ) -> None:
-    """Check a recipe without running it: keys, types, ranges, stage types and targets.
+    """Check a recipe without running it: keys, types, ranges, stage types and targets, and that
+    model.factory resolves (a `file.py` is imported; no model is built, no data read).
 
     Each problem is printed as `FILE:LINE  key.path  value  message`.
     """
-    from pruneflow.pipeline import plan_stages
+    from pruneflow.pipeline import check_factory, plan_stages
     from pruneflow.recipe import dump_recipe, load_recipe
 
     with handle_errors(verbose):
         loaded = load_recipe(recipe, set_ or [], allow_path or [])
         stages = plan_stages(loaded)
+        check_factory(loaded)
         console = _out_console()
         if show:
             console.print(dump_recipe(loaded.recipe), markup=False)
         names = ", ".join(f"{s.id} ({s.config.type})" for s in stages)
         console.print(f"[green]✓[/] {recipe}: valid — {len(stages)} stages: {names}")
+
+
+@app.command(epilog=EPILOG)
+def doctor(
+    recipe: RecipeArg,
+    set_: SetOpt = None,
+    allow_path: AllowPathOpt = None,
+    json_out: JsonOpt = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Try every stage on the loaded model and one batch, in seconds, before a long run: what will work, what
+    will be skipped here and what will fail, with why and the fix.
+
+    Exit 0: everything will work · 1: something will fail · 2: the recipe, its files, model or data are refused.
+
+        pruneflow doctor recipe.yaml
+    """
+    from pruneflow.doctor import run_doctor
+    from pruneflow.recipe import load_recipe
+
+    with handle_errors(verbose, json_out):
+        loaded = load_recipe(recipe, set_ or [], allow_path or [])
+        with stdout_to_stderr(json_out):
+            report = run_doctor(loaded, RichReporter(_err_console(), quiet=json_out))
+        if json_out:
+            print(json_line(report.as_json()))
+        else:
+            _print_doctor(report)
+        raise typer.Exit(report.exit_code)
+
+
+def _print_doctor(report) -> None:
+    console = _out_console()
+    table = Table(title=f"doctor: {report.recipe}", title_justify="left")
+    for column in ("stage / target", "check", "status", "why", "fix"):
+        table.add_column(column, overflow="fold")
+    style = {"ok": "green", "will skip": "yellow", "will fail": "bold red"}
+    for r in report.rows:
+        table.add_row(r.where, r.check, f"[{style[r.status]}]{r.status}[/]", r.why, r.fix)
+    console.print(table)
+    failing = sum(r.status == "will fail" for r in report.rows)
+    verdict = f"[bold red]{failing} check(s) will fail[/]" if failing else "[bold green]everything will work[/]"
+    console.print(f"{verdict} ({report.seconds:.1f}s)")
 
 
 @app.command(epilog=EPILOG)

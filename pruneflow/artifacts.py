@@ -288,6 +288,8 @@ class Manifest:
         #: The machine the run ran on (``pruneflow.runtime.host_info``: CPU model, ISA flags, GPUs, runtime
         #: versions), set by the pipeline: every latency figure in the manifest was measured there.
         self.host: dict[str, Any] | None = None
+        #: Set when a stage failed: the stage, the error (type, message, hint, exit code) and the files it left.
+        self.failure: dict[str, Any] | None = None
 
     def add_stage(self, record: dict[str, Any], artifacts: list[Artifact]) -> None:
         self.stages.append(record)
@@ -313,6 +315,7 @@ class Manifest:
             "deployment": self.deployment(),
             "stages": self.stages,
             "artifacts": [a.as_dict() for a in self.artifacts],
+            **({"failure": self.failure} if self.failure else {}),
         }
 
     def write(self) -> None:

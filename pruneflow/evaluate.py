@@ -63,26 +63,36 @@ def count_macs_params(model: nn.Module, example: torch.Tensor) -> tuple[int, int
     return int(macs), int(params)
 
 
-def layer_table(model: nn.Module, example: torch.Tensor) -> list[dict]:
-    """Per-layer rows (name, type, shape summary, params, MACs) for leaf modules that hold weights."""
+def layer_table(model: nn.Module, example: torch.Tensor) -> tuple[list[dict], int, int]:
+    """Per-layer rows (name, type, shape summary, params, MACs) and the totals (MACs, params), from
+    torch-pruning's op counter.
+
+    A row is a module the counter counts as one unit (a leaf, or one it counts whole such as
+    ``nn.MultiheadAttention``, whose ``out_proj`` is inside its MACs) that holds parameters, plus one for the
+    parameters a container holds itself (a class token, a position embedding): the rows' params sum to the total.
+    """
     import torch_pruning as tp
 
     was_training = model.training
     model.eval()
-    _, _, macs, params = tp.utils.count_ops_and_params(model, example, layer_wise=True)
+    total_macs, total_params, macs, _ = tp.utils.count_ops_and_params(model, example, layer_wise=True)
     model.train(was_training)
     rows = []
     for name, module in model.named_modules():
-        if list(module.children()) or not any(True for _ in module.parameters(recurse=False)):
+        if macs.get(module) is None:  # inside a module counted whole
+            continue
+        unit = all(macs.get(child) is None for child in module.children())
+        params = sum(p.numel() for p in (module.parameters() if unit else module.parameters(recurse=False)))
+        if not params:
             continue
         rows.append({
-            "name": name,
+            "name": (name or "(model)") + ("" if unit else " (own parameters)"),
             "type": type(module).__name__,
-            "shape": _shape(module),
-            "params": int(params.get(module, sum(p.numel() for p in module.parameters()))),
-            "macs": int(macs.get(module, 0)),
+            "shape": _shape(module) if unit else "",
+            "params": int(params),
+            "macs": int(macs[module]) if unit else 0,
         })
-    return rows
+    return rows, int(total_macs), int(total_params)
 
 
 def _shape(module: nn.Module) -> str:

@@ -55,62 +55,106 @@ def load_run_model(run_dir: Path, checkpoint: Path | None = None,
     return model, shape, what
 
 
-def inspect_source(source: str, input_shape: tuple[int, ...] | None = None, recipe: Path | None = None) -> dict:
-    """Params, MACs and a per-layer table; ``recipe`` builds the model of a run folder (see ``load_run_model``)."""
-    from .evaluate import layer_table
-    from .models import build_model, input_shape_for
-    from .recipe import load_recipe
-    from .recipe.models import ModelSpec
-    from .zoo import ZOO
+class Found:
+    """A model to inspect: the module, one sample's shape (None: unknown, then --input-shape must tell), its
+    dtype, and what it is (``zoo model``, ``recipe model``, ``checkpoint ...``)."""
 
+    def __init__(self, model: torch.nn.Module, shape: tuple[int, ...] | None, kind: str,
+                 dtype: torch.dtype = torch.float32):
+        self.model, self.shape, self.kind, self.dtype = model, shape, kind, dtype
+
+
+def inspect_source(source: str, input_shape: tuple[int, ...] | None = None, recipe: Path | None = None) -> dict:
+    """Params, MACs and a per-layer table of whatever ``source`` names: a zoo model, a factory
+    (``models.py:build``, ``package.module:fn``), a recipe (its factory and checkpoint), a run folder or a
+    checkpoint in one, a checkpoint of the user's own with ``recipe`` naming its model, or an ``.onnx`` file.
+
+        inspect_source("models.py:build", (3, 32, 32))
+        inspect_source("weights.pt", recipe=Path("recipe.yaml"))
+    """
     if input_shape is not None:
         _check_input_shape(input_shape)
     path = Path(source)
     if path.suffix == ".onnx":
         return _inspect_onnx(path)
-    shape: tuple[int, ...] | None  # None: a run whose recipe does not tell it (then --input-shape must)
+    found = _find_model(source, path, recipe)
+    shape = input_shape or found.shape
+    if shape is None:
+        raise InputError("the model's input shape is unknown", hint="pass --input-shape, e.g. 3,32,32")
+    rows, macs, params = _count(found, tuple(shape), source)
+    return {"source": source, "kind": found.kind, "input_shape": list(shape), "layers": rows,
+            "totals": {"params": params, "macs": macs, "layers": len(rows)}}
+
+
+def _find_model(source: str, path: Path, recipe: Path | None) -> Found:
+    from .models import CHECKPOINT_SUFFIXES, build_model, input_shape_for
+    from .recipe.models import ModelSpec
+    from .zoo import ZOO
+
     if source in ZOO and not path.exists():
         spec = ModelSpec(factory=source)
-        model, shape, kind = build_model(spec), input_shape_for(spec, None), "zoo model"
-    elif path.is_dir() or path.suffix in (".pt", ".pth"):
+        return Found(build_model(spec), input_shape_for(spec, None), "zoo model")
+    if path.is_dir() or path.suffix in CHECKPOINT_SUFFIXES:
         if not path.exists():
             raise InputError(f"{path} does not exist")
         run_dir = _run_dir_of(path.resolve())
-        if run_dir is None:
-            raise InputError(
-                f"{path} is not inside a pruneflow run directory (no manifest.json and recipe.resolved.yaml above it)",
-                hint="inspect a run directory, a checkpoint inside one, a recipe, or a zoo name",
-            )
-        model, shape, kind = load_run_model(run_dir, path.resolve() if path.is_file() else None, recipe)
-    elif path.suffix in (".yaml", ".yml"):
-        loaded = load_recipe(path)
-        model = build_model(loaded.recipe.model)
+        if run_dir is not None:
+            model, shape, kind = load_run_model(run_dir, path.resolve() if path.is_file() else None, recipe)
+            return Found(model, shape, kind)
+        if recipe is not None and path.is_file():
+            return _recipe_model(recipe, checkpoint=path)
+        raise InputError(
+            f"{path} is not inside a pruneflow run directory (no manifest.json and recipe.resolved.yaml above it)",
+            hint=f"for a checkpoint of your own, name the recipe that builds its model: pruneflow inspect {path} --recipe "
+            "RECIPE.yaml; else inspect a run directory, a checkpoint inside one, a recipe, a factory or a zoo name")
+    if path.suffix in (".yaml", ".yml"):
+        return _recipe_model(path)
+    if ":" in source:  # a factory, as a recipe's model.factory names it (here relative to the working folder)
+        return Found(build_model(ModelSpec(factory=source)), None, "factory")
+    raise InputError(
+        f"cannot inspect {source!r}: not a run directory, checkpoint, recipe, .onnx file, factory or zoo model",
+        hint=f"a factory is `path/to/file.py:function` or `package.module:function`; zoo models: {', '.join(ZOO)}",
+    )
+
+
+def _recipe_model(recipe: Path, checkpoint: Path | None = None) -> Found:
+    """The model a recipe builds (its factory, kwargs and checkpoint, or ``checkpoint`` instead), and its input."""
+    from .models import build_model, input_shape_for
+    from .recipe import load_recipe
+
+    loaded = load_recipe(recipe)
+    spec = loaded.recipe.model
+    if checkpoint is not None:
+        spec = spec.model_copy(update={"checkpoint": str(checkpoint)})
+    with loaded.locating():
+        model = build_model(spec)
         try:
-            shape = input_shape_for(loaded.recipe.model, None)
+            return Found(model, input_shape_for(spec, None), "recipe model" + (f", checkpoint {checkpoint}" if checkpoint else ""))
         except InputError:
             from .data import load_data
 
-            shape = load_data(loaded.recipe.data, loaded.recipe.seed).input_shape
-        kind = "recipe model"
-    else:
-        from .zoo import ZOO as zoo
+            data = load_data(loaded.recipe.data, loaded.recipe.seed)
+            return Found(model, tuple(data.input_shape), "recipe model" + (f", checkpoint {checkpoint}" if checkpoint else ""),
+                         data.eval.x.dtype)
 
-        raise InputError(
-            f"cannot inspect {source!r}: not a run directory, checkpoint, recipe, .onnx file or zoo model",
-            hint=f"zoo models: {', '.join(zoo)}",
-        )
-    shape = input_shape or shape
-    if shape is None:
-        raise InputError("the model's input shape is unknown", hint="pass --input-shape, e.g. 3,32,32")
-    rows = layer_table(model, torch.zeros((1,) + tuple(shape)))
+
+def _count(found: Found, shape: tuple[int, ...], source: str) -> tuple[list[dict], int, int]:
+    """The layer table and totals; a model that cannot take an input of ``shape`` is a usage error (exit 2)."""
+    from .evaluate import layer_table
+
+    example = torch.zeros((1,) + shape, dtype=found.dtype)
+    try:
+        rows, macs, params = layer_table(found.model, example)
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's model on a shape it may not take
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise UsageError(f"{source}: the model fails on one input of shape {list(shape)} ({found.dtype}): "
+                         f"{type(exc).__name__}: {first}",
+                         hint="pass the shape of one sample the model takes, without the batch dimension, e.g. "
+                         "--input-shape 3,32,32 (a recipe's model.input_shape sets it too)") from exc
     total_macs = sum(r["macs"] for r in rows) or 1
     for r in rows:
         r["macs %"] = round(100 * r["macs"] / total_macs, 1)
-    from .evaluate import count_macs_params
-
-    macs, params = count_macs_params(model, torch.zeros((1,) + tuple(shape)))
-    return {"source": source, "kind": kind, "input_shape": list(shape), "layers": rows,
-            "totals": {"params": params, "macs": macs, "layers": len(rows)}}
+    return rows, macs, params
 
 
 def _check_input_shape(shape: tuple[int, ...]) -> None:

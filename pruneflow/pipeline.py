@@ -14,6 +14,7 @@ import json
 import logging
 import shutil
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -28,7 +29,7 @@ from .gates import GateResult, check_gates
 from .handle import ModelHandle
 from .recipe import LoadedRecipe, dump_recipe
 from .recipe.rules import stage_ids
-from .results import RunResult, StageRecord, flat_metrics
+from .results import RunResult, StageRecord, attach_partial, error_record, flat_metrics
 from .runtime import host_info
 from .stage import Stage
 
@@ -53,14 +54,13 @@ def preflight(loaded: LoadedRecipe, stages: list[Stage], out: str | Path | None 
 
     Returns notes; a ConfigError (a file the recipe names is absent) comes out located, FILE:LINE.
     """
-    from .models import resolve_factory
     from .preflight import check_out_dir
 
     recipe = loaded.recipe
     if out is not None:
         check_out_dir(Path(out), recipe.name)
+    check_factory(loaded)
     with loaded.locating():
-        resolve_factory(recipe.model.factory)
         files = [("model", "checkpoint")] + [("data", name) for name in ("path", "train", "eval")]
         for section, name in files:
             value = getattr(getattr(recipe, section), name)
@@ -71,6 +71,25 @@ def preflight(loaded: LoadedRecipe, stages: list[Stage], out: str | Path | None 
         for stage in stages:
             notes += stage.preflight(None)
     return notes
+
+
+def check_factory(loaded: LoadedRecipe) -> None:
+    """``model.factory`` names a zoo model or a callable that imports (a ``file.py`` is imported, nothing is
+    built): for `validate` and ``--dry-run``, a located recipe error (FILE:LINE  model.factory), exit 2."""
+    import difflib
+
+    from .models import resolve_factory
+    from .zoo import ZOO
+
+    factory = loaded.recipe.model.factory
+    with loaded.locating():
+        try:
+            resolve_factory(factory)
+        except InputError as exc:
+            close = difflib.get_close_matches(factory, list(ZOO), n=1) if ":" not in factory else []
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            message = exc.message.removeprefix(f"model.factory {factory!r}").lstrip(": ")
+            raise ConfigError(("model", "factory"), message, value=factory, hint=hint + (exc.hint or "")) from exc
 
 
 def prepare_run_dir(out: Path, name: str, resume: bool) -> Path:
@@ -175,20 +194,16 @@ def _run_locked(loaded: LoadedRecipe, stages: list[Stage], inputs: RunInputs, ou
     manifest = Manifest(run_dir, recipe.name)
     manifest.host = host_info()
     manifest.write()
+    progress = Progress()
     try:
         # A rule that needs the model or data raises ConfigError(stage.loc(...)): reported at its FILE:LINE.
         with loaded.locating(), _disk_full_as_error():
-            result = _run(loaded, stages, inputs, run_dir, manifest, reporter, resume)
-    except KeyboardInterrupt:
-        manifest.status = "interrupted"
-        manifest.write()
-        raise
-    except BaseException:
-        manifest.status = "failed"
-        try:
-            manifest.write()
-        except OSError as exc:  # a full disk: the error on its way out is the one to report
-            log.warning("could not mark the manifest failed: %s", exc)
+            result = _run(loaded, stages, inputs, run_dir, manifest, reporter, resume, progress)
+        if resume:
+            sweep_stale(run_dir, progress.records)
+    except BaseException as exc:
+        manifest.status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+        record_failure(exc, loaded, inputs, manifest, progress, resume)
         raise
     finally:
         logging.getLogger("pruneflow").removeHandler(handler)
@@ -198,8 +213,118 @@ def _run_locked(loaded: LoadedRecipe, stages: list[Stage], inputs: RunInputs, ou
     return result
 
 
+@dataclass
+class Progress:
+    """How far a run got: the records of the finished stages, the stage running now and the run folder's files
+    when it started (what it wrote is what changed since)."""
+
+    records: list[StageRecord] = field(default_factory=list)
+    stage: Stage | None = None
+    before: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+
+
+def record_failure(exc: BaseException, loaded: LoadedRecipe, inputs: RunInputs, manifest: Manifest,
+                   progress: Progress, resume: bool) -> None:
+    """After a failure: the error (message, hint, exit code) in logs/pruneflow.log; the manifest's ``failure``
+    with the files the failed stage left; metrics.json and report.md with the stages that finished; and the
+    partial RunResult attached to ``exc`` for ``--json``. Never masks ``exc``: a problem here is only logged."""
+    from .report import write_reports
+
+    run_dir, error, stage = manifest.run_dir, error_record(exc), progress.stage
+    where = f"stage {stage.id} ({stage.config.type})" if stage else "the run"
+    if isinstance(exc, KeyboardInterrupt):
+        log.warning("%s interrupted (exit %d)", where, error["exit_code"])
+    else:
+        log.error("%s failed (exit %d) with %s: %s%s", where, error["exit_code"], error["type"], error["message"],
+                  f"\nFix: {error['hint']}" if error["hint"] else "", exc_info=not isinstance(exc, PruneflowError))
+    try:
+        left = written_since(run_dir, progress.before) if stage else []
+        earlier = (stale_files(run_dir, progress.records, left) if resume else None) or []
+        manifest.failure = {"stage": stage.id if stage else None, "stage_type": stage.config.type if stage else None,
+                            "error": error, "files": left, "earlier_run_files": earlier}
+        manifest.write()
+        records = progress.records
+        result = RunResult(run_dir, error["exit_code"], list(records), list(manifest.artifacts), [],
+                           flat_metrics(records, manifest.artifacts))
+        write_json_atomic(run_dir / "metrics.json", {**metrics_payload(result), "failure": manifest.failure})
+        write_reports(result, loaded, inputs.data, None, failure=manifest.failure)
+        attach_partial(exc, result)
+    except Exception:  # noqa: BLE001 - e.g. a full disk: the error on its way out is the one to report
+        log.warning("could not record the failure in the run folder", exc_info=True)
+
+
+def metrics_payload(result: RunResult) -> dict[str, Any]:
+    """metrics.json: every stage's metrics, every artifact's, the flat namespace the gates read, the gates, tables."""
+    return {
+        "stages": {r.id: r.metrics for r in result.stages},
+        "artifacts": {a.path: a.metrics for a in result.artifacts},
+        "flat": result.metrics,
+        "gates": [g.as_dict() for g in result.gates],
+        "tables": {r.id: r.tables for r in result.stages if r.tables},
+    }
+
+
+#: Files of the run itself rather than of a stage.
+RUN_FILES = frozenset({"recipe.resolved.yaml", Manifest.FILE, "metrics.json", "report.md"})
+
+
+def snapshot(run_dir: Path) -> dict[str, tuple[int, int, int]]:
+    """Every file under the run folder but its logs -> (inode, mtime, size): a file a stage wrote (atomically:
+    a new inode) is one that changed."""
+    found = {}
+    for path in run_dir.rglob("*"):
+        rel = path.relative_to(run_dir).as_posix()
+        if path.is_file() and not rel.startswith("logs/"):
+            st = path.stat()
+            found[rel] = (st.st_ino, st.st_mtime_ns, st.st_size)
+    return found
+
+
+def written_since(run_dir: Path, before: dict[str, tuple[int, int, int]]) -> list[str]:
+    """The files (but the run's own and the stage records) that are new or changed since ``before``."""
+    return sorted(rel for rel, sig in snapshot(run_dir).items()
+                  if before.get(rel) != sig and rel not in RUN_FILES and not rel.endswith("/stage.json"))
+
+
+def stale_files(run_dir: Path, records: list[StageRecord], failed_files: list[str]) -> list[str] | None:
+    """``--resume``: the files an earlier run left that no stage of this run wrote or reused (exports of a stage
+    that ran again with other targets, what a failed stage left, the stages a recipe no longer has). None when
+    a reused stage was recorded by a version that did not list its files (then nobody can tell)."""
+    if any(r.files is None for r in records):
+        return None
+    keep = RUN_FILES | set(failed_files) | {f for r in records for f in (r.files or [])}
+    keep |= {f"stages/{r.index + 1:02d}-{r.id}/stage.json" for r in records}
+    return sorted(rel for rel in snapshot(run_dir) if rel not in keep)
+
+
+def sweep_stale(run_dir: Path, records: list[StageRecord]) -> list[str]:
+    """After a ``--resume`` run that completed: remove ``stale_files`` and the folders they leave empty, so the
+    manifest lists exactly the files on disk. (After a failure they are kept and listed instead.)"""
+    stale = stale_files(run_dir, records, [])
+    if stale is None:
+        log.warning("--resume: a reused stage does not list its files (an older run); earlier files were kept")
+        return []
+    remove_files(run_dir, stale)
+    if stale:
+        log.info("--resume: removed %d files an earlier run left: %s", len(stale), ", ".join(stale[:20]))
+    return stale
+
+
+def remove_files(run_dir: Path, files: list[str]) -> None:
+    """Remove ``files`` (relative paths inside ``run_dir``; anything else named is left alone) and empty folders."""
+    root = run_dir.resolve()
+    for rel in files:
+        path = run_dir / rel
+        if (path.is_file() or path.is_symlink()) and path.parent.resolve().is_relative_to(root) and rel not in RUN_FILES:
+            path.unlink()
+    for folder in sorted((p for p in run_dir.rglob("*") if p.is_dir() and not p.is_symlink()),
+                         key=lambda p: len(p.parts), reverse=True):
+        if folder.name != "logs" and not any(folder.iterdir()):
+            folder.rmdir()
+
+
 def _run(loaded: LoadedRecipe, stages: list[Stage], inputs: RunInputs, run_dir: Path, manifest: Manifest,
-         reporter: Reporter, resume: bool) -> RunResult:
+         reporter: Reporter, resume: bool, progress: Progress) -> RunResult:
     from .report import write_reports
     from .tasks import make_task
 
@@ -208,26 +333,22 @@ def _run(loaded: LoadedRecipe, stages: list[Stage], inputs: RunInputs, run_dir: 
                      reporter=reporter, resume=resume)
     state = RunState(handle=ModelHandle(inputs.model.to(device)), task=make_task(recipe.task), data=data,
                      model_key=source_key(loaded), example_input=inputs.example.to(device))
-    records: list[StageRecord] = []
+    records = progress.records
     key = state.model_key
     for stage in stages:
         key = _hash(key, stage.config.model_dump(mode="json"), tool_versions())
+        progress.stage, progress.before = stage, snapshot(run_dir)
         record = _resume(stage, key, state, ctx, manifest) if resume else None
         if record is None:
-            record = _run_stage(stage, key, state, ctx, manifest, len(stages))
+            record = _run_stage(stage, key, state, ctx, manifest, len(stages), progress.before)
         records.append(record)
         state.metrics[stage.id] = record.metrics
+    progress.stage = None
     flat = flat_metrics(records, manifest.artifacts)
     gates = [GateResult(**g) for r in records for g in r.gates] + check_gates(recipe.gates, flat)
     exit_code = EXIT_GATE_FAILED if any(not g.passed for g in gates) else EXIT_OK
     result = RunResult(run_dir, exit_code, records, list(manifest.artifacts), gates, flat)
-    write_json_atomic(run_dir / "metrics.json", {
-        "stages": {r.id: r.metrics for r in records},
-        "artifacts": {a.path: a.metrics for a in manifest.artifacts},
-        "flat": flat,
-        "gates": [g.as_dict() for g in gates],
-        "tables": {r.id: r.tables for r in records if r.tables},
-    })
+    write_json_atomic(run_dir / "metrics.json", metrics_payload(result))
     write_reports(result, loaded, data, state)
     return result
 
@@ -257,8 +378,10 @@ def disk_full(exc: OSError, path: object) -> StageError:
                       "finished stages are kept")
 
 
-def _run_stage(stage: Stage, key: str, state: RunState, ctx: RunContext, manifest: Manifest, total: int) -> StageRecord:
+def _run_stage(stage: Stage, key: str, state: RunState, ctx: RunContext, manifest: Manifest, total: int,
+               before: dict[str, tuple[int, int, int]]) -> StageRecord:
     stage_dir = ctx.stage_dir(stage.index, stage.id)
+    _forget_earlier(stage_dir, ctx.run_dir)
     ctx.reporter.stage_started(stage.id, stage.config.type, stage.index, total)
     start = time.perf_counter()
     try:
@@ -299,14 +422,29 @@ def _run_stage(stage: Stage, key: str, state: RunState, ctx: RunContext, manifes
         artifacts.insert(0, checkpoint)
         state.model_artifact = checkpoint
     seconds = time.perf_counter() - start
+    files = sorted(set(written_since(ctx.run_dir, before)) | {f for a in artifacts for f in [a.path, *a.files]})
     record = StageRecord(stage.id, stage.config.type, stage.index, seconds, result.metrics, key,
                          artifacts=[a.path for a in artifacts], tables=result.tables,
-                         gates=[g.as_dict() for g in result.gates])
+                         gates=[g.as_dict() for g in result.gates], files=files)
     write_json_atomic(stage_dir / "stage.json", {**record.as_dict(), "artifact_records": [a.as_dict() for a in artifacts]})
     manifest.add_stage(record.as_dict(), artifacts)
     state.artifacts.extend(artifacts)
     ctx.reporter.stage_finished(stage.id, seconds, result.metrics)
     return record
+
+
+def _forget_earlier(stage_dir: Path, run_dir: Path) -> None:
+    """The stage runs again: what an earlier run of it wrote (its stage.json lists the files) is removed with that
+    record, so neither is mistaken for this run's."""
+    record = stage_dir / "stage.json"
+    try:
+        files = json.loads(record.read_text()).get("files") if record.is_file() else None
+    except (ValueError, OSError, AttributeError):
+        files = None
+    if isinstance(files, list):
+        remove_files(run_dir, [f for f in files if isinstance(f, str) and not f.endswith("stage.json")])
+    record.unlink(missing_ok=True)
+    stage_dir.mkdir(parents=True, exist_ok=True)
 
 
 def _resume(stage: Stage, key: str, state: RunState, ctx: RunContext, manifest: Manifest) -> StageRecord | None:
@@ -347,7 +485,7 @@ def _resume(stage: Stage, key: str, state: RunState, ctx: RunContext, manifest: 
         return None
     record = StageRecord(saved["id"], saved["type"], saved["index"], saved["seconds"], saved["metrics"], key,
                          resumed=True, artifacts=saved.get("artifacts", []), tables=saved.get("tables", {}),
-                         gates=saved.get("gates", []))
+                         gates=saved.get("gates", []), files=saved.get("files"))
     manifest.add_stage(record.as_dict(), artifacts)
     state.artifacts.extend(artifacts)
     ctx.reporter.stage_finished(stage.id, 0.0, record.metrics, skipped=True)

@@ -163,9 +163,28 @@ def stage_rows(result: "RunResult") -> list[dict]:
     } for s in result.stages]
 
 
-def render_markdown(result: "RunResult", loaded: "LoadedRecipe", data: "DataBundle") -> str:
+def failed_section(failure: dict | None) -> list[str]:
+    """What stopped the run: the stage, the error and its fix, the exit code, and the files the stage left."""
+    if not failure:
+        return []
+    error = failure["error"]
+    where = f"stage `{failure['stage']}` ({failure['stage_type']})" if failure.get("stage") else "the run"
+    lines = ["## Failed", "", f"{where} stopped the run with exit {error['exit_code']} ({error['type']}):", "",
+             "```", error["message"], "```", ""]
+    if error.get("hint"):
+        lines += [f"**Fix:** {error['hint']}", ""]
+    if failure.get("files"):
+        lines += ["Files it left (listed under `failure` in manifest.json, not artifacts):", "",
+                  *(f"- `{f}`" for f in failure["files"]), ""]
+    lines += ["The stages above finished and are kept: after the fix, `pruneflow optimize --resume` continues from them.", ""]
+    return lines
+
+
+def render_markdown(result: "RunResult", loaded: "LoadedRecipe", data: "DataBundle", failure: dict | None = None) -> str:
     recipe = loaded.recipe
     verdict = "PASSED" if result.exit_code == 0 else "GATE FAILED"
+    if failure:
+        verdict = "INTERRUPTED" if failure["error"]["type"] in ("KeyboardInterrupt", "Terminated") else "FAILED"
     lines = [
         f"# pruneflow run: {recipe.name}",
         "",
@@ -176,7 +195,8 @@ def render_markdown(result: "RunResult", loaded: "LoadedRecipe", data: "DataBund
         f"- data: {data.description}; {len(data.train) if data.train is not None else 0} train / {len(data.eval)} eval samples, "
         f"{data.num_classes} classes, input {list(data.input_shape)}",
         "",
-        "## Stages",
+        *failed_section(failure),
+        "## Stages" + (" that finished" if failure else ""),
         "",
         md_table(stage_rows(result)),
         "## Artifacts",
@@ -204,5 +224,7 @@ def render_markdown(result: "RunResult", loaded: "LoadedRecipe", data: "DataBund
     return "\n".join(lines)
 
 
-def write_reports(result: "RunResult", loaded: "LoadedRecipe", data: "DataBundle", state: "RunState") -> None:
-    write_text_atomic(result.run_dir / "report.md", render_markdown(result, loaded, data))
+def write_reports(result: "RunResult", loaded: "LoadedRecipe", data: "DataBundle", state: "RunState | None",
+                  failure: dict | None = None) -> None:
+    """report.md; after a failure (``failure``: the manifest's record of it) with what finished and a Failed section."""
+    write_text_atomic(result.run_dir / "report.md", render_markdown(result, loaded, data, failure))

@@ -29,6 +29,10 @@ class StageRecord:
     tables: dict[str, list[dict]] = field(default_factory=dict)
     gates: list[dict] = field(default_factory=list)
     status: str = "done"
+    #: Every file the stage wrote, relative to the run folder (its artifacts' files and any other), so the
+    #: manifest lists exactly what is on disk and a --resume run can remove what an earlier run left. None: a
+    #: stage reused from a run recorded before stages listed their files.
+    files: list[str] | None = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -60,6 +64,36 @@ class RunResult:
             ],
             "gates": [g.as_dict() for g in self.gates],
         }
+
+
+#: The attribute under which run_recipe leaves the partial RunResult on the exception that stopped a run.
+_PARTIAL = "pruneflow_partial_run"
+
+
+def attach_partial(exc: BaseException, result: RunResult) -> None:
+    """Hang what finished before a failure on the exception, so the CLI's --json carries it with the error."""
+    setattr(exc, _PARTIAL, result)
+
+
+def partial_run(exc: BaseException) -> RunResult | None:
+    """The RunResult of the stages that finished before ``exc`` stopped the run (None: no run folder was made)."""
+    found = getattr(exc, _PARTIAL, None)
+    return found if isinstance(found, RunResult) else None
+
+
+def error_record(exc: BaseException) -> dict[str, Any]:
+    """``{"exit_code", "type", "message", "hint"}`` of the exception that stopped a run (log, manifest, report)."""
+    from .errors import EXIT_INTERRUPTED, EXIT_STAGE_FAILED, PruneflowError, RecipeError
+
+    if isinstance(exc, PruneflowError):
+        issues = [i.format().strip() for i in exc.issues] if isinstance(exc, RecipeError) else []
+        return {"exit_code": exc.exit_code, "type": type(exc).__name__, "message": "\n".join([exc.message, *issues]),
+                "hint": exc.hint}
+    if isinstance(exc, KeyboardInterrupt):
+        return {"exit_code": EXIT_INTERRUPTED, "type": type(exc).__name__, "message": "interrupted",
+                "hint": "run again with --resume to continue from the finished stages"}
+    return {"exit_code": EXIT_STAGE_FAILED, "type": type(exc).__name__, "message": str(exc),
+            "hint": "an internal error: run again with -v for the traceback, and please report it"}
 
 
 def flat_metrics(records: list[StageRecord], artifacts: list[Artifact]) -> dict[str, Any]:

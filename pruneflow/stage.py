@@ -40,6 +40,31 @@ C = TypeVar("C", bound=StageConfig)
 T = TypeVar("T", bound=TargetConfig)
 
 
+#: What `pruneflow doctor` expects of a step: it will work, it will be skipped here (a toolchain is absent,
+#: a bundle is prepared instead), or it will fail.
+CHECK_STATUSES = ("ok", "will skip", "will fail")
+
+
+@dataclass
+class Check:
+    """One line of `pruneflow doctor`: what was tried on the loaded model and one batch, and what the run will do.
+
+        Check("NNCF quantization", "will fail", why="module 'gate' (Sigmoid) does not trace",
+              fix="ignore: ['gate']")
+    """
+
+    check: str
+    status: str  # one of CHECK_STATUSES
+    why: str = ""
+    fix: str = ""
+    #: What was measured, for --json (e.g. ``{"macs_before": ..., "macs_after": ...}``).
+    figures: dict[str, float | int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.status not in CHECK_STATUSES:
+            raise ValueError(f"check {self.check!r}: status {self.status!r} is not one of {', '.join(CHECK_STATUSES)}")
+
+
 @dataclass
 class StageResult:
     metrics: dict[str, float | int | str] = field(default_factory=dict)
@@ -118,6 +143,16 @@ class Stage(Generic[C]):
 
         Runs before the run directory exists (``--dry-run`` too), so ``ctx`` is None there."""
         return []
+
+    def doctor(self, state: "RunState", ctx: "RunContext") -> list[Check] | None:
+        """`pruneflow doctor`: try what this stage will do on the loaded model and one batch, in seconds, and
+        say whether the run will get through (``Check`` rows). ``ctx.run_dir`` is a temporary folder;
+        ``state.data`` holds one batch of each split. A check that makes the model the next stage would get
+        (pruned by one round, quantized) may leave it on ``state.handle``, so later checks try that one.
+        A ConfigError raised here is reported as a row (the run would stop there with exit 2).
+
+        None (the default): no check of its own (`pruneflow doctor` may have a built-in one for the type)."""
+        return None
 
 
 class Target(Generic[T]):

@@ -142,6 +142,12 @@ class PtqStage(Stage[PtqConfig]):
     def needs_train_split(self) -> bool:
         return True
 
+    def doctor(self, state, ctx):
+        """`pruneflow doctor`: NNCF on the entering model and one batch (qat/doctor.py)."""
+        from .doctor import quantize_checks
+
+        return quantize_checks(self, state, ctx)
+
     def run(self, state, ctx):
         # Both on the whole eval split (eval_samples says how many): these are the figures gates compare, and
         # accuracy_fp32 is the model the fp32/fp16 artifacts are made from (the float base, untouched by PTQ's
@@ -172,6 +178,12 @@ class QatStage(Stage[QatConfig]):
     def quantizes(cls, config) -> bool:
         """Only a schedule with an int8 phase inserts quantizers (an fp16-ending one leaves a float model)."""
         return any(p.precision == "int8" for p in config.schedule)
+
+    def doctor(self, state, ctx):
+        """`pruneflow doctor`: NNCF on the entering model and one batch (qat/doctor.py)."""
+        from .doctor import quantize_checks
+
+        return quantize_checks(self, state, ctx)
 
     def run(self, state, ctx):
         cfg = self.config

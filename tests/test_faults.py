@@ -274,8 +274,11 @@ def test_sigterm_stops_like_ctrl_c_and_resume_picks_up(tmp_path):
         proc.kill()
     assert proc.returncode == 130, stderr
     assert "terminated (SIGTERM)" in stderr and "--resume" in stderr
-    assert one_json(stdout) == {"exit_code": 130, "error": {"type": "Terminated", "message": "terminated (SIGTERM)",
-                                                            "hint": None}}
+    payload = one_json(stdout)
+    assert payload["exit_code"] == 130
+    assert payload["error"] == {"type": "Terminated", "message": "terminated (SIGTERM)", "hint": None}
+    assert [s["name"] for s in payload["stages"]] == ["evaluate"]  # the finished stage, with its metrics
+    assert "accuracy" in payload["stages"][0]["metrics"] and payload["run_dir"] == str(run_dir)
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["status"] == "interrupted" and [s["id"] for s in manifest["stages"]] == ["evaluate"]
     assert not list(run_dir.rglob(".*.tmp"))  # no half-written file left

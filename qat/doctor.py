@@ -1,0 +1,45 @@
+"""`pruneflow doctor` for the ptq and qat stages: NNCF quantizes the model that will enter them, on one batch.
+
+The check runs the stage's own ``quantize`` (same ``ignore``, preset, activation type) on a copy, with a
+calibration set of the one batch doctor holds, then runs the quantized copy forward. A failure names the
+module NNCF stopped in (``nncf_quant.failing_module``) and the fix; success leaves the quantized model on the
+state, so the export checks after it try the int8 export of the model the run will have.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from pruneflow.errors import StageError
+from pruneflow.handle import ModelHandle
+from pruneflow.stage import Check
+
+CHECK = "NNCF quantization on one batch"
+
+
+def quantize_checks(stage, state, ctx) -> list[Check]:
+    """The rows of a ptq or qat stage (``Stage.doctor``); a ConfigError (an ``ignore`` NNCF refuses) propagates,
+    so doctor reports it at its recipe line."""
+    from calibrate.build import build_calibration_set
+
+    from .nncf_quant import quantize, quantizer_parameters
+
+    cfg = stage.config
+    if not stage.quantizes(cfg):
+        return [Check(CHECK, "ok", "no int8 phase: the stage trains in floating point only")]
+    split = state.data.train if state.data.train is not None else state.data.eval
+    calib = build_calibration_set(split, size=len(split), strategy="random", seed=ctx.seed)
+    base = copy.deepcopy(state.model).eval()
+    try:
+        quantized = quantize(copy.deepcopy(state.model), calib, ignore=cfg.ignore, preset=cfg.preset,
+                             batch_size=cfg.batch_size, activations=cfg.activations, ignore_loc=stage.loc("ignore"))
+        with torch.no_grad():
+            quantized.eval()(state.data.eval.x.to(ctx.device))
+    except StageError as exc:
+        return [Check(CHECK, "will fail", exc.message, exc.hint or "")]
+    state.handle = ModelHandle(quantized, kind="nncf", float_base=base)
+    kept = f"; kept float by `ignore`: {', '.join(cfg.ignore)}" if cfg.ignore else ""
+    return [Check(CHECK, "ok", f"{len(quantizer_parameters(quantized))} quantizer parameters inserted, the quantized "
+                  f"model runs on {len(state.data.eval)} samples{kept}")]
