@@ -133,7 +133,7 @@ def test_doctor_reports_a_setting_the_model_refutes_at_its_line_and_exits_1(tmp_
 
 
 def test_doctor_on_a_vision_transformer_lists_its_attention(vit):
-    text = vit.read_text().replace("stages:\n- type: evaluate", "stages:\n- type: prune\n  target: {macs: 0.5}\n  finetune: null")
+    text = vit.read_text().replace("stages:\n- type: evaluate", "stages:\n- type: prune\n  target: {macs: 0.7}\n  finetune: null")
     recipe = write(vit.parent / "vit-prune.yaml", text)
     result = invoke("doctor", recipe, "--json")
     report = payload(result)
