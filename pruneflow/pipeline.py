@@ -26,6 +26,7 @@ from .context import Reporter, RunContext, RunState
 from .errors import EXIT_GATE_FAILED, EXIT_OK, ConfigError, InputError, PruneflowError, StageError
 from .gates import GateResult, check_gates
 from .handle import ModelHandle
+from .inputs import Inputs, take, to, trim
 from .recipe import LoadedRecipe, dump_recipe
 from .recipe.rules import stage_ids
 from .results import RunResult, StageRecord, flat_metrics
@@ -132,7 +133,7 @@ def run_recipe(loaded: LoadedRecipe, out: str | Path = "runs", reporter: Reporte
 class RunInputs:
     """What a run starts from, loaded and checked before anything is written: data, model, device, example."""
 
-    def __init__(self, data: Any, model: torch.nn.Module, device: str, example: torch.Tensor):
+    def __init__(self, data: Any, model: torch.nn.Module, device: str, example: "Inputs"):
         self.data, self.model, self.device, self.example = data, model, device, example
 
 
@@ -156,8 +157,11 @@ def load_inputs(loaded: LoadedRecipe, stages: list[Stage], reporter: Reporter) -
     model = build_model(recipe.model)
     shape = input_shape_for(recipe.model, data.input_shape)
     check_shape_matches_data(shape, data.input_shape, explicit=recipe.model.input_shape is not None)
-    check_model_on_batch(model, data.eval.x[:PREFLIGHT_BATCH], recipe.model.factory, data.num_classes)
-    example = torch.zeros((1,) + tuple(shape), dtype=data.eval.x.dtype)
+    check_model_on_batch(model, take(data.eval.x, slice(0, PREFLIGHT_BATCH)), recipe.model.factory, data.num_classes)
+    if isinstance(data.eval.x, dict):  # several inputs: the first real sample (text cut to its own length)
+        example: Inputs = trim(take(data.eval.x, slice(0, 1)))
+    else:
+        example = torch.zeros((1,) + tuple(shape), dtype=data.eval.x.dtype)
     return RunInputs(data, model, device, example)
 
 
@@ -202,7 +206,7 @@ def _run(loaded: LoadedRecipe, stages: list[Stage], inputs: RunInputs, run_dir: 
     ctx = RunContext(run_dir=run_dir, recipe=recipe, recipe_file=loaded.file, seed=recipe.seed, device=device,
                      reporter=reporter, resume=resume)
     state = RunState(handle=ModelHandle(inputs.model.to(device)), task=make_task(recipe.task), data=data,
-                     model_key=source_key(loaded), example_input=inputs.example.to(device))
+                     model_key=source_key(loaded), example_input=to(inputs.example, device))
     records: list[StageRecord] = []
     key = state.model_key
     for stage in stages:

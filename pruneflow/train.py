@@ -13,10 +13,11 @@ from torch import nn
 from .context import RunContext
 from .data import DataBundle, Split
 from .evaluate import evaluate_model
+from .inputs import Inputs, call, to
 from .stage import StrictModel
 from .tasks import Task
 
-LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor, object], torch.Tensor]
+LossFn = Callable[[nn.Module, Inputs, torch.Tensor, object], torch.Tensor]
 
 
 class TrainSettings(StrictModel):
@@ -101,8 +102,8 @@ def fit(model: nn.Module, data: DataBundle, task: Task, s: TrainSettings, ctx: R
         with ctx.reporter.progress(f"{description} epoch {epoch}/{s.epochs}", total=steps_per_epoch) as advance:
             for x, y in data.train_batches(s.batch_size, gen, augment=s.augment):
                 _set_lr(opt, s, step, steps_per_epoch)
-                x, y = x.to(ctx.device), y.to(ctx.device)
-                out = model(x)
+                x, y = to(x, ctx.device), y.to(ctx.device)
+                out = call(model, x)
                 loss = extra_loss(model, x, y, out) if extra_loss else task.loss(out, y)
                 _optimizer_step(model, opt, loss, s.grad_clip)
                 step += 1

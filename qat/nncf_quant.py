@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from pruneflow.errors import ConfigError, StageError
+from pruneflow.inputs import Inputs, bind, take, to
 
 from calibrate.calibset import CalibrationSet
 from calibrate.consumers import nncf_dataset
@@ -139,7 +140,7 @@ def force_signed_activations(model: nn.Module) -> int:
     return changed
 
 
-def strip_quantizers(model: nn.Module, example: torch.Tensor) -> nn.Module:
+def strip_quantizers(model: nn.Module, example: Inputs) -> nn.Module:
     """A CPU copy of ``model`` with NNCF's quantizers replaced by torch's native fake-quant ops.
 
     torch.onnx writes those as QuantizeLinear/DequantizeLinear pairs, the input of pruneflow's INT8 passes
@@ -152,7 +153,8 @@ def strip_quantizers(model: nn.Module, example: torch.Tensor) -> nn.Module:
     copied = copy.deepcopy(model).cpu().eval()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return nncf.strip(copied, do_copy=False, example_input=example[:1].cpu()).eval()
+        one = bind(copied, to(take(example, slice(0, 1)), "cpu"))
+        return nncf.strip(copied, do_copy=False, example_input=one).eval()
 
 
 def quantizer_parameters(model: nn.Module) -> list:

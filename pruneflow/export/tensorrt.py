@@ -24,6 +24,7 @@ from pydantic import Field, model_validator
 
 from ..artifacts import Artifact, publish_dir, sha256_file, write_text_atomic
 from ..errors import ExportError, InputError, MissingDependencyError
+from ..inputs import to
 from ..stage import StrictModel, Target, TargetConfig
 from . import tensorrt_build
 
@@ -107,7 +108,7 @@ class TensorRtTarget(Target[TensorRtConfig]):
         from .onnx import export_int8_onnx, export_onnx, to_fp16
 
         path = tmp / SOURCE_NAMES[precision]
-        example = state.example_input.cpu()
+        example = to(state.example_input, "cpu")
         if precision == "int8":
             report = export_int8_onnx(state.handle.int8_module(example), example, path, form="tensorrt")
             for note in report.notes:

@@ -18,6 +18,7 @@ from torch import nn
 
 from ..errors import ConfigError, InputError
 from ..evaluate import count_macs_params
+from ..inputs import bind, call, take
 from .importance import SaliencyImportance
 from .keep import KeepRule
 from .surgery import ChannelEmbedConv
@@ -101,7 +102,7 @@ def _pruner(model: nn.Module, example: torch.Tensor, saliency: dict, ratio: floa
     spatial = output_positions(model, example) if opts.ranking == "per_mac" else None
     widths = opts.initial_widths or {}
     return GroupPruner(
-        model, example, SaliencyImportance(model, saliency, opts.ranking, spatial, _floors(model, opts)), opts.rule,
+        model, bind(model, example), SaliencyImportance(model, saliency, opts.ranking, spatial, _floors(model, opts)), opts.rule,  # type: ignore[arg-type]
         ratio=ratio, global_pruning=opts.allocation == "global", ignored=[modules[n] for n in opts.ignored],
         initial_widths={modules[n]: w for n, w in widths.items() if n in modules},
     )
@@ -126,7 +127,7 @@ def output_positions(model: nn.Module, example: torch.Tensor) -> dict[nn.Module,
     was = model.training
     model.eval()
     try:
-        model(example[:1])
+        call(model, take(example, slice(0, 1)))
     finally:
         model.train(was)
         for h in handles:

@@ -28,10 +28,11 @@ from torch import nn
 from ..distill import Distiller, frozen_copy
 from ..errors import ConfigError
 from ..evaluate import evaluate_model
+from ..inputs import Inputs, take, to, trim
 from ..train import FinetuneSettings, fit
 from .transformer import is_transformer
 
-Batches = list[tuple[torch.Tensor, torch.Tensor]]
+Batches = list[tuple[Inputs, torch.Tensor]]
 StepCallback = Callable[[int, int], None]
 
 
@@ -142,8 +143,8 @@ def importance_batches(data, batches: int, batch_size: int, seed: int, device: s
     n = min(batches * batch_size, len(data.train))
     gen = torch.Generator().manual_seed(seed)
     idx = torch.randperm(len(data.train), generator=gen)[:n]
-    x, y = data.train.x[idx].to(device), data.train.y[idx].to(device)
-    return [(x[i : i + batch_size], y[i : i + batch_size]) for i in range(0, len(y), batch_size)]
+    x, y = to(take(data.train.x, idx), device), data.train.y[idx].to(device)
+    return [(trim(take(x, slice(i, i + batch_size))), y[i : i + batch_size]) for i in range(0, len(y), batch_size)]
 
 
 class Tuner:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..inputs import call
 from ..zoo.resnet_cifar import ChannelPadShortcut
 
 
@@ -36,7 +37,7 @@ def make_prunable(model: nn.Module, example: torch.Tensor) -> int:
     was = model.training
     model.eval()
     with torch.no_grad():
-        model(example)
+        call(model, example)
     model.train(was)
     for h in hooks:
         h.remove()

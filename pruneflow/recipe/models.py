@@ -87,9 +87,11 @@ class DataSpec(StrictModel):
     )
     train: str | None = PathField(description="Training source, when train and eval come separately.")
     eval: str | None = PathField(description="Evaluation source, when train and eval come separately.")
-    input_column: str | list[str] | None = Field(
+    input_column: str | list[str] | dict[str, str] | None = Field(
         default=None,
-        description="Column(s) holding the model input. Several columns are stacked into one feature vector. "
+        description="Column(s) holding the model input. Several columns (a list) are stacked into one feature vector; "
+        "a mapping `{forward parameter: column}` feeds a model with several inputs (e.g. `{image: pixels, meta: "
+        "features}`), each named so in artifacts. "
         "Default: the first of image, images, pixel_values, input, inputs, x, features, sentence, text.",
     )
     label_column: str = Field(default="label", description="Column holding the integer class label (`labels` and `y` are tried too).")
