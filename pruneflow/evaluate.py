@@ -11,7 +11,7 @@ from torch import nn
 
 from .context import Reporter
 from .data import Split
-from .inputs import Inputs, as_numpy, bind, call, to
+from .inputs import Inputs, as_numpy, bind, call, forward_names, to
 from .tasks import MetricState, Task
 
 
@@ -64,9 +64,13 @@ def count_macs_params(model: nn.Module, example: Inputs) -> tuple[int, int]:
     return int(macs), int(params)
 
 
-def _tp_example(model: nn.Module, example: Inputs) -> Inputs:
-    """torch-pruning calls ``model(**example)`` for a dict: keep what forward takes."""
-    return bind(model, example)
+def _tp_example(model: nn.Module, example: Inputs) -> "Inputs | tuple[torch.Tensor, ...]":
+    """What forward takes, positionally where it can be (torch-pruning's counter reads the batch size from
+    the first positional input, and calls ``model(**example)`` for a dict)."""
+    bound = bind(model, example)
+    if isinstance(bound, dict) and list(bound) == (forward_names(model) or [])[: len(bound)]:
+        return tuple(bound.values())
+    return bound
 
 
 def layer_table(model: nn.Module, example: Inputs) -> list[dict]:
