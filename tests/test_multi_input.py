@@ -187,9 +187,11 @@ def _check_artifacts(result, run: Path, names: dict[str, tuple[int, list]]) -> N
     import openvino as ov
 
     m = result.metrics
-    for label in ("onnx.fp32", "openvino.fp32"):
-        assert m[f"{label}.top1_agreement"] >= 0.99 and m[f"{label}.cosine"] > 0.9999, label
-    assert m["onnx.fp32.max_abs_diff"] < 1e-4 and m["openvino.fp32.max_abs_diff_f32"] < 1e-4
+    for label, suffix in (("onnx.fp32", ""), ("openvino.fp32", "_f32")):  # OpenVINO with f32 forced (default: bf16 here)
+        key = label + suffix
+        assert m[f"{label}.top1_agreement{suffix}"] == 1.0 and m[f"{label}.cosine{suffix}"] > 0.99999, key
+        assert m[f"{label}.max_abs_diff{suffix}"] < 1e-4, key
+    assert m["openvino.fp32.top1_agreement"] >= 0.98  # as OpenVINO runs it by default (bf16 on this CPU)
     assert m["onnx.fp32.accuracy"] == m["openvino.fp32.accuracy_f32"] == m["evaluate.accuracy"]
     assert _onnx_inputs(run / "export/onnx/model.fp32.onnx") == names
     ir = ov.Core().read_model(str(run / "export/openvino/model.fp32.xml"))
@@ -245,12 +247,14 @@ def _text_recipe(model: dict, stages: list[dict]) -> dict:
     return {"name": "text", "seed": 0, "device": "cpu", "model": model,
             "data": {"format": "parquet", "train": str(sst2 / "train.parquet"), "eval": str(sst2 / "dev.parquet"),
                      "input_column": "sentence", "tokenizer": str(sst2 / "vocab.txt"), "max_length": 48,
-                     "max_train_samples": 800, "max_eval_samples": 200},
+                     "max_train_samples": 500, "max_eval_samples": 200},
             "stages": stages}
 
 
-TEXT_STAGES = [{"type": "train", "epochs": 3, "batch_size": 32, "lr": 0.005, "optimizer": "adamw"}, {"type": "evaluate"},
-               {"type": "export", "targets": ["onnx", "openvino"], "latency": None}]
+# OpenVINO's default bf16 on this CPU (AMX) held the GRU's two near-zero logits to cosine 0.991 only (f32: 1.0):
+# the gate is loosened to 0.98 for that; the f32 figures are asserted strictly in _check_artifacts.
+TEXT_STAGES = [{"type": "train", "epochs": 2, "batch_size": 32, "lr": 0.005, "optimizer": "adamw"}, {"type": "evaluate"},
+               {"type": "export", "targets": ["onnx", "openvino"], "latency": None, "parity": {"min_cosine": 0.98}}]
 TOKENS = (7, ["batch", "sequence"])
 
 
