@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from .artifacts import Manifest
 from .errors import InputError, UsageError
+
+if TYPE_CHECKING:
+    from .inputs import Inputs
 
 
 def _run_dir_of(path: Path) -> Path | None:
@@ -69,6 +73,7 @@ def inspect_source(source: str, input_shape: tuple[int, ...] | None = None, reci
     if path.suffix == ".onnx":
         return _inspect_onnx(path)
     shape: tuple[int, ...] | None  # None: a run whose recipe does not tell it (then --input-shape must)
+    example = None  # a real first sample, for a model with several inputs
     if source in ZOO and not path.exists():
         spec = ModelSpec(factory=source)
         model, shape, kind = build_model(spec), input_shape_for(spec, None), "zoo model"
@@ -88,9 +93,7 @@ def inspect_source(source: str, input_shape: tuple[int, ...] | None = None, reci
         try:
             shape = input_shape_for(loaded.recipe.model, None)
         except InputError:
-            from .data import load_data
-
-            shape = load_data(loaded.recipe.data, loaded.recipe.seed).input_shape
+            shape, example = _data_example(loaded)
         kind = "recipe model"
     else:
         from .zoo import ZOO as zoo
@@ -102,15 +105,25 @@ def inspect_source(source: str, input_shape: tuple[int, ...] | None = None, reci
     shape = input_shape or shape
     if shape is None:
         raise InputError("the model's input shape is unknown", hint="pass --input-shape, e.g. 3,32,32")
-    rows = layer_table(model, torch.zeros((1,) + tuple(shape)))
+    x = example if example is not None and input_shape is None else torch.zeros((1,) + tuple(shape))
+    rows = layer_table(model, x)
     total_macs = sum(r["macs"] for r in rows) or 1
     for r in rows:
         r["macs %"] = round(100 * r["macs"] / total_macs, 1)
     from .evaluate import count_macs_params
 
-    macs, params = count_macs_params(model, torch.zeros((1,) + tuple(shape)))
+    macs, params = count_macs_params(model, x)
     return {"source": source, "kind": kind, "input_shape": list(shape), "layers": rows,
             "totals": {"params": params, "macs": macs, "layers": len(rows)}}
+
+
+def _data_example(loaded) -> tuple[tuple[int, ...], "Inputs | None"]:
+    """The data's sample shape, and for several inputs the first eval sample (text cut to its length)."""
+    from .data import load_data
+    from .inputs import take, trim
+
+    data = load_data(loaded.recipe.data, loaded.recipe.seed)
+    return data.input_shape, trim(take(data.eval.x, slice(0, 1))) if isinstance(data.eval.x, dict) else None
 
 
 def _check_input_shape(shape: tuple[int, ...]) -> None:

@@ -92,6 +92,9 @@ class TensorRtTarget(Target[TensorRtConfig]):
         return [f"tensorrt: prepared, not built ({reason})"]
 
     def build(self, state, ctx, out_dir: Path, precision: str) -> Artifact:
+        from .onnx import require_single_input
+
+        require_single_input(state.example_input, "tensorrt")  # one profile, for the batch axis only
         with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
             source, parent = self._source(state, ctx, Path(tmp), precision)
             shapes = self._check_batch(source)

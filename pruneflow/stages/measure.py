@@ -168,11 +168,16 @@ def time_all(opened: list[Opened], samples: "Inputs", batch_sizes: list[int], *,
                      for suffix, ex in o.executors.items()}
         if not executors:
             continue
+        batch = fresh_batch(samples, bs)
         with progress(f"timing {len(executors)} runtimes interleaved, batch {bs}", runs) as advance:
-            stats = time_interleaved(executors, fresh_batch(samples, bs), warmup=warmup, runs=runs, on_step=advance)
+            stats = time_interleaved(executors, batch, warmup=warmup, runs=runs, on_step=advance)
+        # text: the tokens a row of the timed batch (real rows, cut to their longest), stated beside its latency
+        widths = [v.shape[1] for v in batch.values() if v.ndim == 2 and v.dtype.kind == "i"] if isinstance(batch, dict) else []
         for key, s in stats.items():
             index, _, suffix = key.partition("_")
             _record(opened[int(index)].artifact, bs, f"_{suffix}" if suffix else "", s)
+            if widths:
+                opened[int(index)].artifact.metrics[f"latency_b{bs}_sequence"] = int(widths[0])
     _speedups(opened, batch_sizes)
 
 
