@@ -103,4 +103,4 @@ def _eval_split(run_dir: Path) -> Source | None:
     except (PruneflowError, KeyError, ValueError, OSError) as exc:
         return Source(f"its recipe's data could not be loaded ({type(exc).__name__}: {str(exc).splitlines()[0]})")
     samples = as_numpy(bundle.eval.x)
-    return Source(f"eval split of {bundle.description} ({len(samples)} samples)", samples)
+    return Source(f"eval split of {bundle.description} ({len(bundle.eval)} samples)", samples)
