@@ -131,9 +131,30 @@ def _shapes(batch: Inputs) -> str:
     return "inputs " + ", ".join(f"{k} {tuple(v.shape)}" for k, v in batch.items())
 
 
+def check_inputs_match_forward(model: torch.nn.Module, batch: Inputs, factory: str) -> None:
+    """Named inputs must name forward's parameters: a misspelt ``input_column`` key would otherwise be dropped
+    and the model fail on a missing argument. (Named inputs none of which forward takes, e.g. tokenized text
+    for a one-argument model, are fed by position: ``inputs.bind``.)"""
+    import inspect
+
+    from .inputs import forward_names
+
+    params = forward_names(model)
+    if not isinstance(batch, dict) or params is None or not set(batch) & set(params):
+        return
+    signature = inspect.signature(model.forward).parameters
+    missing = [p for p in params if p not in batch and signature[p].default is inspect.Parameter.empty]
+    if missing:
+        raise InputError(
+            f"the model from {factory!r} takes {', '.join(params)}, but the data gives {', '.join(batch)}: "
+            f"nothing feeds {', '.join(missing)}",
+            hint="map every forward parameter to a column: data.input_column: {" + ", ".join(f"{p}: COLUMN" for p in params) + "}")
+
+
 def check_model_on_batch(model: torch.nn.Module, batch: "Inputs", factory: str, num_classes: int) -> None:
     """One real eval batch through the model: it must run, give finite outputs, and one logit per class."""
     batch = trim(batch)
+    check_inputs_match_forward(model, batch, factory)
     model.eval()
     try:
         with torch.no_grad():

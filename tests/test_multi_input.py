@@ -214,6 +214,18 @@ def test_two_inputs_train_evaluate_and_export_to_onnx_and_openvino(tmp_path):
     _check_artifacts(result, tmp_path / "runs/two", {"image": (1, ["batch", 1, 8, 8]), "meta": (1, ["batch", 4])})
 
 
+def test_a_misspelt_input_column_key_is_named_before_any_run(tmp_path):
+    from pruneflow.errors import InputError
+
+    recipe = _two_input_recipe(tmp_path, [{"type": "evaluate"}])
+    recipe["data"]["input_column"] = {"img": "pixels", "meta": "features"}
+    with pytest.raises(InputError) as err:
+        run_recipe_dict(recipe, tmp_path)
+    assert "takes image, meta, but the data gives img, meta: nothing feeds image" in err.value.message
+    assert "data.input_column: {image: COLUMN, meta: COLUMN}" in err.value.hint
+    assert not (tmp_path / "runs").exists()
+
+
 @pytest.mark.slow
 def test_two_inputs_prune_calibrate_and_qat(tmp_path):
     """Channel pruning (torch-pruning traces both branches), a calibration set of both inputs, QAT on it."""
