@@ -110,6 +110,26 @@ def test_a_text_model_exports_int64_inputs_with_dynamic_batch_and_sequence(tmp_p
     assert np.abs(ex(feed(unmasked)) - ex(feed(short))).max() > 1e-3
 
 
+def test_text_latency_is_timed_on_real_rows_and_states_their_sequence_length(tmp_path):
+    import contextlib
+
+    from pruneflow.artifacts import Artifact
+    from pruneflow.export.onnx import export_onnx
+    from pruneflow.runtime import open_artifact
+    from pruneflow.stages.measure import Opened, time_all
+
+    model = _family("lstm_text").build(vocab_size=100, embed_dim=16, hidden=16).eval()
+    export_onnx(model, trim(_text_batch(1, 12, [5])), tmp_path / "model.onnx")
+    samples = _text_batch(6, 20, [3, 11, 4, 2, 7, 5])
+    artifact = Artifact("model.onnx", "onnx", "export", target="onnx", precision="fp32")
+    opened = [Opened(artifact, {"": open_artifact(tmp_path / "model.onnx")})]
+    time_all(opened, samples, [1, 4], warmup=1, runs=3,
+             progress=lambda description, total: contextlib.nullcontext(lambda *a, **k: None))
+    m = artifact.metrics
+    assert (m["latency_b1_sequence"], m["latency_b4_sequence"]) == (3, 11)  # rows 0 and 0..3, cut to their longest
+    assert m["latency_b1_median_ms"] > 0 and m["throughput_b4"] > 0
+
+
 def test_a_single_input_model_keeps_its_input_named_input(tmp_path):
     from pruneflow.export.onnx import export_onnx
 
