@@ -10,6 +10,7 @@ from torch import nn
 
 from pruneflow.data import Split
 from pruneflow.errors import ConfigError, InputError
+from pruneflow.inputs import Inputs, as_mapping, call, size, take, to, trim
 
 from .calibset import CalibrationSet
 from .sampling import content_hashes, first_occurrences, select_diverse, select_random, select_stratified
@@ -17,7 +18,7 @@ from .sampling import content_hashes, first_occurrences, select_diverse, select_
 STRATEGIES = ("random", "stratified", "diverse")
 
 
-def penultimate_features(model: nn.Module, x: torch.Tensor, batch_size: int = 256) -> np.ndarray:
+def penultimate_features(model: nn.Module, x: Inputs, batch_size: int = 256) -> np.ndarray:
     """The input of the model's last Linear layer (the classifier's features), for every sample."""
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
     if not linears:
@@ -30,8 +31,8 @@ def penultimate_features(model: nn.Module, x: torch.Tensor, batch_size: int = 25
     device = next(model.parameters()).device
     try:
         with torch.no_grad():
-            for start in range(0, len(x), batch_size):
-                model(x[start : start + batch_size].to(device))
+            for start in range(0, size(x), batch_size):
+                call(model, to(trim(take(x, slice(start, start + batch_size))), device))
     finally:
         handle.remove()
         model.train(was)
@@ -39,7 +40,7 @@ def penultimate_features(model: nn.Module, x: torch.Tensor, batch_size: int = 25
 
 
 def build_calibration_set(split: Split, *, size: int, strategy: str, seed: int, groups: np.ndarray | None = None,
-                          features: Callable[[torch.Tensor], np.ndarray] | None = None, dedupe: bool = True,
+                          features: Callable[[Inputs], np.ndarray] | None = None, dedupe: bool = True,
                           meta: dict | None = None, warn: Callable[[str], None] = lambda m: None) -> CalibrationSet:
     """Choose ``size`` samples of ``split`` by ``strategy``.
 
@@ -56,12 +57,13 @@ def build_calibration_set(split: Split, *, size: int, strategy: str, seed: int, 
         raise InputError("calibrate: the source holds no samples", hint="point at a source with data in it")
     keep = first_occurrences(content_hashes(split.x)) if dedupe else np.arange(len(split))
     duplicates = len(split) - len(keep)
-    x = split.x[torch.as_tensor(keep)]
+    x = take(split.x, torch.as_tensor(keep))
     y = split.y[torch.as_tensor(keep)]
-    if len(x) < size:
-        warn(f"calibrate: the source has only {len(x)} unique samples, fewer than size {size}; using all of them")
-    if strategy == "random" or len(x) <= size:
-        chosen = select_random(len(x), size, seed)
+    n = len(y)
+    if n < size:
+        warn(f"calibrate: the source has only {n} unique samples, fewer than size {size}; using all of them")
+    if strategy == "random" or n <= size:
+        chosen = select_random(n, size, seed)
     elif strategy == "stratified":
         values = (y.numpy() if groups is None else np.asarray(groups)[keep])
         if groups is None and (values < 0).all():
@@ -69,11 +71,13 @@ def build_calibration_set(split: Split, *, size: int, strategy: str, seed: int, 
                               hint="name a column with `by`, or use strategy: random or diverse")
         chosen = select_stratified(values, size, seed)
     else:
-        feats = features(x) if features else x.float().flatten(1).numpy()
+        feats = features(x) if features else torch.cat([t.float().flatten(1) for t in as_mapping(x).values()], 1).numpy()
         chosen = select_diverse(feats, size, seed)
     idx = torch.as_tensor(chosen)
     labels = y[idx] if (y >= 0).any() else None
     info = dict(meta or {})
     info.update(strategy=strategy, seed=seed, size=size, duplicates_removed=int(duplicates),
                 indices=[int(i) for i in keep[chosen]])
-    return CalibrationSet(x[idx].contiguous(), labels, info)
+    chosen_x = take(x, idx)
+    chosen_x = chosen_x.contiguous() if isinstance(chosen_x, torch.Tensor) else {k: v.contiguous() for k, v in chosen_x.items()}
+    return CalibrationSet(chosen_x, labels, info)

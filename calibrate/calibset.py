@@ -19,6 +19,7 @@ import torch
 
 from pruneflow.artifacts import publish_dir
 from pruneflow.errors import InputError
+from pruneflow.inputs import SINGLE_NAME, Inputs, as_mapping, size, take, trim
 
 from .sampling import content_hashes
 
@@ -28,12 +29,12 @@ PERCENTILES = (0.1, 1.0, 50.0, 99.0, 99.9)
 
 @dataclass
 class CalibrationSet:
-    x: torch.Tensor
+    x: Inputs  # one tensor, or every input of a model with several (stored and replayed by name)
     y: torch.Tensor | None = None  # None where the source has no labels
     meta: dict = field(default_factory=dict)  # source, strategy, seed, indices, ...
 
     def __len__(self) -> int:
-        return len(self.x)
+        return size(self.x)
 
     @property
     def fingerprint(self) -> str:
@@ -45,25 +46,16 @@ class CalibrationSet:
             digest.update(np.ascontiguousarray(self.y.numpy()).tobytes())
         return digest.hexdigest()
 
-    def batches(self, batch_size: int = 1) -> Iterator[torch.Tensor]:
+    def batches(self, batch_size: int = 1) -> Iterator[Inputs]:
+        """Batches in order; text cut to each batch's longest row."""
         for start in range(0, len(self), batch_size):
-            yield self.x[start : start + batch_size]
+            yield trim(take(self.x, slice(start, start + batch_size)))
 
     def stats(self) -> dict:
-        x = self.x.double()
-        flat = x.flatten().numpy()
-        out = {
-            "count": len(self),
-            "shape": list(self.x.shape[1:]),
-            "dtype": str(self.x.dtype).replace("torch.", ""),
-            "input": {"min": float(flat.min()), "max": float(flat.max()), "mean": float(flat.mean()),
-                      "std": float(flat.std()),
-                      "percentiles": {str(p): float(v) for p, v in zip(PERCENTILES, np.percentile(flat, PERCENTILES))}},
-        }
-        if x.dim() == 4:  # images: per channel as well
-            per = x.transpose(0, 1).flatten(1)
-            out["per_channel"] = [{"channel": c, "min": float(v.min()), "max": float(v.max()), "mean": float(v.mean()),
-                                   "std": float(v.std())} for c, v in enumerate(per)]
+        if isinstance(self.x, dict):
+            out: dict = {"count": len(self), "inputs": {k: _tensor_stats(v) for k, v in self.x.items()}}
+        else:
+            out = {"count": len(self), **_tensor_stats(self.x)}
         if self.y is not None:
             values, counts = np.unique(self.y.numpy(), return_counts=True)
             out["histogram"] = {str(int(v)): int(c) for v, c in zip(values, counts)}
@@ -81,17 +73,8 @@ class CalibrationSet:
         folder.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
         try:
-            arr = self.x.numpy()
-            shape = arr.shape[1:]
-            types = {2: datasets.Array2D, 3: datasets.Array3D, 4: datasets.Array4D}
-            if len(shape) == 0:
-                feature = datasets.Value(str(arr.dtype))
-            elif len(shape) == 1:
-                feature = datasets.List(datasets.Value(str(arr.dtype)), length=shape[0])
-            else:
-                feature = types[len(shape)](shape, str(arr.dtype))
-            columns = {"input": arr}
-            features = {"input": feature}
+            columns = {name: t.numpy() for name, t in as_mapping(self.x).items()}  # one column an input
+            features = {name: _feature(arr) for name, arr in columns.items()}
             if self.y is not None:
                 columns["label"] = self.y.numpy()
                 features["label"] = datasets.Value("int64")
@@ -117,10 +100,46 @@ class CalibrationSet:
                              hint="build one with `pruneflow calibrate` or a calibrate stage")
         info = json.loads(info_file.read_text())
         ds = datasets.load_from_disk(str(folder / "data")).with_format("numpy")
-        x = torch.from_numpy(np.asarray(ds["input"]).astype(info.get("dtype", "float32")))
+        names = [c for c in ds.column_names if c != "label"]
+        if names == [SINGLE_NAME]:
+            x: Inputs = torch.from_numpy(np.asarray(ds[SINGLE_NAME]).astype(info.get("dtype", "float32")))
+        else:
+            dtypes = {k: v.get("dtype", "float32") for k, v in info.get("inputs", {}).items()}
+            x = {k: torch.from_numpy(np.asarray(ds[k]).astype(dtypes.get(k, "float32"))) for k in names}
         y = torch.from_numpy(np.asarray(ds["label"]).astype(np.int64)) if "label" in ds.column_names else None
         meta = {k: v for k, v in info.items() if k in ("source", "strategy", "seed", "size", "by", "features", "indices")}
         calib = cls(x, y, meta)
         if calib.fingerprint != info["fingerprint"]:
             raise InputError(f"{folder}: the samples do not match the fingerprint in calibration.json (changed on disk?)")
         return calib
+
+
+def _feature(arr: np.ndarray):
+    """The `datasets` feature storing ``arr``'s samples column-wise."""
+    import datasets
+
+    shape = arr.shape[1:]
+    types = {2: datasets.Array2D, 3: datasets.Array3D, 4: datasets.Array4D}
+    if len(shape) == 0:
+        return datasets.Value(str(arr.dtype))
+    if len(shape) == 1:
+        return datasets.List(datasets.Value(str(arr.dtype)), length=shape[0])
+    return types[len(shape)](shape, str(arr.dtype))
+
+
+def _tensor_stats(t: torch.Tensor) -> dict:
+    """Shape, dtype, value statistics (and per channel for images) of one input."""
+    x = t.double()
+    flat = x.flatten().numpy()
+    out: dict = {
+        "shape": list(t.shape[1:]),
+        "dtype": str(t.dtype).replace("torch.", ""),
+        "input": {"min": float(flat.min()), "max": float(flat.max()), "mean": float(flat.mean()),
+                  "std": float(flat.std()),
+                  "percentiles": {str(p): float(v) for p, v in zip(PERCENTILES, np.percentile(flat, PERCENTILES))}},
+    }
+    if x.dim() == 4:  # images: per channel as well
+        per = x.transpose(0, 1).flatten(1)
+        out["per_channel"] = [{"channel": c, "min": float(v.min()), "max": float(v.max()), "mean": float(v.mean()),
+                               "std": float(v.std())} for c, v in enumerate(per)]
+    return out

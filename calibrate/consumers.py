@@ -12,6 +12,8 @@ import numpy as np
 from pruneflow.artifacts import write_text_atomic
 from pruneflow.deps import require
 
+from pruneflow.inputs import as_mapping, feed, to
+
 from .calibset import CalibrationSet
 
 
@@ -26,7 +28,7 @@ def ort_reader(calib: CalibrationSet, input_name: str = "input", batch_size: int
 
         def get_next(self):
             batch = next(self._batches, None)
-            return None if batch is None else {input_name: batch.numpy()}
+            return None if batch is None else feed(batch, [input_name] if not isinstance(batch, dict) else None)
 
         def rewind(self):
             self._batches = iter(list(calib.batches(batch_size)))
@@ -38,9 +40,9 @@ def nncf_dataset(calib: CalibrationSet, batch_size: int = 1, as_numpy: bool = Fa
     """An ``nncf.Dataset`` of input batches: torch tensors (on ``device``) for torch models (QAT range
     init, PTQ), numpy arrays for OpenVINO models."""
     nncf = require("nncf", "pip install nncf", "NNCF quantization")
-    items = [b.numpy() if as_numpy else b for b in calib.batches(batch_size)]
+    items = [(b.numpy() if not isinstance(b, dict) else feed(b)) if as_numpy else b for b in calib.batches(batch_size)]
     if device and not as_numpy:
-        return nncf.Dataset(items, lambda b: b.to(device))
+        return nncf.Dataset(items, lambda b: to(b, device))
     return nncf.Dataset(items)
 
 
@@ -52,7 +54,10 @@ def write_amct(calib: CalibrationSet, out_dir: str | Path, input_names: tuple[st
     """
     out = Path(out_dir)
     lines = []
-    arrays = {input_names[0]: calib.x.numpy()}
+    arrays = {k: v.numpy() for k, v in as_mapping(calib.x).items()}
+    if not isinstance(calib.x, dict):
+        arrays = {input_names[0]: arrays.popitem()[1]}
+    input_names = tuple(arrays)
     for name in input_names:
         (out / name).mkdir(parents=True, exist_ok=True)
     for i in range(len(calib)):

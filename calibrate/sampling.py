@@ -10,9 +10,16 @@ import hashlib
 import numpy as np
 import torch
 
+from pruneflow.inputs import Inputs
 
-def content_hashes(x: torch.Tensor) -> list[str]:
-    """sha1 of each sample's bytes (dtype and shape included): identical inputs, identical hashes."""
+
+def content_hashes(x: "Inputs") -> list[str]:
+    """sha1 of each sample's bytes (dtype and shape included): identical inputs, identical hashes. Several
+    inputs: one hash a sample over every input's hash, by name."""
+    if isinstance(x, dict):
+        per = {k: content_hashes(v) for k, v in x.items()}
+        return [hashlib.sha1("".join(f"{k}:{h[i]}" for k, h in per.items()).encode()).hexdigest()
+                for i in range(len(next(iter(per.values()))))]
     arr = np.ascontiguousarray(x.detach().cpu().numpy())
     head = f"{arr.dtype}{arr.shape[1:]}".encode()
     return [hashlib.sha1(head + row.tobytes()).hexdigest() for row in arr]

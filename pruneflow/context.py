@@ -85,7 +85,7 @@ class RunState:
     model_key: str = ""
     metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
     artifacts: list["Artifact"] = field(default_factory=list)
-    example_input: "torch.Tensor | None" = None
+    example_input: "torch.Tensor | dict[str, torch.Tensor] | None" = None  # pruneflow.inputs.Inputs
 
     @property
     def model(self) -> "torch.nn.Module":

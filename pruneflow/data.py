@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from .errors import ConfigError, InputError, MissingDependencyError
+from .inputs import Inputs, first, lengths, take, trim
 from .preflight import check_finite_inputs
 from .recipe.models import AugmentSpec, DataSpec
 
@@ -31,17 +32,23 @@ EVAL_SPLIT_NAMES = ("validation", "eval", "test", "valid")
 
 @dataclass
 class Split:
-    """Preprocessed inputs (float32) and integer labels of one split."""
+    """Preprocessed inputs and integer labels of one split. ``x`` is one float32 tensor, or forward's
+    parameter names mapped to tensors (text: ``input_ids``, ``attention_mask``[, ``token_type_ids``])."""
 
-    x: torch.Tensor
+    x: Inputs
     y: torch.Tensor
 
     def __len__(self) -> int:
         return len(self.y)
 
-    def batches(self, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def batches(self, batch_size: int, by_length: bool = False) -> Iterator[tuple[Inputs, torch.Tensor]]:
+        """Batches in order (``by_length``: text sorted by length first, which pads less; every sample
+        still comes once). Text batches are cut to their longest row."""
+        n = lengths(self.x) if by_length else None
+        order = torch.argsort(n, stable=True) if n is not None else None
         for start in range(0, len(self), batch_size):
-            yield self.x[start : start + batch_size], self.y[start : start + batch_size]
+            idx = order[start : start + batch_size] if order is not None else slice(start, start + batch_size)
+            yield trim(take(self.x, idx)), self.y[idx]
 
 
 @dataclass
@@ -63,8 +70,8 @@ class DataBundle:
         order = torch.randperm(len(self.train), generator=generator)
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
-            x, y = self.train.x[idx], self.train.y[idx]
-            if augment:
+            x, y = trim(take(self.train.x, idx)), self.train.y[idx]
+            if augment and isinstance(x, torch.Tensor):
                 x = apply_augment(x, self.augment, generator, self.pad_value)
             yield x, y
 
@@ -147,7 +154,7 @@ def load_data(spec: DataSpec, seed: int = 0, with_train: bool = True) -> DataBun
         train=train_split,
         eval=eval_split,
         num_classes=num_classes,
-        input_shape=tuple(eval_split.x.shape[1:]),
+        input_shape=tuple(first(eval_split.x).shape[1:]),
         class_names=class_names,
         augment=spec.augment,
         pad_value=pad_value,
@@ -274,7 +281,8 @@ def _label_column(ds, spec: DataSpec) -> str:
 
 def _input_columns(ds, spec: DataSpec, label: str) -> list[str]:
     if spec.input_column:
-        wanted = [spec.input_column] if isinstance(spec.input_column, str) else list(spec.input_column)
+        column = spec.input_column
+        wanted = [column] if isinstance(column, str) else list(column.values() if isinstance(column, dict) else column)
         missing = [c for c in wanted if c not in ds.column_names]
         if missing:
             raise InputError(
@@ -382,8 +390,10 @@ def _to_split(ds, spec: DataSpec, role: str, require_label: bool = True) -> Spli
     else:
         label, y = "", np.full(len(ds), -1, dtype=np.int64)
     if spec.tokenizer:
-        return Split(torch.from_numpy(_tokenize(ds, _input_columns(ds, spec, label), spec)), torch.from_numpy(y))
+        return Split(_tokenize(ds, _input_columns(ds, spec, label), spec), torch.from_numpy(y))
     columns = _input_columns(ds, spec, label)
+    if isinstance(spec.input_column, dict):
+        return Split(_named_inputs(ds, spec, role), torch.from_numpy(y))
     layout = spec.layout
     if len(columns) == 1 and isinstance(ds.features[columns[0]], datasets.Image):
         x, layout = _images(ds[columns[0]], spec), "nhwc"  # decoded images are always (N, H, W, C)
@@ -432,13 +442,40 @@ def load_tokenizer(path: str):
     return tok
 
 
-def _tokenize(ds, columns: list[str], spec: DataSpec) -> np.ndarray:
+#: What the tokenizer step keeps, in this order (a model takes those its forward names: ``inputs.bind``).
+TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def _tokenize(ds, columns: list[str], spec: DataSpec) -> dict[str, torch.Tensor]:
+    """Token ids, attention mask and (where the tokenizer makes them) token type ids, int64, padded to the
+    split's longest row only: batches are cut further to their own longest row (``inputs.trim``)."""
     tok = load_tokenizer(spec.tokenizer)  # type: ignore[arg-type]
     texts = [list(ds[c]) for c in columns]
     if any(not isinstance(t, str) for t in texts[0][:5]):
         raise InputError(f"data.input_column: {columns[0]!r} does not hold text", hint="name the text column in data.input_column")
-    enc = tok(*texts, padding="max_length", truncation=True, max_length=spec.max_length, return_tensors="np")
-    return enc["input_ids"].astype(np.int64)
+    enc = tok(*texts, padding="longest", truncation=True, max_length=spec.max_length, return_tensors="np")
+    return {k: torch.from_numpy(np.asarray(enc[k]).astype(np.int64)) for k in TOKEN_INPUTS if k in enc}
+
+
+def _named_inputs(ds, spec: DataSpec, role: str) -> dict[str, torch.Tensor]:
+    """``input_column: {parameter: column}``: one tensor a forward parameter. Integer columns of at most two
+    dimensions (ids, lengths) stay int64; others get the recipe's scale, and mean/std where they are images."""
+    fmt = ds.with_format("numpy")
+    out = {}
+    for name, column in spec.input_column.items():  # type: ignore[union-attr]
+        arr = _stored_dtype(np.asarray(fmt[column]), ds.features[column])
+        if arr.dtype == object:
+            raise InputError(f"data.input_column.{name}: column {column!r} holds values of different shapes or non-numbers",
+                             hint="use equal-sized arrays")
+        if np.issubdtype(arr.dtype, np.integer) and arr.ndim <= 2 and arr.dtype != np.uint8:
+            out[name] = torch.from_numpy(arr.astype(np.int64))
+            continue
+        arr = arr[:, None] if arr.ndim == 1 else arr
+        image = arr.ndim >= 3
+        out[name] = _preprocess(arr, spec if image else spec.model_copy(update={"mean": None, "std": None}))
+    if not len(ds):
+        raise InputError(f"data: the {role} split is empty", hint="use more data or a smaller eval_fraction")
+    return out
 
 
 def _stored_dtype(arr: np.ndarray, feature) -> np.ndarray:

@@ -37,6 +37,8 @@ def deployment_record(state: "RunState", ctx: "RunContext", *, dynamic_batch: bo
     """The record for an artifact of this run's current model (``dynamic_batch``: the file's batch dimension)."""
     import torch
 
+    from .inputs import bind, call, describe, take
+
     example = state.example_input
     assert example is not None and state.data is not None  # set by the pipeline before any stage runs
     batch: str | int = "batch" if dynamic_batch else 1
@@ -44,13 +46,18 @@ def deployment_record(state: "RunState", ctx: "RunContext", *, dynamic_batch: bo
     with torch.no_grad():
         was = model.training
         model.eval()
-        out = state.task.logits(model(example[:1]))
+        out = state.task.logits(call(model, take(example, slice(0, 1))))
         model.train(was)
     spec = ctx.recipe.data
+    if isinstance(example, dict):  # several inputs: each by name (token axes named "sequence")
+        inputs = {k: {"shape": [batch, *v["shape"]], "dtype": v["dtype"]} for k, v in describe(bind(model, example)).items()}
+        record_in: dict[str, Any] = {"names": list(inputs), "inputs": inputs, "layout": "NL" if spec.tokenizer else "named"}
+    else:
+        record_in = {"name": INPUT_NAME, "shape": [batch, *map(int, example.shape[1:])],
+                     "dtype": str(example.dtype).removeprefix("torch."), "layout": _layout(example.dim(), spec)}
     return {
         "format": FORMAT,
-        "input": {"name": INPUT_NAME, "shape": [batch, *map(int, example.shape[1:])],
-                  "dtype": str(example.dtype).removeprefix("torch."), "layout": _layout(example.dim(), spec)},
+        "input": record_in,
         "output": {"name": OUTPUT_NAME, "shape": [batch, *map(int, out.shape[1:])], "dtype": "float32"},
         "preprocessing": preprocessing(spec),
         "labels": list(state.data.class_names) if state.data.class_names else None,
@@ -68,7 +75,8 @@ def preprocessing(spec: "DataSpec") -> dict[str, Any]:
     """How raw samples become the model's input, from the recipe's data section (what data.py applies)."""
     if spec.tokenizer:
         return {"tokenizer": spec.tokenizer, "max_length": spec.max_length,
-                "steps": "token ids of the text, padded with 0 or truncated to max_length"}
+                "steps": "input_ids and attention_mask (and token_type_ids where the model takes them) of the text, "
+                         "int64, truncated to max_length and padded with 0 to the batch's longest row"}
     out: dict[str, Any] = {"scale": resolved_scale(spec), "mean": spec.mean, "std": spec.std}
     out["steps"] = "x * scale" + (", then (x - mean[c]) / std[c] per channel" if spec.mean is not None else "")
     if out["scale"] is None:

@@ -19,6 +19,7 @@ from pydantic import Field
 from torch import nn
 
 from .errors import ConfigError
+from .inputs import Inputs, call
 from .config import StrictModel
 from .tasks import Task
 
@@ -71,7 +72,7 @@ class _Capture:
 class Distiller:
     """Builds the training loss: ``alpha * KD + (1 - alpha) * task loss (+ feature KD)``."""
 
-    def __init__(self, student: nn.Module, teacher: nn.Module, spec: DistillSpec, task: Task, example: torch.Tensor,
+    def __init__(self, student: nn.Module, teacher: nn.Module, spec: DistillSpec, task: Task, example: Inputs,
                  loc: tuple = ("distill",)):
         """``loc``: the recipe key path of ``spec`` (the stage's ``self.loc("distill")``), for errors."""
         self.student, self.teacher, self.spec, self.task = student, teacher.eval(), spec, task
@@ -83,8 +84,8 @@ class Distiller:
             with torch.no_grad():
                 was = student.training
                 student.eval()
-                student(example)
-                teacher(example)
+                call(student, example)
+                call(teacher, example)
                 student.train(was)
             for name in spec.features:
                 s, t = self._s.outputs[name], self._t.outputs[name]
@@ -97,9 +98,9 @@ class Distiller:
         """Trainable modules besides the student (the projections), for the optimizer."""
         return list(self.projections.values())
 
-    def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, out) -> torch.Tensor:
+    def loss(self, model: nn.Module, x: Inputs, y: torch.Tensor, out) -> torch.Tensor:
         with torch.no_grad():
-            teacher_out = self.teacher(x)
+            teacher_out = call(self.teacher, x)
         s_logits, t_logits = self.task.logits(out), self.task.logits(teacher_out)
         loss = self.spec.alpha * kd_logits_loss(s_logits, t_logits, self.spec.temperature)
         if self.spec.alpha < 1:

@@ -28,6 +28,7 @@ import torch
 from .context import Reporter, RunContext, RunState
 from .errors import ConfigError, MissingDependencyError, PruneflowError
 from .handle import ModelHandle
+from .inputs import Inputs, as_numpy, call, to
 from .recipe import LoadedRecipe
 from .stage import Check, Stage
 
@@ -120,11 +121,11 @@ def _probe(loaded: LoadedRecipe, inputs: Any, tmp: Path, reporter: Reporter) -> 
     ctx = RunContext(run_dir=tmp, recipe=recipe, recipe_file=loaded.file, seed=recipe.seed, device=inputs.device,
                      reporter=reporter)
     state = RunState(handle=ModelHandle(copy.deepcopy(inputs.model).to(inputs.device)), task=make_task(recipe.task),
-                     data=small, model_key="doctor", example_input=inputs.example.to(inputs.device))
+                     data=small, model_key="doctor", example_input=to(inputs.example, inputs.device))
     return state, ctx
 
 
-def _example(state: RunState) -> torch.Tensor:
+def _example(state: RunState) -> Inputs:
     assert state.example_input is not None  # set by _probe
     return state.example_input
 
@@ -176,7 +177,7 @@ def _model_checks(state: RunState, tmp: Path) -> list[Check]:
     assert state.data is not None
     try:
         export_onnx(state.model, _example(state), path)
-        open_artifact(path, runtime="onnxruntime")(state.data.eval.x.cpu().numpy())
+        open_artifact(path, runtime="onnxruntime")(as_numpy(state.data.eval.x))
     except Exception as exc:  # noqa: BLE001
         return rows + [failed("ONNX export (torch.onnx) and onnxruntime", exc, TRACED_SIZES)]
     return rows + [Check("ONNX export (torch.onnx) and onnxruntime", "ok", "exported, loaded and run on one batch")]
@@ -190,7 +191,7 @@ def _train_checks(stage: Stage, state: RunState, ctx: RunContext) -> list[Check]
         return [Check("training split", "will fail", "the recipe's data has no training split",
                       "set data.path or data.train")]
     model = copy.deepcopy(state.model).train()
-    loss = state.task.loss(model(split.x.to(ctx.device)), split.y.to(ctx.device))
+    loss = state.task.loss(call(model, to(split.x, ctx.device)), split.y.to(ctx.device))
     loss.backward()
     bad = [n for n, p in model.named_parameters() if p.grad is not None and not bool(torch.isfinite(p.grad).all())]
     if bad:
@@ -224,14 +225,14 @@ def _prune_checks(stage: Stage, state: RunState, ctx: RunContext) -> list[Check]
     before = strategy.entering()
     strategy.prepare()
     split = state.data.train if state.data is not None and state.data.train is not None else state.data.eval  # type: ignore[union-attr]
-    batches = [(split.x.to(ctx.device), split.y.to(ctx.device))]
+    batches = [(to(split.x, ctx.device), split.y.to(ctx.device))]
     try:
         rounds = strategy.rounds()  # the whole target in one round: the structure the run's last round reaches
         plan = strategy.plan(strategy.score(lambda: batches), strategy.goal(rounds, rounds))
         plan.apply()
         model.eval()
         with torch.no_grad():
-            model(split.x.to(ctx.device))
+            call(model, to(split.x, ctx.device))
     except PruneflowError:
         raise
     except Exception as exc:  # noqa: BLE001
@@ -247,7 +248,7 @@ def _prune_checks(stage: Stage, state: RunState, ctx: RunContext) -> list[Check]
                                   "params_after": after["params"], "rounds": rounds})]
 
 
-def _coupling_rows(model: torch.nn.Module, example: torch.Tensor) -> list[Check]:
+def _coupling_rows(model: torch.nn.Module, example: Inputs) -> list[Check]:
     """torch-pruning's dependency graph of the model: how many coupled groups, and the attention modules in it."""
     import torch_pruning as tp
 
@@ -316,12 +317,12 @@ def _artifact_check(artifact: Any, target: Any, state: RunState, ctx: RunContext
     assert state.data is not None
     x = state.data.eval.x
     try:
-        got = np.asarray(open_artifact(path)(x.cpu().numpy()))
+        got = np.asarray(open_artifact(path)(as_numpy(x)))
     except Exception as exc:  # noqa: BLE001
         return failed(artifact.label, exc, TRACED_SIZES)
     module = state.handle.module if artifact.precision == "int8" else state.handle.float_module()
     with torch.no_grad():
-        want = module.eval()(x.to(ctx.device))
+        want = call(module.eval(), to(x, ctx.device))
     want = getattr(want, "logits", want)
     agree = float((got.reshape(len(x), -1).argmax(-1) == want.reshape(len(x), -1).argmax(-1).cpu().numpy()).mean())
     return Check(artifact.label, "ok", f"built and run: top-1 agreement with the torch model {agree:.3f} on {len(x)} samples"

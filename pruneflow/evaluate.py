@@ -11,6 +11,7 @@ from torch import nn
 
 from .context import Reporter
 from .data import Split
+from .inputs import Inputs, as_numpy, bind, call, forward_names, to
 from .tasks import MetricState, Task
 
 
@@ -22,18 +23,18 @@ def evaluate_model(model: nn.Module, split: Split, task: Task, batch_size: int =
     state = MetricState()
     reporter = reporter or Reporter()
     with reporter.progress(description, total=len(split)) as advance:
-        for x, y in split.batches(batch_size):
-            out = model(x.to(device))
+        for x, y in split.batches(batch_size, by_length=True):
+            out = call(model, to(x, device))
             task.update(state, task.logits(out).float().cpu(), y)
             advance(len(y))
     model.train(was_training)
     return task.compute(state)
 
 
-def evaluate_runtime(run: "Callable[[np.ndarray], np.ndarray] | str | Path", split: Split, task: Task, batch_size: int = 256,
+def evaluate_runtime(run: "Callable[[Any], np.ndarray] | str | Path", split: Split, task: Task, batch_size: int = 256,
                      reporter: Reporter | None = None, description: str = "evaluate", **open_options: Any) -> dict[str, float]:
     """Evaluate an artifact in its runtime: ``run`` is an executor of the runtime layer (or any
-    ``run(x_numpy) -> logits_numpy``), or the artifact's path, then opened with ``open_options``
+    ``run(x_numpy) -> logits_numpy``; a numpy feed dict for a model with several inputs), or the artifact's path, then opened with ``open_options``
     (``runtime=``, ``device=``, ``precision_hint=``: see ``pruneflow.runtime.open_artifact``)::
 
         evaluate_runtime("runs/q/export/openvino/model.int8.xml", data.eval, task, precision_hint="f32")
@@ -45,25 +46,34 @@ def evaluate_runtime(run: "Callable[[np.ndarray], np.ndarray] | str | Path", spl
     state = MetricState()
     reporter = reporter or Reporter()
     with reporter.progress(description, total=len(split)) as advance:
-        for x, y in split.batches(batch_size):
-            out = torch.from_numpy(np.asarray(run(x.numpy())))
+        for x, y in split.batches(batch_size, by_length=True):
+            out = torch.from_numpy(np.asarray(run(as_numpy(x))))
             task.update(state, out.float(), y)
             advance(len(y))
     return task.compute(state)
 
 
-def count_macs_params(model: nn.Module, example: torch.Tensor) -> tuple[int, int]:
-    """MACs and parameters of one forward pass (torch-pruning's op counter)."""
+def count_macs_params(model: nn.Module, example: Inputs) -> tuple[int, int]:
+    """MACs and parameters of one forward pass (torch-pruning's op counter; a dict is passed as keywords)."""
     import torch_pruning as tp
 
     was_training = model.training
     model.eval()
-    macs, params = tp.utils.count_ops_and_params(model, example)
+    macs, params = tp.utils.count_ops_and_params(model, _tp_example(model, example))
     model.train(was_training)
     return int(macs), int(params)
 
 
-def layer_table(model: nn.Module, example: torch.Tensor) -> tuple[list[dict], int, int]:
+def _tp_example(model: nn.Module, example: Inputs) -> "Inputs | tuple[torch.Tensor, ...]":
+    """What forward takes, positionally where it can be (torch-pruning's counter reads the batch size from
+    the first positional input, and calls ``model(**example)`` for a dict)."""
+    bound = bind(model, example)
+    if isinstance(bound, dict) and list(bound) == (forward_names(model) or [])[: len(bound)]:
+        return tuple(bound.values())
+    return bound
+
+
+def layer_table(model: nn.Module, example: Inputs) -> tuple[list[dict], int, int]:
     """Per-layer rows (name, type, shape summary, params, MACs) and the totals (MACs, params), from
     torch-pruning's op counter.
 
@@ -75,7 +85,7 @@ def layer_table(model: nn.Module, example: torch.Tensor) -> tuple[list[dict], in
 
     was_training = model.training
     model.eval()
-    total_macs, total_params, macs, _ = tp.utils.count_ops_and_params(model, example, layer_wise=True)
+    total_macs, total_params, macs, _ = tp.utils.count_ops_and_params(model, _tp_example(model, example), layer_wise=True)
     model.train(was_training)
     rows = []
     for name, module in model.named_modules():

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from .artifacts import Manifest
 from .errors import InputError, UsageError
+
+if TYPE_CHECKING:
+    from .inputs import Inputs
 
 
 def _run_dir_of(path: Path) -> Path | None:
@@ -60,8 +64,9 @@ class Found:
     dtype, and what it is (``zoo model``, ``recipe model``, ``checkpoint ...``)."""
 
     def __init__(self, model: torch.nn.Module, shape: tuple[int, ...] | None, kind: str,
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, example: "Inputs | None" = None):
         self.model, self.shape, self.kind, self.dtype = model, shape, kind, dtype
+        self.example = example  # a real first sample, for a model with several inputs
 
 
 def inspect_source(source: str, input_shape: tuple[int, ...] | None = None, recipe: Path | None = None) -> dict:
@@ -81,7 +86,7 @@ def inspect_source(source: str, input_shape: tuple[int, ...] | None = None, reci
     shape = input_shape or found.shape
     if shape is None:
         raise InputError("the model's input shape is unknown", hint="pass --input-shape, e.g. 3,32,32")
-    rows, macs, params = _count(found, tuple(shape), source)
+    rows, macs, params = _count(found, tuple(shape), source, use_example=input_shape is None)
     return {"source": source, "kind": found.kind, "input_shape": list(shape), "layers": rows,
             "totals": {"params": params, "macs": macs, "layers": len(rows)}}
 
@@ -132,17 +137,21 @@ def _recipe_model(recipe: Path, checkpoint: Path | None = None) -> Found:
             return Found(model, input_shape_for(spec, None), "recipe model" + (f", checkpoint {checkpoint}" if checkpoint else ""))
         except InputError:
             from .data import load_data
+            from .inputs import first, take, trim
 
             data = load_data(loaded.recipe.data, loaded.recipe.seed)
+            example = trim(take(data.eval.x, slice(0, 1))) if isinstance(data.eval.x, dict) else None
             return Found(model, tuple(data.input_shape), "recipe model" + (f", checkpoint {checkpoint}" if checkpoint else ""),
-                         data.eval.x.dtype)
+                         first(data.eval.x).dtype, example)
 
 
-def _count(found: Found, shape: tuple[int, ...], source: str) -> tuple[list[dict], int, int]:
+def _count(found: Found, shape: tuple[int, ...], source: str, use_example: bool = True) -> tuple[list[dict], int, int]:
     """The layer table and totals; a model that cannot take an input of ``shape`` is a usage error (exit 2)."""
     from .evaluate import layer_table
 
-    example = torch.zeros((1,) + shape, dtype=found.dtype)
+    example: Inputs = torch.zeros((1,) + shape, dtype=found.dtype)
+    if use_example and found.example is not None:
+        example = found.example
     try:
         rows, macs, params = layer_table(found.model, example)
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's model on a shape it may not take
@@ -155,6 +164,15 @@ def _count(found: Found, shape: tuple[int, ...], source: str) -> tuple[list[dict
     for r in rows:
         r["macs %"] = round(100 * r["macs"] / total_macs, 1)
     return rows, macs, params
+
+
+def _data_example(loaded) -> tuple[tuple[int, ...], "Inputs | None"]:
+    """The data's sample shape, and for several inputs the first eval sample (text cut to its length)."""
+    from .data import load_data
+    from .inputs import take, trim
+
+    data = load_data(loaded.recipe.data, loaded.recipe.seed)
+    return data.input_shape, trim(take(data.eval.x, slice(0, 1))) if isinstance(data.eval.x, dict) else None
 
 
 def _check_input_shape(shape: tuple[int, ...]) -> None:

@@ -27,6 +27,7 @@ from .context import Reporter, RunContext, RunState
 from .errors import EXIT_GATE_FAILED, EXIT_OK, ConfigError, InputError, PruneflowError, StageError
 from .gates import GateResult, check_gates
 from .handle import ModelHandle
+from .inputs import Inputs, take, to, trim
 from .recipe import LoadedRecipe, dump_recipe
 from .recipe.rules import stage_ids
 from .results import RunResult, StageRecord, attach_partial, error_record, flat_metrics
@@ -151,7 +152,7 @@ def run_recipe(loaded: LoadedRecipe, out: str | Path = "runs", reporter: Reporte
 class RunInputs:
     """What a run starts from, loaded and checked before anything is written: data, model, device, example."""
 
-    def __init__(self, data: Any, model: torch.nn.Module, device: str, example: torch.Tensor):
+    def __init__(self, data: Any, model: torch.nn.Module, device: str, example: "Inputs"):
         self.data, self.model, self.device, self.example = data, model, device, example
 
 
@@ -175,13 +176,17 @@ def load_inputs(loaded: LoadedRecipe, stages: list[Stage], reporter: Reporter) -
     model = build_model(recipe.model)
     shape = input_shape_for(recipe.model, data.input_shape)
     check_shape_matches_data(shape, data.input_shape, explicit=recipe.model.input_shape is not None)
-    check_model_on_batch(model, data.eval.x[:PREFLIGHT_BATCH], recipe.model.factory, data.num_classes)
+    preflight_batch = take(data.eval.x, slice(0, PREFLIGHT_BATCH))
+    check_model_on_batch(model, preflight_batch, recipe.model.factory, data.num_classes)
     for stage in stages:  # a stage's checks on the model itself (qat/ptq: NNCF can quantize it), before any training
         check = getattr(stage, "check_model", None)
         if check is not None:
             reporter.info(f"{stage.id}: preflight on the model")
-            check(model, data.eval.x[:PREFLIGHT_BATCH])
-    example = torch.zeros((1,) + tuple(shape), dtype=data.eval.x.dtype)
+            check(model, preflight_batch)
+    if isinstance(data.eval.x, dict):  # several inputs: the first real sample (text cut to its own length)
+        example: Inputs = trim(take(data.eval.x, slice(0, 1)))
+    else:
+        example = torch.zeros((1,) + tuple(shape), dtype=data.eval.x.dtype)
     return RunInputs(data, model, device, example)
 
 
@@ -332,7 +337,7 @@ def _run(loaded: LoadedRecipe, stages: list[Stage], inputs: RunInputs, run_dir: 
     ctx = RunContext(run_dir=run_dir, recipe=recipe, recipe_file=loaded.file, seed=recipe.seed, device=device,
                      reporter=reporter, resume=resume)
     state = RunState(handle=ModelHandle(inputs.model.to(device)), task=make_task(recipe.task), data=data,
-                     model_key=source_key(loaded), example_input=inputs.example.to(device))
+                     model_key=source_key(loaded), example_input=to(inputs.example, device))
     records = progress.records
     key = state.model_key
     for stage in stages:

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from .errors import ConfigError, InputError
+from .inputs import Inputs, call, first, trim
 from .recipe.models import input_shape_problem
 
 #: Samples the preflight forward pass takes from the eval split.
@@ -124,18 +125,46 @@ def check_shape_matches_data(shape: Sequence[int], data_shape: Sequence[int], ex
     )
 
 
-def check_model_on_batch(model: torch.nn.Module, batch: torch.Tensor, factory: str, num_classes: int) -> None:
+def _shapes(batch: Inputs) -> str:
+    if isinstance(batch, torch.Tensor):
+        return f"shape {tuple(batch.shape)}"
+    return "inputs " + ", ".join(f"{k} {tuple(v.shape)}" for k, v in batch.items())
+
+
+def check_inputs_match_forward(model: torch.nn.Module, batch: Inputs, factory: str) -> None:
+    """Named inputs must name forward's parameters: a misspelt ``input_column`` key would otherwise be dropped
+    and the model fail on a missing argument. (Named inputs none of which forward takes, e.g. tokenized text
+    for a one-argument model, are fed by position: ``inputs.bind``.)"""
+    import inspect
+
+    from .inputs import forward_names
+
+    params = forward_names(model)
+    if not isinstance(batch, dict) or params is None or not set(batch) & set(params):
+        return
+    signature = inspect.signature(model.forward).parameters
+    missing = [p for p in params if p not in batch and signature[p].default is inspect.Parameter.empty]
+    if missing:
+        raise InputError(
+            f"the model from {factory!r} takes {', '.join(params)}, but the data gives {', '.join(batch)}: "
+            f"nothing feeds {', '.join(missing)}",
+            hint="map every forward parameter to a column: data.input_column: {" + ", ".join(f"{p}: COLUMN" for p in params) + "}")
+
+
+def check_model_on_batch(model: torch.nn.Module, batch: "Inputs", factory: str, num_classes: int) -> None:
     """One real eval batch through the model: it must run, give finite outputs, and one logit per class."""
+    batch = trim(batch)
+    check_inputs_match_forward(model, batch, factory)
     model.eval()
     try:
         with torch.no_grad():
-            out = model(batch)
+            out = call(model, batch)
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - user model
         how = (f"called sys.exit({exc.code!r})" if isinstance(exc, SystemExit)
                else f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
         raise InputError(
-            f"the model from {factory!r} fails on a batch of the data, shape {tuple(batch.shape)} "
-            f"(the data's samples are {tuple(batch.shape[1:])}): {how}",
+            f"the model from {factory!r} fails on a batch of the data, {_shapes(batch)} "
+            f"(the data's samples are {tuple(first(batch).shape[1:])}): {how}",
             hint="check model.input_shape, model.kwargs and the data section (layout, input_column)",
         ) from exc
     logits = getattr(out, "logits", out)
@@ -143,7 +172,7 @@ def check_model_on_batch(model: torch.nn.Module, batch: torch.Tensor, factory: s
         return  # a model returning a structure: the task reads it; nothing general to check here
     if logits.is_floating_point() and not bool(torch.isfinite(logits).all()):
         raise InputError(
-            f"the model from {factory!r} gives NaN or infinite outputs on the first {len(batch)} eval samples",
+            f"the model from {factory!r} gives NaN or infinite outputs on the first {len(first(batch))} eval samples",
             hint="check model.checkpoint and the factory's initialisation (weights holding NaN), and the data's scale",
         )
     if logits.dim() == 2 and logits.shape[1] < num_classes:

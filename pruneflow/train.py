@@ -17,10 +17,11 @@ from .context import RunContext
 from .data import DataBundle, Split
 from .errors import InputError
 from .evaluate import evaluate_model
+from .inputs import Inputs, call, to
 from .stage import StrictModel
 from .tasks import Task
 
-LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor, object], torch.Tensor]
+LossFn = Callable[[nn.Module, Inputs, torch.Tensor, object], torch.Tensor]
 
 
 class TrainSettings(StrictModel):
@@ -171,8 +172,8 @@ class _Loop:
         loss_sum = 0.0
         for x, y in batches:
             _set_lr(self.opt, s, self.step, self.steps_per_epoch)
-            x, y = x.to(device), y.to(device)
-            out = net(x)
+            x, y = to(x, device), y.to(device)
+            out = call(self.model, x, runner=net)
             loss = self.extra_loss(self.model, x, y, out) if self.extra_loss else task.loss(out, y)
             _optimizer_step(self.model, self.opt, loss, s.grad_clip, self.extra_modules)
             self.step += 1

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from pruneflow.errors import ConfigError, StageError
+from pruneflow.inputs import Inputs, bind, take, to
 
 from calibrate.calibset import CalibrationSet
 from calibrate.consumers import nncf_dataset
@@ -115,7 +116,7 @@ def ignored_scope(model: nn.Module, ignore: list[str], loc: tuple = ("ignore",),
     return nncf.IgnoredScope(patterns=ignore_patterns(model, ignore, loc, prefix, node_names), validate=True)
 
 
-def node_names(model: nn.Module, example: torch.Tensor) -> set[str]:
+def node_names(model: nn.Module, example: Inputs) -> set[str]:
     """The node names of NNCF's graph of ``model`` (what its ignored-scope regexes match)."""
     from nncf.torch.function_hook.nncf_graph.nncf_graph_builder import build_nncf_graph
 
@@ -142,7 +143,7 @@ def quantize(model: nn.Module, calib: CalibrationSet, *, ignore: list[str] | Non
     params = next(model.parameters(), None)
     dataset = nncf_dataset(calib, batch_size, device=str(params.device) if params is not None else None)
     items = -(-len(calib) // batch_size)
-    first = next(calib.batches(batch_size)).to(params.device if params is not None else "cpu")
+    first = to(next(calib.batches(batch_size)), params.device if params is not None else "cpu")
     was = model.training
     try:
         quantized = nncf_quantize(model, dataset, items, first, ignore or [], preset, ignore_loc)
@@ -162,7 +163,7 @@ def quantize(model: nn.Module, calib: CalibrationSet, *, ignore: list[str] | Non
     return quantized
 
 
-def nncf_quantize(model: nn.Module, dataset, items: int, example: torch.Tensor, ignore: list[str], preset: str,
+def nncf_quantize(model: nn.Module, dataset, items: int, example: Inputs, ignore: list[str], preset: str,
                   ignore_loc: tuple) -> nn.Module:
     """``nncf.quantize`` on ``model`` (rooted, see ``SequentialRoot``) with the recipe's ``ignore`` resolved;
     a TorchScript module or an ``ignore`` entry selecting nothing is a ConfigError, anything else NNCF
@@ -249,7 +250,7 @@ def force_signed_activations(model: nn.Module) -> int:
     return changed
 
 
-def strip_quantizers(model: nn.Module, example: torch.Tensor) -> nn.Module:
+def strip_quantizers(model: nn.Module, example: Inputs) -> nn.Module:
     """A CPU copy of ``model`` with NNCF's quantizers replaced by torch's native fake-quant ops.
 
     torch.onnx writes those as QuantizeLinear/DequantizeLinear pairs, the input of pruneflow's INT8 passes
@@ -262,7 +263,8 @@ def strip_quantizers(model: nn.Module, example: torch.Tensor) -> nn.Module:
     copied = copy.deepcopy(model).cpu().eval()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return nncf.strip(copied, do_copy=False, example_input=example[:1].cpu()).eval()
+        one = bind(copied, to(take(example, slice(0, 1)), "cpu"))
+        return nncf.strip(copied, do_copy=False, example_input=one).eval()
 
 
 def quantizer_parameters(model: nn.Module) -> list:

@@ -30,6 +30,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
+from pruneflow.inputs import Inputs, call, take, to
 from pruneflow.config import StrictModel
 
 if TYPE_CHECKING:
@@ -118,7 +119,7 @@ def _hook_of(graph, node) -> str | None:
     return None
 
 
-def quantizer_groups(model: nn.Module, example: torch.Tensor) -> list[QuantGroup]:
+def quantizer_groups(model: nn.Module, example: Inputs) -> list[QuantGroup]:
     """Group the quantizers of an NNCF-quantized ``model`` by the ops that read them (connected components
     of the op-quantizer graph), in graph order."""
     from nncf.torch.function_hook import get_hook_storage
@@ -247,12 +248,12 @@ def remove_group(model: nn.Module, group: QuantGroup) -> None:
 
 
 @torch.no_grad()
-def outputs(model: nn.Module, x: torch.Tensor, task: "Task", batch_size: int, device: str) -> torch.Tensor:
+def outputs(model: nn.Module, x: Inputs, task: "Task", batch_size: int, device: str) -> torch.Tensor:
     """The model's logits on ``x`` (in batches), on the CPU, in float32."""
     was = model.training
     model.eval()
     try:
-        return torch.cat([task.logits(model(x[i:i + batch_size].to(device))).float().cpu()
+        return torch.cat([task.logits(call(model, to(take(x, slice(i, i + batch_size)), device))).float().cpu()
                           for i in range(0, len(x), batch_size)])
     finally:
         model.train(was)
@@ -280,7 +281,7 @@ def sensitivity(model: nn.Module, float_model: nn.Module, calib: "CalibrationSet
     with ``alone``, with only this group quantized. Ranked by the SNR with the group kept float (the
     larger, the more of the INT8 error it carries); NNCF's ranker ranks by normalized MSE the same way
     when it has no metric, and this one is continuous where accuracy on a few hundred samples is not."""
-    x = calib.x[:samples]
+    x = take(calib.x, slice(0, samples))
     y = calib.y[:samples] if calib.y is not None else None
     reference = outputs(float_model, x, task, batch_size, device)
     every = all_quantizers(model)
@@ -343,7 +344,7 @@ def accuracy_control(spec: AccuracyControl, stage_id: str, loc: tuple, model: nn
         return float(evaluate_model(model, state.data.eval, state.task, ctx.recipe.data.eval_batch_size, ctx.device,
                                     ctx.reporter, f"{stage_id} int8 fallback")[spec.metric])
 
-    groups = quantizer_groups(model, calib.x[:1].to(ctx.device))
+    groups = quantizer_groups(model, to(take(calib.x, slice(0, 1)), ctx.device))
     ranked = sensitivity(model, float_model, calib, state.task, groups, samples=spec.samples,
                          batch_size=ctx.recipe.data.eval_batch_size, device=ctx.device, alone=spec.alone_int8)
     tables: dict[str, list[dict]] = {"quantization sensitivity": [row for row, _ in ranked]}

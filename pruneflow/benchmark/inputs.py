@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import PruneflowError
+from ..inputs import as_numpy
 from .variants import Variant
 
 
@@ -17,7 +18,7 @@ class Source:
     """Samples (no batch dimension yet) or, when ``samples`` is None, random values; ``what`` says which."""
 
     what: str
-    samples: np.ndarray | None = None
+    samples: "np.ndarray | dict[str, np.ndarray] | None" = None
 
 
 class Feeds:
@@ -31,7 +32,9 @@ class Feeds:
         """The eval split of the variant's run when its samples fit the artifact's input, else random."""
         run = self._run_samples(variant.run_dir) if variant.run_dir is not None else None
         spec = variant.input
-        if run is not None and run.samples is not None:
+        if run is not None and isinstance(run.samples, dict):
+            return run  # several named inputs: the executors feed each by name
+        if run is not None and isinstance(run.samples, np.ndarray):
             expected = tuple(spec.shape[1:]) if spec is not None else ()
             sample = run.samples.shape[1:]
             if spec is None or all(e in (None, s) for e, s in zip(expected, sample)) and len(expected) == len(sample):
@@ -40,19 +43,23 @@ class Feeds:
         dtype = spec.dtype if spec is not None else "float32"
         if run is None:
             why = "no dataset: a bare artifact, or a run without recipe.resolved.yaml"
-        elif run.samples is None:
+        elif not isinstance(run.samples, np.ndarray):
             why = run.what
         else:
             why = f"samples of shape {list(run.samples.shape[1:])} from {run.what} do not fit the input"
         return Source(f"random values, shape {shape} {dtype} ({why})")
 
-    def batch(self, variant: Variant, batch: int) -> np.ndarray:
+    def batch(self, variant: Variant, batch: int) -> "np.ndarray | dict[str, np.ndarray]":
         """A new contiguous batch for ``variant``: eval samples chosen at random (repeated when the split is
         smaller than the batch) or random normal values; cast to the artifact's input type."""
         rng = np.random.default_rng([self.seed, batch])
         source = self.source(variant)
         spec = variant.input
         dtype = np.dtype(spec.dtype if spec is not None else "float32")
+        if isinstance(source.samples, dict):
+            rows = len(next(iter(source.samples.values())))
+            index = rng.choice(rows, size=batch, replace=batch > rows)
+            return _trimmed({k: np.ascontiguousarray(v[index]) for k, v in source.samples.items()})
         if source.samples is not None:
             index = rng.choice(len(source.samples), size=batch, replace=batch > len(source.samples))
             return np.ascontiguousarray(source.samples[index]).astype(dtype, copy=False)
@@ -68,6 +75,15 @@ class Feeds:
         if run_dir not in self._eval:
             self._eval[run_dir] = _eval_split(run_dir)
         return self._eval[run_dir]
+
+
+def _trimmed(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Token arrays cut to the batch's longest row (as the data's batches are: ``inputs.trim``)."""
+    from ..inputs import trim
+
+    import torch
+
+    return as_numpy(trim({k: torch.from_numpy(v) for k, v in feed.items()}))  # type: ignore[return-value]
 
 
 def _eval_split(run_dir: Path) -> Source | None:
@@ -86,5 +102,5 @@ def _eval_split(run_dir: Path) -> Source | None:
         bundle = load_data(spec, seed=int(recipe.get("seed", 0)), with_train=False)
     except (PruneflowError, KeyError, ValueError, OSError) as exc:
         return Source(f"its recipe's data could not be loaded ({type(exc).__name__}: {str(exc).splitlines()[0]})")
-    samples = bundle.eval.x.numpy()
-    return Source(f"eval split of {bundle.description} ({len(samples)} samples)", samples)
+    samples = as_numpy(bundle.eval.x)
+    return Source(f"eval split of {bundle.description} ({len(bundle.eval)} samples)", samples)

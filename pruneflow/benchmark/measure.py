@@ -165,7 +165,7 @@ def _trial(row: Row, feeds: Feeds) -> Callable[[np.ndarray], object] | None:
         return None
     try:
         x = feeds.batch(variant, row.batch)
-        row.shape = tuple(int(d) for d in x.shape)
+        row.shape = tuple(int(d) for d in (x.shape if isinstance(x, np.ndarray) else next(iter(x.values())).shape))
         executor(x)
     except PruneflowError as exc:
         row.error = exc.message

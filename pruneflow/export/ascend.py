@@ -201,6 +201,9 @@ class AscendTarget(Target[AscendConfig]):
         return [f"ascend: atc at {atc} ({'CANN ' + version if version else 'not inside a CANN toolkit: its output will not be trusted'})"]
 
     def build(self, state, ctx, out_dir: Path, precision: str) -> Artifact:
+        from .onnx import require_single_input
+
+        require_single_input(state.example_input, "ascend")
         cfg = self.config
         mode = precision_mode_for(cfg, precision)
         reference = self._reference_onnx()

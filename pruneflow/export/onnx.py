@@ -17,6 +17,7 @@ from ..artifacts import Artifact, atomic_path
 from ..deployment import INPUT_NAME, OUTPUT_NAME, deployment_record, stamp_onnx
 from ..deps import require
 from ..errors import ExportError, InputError, MissingDependencyError, PruneflowError
+from ..inputs import Inputs, bind, fresh, is_token, take, to
 from ..stage import Target, TargetConfig
 
 if TYPE_CHECKING:
@@ -102,33 +103,58 @@ class OnnxTarget(Target[OnnxConfig]):
         return artifact
 
 
-def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: Path, *, opset: int = 17,
+class _Keyed(torch.nn.Module):
+    """Positional inputs to keyword ones, so the exporter traces a model with several named inputs."""
+
+    def __init__(self, model: torch.nn.Module, names: list[str]):
+        super().__init__()
+        self.model, self.names = model, names
+
+    def forward(self, *args: torch.Tensor):
+        return self.model(**dict(zip(self.names, args)))
+
+
+def _traced(model: torch.nn.Module, example: Inputs, dynamic_batch: bool):
+    """(module, args, input names, dynamic axes) to export: one tensor named ``input``, or forward's parameters
+    in forward's order, their batch axis dynamic and, for int64 token inputs, their sequence axis too.
+    A fresh batch of 2: a sliced example or batch 1 can fix the batch dimension in the graph; a static
+    graph is exported for batch 1 (the measuring step then feeds it one sample at a time)."""
+    x = bind(model, fresh(example, 2 if dynamic_batch else 1))
+    if isinstance(x, torch.Tensor):
+        axes = {INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}} if dynamic_batch else None
+        return model, (x,), [INPUT_NAME], axes
+    names = list(x)
+    axes = {n: ({0: "batch"} if dynamic_batch else {}) | ({1: "sequence"} if is_token(x[n]) else {}) for n in names}
+    axes = {n: a for n, a in axes.items() if a}
+    if dynamic_batch:
+        axes[OUTPUT_NAME] = {0: "batch"}
+    return _Keyed(model, names), tuple(x.values()), names, axes or None
+
+
+def export_onnx(model: torch.nn.Module, example: Inputs, path: Path, *, opset: int = 17,
                 dynamic_batch: bool = True, exporter: str = "legacy", fold: bool = True,
                 metadata: "tuple[dict, str] | None" = None) -> None:
-    """Export atomically (input ``input``, output ``logits``), fold what is computed from constants
+    """Export atomically (input ``input``, or forward's parameter names for several; output ``logits``), fold what is computed from constants
     (``fold``), write ``metadata`` (deployment record, precision) into the file, then validate with
     onnx.checker. A model that will not trace raises ExportError."""
     onnx = require("onnx", "pip install onnx", "ONNX export")
     model = copy.deepcopy(model).cpu().eval()  # the live model may be on a GPU and still in use
-    # A fresh tensor with batch 2: a sliced example or batch 1 can fix the batch dimension in the graph.
-    # A static graph is exported for batch 1 (the measuring step then feeds it one sample at a time).
-    shape = (2 if dynamic_batch else 1,) + tuple(example.shape[1:])
-    x = torch.ones(shape, dtype=example.dtype) if not example.dtype.is_floating_point else torch.randn(shape)
+    traced, args, names, axes = _traced(model, example, dynamic_batch)
     with atomic_path(path) as tmp:
         try:
             with warnings.catch_warnings(), no_attention_fastpath():
                 warnings.simplefilter("ignore")
                 if exporter == "dynamo":
                     require("onnxscript", "pip install onnxscript", "the dynamo ONNX exporter")
-                    shapes = {"x": {0: torch.export.Dim("batch")}} if dynamic_batch else None
-                    program = torch.onnx.export(model, (x,), dynamo=True, opset_version=opset, dynamic_shapes=shapes,
-                                                input_names=[INPUT_NAME], output_names=[OUTPUT_NAME])
+                    dims = {0: torch.export.Dim("batch")} if dynamic_batch else None
+                    shapes = ({"x": dims} if traced is model else {"args": tuple(dims for _ in args)}) if dims else None
+                    program = torch.onnx.export(traced, args, dynamo=True, opset_version=opset, dynamic_shapes=shapes,
+                                                input_names=names, output_names=[OUTPUT_NAME])
                     assert program is not None  # None only from the legacy exporter (dynamo=False)
                     program.save(str(tmp), external_data=False)
                 else:
-                    axes = {INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}} if dynamic_batch else None
-                    torch.onnx.export(model, (x,), str(tmp), dynamo=False, opset_version=opset,
-                                      input_names=[INPUT_NAME], output_names=[OUTPUT_NAME], dynamic_axes=axes)
+                    torch.onnx.export(traced, args, str(tmp), dynamo=False, opset_version=opset,
+                                      input_names=names, output_names=[OUTPUT_NAME], dynamic_axes=axes)
         except Exception as exc:  # noqa: BLE001 - torch raises many types when a model will not trace
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ExportError(
@@ -214,7 +240,14 @@ def to_fp16(src: Path, dst: Path, metadata: "tuple[dict, str] | None" = None) ->
         onnx.checker.check_model(str(tmp))
 
 
-def _check_runs_in_openvino(path: Path, example: torch.Tensor) -> None:
+def require_single_input(example: Inputs, target: str) -> None:
+    """Targets whose build path knows one input only (one optimisation profile, one AIPP input) refuse others."""
+    if isinstance(example, dict):
+        raise ExportError(f"the {target} target builds models with one input; this model takes {', '.join(example)}",
+                          hint=f"export it with the onnx or openvino targets, or drop {target} from the export targets")
+
+
+def _check_runs_in_openvino(path: Path, example: Inputs) -> None:
     """The CPU INT8 form is meant for onnxruntime and OpenVINO: it counts only if both run it.
 
     onnxruntime runs it in the export stage's checks; OpenVINO (when installed) compiles and runs it
@@ -227,8 +260,11 @@ def _check_runs_in_openvino(path: Path, example: torch.Tensor) -> None:
     import numpy as np
 
     try:
+        from ..runtime.base import feed_for
+
         compiled = ov.Core().compile_model(ov.convert_model(str(path)), "CPU")
-        out = compiled(np.ascontiguousarray(example[:1].cpu().numpy()))[compiled.output(0)]  # batch 1 fits a static graph too
+        one = take(example, slice(0, 1))  # batch 1 fits a static graph too
+        out = compiled(feed_for(one, [i.get_any_name() for i in compiled.inputs]))[compiled.output(0)]
         if not np.isfinite(out).all():
             raise ValueError("the outputs hold NaN or inf")
     except Exception as exc:  # noqa: BLE001
@@ -237,7 +273,7 @@ def _check_runs_in_openvino(path: Path, example: torch.Tensor) -> None:
                           hint="export `int8_forms: [tensorrt]` only, or report the model to pruneflow") from exc
 
 
-def export_int8_onnx(stripped: torch.nn.Module, example: torch.Tensor, path: Path, *, form: "Form", opset: int = 17,
+def export_int8_onnx(stripped: torch.nn.Module, example: Inputs, path: Path, *, form: "Form", opset: int = 17,
                      dynamic_batch: bool = True, metadata: dict | None = None) -> "PassReport":
     """Export a model stripped to torch's fake-quant ops (``handle.int8_module(example)``), convert it to
     ``form``, fold what is computed from constants (Q/DQ kept) and write the deployment ``metadata``."""
@@ -247,7 +283,7 @@ def export_int8_onnx(stripped: torch.nn.Module, example: torch.Tensor, path: Pat
     onnx = require("onnx", "pip install onnx", "INT8 ONNX export")
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         raw = Path(tmp) / "qdq.onnx"
-        export_onnx(stripped, example.cpu(), raw, opset=max(opset, 13), dynamic_batch=dynamic_batch, fold=False)
+        export_onnx(stripped, to(example, "cpu"), raw, opset=max(opset, 13), dynamic_batch=dynamic_batch, fold=False)
         model_proto = onnx.load(str(raw))
     report = convert(model_proto, form)
     model_proto = fold_constants(model_proto)

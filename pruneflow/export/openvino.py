@@ -17,6 +17,7 @@ from ..artifacts import Artifact
 from ..deployment import deployment_record, stamp_ir
 from ..deps import require
 from ..errors import ExportError
+from ..inputs import to
 from ..stage import Target, TargetConfig
 
 
@@ -81,7 +82,7 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
         from .onnx import export_int8_onnx, export_onnx
 
         path = tmp / f"{precision}.onnx"
-        example = state.example_input.cpu()
+        example = to(state.example_input, "cpu")
         if precision == "int8":
             export_int8_onnx(state.handle.int8_module(example), example, path, form="cpu", dynamic_batch=self.config.dynamic_batch)
         else:

@@ -24,6 +24,7 @@ from pydantic import Field, model_validator
 
 from ..artifacts import Artifact, publish_dir, sha256_file, write_text_atomic
 from ..errors import ExportError, InputError, MissingDependencyError
+from ..inputs import to
 from ..stage import StrictModel, Target, TargetConfig
 from . import tensorrt_build
 
@@ -91,6 +92,9 @@ class TensorRtTarget(Target[TensorRtConfig]):
         return [f"tensorrt: prepared, not built ({reason})"]
 
     def build(self, state, ctx, out_dir: Path, precision: str) -> Artifact:
+        from .onnx import require_single_input
+
+        require_single_input(state.example_input, "tensorrt")  # one profile, for the batch axis only
         with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
             source, parent = self._source(state, ctx, Path(tmp), precision)
             shapes = self._check_batch(source)
@@ -107,7 +111,7 @@ class TensorRtTarget(Target[TensorRtConfig]):
         from .onnx import export_int8_onnx, export_onnx, to_fp16
 
         path = tmp / SOURCE_NAMES[precision]
-        example = state.example_input.cpu()
+        example = to(state.example_input, "cpu")
         if precision == "int8":
             report = export_int8_onnx(state.handle.int8_module(example), example, path, form="tensorrt")
             for note in report.notes:

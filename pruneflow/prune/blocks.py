@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError
+from ..inputs import Inputs, call
 from .engine import auto_rounds, channel_table, layer_channels, measure, resolve_ignored
 from .rounds import Batches, Plan, Round, Strategy, linear_goal
 
@@ -87,7 +88,7 @@ def is_residual(module: nn.Module) -> bool:
     return _is_add(add) and any(_skip_reaches(gm, a, inputs[0]) for a in add.args[:2] if isinstance(a, fx.Node))
 
 
-def find_blocks(model: nn.Module, example: torch.Tensor, ignored: tuple[str, ...] = ()) -> list[str]:
+def find_blocks(model: nn.Module, example: "Inputs", ignored: tuple[str, ...] = ()) -> list[str]:
     """Names of the removable residual blocks of ``model``, in module order (``ignored`` names and their
     children excluded)."""
     shapes: dict[str, bool] = {}
@@ -104,7 +105,7 @@ def find_blocks(model: nn.Module, example: torch.Tensor, ignored: tuple[str, ...
     model.eval()
     try:
         with torch.no_grad():
-            model(example)
+            call(model, example)
     finally:
         model.train(was)
         for h in handles:
@@ -129,13 +130,13 @@ def remove_blocks(model: nn.Module, names: list[str]) -> None:
 
 
 @torch.no_grad()
-def block_scores(model: nn.Module, names: list[str], batches: list[tuple[torch.Tensor, torch.Tensor]], loss_fn) -> dict[str, float]:
+def block_scores(model: nn.Module, names: list[str], batches: "list[tuple[Inputs, torch.Tensor]]", loss_fn) -> dict[str, float]:
     """Per block: the loss with it replaced by the identity minus the model's loss, on ``batches`` (eval mode)."""
     was = model.training
     model.eval()
 
     def loss() -> float:
-        return sum(float(loss_fn(model(x), y)) * len(y) for x, y in batches) / sum(len(y) for _, y in batches)
+        return sum(float(loss_fn(call(model, x), y)) * len(y) for x, y in batches) / sum(len(y) for _, y in batches)
 
     try:
         base = loss()

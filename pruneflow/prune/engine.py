@@ -18,6 +18,7 @@ from torch import nn
 
 from ..errors import ConfigError, InputError
 from ..evaluate import count_macs_params
+from ..inputs import Inputs, bind, call, take
 from .importance import SaliencyImportance
 from .keep import KeepRule
 from .surgery import ChannelEmbedConv
@@ -88,12 +89,12 @@ def channel_count(model: nn.Module, ignored: tuple[str, ...]) -> int:
     return sum(m.out_features if isinstance(m, nn.Linear) else m.out_channels for _, m in prunable_layers(model, ignored))
 
 
-def measure(model: nn.Module, example: torch.Tensor, ignored: tuple[str, ...]) -> dict[str, int]:
+def measure(model: nn.Module, example: "Inputs", ignored: tuple[str, ...]) -> dict[str, int]:
     macs, params = count_macs_params(model, example)
     return {"macs": macs, "params": params, "channels": channel_count(model, ignored)}
 
 
-def _pruner(model: nn.Module, example: torch.Tensor, saliency: dict, ratio: float, opts: PruneOptions) -> GroupPruner:
+def _pruner(model: nn.Module, example: Inputs, saliency: dict, ratio: float, opts: PruneOptions) -> GroupPruner:
     modules = dict(model.named_modules())
     if not prunable_layers(model, opts.ignored):
         raise InputError("every prunable layer is ignored; nothing is left to prune",
@@ -101,7 +102,7 @@ def _pruner(model: nn.Module, example: torch.Tensor, saliency: dict, ratio: floa
     spatial = output_positions(model, example) if opts.ranking == "per_mac" else None
     widths = opts.initial_widths or {}
     return GroupPruner(
-        model, example, SaliencyImportance(model, saliency, opts.ranking, spatial, _floors(model, opts)), opts.rule,
+        model, bind(model, example), SaliencyImportance(model, saliency, opts.ranking, spatial, _floors(model, opts)), opts.rule,
         ratio=ratio, global_pruning=opts.allocation == "global", ignored=[modules[n] for n in opts.ignored],
         initial_widths={modules[n]: w for n, w in widths.items() if n in modules},
     )
@@ -114,7 +115,7 @@ def _floors(model: nn.Module, opts: PruneOptions) -> dict[nn.Module, int]:
 
 
 @torch.no_grad()
-def output_positions(model: nn.Module, example: torch.Tensor) -> dict[nn.Module, int]:
+def output_positions(model: nn.Module, example: Inputs) -> dict[nn.Module, int]:
     """Output positions per sample (H*W for a conv, tokens for a Linear) of every conv and Linear layer."""
     out: dict[nn.Module, int] = {}
 
@@ -126,7 +127,7 @@ def output_positions(model: nn.Module, example: torch.Tensor) -> dict[nn.Module,
     was = model.training
     model.eval()
     try:
-        model(example[:1])
+        call(model, take(example, slice(0, 1)))
     finally:
         model.train(was)
         for h in handles:
@@ -134,7 +135,7 @@ def output_positions(model: nn.Module, example: torch.Tensor) -> dict[nn.Module,
     return out
 
 
-def prune_step(model: nn.Module, example: torch.Tensor, saliency: dict, ratio: float, opts: PruneOptions) -> None:
+def prune_step(model: nn.Module, example: Inputs, saliency: dict, ratio: float, opts: PruneOptions) -> None:
     """Prune ``model`` in place by ``ratio`` of its current channels."""
     plan_step(model, example, saliency, ratio, opts).apply()
 
@@ -203,7 +204,7 @@ class PrunePlan:
         return out
 
 
-def plan_step(model: nn.Module, example: torch.Tensor, saliency: dict, ratio: float, opts: PruneOptions) -> PrunePlan:
+def plan_step(model: nn.Module, example: Inputs, saliency: dict, ratio: float, opts: PruneOptions) -> PrunePlan:
     """The channels pruning ``model`` by ``ratio`` of its current channels would remove (nothing changes yet)."""
     if ratio <= 0:
         return PrunePlan(model)
@@ -243,7 +244,7 @@ def _capped(selection: Selection, pruner: GroupPruner, names: dict, rule: KeepRu
     return sorted(sorted(idxs, key=lambda i: float(scores[i]))[:allowed])
 
 
-def search_ratio(model: nn.Module, example: torch.Tensor, saliency: dict, opts: PruneOptions, metric: Metric,
+def search_ratio(model: nn.Module, example: Inputs, saliency: dict, opts: PruneOptions, metric: Metric,
                  goal: float, grid: int = 18, iterations: int = 8, loc: tuple = ()) -> tuple[float, dict[str, int]]:
     """Smallest ratio whose pruned copy has ``metric`` <= ``goal``. Raises ConfigError at ``loc`` (the recipe's
     ``target``) when unreachable.

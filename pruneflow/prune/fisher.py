@@ -12,8 +12,10 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from ..inputs import Inputs, bind, call, take
 
-def mean_gradients(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+
+def mean_gradients(model: nn.Module, batches: "Iterable[tuple[Inputs, torch.Tensor]]",
                    loss_fn: Callable) -> dict[str, torch.Tensor]:
     """Mean gradient of the loss over the batches (model in eval mode: BatchNorm uses running stats)."""
     was = model.training
@@ -23,7 +25,7 @@ def mean_gradients(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch
     count = 0
     for x, y in batches:
         model.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
+        loss = loss_fn(call(model, x), y)
         loss.backward()
         for n, p in params.items():
             if p.grad is not None:
@@ -34,7 +36,7 @@ def mean_gradients(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch
     return {n: t / max(count, 1) for n, t in total.items()}
 
 
-def fisher_diagonal(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], loss_fn: Callable,
+def fisher_diagonal(model: nn.Module, batches: "Iterable[tuple[Inputs, torch.Tensor]]", loss_fn: Callable,
                     chunk: int = 32) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Mean per-sample squared gradient (diagonal empirical Fisher) and mean gradient, per parameter.
 
@@ -46,7 +48,8 @@ def fisher_diagonal(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torc
     buffers = {n: b.detach() for n, b in model.named_buffers()}
 
     def sample_loss(p, x, y):
-        out = functional_call(model, (p, buffers), (x.unsqueeze(0),))
+        one = bind(model, {k: v.unsqueeze(0) for k, v in x.items()} if isinstance(x, dict) else x.unsqueeze(0))
+        out = functional_call(model, (p, buffers), (one,)) if isinstance(one, torch.Tensor) else functional_call(model, (p, buffers), (), one)
         return loss_fn(out, y.unsqueeze(0))
 
     per_sample_grad = vmap(grad(sample_loss), in_dims=(None, 0, 0))
@@ -56,7 +59,7 @@ def fisher_diagonal(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torc
     with torch.no_grad():
         for x, y in batches:
             for start in range(0, len(y), chunk):
-                xs, ys = x[start : start + chunk], y[start : start + chunk]
+                xs, ys = take(x, slice(start, start + chunk)), y[start : start + chunk]
                 with torch.enable_grad():
                     g = per_sample_grad(params, xs, ys)
                 for n in params:

@@ -29,10 +29,11 @@ from .. import distributed
 from ..distill import Distiller, frozen_copy
 from ..errors import ConfigError
 from ..evaluate import evaluate_model
+from ..inputs import Inputs, first, take, to, trim
 from ..train import FinetuneSettings, fit
 from .transformer import is_transformer
 
-Batches = list[tuple[torch.Tensor, torch.Tensor]]
+Batches = list[tuple[Inputs, torch.Tensor]]
 StepCallback = Callable[[int, int], None]
 
 
@@ -75,7 +76,7 @@ class Strategy(ABC):
     #: True for the strategy that prunes transformers (heads/FFN): the model's kind must match.
     for_transformers: ClassVar[bool] = False
 
-    def __init__(self, config: Any, model: nn.Module, example: torch.Tensor, loss: Callable, loc: Callable[..., tuple]):
+    def __init__(self, config: Any, model: nn.Module, example: Inputs, loss: Callable, loc: Callable[..., tuple]):
         self.config, self.model, self.example, self.loss, self.loc = config, model, example, loss, loc
 
     def check_kind(self) -> None:
@@ -143,8 +144,8 @@ def importance_batches(data, batches: int, batch_size: int, seed: int, device: s
     n = min(batches * batch_size, len(data.train))
     gen = torch.Generator().manual_seed(seed)
     idx = torch.randperm(len(data.train), generator=gen)[:n]
-    x, y = data.train.x[idx].to(device), data.train.y[idx].to(device)
-    return [(x[i : i + batch_size], y[i : i + batch_size]) for i in range(0, len(y), batch_size)]
+    x, y = to(take(data.train.x, idx), device), data.train.y[idx].to(device)
+    return [(trim(take(x, slice(i, i + batch_size))), y[i : i + batch_size]) for i in range(0, len(y), batch_size)]
 
 
 class Tuner:
@@ -206,7 +207,7 @@ def run_round(strategy: Strategy, tuner: Tuner, sample: Callable[[int], Batches]
     t0 = time.perf_counter()
     # Under torchrun rank 0 scores and every rank plans from its scores (planning is deterministic).
     with distributed.peers_guard(f"prune round {index}"):
-        scores = distributed.from_main(lambda: strategy.score(lambda: sample(index)), strategy.example.device)
+        scores = distributed.from_main(lambda: strategy.score(lambda: sample(index)), first(strategy.example).device)
         distributed.sync_state(strategy.model)  # scoring may have run batches through rank 0's model
     scoring = time.perf_counter() - t0
     plan = strategy.plan(scores, goal)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..inputs import Inputs, call, first
 from ..zoo.resnet_cifar import ChannelPadShortcut
 
 
@@ -28,7 +29,7 @@ class ChannelEmbedConv(nn.Conv2d):
         self.weight.requires_grad_(False)
 
 
-def make_prunable(model: nn.Module, example: torch.Tensor) -> int:
+def make_prunable(model: nn.Module, example: Inputs) -> int:
     """Replace every ChannelPadShortcut in place; returns how many were replaced."""
     shapes: dict[str, int] = {}
     hooks = [m.register_forward_hook(lambda mod, inp, out, n=n: shapes.__setitem__(n, inp[0].shape[1]))
@@ -36,7 +37,7 @@ def make_prunable(model: nn.Module, example: torch.Tensor) -> int:
     was = model.training
     model.eval()
     with torch.no_grad():
-        model(example)
+        call(model, example)
     model.train(was)
     for h in hooks:
         h.remove()
@@ -45,7 +46,7 @@ def make_prunable(model: nn.Module, example: torch.Tensor) -> int:
         if isinstance(module, ChannelPadShortcut):
             parent_name, _, child = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
-            conv = ChannelEmbedConv(shapes[name], module.pad, module.stride).to(example.device)
+            conv = ChannelEmbedConv(shapes[name], module.pad, module.stride).to(first(example).device)
             setattr(parent, child, conv)
             replaced += 1
     return replaced

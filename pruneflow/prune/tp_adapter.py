@@ -27,6 +27,7 @@ from torch import nn
 from torch_pruning.pruner import function
 
 if TYPE_CHECKING:
+    from ..inputs import Inputs
     from .keep import KeepRule
 
 _OUT = (function.prune_conv_out_channels, function.prune_linear_out_channels)
@@ -134,7 +135,7 @@ class GroupPruner:
     against the current widths).
     """
 
-    def __init__(self, model: nn.Module, example: torch.Tensor, importance: GroupImportance, rule: "KeepRule", *,
+    def __init__(self, model: nn.Module, example: Inputs, importance: GroupImportance, rule: "KeepRule", *,
                  ratio: float, global_pruning: bool, ignored: list[nn.Module],
                  initial_widths: dict[nn.Module, tuple[int, int]] | None = None):
         with warnings.catch_warnings():

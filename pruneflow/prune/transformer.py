@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from .mha import HeadAttention, prune_attention_heads
+from ..inputs import Inputs, call
 
 
 @dataclass
@@ -191,7 +192,7 @@ def _activation_module(model: nn.Module, site: FfnSite) -> nn.Module:
     return getattr(parent, "intermediate")
 
 
-def unit_importance(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+def unit_importance(model: nn.Module, batches: "Iterable[tuple[Inputs, torch.Tensor]]",
                     loss_fn: Callable[[object, torch.Tensor], torch.Tensor], criterion: str,
                     hessian_weight: float = 0.5) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Scores for every head and FFN neuron (higher = more important), keyed by site name."""
@@ -208,7 +209,7 @@ def unit_importance(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torc
     for x, y in batches:
         with unit_masks(model, per_sample=True) as masks:
             # Sum, not mean: each sample's mask gradient is then that sample's own gradient.
-            loss = loss_fn(model(x), y) * len(y)
+            loss = loss_fn(call(model, x), y) * len(y)
             model.zero_grad(set_to_none=True)
             loss.backward()
             for name, m in masks.items():

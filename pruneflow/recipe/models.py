@@ -87,9 +87,11 @@ class DataSpec(StrictModel):
     )
     train: str | None = PathField(description="Training source, when train and eval come separately.")
     eval: str | None = PathField(description="Evaluation source, when train and eval come separately.")
-    input_column: str | list[str] | None = Field(
+    input_column: str | list[str] | dict[str, str] | None = Field(
         default=None,
-        description="Column(s) holding the model input. Several columns are stacked into one feature vector. "
+        description="Column(s) holding the model input. Several columns (a list) are stacked into one feature vector; "
+        "a mapping `{forward parameter: column}` feeds a model with several inputs (e.g. `{image: pixels, meta: "
+        "features}`), each named so in artifacts. "
         "Default: the first of image, images, pixel_values, input, inputs, x, features, sentence, text.",
     )
     label_column: str = Field(default="label", description="Column holding the integer class label (`labels` and `y` are tried too).")
@@ -108,9 +110,10 @@ class DataSpec(StrictModel):
     )
     tokenizer: str | None = PathField(
         description="Text data: a tokenizer folder (tokenizer.json or vocab.txt inside) or a WordPiece vocab.txt. "
-        "The input column then holds text, tokenized to `max_length` int64 token ids (0 = padding)."
+        "The input column then holds text, tokenized to int64 `input_ids`, `attention_mask` (and `token_type_ids` where "
+        "the tokenizer makes them), fed to forward by those names; each batch is padded (0) to its own longest row."
     )
-    max_length: int = Field(default=64, ge=2, le=4096, description="Text data: tokens a sample, padded or truncated.")
+    max_length: int = Field(default=64, ge=2, le=4096, description="Text data: at most this many tokens a sample (longer text is truncated).")
     max_train_samples: int | None = Field(default=None, gt=0, description="Use at most this many training samples (seeded, stratified).")
     max_eval_samples: int | None = Field(default=None, gt=0, description="Use at most this many evaluation samples (seeded, stratified).")
     eval_batch_size: int = Field(default=256, gt=0, description="Batch size for evaluation.")

@@ -4,11 +4,32 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Union
 
 import numpy as np
 
 from ..errors import MissingDependencyError
+
+
+#: What an executor takes: one array (a single-input model), or the artifact's input names mapped to arrays.
+Feed = Union[np.ndarray, Mapping[str, np.ndarray]]
+
+
+def feed_for(x: Any, names: list[str]) -> dict[str, np.ndarray]:
+    """A runtime's feed for inputs ``names`` from one array or tensor (the first input), or a mapping of names
+    to arrays or tensors (torch tensors are converted; names the artifact lacks are dropped: a text model
+    without ``token_type_ids`` is fed the tokenizer's full output)."""
+    if not isinstance(x, Mapping):
+        x = {names[0]: x}
+    elif len(names) == 1 and names[0] not in x:
+        x = {names[0]: next(iter(x.values()))}
+    out = {}
+    for name in names:
+        if name in x:
+            v = x[name]
+            v = v.detach().cpu().numpy() if hasattr(v, "detach") else v
+            out[name] = np.ascontiguousarray(v)
+    return out
 
 
 class RuntimeUnavailable(MissingDependencyError):
@@ -26,10 +47,10 @@ class Executor:
     path: Path
     runtime: str
     device: str
-    run: Callable[[np.ndarray], np.ndarray]
+    run: Callable[[Any], np.ndarray]
     info: dict[str, Any] = field(default_factory=dict)
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
+    def __call__(self, x: Feed) -> np.ndarray:
         return self.run(x)
 
     @property

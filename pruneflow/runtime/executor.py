@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..deps import require
-from .base import Executor, RuntimeUnavailable
+from .base import Executor, RuntimeUnavailable, feed_for
 
 #: Runtimes that can load each file type, the first being the default.
 RUNTIMES = {".onnx": ("onnxruntime", "openvino"), ".xml": ("openvino",), ".engine": ("tensorrt",), ".plan": ("tensorrt",)}
@@ -62,10 +62,10 @@ def _onnxruntime(path: Path, device: str | None, threads: int | None, hint: str 
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
     session = ort.InferenceSession(str(path), options, providers=[provider])
-    name = session.get_inputs()[0].name
+    names = [i.name for i in session.get_inputs()]
     used = session.get_providers()
     return Executor(path, "onnxruntime", "CUDA" if used[0].startswith("CUDA") else "CPU",
-                    lambda x: session.run(None, {name: x})[0],
+                    lambda x: session.run(None, feed_for(x, names))[0],
                     {"providers": used, "version": ort.__version__, "threads": threads or 0})
 
 
@@ -83,9 +83,10 @@ def _openvino(path: Path, device: str | None, threads: int | None, hint: str | N
         config["INFERENCE_NUM_THREADS"] = threads
     compiled = core.compile_model(str(path), device, config)
     output = compiled.output(0)
+    names = [i.get_any_name() for i in compiled.inputs]
     used = compiled.get_property("INFERENCE_PRECISION_HINT")
     used_name = used.to_string() if hasattr(used, "to_string") else str(used)  # an ov.Type: "bf16", "f32"
-    return Executor(path, "openvino", device, lambda x: compiled(x)[output],
+    return Executor(path, "openvino", device, lambda x: compiled(feed_for(x, names))[output],
                     {"precision_hint": hint, "inference_precision": used_name, "version": ov.get_version(),
                      "threads": threads or 0})
 

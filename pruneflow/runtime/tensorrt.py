@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import Executor, RuntimeUnavailable
+from .base import Executor, Feed, RuntimeUnavailable, feed_for
 
 
 def load_engine(path: Path, device: str | None = None) -> Executor:
@@ -53,14 +53,17 @@ class TrtSession:
         self.inputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
         self.outputs = [n for n in names if n not in self.inputs]
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
+    def __call__(self, x: "Feed") -> np.ndarray:
         import torch
 
-        trt, name = self.trt, self.inputs[0]
-        dtype = _torch_dtype(trt.nptype(self.engine.get_tensor_dtype(name)))
-        tensor = torch.from_numpy(np.ascontiguousarray(x)).to(self.device, dtype=dtype)
-        self.context.set_input_shape(name, tuple(tensor.shape))
-        self.context.set_tensor_address(name, tensor.data_ptr())
+        trt = self.trt
+        kept = []  # the device copies must live until the run ends
+        for name, array in feed_for(x, self.inputs).items():
+            dtype = _torch_dtype(trt.nptype(self.engine.get_tensor_dtype(name)))
+            tensor = torch.from_numpy(array).to(self.device, dtype=dtype)
+            self.context.set_input_shape(name, tuple(tensor.shape))
+            self.context.set_tensor_address(name, tensor.data_ptr())
+            kept.append(tensor)
         outputs = {}
         for out in self.outputs:
             shape = tuple(self.context.get_tensor_shape(out))

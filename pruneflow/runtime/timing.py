@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 
+from .base import Feed
+
 if TYPE_CHECKING:
-    import torch
+    from ..inputs import Inputs
 
 
 @dataclass
@@ -34,7 +36,7 @@ class LatencyStats:
         return asdict(self)
 
 
-def time_interleaved(executors: Mapping[str, Callable[[np.ndarray], object]], batch: np.ndarray, *, warmup: int = 3,
+def time_interleaved(executors: Mapping[str, Callable[[Any], object]], batch: "Feed", *, warmup: int = 3,
                      runs: int = 20, on_step: Callable[[], None] | None = None) -> dict[str, LatencyStats]:
     """Warm every executor up, then time ``runs`` repetitions, each running every executor once on ``batch``.
     ``on_step`` is called after each repetition (progress bars).
@@ -43,10 +45,11 @@ def time_interleaved(executors: Mapping[str, Callable[[np.ndarray], object]], ba
         >>> stats["fp32"].p50_ms / stats["int8"].p50_ms                                          # doctest: +SKIP
     """
     times = interleaved_times(executors, batch, warmup=warmup, runs=runs, on_step=on_step)
-    return {name: LatencyStats.of(t, len(batch)) for name, t in times.items()}
+    rows = len(batch) if isinstance(batch, np.ndarray) else len(next(iter(batch.values())))
+    return {name: LatencyStats.of(t, rows) for name, t in times.items()}
 
 
-def interleaved_times(executors: Mapping[str, Callable[[np.ndarray], object]], batch: np.ndarray, *, warmup: int = 3,
+def interleaved_times(executors: Mapping[str, Callable[[Any], object]], batch: "Feed", *, warmup: int = 3,
                       runs: int = 20, on_step: Callable[[], None] | None = None) -> dict[str, list[float]]:
     """The raw run times in ms behind ``time_interleaved``, per executor in the order of the repetitions."""
     for run in executors.values():
@@ -63,8 +66,13 @@ def interleaved_times(executors: Mapping[str, Callable[[np.ndarray], object]], b
     return times
 
 
-def fresh_batch(x: "torch.Tensor", batch: int) -> np.ndarray:
+def fresh_batch(x: "Inputs", batch: int) -> "Feed":
     """A new contiguous numpy batch of ``batch`` real samples of ``x`` (repeating them when there are fewer):
-    timing a view of the split would measure its strides, not the model."""
-    reps = -(-batch // len(x))
-    return np.ascontiguousarray(x.repeat((reps,) + (1,) * (x.dim() - 1))[:batch].cpu().numpy())
+    timing a view of the split would measure its strides, not the model. For several inputs, a numpy
+    feed of them (text cut to the batch's longest row: the sequence length real batches have)."""
+    from ..inputs import as_numpy, repeat_to, trim
+
+    if not isinstance(x, dict):
+        reps = -(-batch // len(x))
+        return np.ascontiguousarray(x.repeat((reps,) + (1,) * (x.dim() - 1))[:batch].cpu().numpy())
+    return as_numpy(trim(repeat_to(x, batch)))

@@ -20,6 +20,7 @@ from ..artifacts import Artifact
 from ..errors import ConfigError, ExportError, InputError, MissingDependencyError, PruneflowError
 from ..evaluate import evaluate_runtime
 from ..gates import ArtifactGates, GateResult, artifact_gates
+from ..inputs import as_numpy, take, trim
 from ..recipe.models import list_of, normalise_target_list, target_union
 from ..recipe.rules import quantized_before
 from ..runtime import host_info
@@ -228,14 +229,14 @@ class ExportStage(Stage[ExportConfig]):
         checks = open_for(artifact, target, path, threads=None)
         if not checks:
             return Opened(artifact), []
-        x = state.data.eval.x[: cfg.parity.samples]
+        x = trim(take(state.data.eval.x, slice(0, cfg.parity.samples)))
         # fp32/fp16 artifacts come from the float view of the model, int8 ones from the quantized model itself.
         source = state.model if artifact.precision == "int8" else state.handle.float_module()
         ref = reference_logits(source, x, state.task)
         gates = []
         for suffix, executor in checks.items():
             run = batched(executor, static)
-            got = np.asarray(run(x.numpy()), dtype=np.float32)
+            got = np.asarray(run(as_numpy(x)), dtype=np.float32)
             parity = parity_metrics(ref, got)
             artifact.metrics.update({f"{k}{suffix}": v for k, v in parity.items()})
             artifact.metrics[f"runtime{suffix}"] = executor.label

@@ -13,13 +13,14 @@ where the default already is f32 only the plain ones exist.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, ContextManager, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, NamedTuple
 
 import numpy as np
 import torch
 
 from ..errors import ExportError
 from ..gates import GateResult
+from ..inputs import Inputs, call, to
 from ..runtime import Executor, LatencyStats, RuntimeUnavailable, fresh_batch, open_artifact, runtimes_for, time_interleaved
 
 if TYPE_CHECKING:
@@ -99,18 +100,25 @@ def open_for(artifact: "Artifact", target: "Target", path: "Path", threads: int 
         return {}
 
 
-def batched(run: Callable[[np.ndarray], np.ndarray], static: bool) -> Callable[[np.ndarray], np.ndarray]:
-    """A static-batch artifact (batch 1) runs one sample at a time."""
+def batched(run: Callable[[Any], np.ndarray], static: bool) -> Callable[[Any], np.ndarray]:
+    """A static-batch artifact (batch 1) runs one sample at a time (an array, or a feed of several)."""
     if not static:
         return run
-    return lambda x: np.concatenate([np.asarray(run(x[i : i + 1])) for i in range(len(x))])
+
+    def one_by_one(x: Any) -> np.ndarray:
+        if isinstance(x, dict):
+            rows = len(next(iter(x.values())))
+            return np.concatenate([np.asarray(run({k: v[i : i + 1] for k, v in x.items()})) for i in range(rows)])
+        return np.concatenate([np.asarray(run(x[i : i + 1])) for i in range(len(x))])
+
+    return one_by_one
 
 
-def reference_logits(model: torch.nn.Module, x: torch.Tensor, task) -> np.ndarray:
+def reference_logits(model: torch.nn.Module, x: "Inputs", task) -> np.ndarray:
     device = next(model.parameters()).device
     with torch.no_grad():
         model.eval()
-        return task.logits(model(x.to(device))).float().cpu().numpy()
+        return task.logits(call(model, to(x, device))).float().cpu().numpy()
 
 
 def parity_metrics(ref: np.ndarray, got: np.ndarray) -> dict[str, float]:
@@ -148,7 +156,7 @@ def parity_gate(artifact: "Artifact", suffix: str, executor: Executor, parity: d
     return gate
 
 
-def time_all(opened: list[Opened], samples: torch.Tensor, batch_sizes: list[int], *, warmup: int, runs: int,
+def time_all(opened: list[Opened], samples: "Inputs", batch_sizes: list[int], *, warmup: int, runs: int,
              progress: Callable[[str, int], ContextManager[Callable[..., None]]]) -> None:
     """Time every executor of every artifact together, interleaved, per batch size, on fresh real batches;
     write ``latency_b{bs}_{median,p90,p99}_ms``, ``throughput_b{bs}`` (samples/s) and, against the fp32
@@ -160,11 +168,16 @@ def time_all(opened: list[Opened], samples: torch.Tensor, batch_sizes: list[int]
                      for suffix, ex in o.executors.items()}
         if not executors:
             continue
+        batch = fresh_batch(samples, bs)
         with progress(f"timing {len(executors)} runtimes interleaved, batch {bs}", runs) as advance:
-            stats = time_interleaved(executors, fresh_batch(samples, bs), warmup=warmup, runs=runs, on_step=advance)
+            stats = time_interleaved(executors, batch, warmup=warmup, runs=runs, on_step=advance)
+        # text: the tokens a row of the timed batch (real rows, cut to their longest), stated beside its latency
+        widths = [v.shape[1] for v in batch.values() if v.ndim == 2 and v.dtype.kind == "i"] if isinstance(batch, dict) else []
         for key, s in stats.items():
             index, _, suffix = key.partition("_")
             _record(opened[int(index)].artifact, bs, f"_{suffix}" if suffix else "", s)
+            if widths:
+                opened[int(index)].artifact.metrics[f"latency_b{bs}_sequence"] = int(widths[0])
     _speedups(opened, batch_sizes)
 
 

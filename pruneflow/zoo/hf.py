@@ -1,6 +1,6 @@
 """BERT-style sequence classifiers from `transformers`: built from a config in code, or loaded from
-a local folder (never from a hub). Wrapped so the model takes one int64 tensor of token ids and
-returns logits, which keeps export and evaluation the same as for any other model."""
+a local folder (never from a hub). Wrapped so the model takes the tokenizer's int64 tensors by name
+(``input_ids``, ``attention_mask``, ``token_type_ids``; what deployments feed) and returns logits."""
 
 from __future__ import annotations
 
@@ -20,16 +20,20 @@ def _transformers():
 
 
 class SequenceClassifier(nn.Module):
-    """``forward(input_ids) -> logits``; padding (``pad_id``) is masked out of attention."""
+    """``forward(input_ids, attention_mask, token_type_ids=None) -> logits``. Without a mask, padding
+    (``pad_id``) is masked out of attention (token ids alone, as older artifacts took them)."""
 
     def __init__(self, model: nn.Module, pad_id: int = 0):
         super().__init__()
         self.model = model
         self.pad_id = pad_id
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         input_ids = input_ids.long()
-        return self.model(input_ids=input_ids, attention_mask=(input_ids != self.pad_id).long()).logits
+        mask = (input_ids != self.pad_id).long() if attention_mask is None else attention_mask.long()
+        types = None if token_type_ids is None else token_type_ids.long()
+        return self.model(input_ids=input_ids, attention_mask=mask, token_type_ids=types).logits
 
 
 def bert_classifier(folder: str | None = None, num_labels: int = 2, vocab_size: int = 30522, hidden_size: int = 128,
