@@ -34,7 +34,10 @@ SCALE = int(os.environ.get("PRUNEFLOW_FUZZ_SCALE", "1"))  # e.g. 20 for a longer
 
 
 def fuzz(examples: int):
-    """Hypothesis settings for this file: a deadline per example (10 s: bounded, with room for a loaded 2-core CI machine; 3 s failed once under load), nothing written to the worktree."""
+    """Hypothesis settings for this file: a deadline per example, nothing written to the worktree.
+
+    The deadline (10 s) bounds every example's time with room for a loaded 2-core CI machine (3 s failed
+    once under load)."""
     return settings(max_examples=examples * SCALE, deadline=timedelta(seconds=10), database=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
