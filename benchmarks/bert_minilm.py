@@ -1,0 +1,240 @@
+"""Acceptance benchmark for the transformer case (issue 13): pretrained MiniLM-L6-H384 on GLUE SST-2.
+
+Runs, each a pruneflow run; all but the first two start from the same fine-tuned checkpoint:
+- finetune: the pretrained encoder plus a new classifier, fine-tuned on a stratified subset of SST-2 train
+  (--train-samples phrases, --epochs, AdamW, warm-up then linear decay): the FP32 baseline;
+- probe: the pretrained encoder frozen, only the classifier trained (the pretrained-but-not-fine-tuned reference);
+- fp32 same budget: the fine-tuned model given the QAT variant's extra fine-tuning (same epochs, LR, KD) in FP32,
+  the honest reference for what the extra training alone changes;
+- ptq: NNCF post-training quantization (transformer model type) from a calibration set;
+- qat: the int8 phase of the qat stage (KD from the fine-tuned model) for --qat-epochs;
+- pruned + qat: 50 % of the heads and --ffn of the FFN neurons pruned (KD), then calibrate and QAT INT8.
+Accuracy is on the whole dev split (872 sentences) in every runtime. Then FP32 / INT8 / pruned / pruned INT8
+ONNX artifacts and the OpenVINO IRs are timed side by side in one interleaved loop (1 thread) at batch 1 and 32
+on real dev rows (each batch padded to its longest row; the sequence lengths are printed), with the host's CPU
+model and ISA flags beside the table. Prints a table; writes results.json and results.md.
+
+    python benchmarks/bert_minilm.py --out runs/bench-bert                 # about 1.5 h on 2 cores
+    python benchmarks/bert_minilm.py --out /tmp/bert-smoke --quick         # minutes: tiny data, not the figures
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from pruneflow.data import load_tokenizer  # noqa: E402
+from pruneflow.pipeline import run_recipe  # noqa: E402
+from pruneflow.recipe import load_recipe  # noqa: E402
+from pruneflow.runtime import host_info, interleaved_times, open_artifact  # noqa: E402
+
+DATA = REPO.parent / "shared" / "data"
+MODEL = DATA / "minilm_l6_h384"
+SST2 = DATA / "sst2"
+EXPORT = {"type": "export", "targets": ["onnx", "openvino"], "precisions": ["fp32", "int8"], "latency": None}
+KD = {"temperature": 2.0, "alpha": 0.5}
+
+
+def recipe(name: str, stages: list[dict], args, checkpoint: str | None = None) -> dict:
+    data = {"format": "parquet", "train": str(SST2 / "train.parquet"), "eval": str(SST2 / "dev.parquet"),
+            "input_column": "sentence", "label_column": "label", "tokenizer": str(MODEL), "max_length": 64,
+            "max_train_samples": args.train_samples}
+    if args.quick:
+        data["max_eval_samples"] = 128
+    model: dict = {"factory": "bert_classifier", "kwargs": {"folder": str(MODEL), "num_labels": 2}}
+    if checkpoint:
+        model["checkpoint"] = checkpoint
+    return {"name": name, "seed": 0, "threads": args.threads, "model": model, "data": data, "stages": stages}
+
+
+def finetune(args, epochs: int, lr: float, freeze: list[str] | None = None) -> dict:
+    train = {"type": "train", "epochs": epochs, "batch_size": 32, "optimizer": "adamw", "lr": lr, "weight_decay": 0.01,
+             "schedule": "linear", "warmup_epochs": 0.1 * epochs, "augment": False, "eval_every": 0}
+    if freeze:
+        train["freeze"] = freeze
+    return train
+
+
+def variants(args) -> dict[str, tuple[list[dict], bool]]:
+    """name -> (stages, starts from the fine-tuned checkpoint)."""
+    tune = {"lr": args.qat_lr, "batch_size": 32, "optimizer": "adamw", "weight_decay": 0.0, "augment": False,
+            "schedule": "linear"}
+    calib = {"type": "calibrate", "size": args.calib, "strategy": "stratified", "by": "label"}
+    qat = {"type": "qat", "schedule": [{"precision": "int8", "epochs": args.qat_epochs}], "finetune": tune, "distill": KD}
+    prune = {"type": "prune", "target": {"heads": 0.5, "ffn": args.ffn}, "importance": "taylor", "rounds": 2,
+             "finetune": dict(tune, epochs=1, lr=args.lr), "distill": KD}
+    return {
+        "finetune": ([finetune(args, args.epochs, args.lr), dict(EXPORT, precisions=["fp32"])], False),
+        "probe": ([finetune(args, 1, 1e-3, freeze=[r"model\.bert\..*"]), {"type": "evaluate"}], False),
+        "fp32 same budget": ([calib, {"type": "qat", "schedule": [{"precision": "fp32", "epochs": args.qat_epochs}],
+                                      "finetune": tune, "distill": KD}, dict(EXPORT, precisions=["fp32"])], True),
+        "ptq": ([calib, {"type": "ptq"}, EXPORT], True),
+        "qat": ([calib, qat, EXPORT], True),
+        "pruned + qat": ([prune, calib, qat, EXPORT], True),
+    }
+
+
+def run_variant(name: str, stages: list[dict], args, checkpoint: str | None) -> dict:
+    slug = name.replace(" ", "_").replace("+", "and")
+    path = args.out / f"{slug}.yaml"
+    path.write_text(yaml.safe_dump(recipe(slug, stages, args, checkpoint), sort_keys=False))
+    start = time.perf_counter()
+    result = run_recipe(load_recipe(path), out=args.out)
+    if result.exit_code != 0:
+        raise SystemExit(f"{name}: run failed (exit {result.exit_code}): {[g for g in result.gates if not g.passed]}")
+    row: dict = {"variant": name, "run_dir": str(result.run_dir), "run_seconds": round(time.perf_counter() - start, 1)}
+    for s in result.stages:
+        row[f"{s.id}.seconds"] = round(s.seconds, 1)
+        for key in ("accuracy", "macs", "params", "macs_reduction", "heads", "accuracy_fp32", "accuracy_fp16",
+                    "accuracy_int8"):
+            if key in s.metrics:
+                row[f"{s.id}.{key}"] = s.metrics[key]
+    for key, value in result.metrics.items():
+        if key.split(".")[0] in ("onnx", "openvino") and key.split(".")[-1] in ("accuracy", "cosine", "top1_agreement"):
+            row[key] = value
+    for a in result.artifacts:
+        if a.target:
+            row[f"{a.label}.bytes"] = a.size_bytes
+            row[f"{a.label}.path"] = str(Path(result.run_dir) / a.path)
+        elif a.kind == "checkpoint":
+            row["checkpoint"] = str(Path(result.run_dir) / a.path)
+    return row
+
+
+def dev_batches(sizes=(1, 32)) -> dict[int, dict]:
+    """Real dev rows, tokenized as the recipe does, each batch padded to its longest row."""
+    import pandas as pd
+
+    sentences = list(pd.read_parquet(SST2 / "dev.parquet")["sentence"])
+    tok = load_tokenizer(str(MODEL))
+    out = {}
+    for bs in sizes:
+        enc = tok(sentences[:bs], padding=True, truncation=True, max_length=64, return_tensors="np")
+        out[bs] = {k: v.astype(np.int64) for k, v in enc.items()}
+    return out
+
+
+def side_by_side_latency(rows: dict, runs: int) -> dict:
+    """Every artifact in one interleaved loop per batch size, so machine load hits all alike."""
+    picks = {"onnxruntime fp32": ("finetune", "onnx.fp32", {}), "onnxruntime int8 (qat)": ("qat", "onnx.int8", {}),
+             "onnxruntime int8 (ptq)": ("ptq", "onnx.int8", {}),
+             "onnxruntime pruned fp32": ("pruned + qat", "onnx.fp32", {}),
+             "onnxruntime pruned int8": ("pruned + qat", "onnx.int8", {}),
+             "openvino fp32 (default)": ("finetune", "openvino.fp32", {}),
+             "openvino fp32 (f32)": ("finetune", "openvino.fp32", {"precision_hint": "f32"}),
+             "openvino int8 (default)": ("qat", "openvino.int8", {}),
+             "openvino pruned int8 (default)": ("pruned + qat", "openvino.int8", {})}
+    runners = {}
+    for name, (variant, label, kw) in picks.items():
+        path = rows.get(variant, {}).get(f"{label}.path")
+        if path:
+            runners[name] = open_artifact(Path(path), threads=1, **kw)
+    out: dict = {"host": host_info(), "runs": runs, "executors": {n: r.info for n, r in runners.items()}}
+    for bs, feed in dev_batches().items():
+        times = interleaved_times(runners, feed, warmup=5, runs=runs)
+        out[f"b{bs}"] = {"sequence_length": int(feed["input_ids"].shape[1]),
+                         **{n: {"median_ms": statistics.median(v), "p99_ms": float(np.percentile(v, 99))} for n, v in times.items()}}
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=REPO / "runs" / "bench-bert")
+    parser.add_argument("--train-samples", type=int, default=4000, help="stratified subset of SST-2 train for every run")
+    parser.add_argument("--epochs", type=int, default=2, help="fine-tuning epochs")
+    parser.add_argument("--lr", type=float, default=5e-5, help="fine-tuning peak LR (AdamW, warm-up, linear decay)")
+    parser.add_argument("--qat-epochs", type=int, default=1, help="QAT epochs (and the FP32 reference's)")
+    parser.add_argument("--qat-lr", type=float, default=1e-5)
+    parser.add_argument("--ffn", type=float, default=0.3, help="share of FFN neurons pruned beside 50 %% of the heads")
+    parser.add_argument("--calib", type=int, default=256, help="calibration set size")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads while training")
+    parser.add_argument("--runs", type=int, default=50, help="timed repetitions per artifact and batch size")
+    parser.add_argument("--only", default="", help="comma-separated variant names to run")
+    parser.add_argument("--quick", action="store_true", help="256 train / 128 dev rows, 1 epoch: a smoke test")
+    parser.add_argument("--force", action="store_true", help="rerun variants that already have results")
+    args = parser.parse_args()
+    if args.quick:
+        args.train_samples, args.epochs, args.calib, args.runs = 256, 1, 64, 5
+    args.out.mkdir(parents=True, exist_ok=True)
+    results_file = args.out / "results.json"
+    results = json.loads(results_file.read_text()) if results_file.exists() else {"variants": {}}
+    results["settings"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    chosen = variants(args)
+    if args.only:
+        chosen = {k: v for k, v in chosen.items() if k in args.only.split(",") or k == "finetune"}
+    for name, (stages, from_finetuned) in chosen.items():
+        if name in results["variants"] and not args.force:
+            print(f"[skip] {name}: already measured", flush=True)
+            continue
+        print(f"[run ] {name}", flush=True)
+        checkpoint = results["variants"]["finetune"]["checkpoint"] if from_finetuned else None
+        results["variants"][name] = run_variant(name, stages, args, checkpoint)
+        results_file.write_text(json.dumps(results, indent=2))
+    results["latency"] = side_by_side_latency(results["variants"], args.runs)
+    results_file.write_text(json.dumps(results, indent=2))
+    report(results, args.out)
+    return 0
+
+
+def _pct(x) -> str:
+    return f"{100 * x:.2f} %" if isinstance(x, (int, float)) else ""
+
+
+def report(results: dict, out: Path) -> None:
+    v, s = results["variants"], results["settings"]
+    base = v["finetune"]
+    lines = ["# MiniLM-L6 on SST-2: fine-tune, prune, INT8" + (" (QUICK smoke run, not the acceptance figures)" if s["quick"] else ""),
+             "", f"Budget: {s['train_samples']} stratified SST-2 train phrases, fine-tuning {s['epochs']} epoch(s) at "
+             f"lr {s['lr']:g}, QAT {s['qat_epochs']} epoch(s) at lr {s['qat_lr']:g}, calibration {s['calib']} rows. "
+             "Accuracy on the dev split in each runtime.", "",
+             "| variant | torch | ORT fp32 | ORT int8 | OV fp32 | OV int8 | ORT int8 vs same-budget FP32 | run s |",
+             "|---|---|---|---|---|---|---|---|"]
+    ref = v.get("fp32 same budget", {}).get("onnx.fp32.accuracy", base.get("onnx.fp32.accuracy"))
+    for r in v.values():
+        torch_acc = next((r[k] for k in r if k.endswith(".accuracy") and k.split(".")[0] in
+                          ("train", "evaluate", "qat", "ptq", "prune")), None)
+        drop = r.get("onnx.int8.accuracy")
+        drop_txt = f"{100 * (drop - ref):+.2f} pt" if isinstance(drop, float) and isinstance(ref, float) else ""
+        lines.append(f"| {r['variant']} | {_pct(torch_acc)} | {_pct(r.get('onnx.fp32.accuracy'))} | "
+                     f"{_pct(r.get('onnx.int8.accuracy'))} | {_pct(r.get('openvino.fp32.accuracy'))} | "
+                     f"{_pct(r.get('openvino.int8.accuracy'))} | {drop_txt} | {r['run_seconds']} |")
+    fp32_bytes = base.get("onnx.fp32.bytes")
+    lines += ["", "| artifact | bytes | FP32 ONNX / this |", "|---|---|---|"]
+    for name in ("finetune", "qat", "pruned + qat"):
+        for label in ("onnx.fp32", "onnx.int8", "openvino.fp32", "openvino.int8"):
+            b = v.get(name, {}).get(f"{label}.bytes")
+            if b and fp32_bytes:
+                lines.append(f"| {name}: {label} | {b:,} | {fp32_bytes / b:.2f}x |")
+    pruned = v.get("pruned + qat", {})
+    if "prune.macs_reduction" in pruned:
+        lines += ["", f"Pruning: {pruned['prune.macs_reduction']:.2f}x fewer MACs, accuracy {_pct(pruned.get('prune.accuracy'))}."]
+    lat = results.get("latency", {})
+    cpu = lat.get("host", {}).get("cpu", {})
+    lines += ["", f"Latency, 1 thread, interleaved, {lat.get('runs')} runs each (ms). Host: {cpu.get('model')}, "
+              f"{cpu.get('usable_cpus')} usable CPUs, ISA {' '.join(cpu.get('isa', []))}.", "",
+              "| executor | b1 median | b32 median | b32 p99 | b32 speed-up vs ORT fp32 |", "|---|---|---|---|---|"]
+    b1, b32 = lat.get("b1", {}), lat.get("b32", {})
+    for name in [k for k in b32 if isinstance(b32[k], dict)]:
+        speed = b32["onnxruntime fp32"]["median_ms"] / b32[name]["median_ms"] if "onnxruntime fp32" in b32 else float("nan")
+        lines.append(f"| {name} | {b1.get(name, {}).get('median_ms', float('nan')):.2f} | {b32[name]['median_ms']:.2f} | "
+                     f"{b32[name]['p99_ms']:.2f} | {speed:.2f}x |")
+    lines += ["", f"Sequence lengths: batch 1 = {b1.get('sequence_length')}, batch 32 = {b32.get('sequence_length')} "
+              "(the first dev rows, padded to the longest)."]
+    text = "\n".join(lines) + "\n"
+    (out / "results.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
