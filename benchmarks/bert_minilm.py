@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
