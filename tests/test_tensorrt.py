@@ -78,8 +78,9 @@ def test_the_bundle_says_how_to_build_it_with_trtexec_10_and_11(float_run):
     bundle = float_run.run_dir / "export" / "tensorrt" / "fp16"
     status = json.loads((bundle / "status.json").read_text())
     assert status["status"] == "prepared" and "tensorrt is not importable" in status["reason"]
-    assert status["input"] == {"name": "input", "shape": [-1, 1, 8, 8], "dtype": "float32"}
-    assert status["profile"] == {"min": [1, 1, 8, 8], "opt": [4, 1, 8, 8], "max": [16, 1, 8, 8]}
+    assert status["inputs"] == [{"name": "input", "shape": [-1, 1, 8, 8], "dtype": "float32"}]
+    assert status["profile"] == {"input": {"min": [1, 1, 8, 8], "opt": [4, 1, 8, 8], "max": [16, 1, 8, 8]}}
+    assert status["batch"] == {"min": 1, "opt": 4, "max": 16} and status["sequence"] is None  # no token inputs
     shapes = "--minShapes=input:1x1x8x8 --optShapes=input:4x1x8x8 --maxShapes=input:16x1x8x8"
     trt10, trt11 = status["commands"]["trtexec_10"], status["commands"]["trtexec_11"]
     assert trt10.startswith("trtexec --onnx=model.fp16.onnx --stronglyTyped --saveEngine=model.fp16.engine") and shapes in trt10
@@ -117,7 +118,8 @@ def test_a_static_batch_onnx_gets_a_batch_1_profile_and_refuses_another(tmp_path
               {"type": "export", "targets": [{"type": "onnx", "dynamic_batch": False}, "tensorrt"], "latency": None, "evaluate": False}]
     _, result = run_recipe_dict(tiny_recipe_dict(name="static", stages=stages), tmp_path)
     status = json.loads((result.run_dir / "export" / "tensorrt" / "fp32" / "status.json").read_text())
-    assert status["profile"]["max"] == [1, 1, 8, 8] and "--minShapes" not in status["commands"]["trtexec_10"]
+    assert status["profile"]["input"]["max"] == [1, 1, 8, 8] and "--minShapes" not in status["commands"]["trtexec_10"]
+    assert "--min 1 --opt 1 --max 1" in status["commands"]["python"]
     stages[1]["targets"][1] = {"type": "tensorrt", "shapes": {"min": 1, "opt": 8, "max": 32}}
     result = CliRunner().invoke(app, ["optimize", str(_write(tmp_path / "r2.yaml", tiny_recipe_dict(name="static2", stages=stages))),
                                       "--out", str(tmp_path / "runs")])
