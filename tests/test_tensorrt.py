@@ -506,3 +506,52 @@ def test_build_engine_py_refuses_a_sequence_input_without_a_sequence_range(bert_
     with pytest.raises(tensorrt_build.BuildError, match="sequence range of the profile needs min <= opt <= max"):
         tensorrt_build.profile_shapes((-1, -1), "input_ids", (1, 1, 1), (8, 4, 16))
     assert tensorrt_build.profile_shapes((-1, 24), "input_ids", (1, 2, 4), None) == {"min": (1, 24), "opt": (2, 24), "max": (4, 24)}
+
+
+def test_the_engine_executor_binds_each_named_input_with_its_own_shape_and_dtype():
+    """TrtSession against a stand-in engine (no CUDA here: torch CPU tensors, whose addresses the stand-in reads)."""
+    import ctypes
+    import types
+
+    import torch
+
+    from pruneflow.runtime.tensorrt import TrtSession
+
+    calls = []
+
+    def read(address, shape, dtype):
+        n = int(np.prod(shape))
+        return np.frombuffer((ctypes.c_char * (n * np.dtype(dtype).itemsize)).from_address(address), dtype=dtype).reshape(shape)
+
+    class Context:
+        def __init__(self): self.shapes, self.addresses = {}, {}
+        def set_input_shape(self, name, shape): calls.append(("set_input_shape", name, shape)); self.shapes[name] = shape
+        def set_tensor_address(self, name, address): self.addresses[name] = address
+        def get_tensor_shape(self, name): return (self.shapes["input_ids"][0], 1)
+        def execute_async_v3(self, stream):
+            ids = read(self.addresses["input_ids"], self.shapes["input_ids"], np.int64)
+            mask = read(self.addresses["attention_mask"], self.shapes["attention_mask"], np.int64)
+            out = read(self.addresses["logits"], self.get_tensor_shape("logits"), np.float32)
+            out[:, 0] = (ids * mask).sum(1)  # what a model of the two inputs would compute
+            return True
+
+    io = {"input_ids": ("INPUT", np.int64), "attention_mask": ("INPUT", np.int64), "logits": ("OUTPUT", np.float32)}
+
+    class Engine:
+        num_io_tensors = 3
+        def get_tensor_name(self, i): return list(io)[i]
+        def get_tensor_mode(self, name): return io[name][0]
+        def get_tensor_dtype(self, name): return io[name][1]
+        def create_execution_context(self): return Context()
+
+    trt = types.SimpleNamespace(Logger=type("Logger", (), {"WARNING": 2, "__init__": lambda self, level: None}),
+                                Runtime=lambda logger: types.SimpleNamespace(deserialize_cuda_engine=lambda data: Engine()),
+                                TensorIOMode=types.SimpleNamespace(INPUT="INPUT"), nptype=lambda dtype: dtype)
+    stream = types.SimpleNamespace(cuda_stream=0, synchronize=lambda: None)
+    session = TrtSession(trt, b"engine", torch.device("cpu"), stream)
+    assert session.inputs == ["input_ids", "attention_mask"] and session.outputs == ["logits"]
+    ids = np.array([[2, 5, 9, 3, 0], [2, 4, 3, 0, 0]], dtype=np.int64)
+    feed = {"attention_mask": (ids > 0).astype(np.int64), "input_ids": ids, "token_type_ids": np.zeros_like(ids)}
+    out = session(feed)  # a tokenizer's output: token_type_ids, which this engine lacks, is dropped
+    assert calls == [("set_input_shape", "input_ids", (2, 5)), ("set_input_shape", "attention_mask", (2, 5))]
+    assert out[:, 0].tolist() == [19.0, 9.0]
