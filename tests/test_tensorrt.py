@@ -509,7 +509,8 @@ def test_build_engine_py_refuses_a_sequence_input_without_a_sequence_range(bert_
 
 
 def test_the_engine_executor_binds_each_named_input_with_its_own_shape_and_dtype():
-    """TrtSession against a stand-in engine (no CUDA here: torch CPU tensors, whose addresses the stand-in reads)."""
+    """TrtSession against a stand-in engine (no CUDA here: torch CPU tensors, whose addresses the stand-in reads):
+    per input its own set_input_shape, int64 kept, slices the profile's max batch accepts."""
     import ctypes
     import types
 
@@ -543,6 +544,7 @@ def test_the_engine_executor_binds_each_named_input_with_its_own_shape_and_dtype
         def get_tensor_mode(self, name): return io[name][0]
         def get_tensor_dtype(self, name): return io[name][1]
         def create_execution_context(self): return Context()
+        def get_tensor_profile_shape(self, name, profile): return (1, 1), (1, 4), (1, 8)  # batch 1 only
 
     trt = types.SimpleNamespace(Logger=type("Logger", (), {"WARNING": 2, "__init__": lambda self, level: None}),
                                 Runtime=lambda logger: types.SimpleNamespace(deserialize_cuda_engine=lambda data: Engine()),
@@ -553,5 +555,7 @@ def test_the_engine_executor_binds_each_named_input_with_its_own_shape_and_dtype
     ids = np.array([[2, 5, 9, 3, 0], [2, 4, 3, 0, 0]], dtype=np.int64)
     feed = {"attention_mask": (ids > 0).astype(np.int64), "input_ids": ids, "token_type_ids": np.zeros_like(ids)}
     out = session(feed)  # a tokenizer's output: token_type_ids, which this engine lacks, is dropped
-    assert calls == [("set_input_shape", "input_ids", (2, 5)), ("set_input_shape", "attention_mask", (2, 5))]
-    assert out[:, 0].tolist() == [19.0, 9.0]
+    # one row a run (the profile's max batch), each cut to its own tokens (dynamic padding)
+    assert calls == [("set_input_shape", "input_ids", (1, 4)), ("set_input_shape", "attention_mask", (1, 4)),
+                     ("set_input_shape", "input_ids", (1, 3)), ("set_input_shape", "attention_mask", (1, 3))]
+    assert session.max_batch() == 1 and out[:, 0].tolist() == [19.0, 9.0]

@@ -215,25 +215,11 @@ class TensorRtTarget(Target[TensorRtConfig]):
 
 
 def _in_batches(run, x, limit: int):
-    """Run ``x`` (an array, or a feed of named arrays) in slices the engine's profile accepts (at most
-    ``limit`` samples each); a text feed's slices are cut to their longest row (dynamic padding), so rows
-    padded to ``data.max_length`` fit a profile whose sequence range ends there."""
-    import numpy as np
+    """Run ``x`` (an array or a feed of named arrays) in slices the engine's profile accepts (at most ``limit``
+    samples each; a text feed's slices cut to their longest row): ``runtime.tensorrt.in_batches``."""
+    from ..runtime.tensorrt import in_batches
 
-    if not isinstance(x, dict):
-        return np.concatenate([np.asarray(run(x[i : i + limit])) for i in range(0, len(x), limit)])
-    rows = len(next(iter(x.values())))
-    return np.concatenate([np.asarray(run(_trimmed({k: v[i : i + limit] for k, v in x.items()})))
-                           for i in range(0, rows, limit)])
-
-
-def _trimmed(feed: dict) -> dict:
-    """Token arrays (2-D integers) cut to the longest row of the attention mask, when there is one."""
-    mask = feed.get("attention_mask")
-    if mask is None or mask.ndim != 2 or not len(mask):
-        return feed
-    width = max(int(mask.sum(1).max()), 1)
-    return {k: v[:, :width] if v.ndim == 2 and v.dtype.kind in "iu" else v for k, v in feed.items()}
+    return in_batches(run, x, limit)
 
 
 def default_sequence(state, ctx) -> TensorRtSequence:
