@@ -559,3 +559,27 @@ def test_the_engine_executor_binds_each_named_input_with_its_own_shape_and_dtype
     assert calls == [("set_input_shape", "input_ids", (1, 4)), ("set_input_shape", "attention_mask", (1, 4)),
                      ("set_input_shape", "input_ids", (1, 3)), ("set_input_shape", "attention_mask", (1, 3))]
     assert session.max_batch() == 1 and out[:, 0].tolist() == [19.0, 9.0]
+
+
+def test_where_tensorrt_and_cuda_exist_the_engine_is_built_with_the_text_profile(tmp_path, fake_tensorrt, monkeypatch):
+    """The built path, with the stand-in tensorrt and CUDA's presence mocked (neither exists here)."""
+    import torch
+
+    from pruneflow.export import tensorrt as target_module
+
+    pytest.importorskip("transformers")
+    monkeypatch.setattr(target_module, "toolchain_status", lambda: (True, ""))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "Stand-in GPU")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (9, 0))
+    recipe = {"name": "trt_built", "seed": 0, "device": "cpu", "model": BERT, "data": text_data(tmp_path / "data"),
+              "stages": [{"type": "export", "targets": [{"type": "tensorrt", "shapes": {"min": 1, "opt": 4, "max": 8},
+                                                          "sequence": {"min": 4, "opt": 16, "max": 32}}],
+                          "precisions": ["fp32"], "latency": None}]}
+    _, result = run_recipe_dict(recipe, tmp_path)
+    art = _tensorrt_artifacts(result)["fp32"]
+    assert art["status"] == "built" and art["path"] == "export/tensorrt/model.fp32.engine"
+    assert (result.run_dir / art["path"]).read_bytes() == b"fake-engine"
+    sidecar = json.loads((result.run_dir / "export/tensorrt/model.fp32.engine.json").read_text())
+    assert sidecar["gpu"] == "Stand-in GPU" and sidecar["compute_capability"] == "9.0"
+    assert sidecar["profile"] == {n: {"min": [1, 4], "opt": [4, 16], "max": [8, 32]} for n in TEXT_INPUTS}
+    assert any(n.startswith("not measured here") for n in art["notes"])  # torch sees no CUDA device to run it on
