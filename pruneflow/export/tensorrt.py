@@ -10,6 +10,11 @@ when the recipe has no onnx target. Then:
 - **prepared** otherwise: ``export/tensorrt/<precision>/`` holds the source ONNX, ``build_engine.py`` (a
   byte-identical copy of ``tensorrt_build.py``), ``build.sh`` (that script, or trtexec for 10.x and 11.x),
   a README and ``status.json``. Nothing is measured; the manifest says "prepared, not built" and why.
+
+Every input of the model gets its shapes in one optimisation profile: axis 0 the batch range (``shapes``)
+and, for a text model's (batch, sequence) inputs (``input_ids``, ``attention_mask``, ``token_type_ids``),
+axis 1 the sequence range (``sequence``). They stay int64: TensorRT 10 takes int64 network I/O, so no
+cast or build flag is needed (TensorRT 8's parser cast them to int32).
 """
 
 from __future__ import annotations
@@ -60,8 +65,9 @@ class TensorRtConfig(TargetConfig):
     type: Literal["tensorrt"] = Field(default="tensorrt", description="TensorRT engine (built where TensorRT and a CUDA GPU exist, prepared otherwise).")
     shapes: TensorRtShapes = Field(
         default_factory=TensorRtShapes,
-        description="Batch sizes of the engine's optimisation profile (`{min, opt, max}`); the other input "
-        "dimensions come from the ONNX. An ONNX with a static batch (`dynamic_batch: false`) allows only 1, 1, 1.",
+        description="Batch sizes of the engine's optimisation profile (`{min, opt, max}`), for every input; the "
+        "other dimensions come from the ONNX (and `sequence` for text). An ONNX with a static batch "
+        "(`dynamic_batch: false`) allows only 1, 1, 1.",
     )
     sequence: TensorRtSequence | None = Field(
         default=None,
@@ -154,9 +160,10 @@ class TensorRtTarget(Target[TensorRtConfig]):
             try:
                 shapes = tensorrt_build.profile_shapes(tuple(info["shape"]), info["name"], (s.min, s.opt, s.max), seq)
             except tensorrt_build.BuildError as exc:
-                raise InputError(f"the tensorrt target's `shapes` do not fit {source.name}: {exc}",
-                                 hint="set `shapes: {min: 1, opt: 1, max: 1}` on the tensorrt target for a static-batch ONNX, "
-                                 "or `dynamic_batch: true` on the onnx target") from None
+                raise InputError(f"the tensorrt target's profile does not fit {source.name}: {exc}",
+                                 hint="the profile covers axis 0 (batch, `shapes`) of every input and axis 1 (`sequence`) of "
+                                 "(batch, sequence) token inputs: for a static-batch ONNX set `shapes: {min: 1, opt: 1, max: 1}` "
+                                 "(or `dynamic_batch: true` on the onnx target); other dimensions must be fixed in the model") from None
             profile[info["name"]] = {k: list(v) for k, v in shapes.items()}
         return {"inputs": inputs, "profile": profile, "batch": {"min": s.min, "opt": s.opt, "max": s.max},
                 "sequence": None if seq is None else dict(zip(("min", "opt", "max"), seq))}
