@@ -462,7 +462,7 @@ def test_a_text_model_gets_one_profile_over_every_input_in_each_command(bert_run
     readme = (bundle / "README.md").read_text()
     for name in TEXT_INPUTS:
         assert f"name `{name}`, shape batchxsequence, dtype int64" in readme
-    assert "sequence lengths (tokens) min 8, opt 16, max 24" in readme and "int64" in readme
+    assert "sequence lengths (tokens) min 8, opt 16, max 24" in readme and "int64 bindings" in readme
     onnx_inputs = [(i.name, i.type.tensor_type.elem_type) for i in onnx.load(str(bundle / "model.fp16.onnx")).graph.input]
     assert onnx_inputs == [(n, onnx.TensorProto.INT64) for n in TEXT_INPUTS]
 

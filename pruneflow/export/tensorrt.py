@@ -13,8 +13,8 @@ when the recipe has no onnx target. Then:
 
 Every input of the model gets its shapes in one optimisation profile: axis 0 the batch range (``shapes``)
 and, for a text model's (batch, sequence) inputs (``input_ids``, ``attention_mask``, ``token_type_ids``),
-axis 1 the sequence range (``sequence``). They stay int64: TensorRT 10 takes int64 network I/O, so no
-cast or build flag is needed (TensorRT 8's parser cast them to int32).
+axis 1 the sequence range (``sequence``). They stay int64: TensorRT's ONNX parser keeps INT64 I/O since
+9.0 (8.x cast it to INT32), so no cast or build flag is needed; the engine then takes int64 bindings.
 """
 
 from __future__ import annotations
@@ -362,8 +362,8 @@ TensorRT 11 removed them.
 {inputs}
 
 One optimisation profile: {ranges}.
-Integer inputs stay int64: TensorRT 10 takes int64 network inputs (its ONNX parser no longer casts them
-to int32), so no flag or cast is needed; bind int64 buffers.
+Integer inputs stay int64: since TensorRT 9.0 the ONNX parser keeps INT64 (it no longer casts to INT32),
+so no flag or cast is needed, and an engine with int64 inputs needs int64 bindings (onnx-tensorrt changelog).
 
 ## Engines are not portable
 

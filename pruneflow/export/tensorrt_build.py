@@ -140,7 +140,7 @@ def build_engine(onnx_path: Path, engine_path: Path, *, min_batch: int = 1, opt_
     """Build ``engine_path`` from ``onnx_path`` and write its sidecar ``<engine>.json``; returns the sidecar.
 
     ``sequence``: min/opt/max sequence length of (batch, sequence) inputs (token ids and masks; int64
-    inputs need no flag or cast: TensorRT 10 takes int64 I/O and its ONNX parser keeps them int64).
+    inputs need no flag or cast: TensorRT's ONNX parser keeps INT64 I/O since 9.0).
     ``timing_cache``: a file read before the build when it exists (tactics timed once are reused) and
     written after it. ``gpu``: name and compute capability when the caller knows them (else nvidia-smi).
     """
