@@ -397,3 +397,78 @@ def test_a_failing_atc_on_a_target_not_required_fails_a_build_gate_and_keeps_the
     (artifact,) = [a for a in result.artifacts if a.target == "ascend"]
     assert artifact.status == "failed" and artifact.verify(result.run_dir)
     assert all(g.passed for g in result.gates if g.name != gate.name)
+
+
+# --- several inputs: a tiny BERT --------------------------------------------------------------------
+
+
+def _bert_recipe(tmp_path: Path, target: dict) -> dict:
+    from test_tensorrt import BERT, text_data
+
+    pytest.importorskip("transformers")
+    return {"name": "ascend_bert", "seed": 0, "device": "cpu", "model": BERT, "data": text_data(tmp_path / "data"),
+            "stages": [{"type": "evaluate"},
+                       {"type": "export", "targets": ["onnx", target], "precisions": ["fp32"], "latency": None}]}
+
+
+TEXT_INPUTS = ["input_ids", "attention_mask", "token_type_ids"]
+
+
+def test_a_tiny_bert_gets_a_static_opset_11_onnx_on_the_cann_list_and_one_atc_shape_per_input(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", os.defpath)
+    _, result = run_recipe_dict(_bert_recipe(tmp_path, {"type": "ascend", "batch": 2}), tmp_path)
+    assert result.exit_code == 0
+    bundle = result.run_dir / "export" / "ascend" / "fp32"
+    art = next(a for a in json.loads((result.run_dir / "manifest.json").read_text())["artifacts"] if a["target"] == "ascend")
+    assert art["status"] == "prepared" and "prepared, not built: CANN atc not on PATH" in art["notes"]
+    # the same model as the onnx target's dynamic fp32 ONNX, fed dev rows padded to data.max_length (32)
+    assert art["metrics"]["onnx_parity_max_abs_diff_vs_onnx_fp32"] < 1e-4
+    model = onnx.load(str(bundle / "model.onnx"))
+    onnx.checker.check_model(model, full_check=True)
+    assert next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) == 11
+    assert [(i.name, [d.dim_value for d in i.type.tensor_type.shape.dim], i.type.tensor_type.elem_type)
+            for i in model.graph.input] == [(n, [2, 32], onnx.TensorProto.INT64) for n in TEXT_INPUTS]
+    assert unsupported_nodes(model) == []  # LayerNorm decomposed (ReduceMean, Pow, Sqrt), GELU as Erf, Softmax: all listed
+    ops = {n.op_type for n in model.graph.node}
+    assert {"Gather", "MatMul", "Softmax", "Erf", "ReduceMean"} <= ops
+    status = json.loads((bundle / "status.json").read_text())
+    assert status["onnx"]["inputs"] == {n: {"shape": [2, 32], "dtype": "int64"} for n in TEXT_INPUTS}
+    convert = status["commands"]["convert"]
+    assert "'--input_shape=input_ids:2,32;attention_mask:2,32;token_type_ids:2,32'" in convert
+    assert "--input_format=ND" in convert and "insert_op_conf" not in convert and status["aipp"] is None
+    assert convert in (bundle / "convert.sh").read_text() and not (bundle / "aipp.cfg").exists()
+    readme = (bundle / "README.md").read_text()
+    assert "- `attention_mask`: int64 [2, 32]" in readme and "static length 32 (`data.max_length`)" in readme
+    # the ONNX handed to ATC runs in onnxruntime on a real, padded batch
+    session = ort.InferenceSession(str(bundle / "model.onnx"), providers=["CPUExecutionProvider"])
+    ids = np.zeros((2, 32), dtype=np.int64)
+    ids[:, :5] = [[2, 7, 9, 12, 3], [2, 20, 8, 3, 0]]
+    out = session.run(None, {"input_ids": ids, "attention_mask": (ids > 0).astype(np.int64), "token_type_ids": np.zeros_like(ids)})[0]
+    assert out.shape == (2, 2) and np.isfinite(out).all()
+
+
+def test_a_stand_in_atc_gets_every_inputs_shape_on_its_command_line(tmp_path, monkeypatch):
+    pytest.importorskip("transformers")
+    from pruneflow.zoo.hf import bert_classifier
+
+    calls = _stand_in_atc(tmp_path, monkeypatch, "")
+    model = bert_classifier(num_layers=2, hidden_size=64, num_heads=4, intermediate_size=128, vocab_size=32, max_positions=32, seed=0)
+    example = {"input_ids": torch.randint(1, 32, (3, 10)), "attention_mask": torch.ones(3, 10, dtype=torch.long)}
+    cfg = AscendConfig()
+    prepared = prepare_onnx(model.eval(), example, cfg, example, sequence=16)
+    assert prepared.input_shapes == {"input_ids": (1, 16), "attention_mask": (1, 16)}  # no token_type_ids in the example
+    folder = tmp_path / "bundle"
+    folder.mkdir()
+    write_bundle(folder, prepared, cfg, "fp16", "force_fp16", None, None)
+    assert calls.read_text().splitlines()[1] == ("--framework=5 --model=model.onnx --output=model --soc_version=Ascend310P3 "
+                                                 "--input_shape=input_ids:1,16;attention_mask:1,16 --input_format=ND "
+                                                 "--precision_mode=force_fp16")
+
+
+def test_aipp_on_a_text_model_is_refused_with_the_fix(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", os.defpath)
+    _, result = run_recipe_dict(_bert_recipe(tmp_path, {"type": "ascend", "aipp": True}), tmp_path)
+    art = next(a for a in json.loads((result.run_dir / "manifest.json").read_text())["artifacts"] if a["target"] == "ascend")
+    assert art["status"] == "failed"
+    text = json.dumps(art)
+    assert "`aipp: true` is for image models" in text and "input_ids" in text and "aipp: false" in text

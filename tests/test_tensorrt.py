@@ -78,8 +78,9 @@ def test_the_bundle_says_how_to_build_it_with_trtexec_10_and_11(float_run):
     bundle = float_run.run_dir / "export" / "tensorrt" / "fp16"
     status = json.loads((bundle / "status.json").read_text())
     assert status["status"] == "prepared" and "tensorrt is not importable" in status["reason"]
-    assert status["input"] == {"name": "input", "shape": [-1, 1, 8, 8], "dtype": "float32"}
-    assert status["profile"] == {"min": [1, 1, 8, 8], "opt": [4, 1, 8, 8], "max": [16, 1, 8, 8]}
+    assert status["inputs"] == [{"name": "input", "shape": [-1, 1, 8, 8], "dtype": "float32"}]
+    assert status["profile"] == {"input": {"min": [1, 1, 8, 8], "opt": [4, 1, 8, 8], "max": [16, 1, 8, 8]}}
+    assert status["batch"] == {"min": 1, "opt": 4, "max": 16} and status["sequence"] is None  # no token inputs
     shapes = "--minShapes=input:1x1x8x8 --optShapes=input:4x1x8x8 --maxShapes=input:16x1x8x8"
     trt10, trt11 = status["commands"]["trtexec_10"], status["commands"]["trtexec_11"]
     assert trt10.startswith("trtexec --onnx=model.fp16.onnx --stronglyTyped --saveEngine=model.fp16.engine") and shapes in trt10
@@ -117,7 +118,8 @@ def test_a_static_batch_onnx_gets_a_batch_1_profile_and_refuses_another(tmp_path
               {"type": "export", "targets": [{"type": "onnx", "dynamic_batch": False}, "tensorrt"], "latency": None, "evaluate": False}]
     _, result = run_recipe_dict(tiny_recipe_dict(name="static", stages=stages), tmp_path)
     status = json.loads((result.run_dir / "export" / "tensorrt" / "fp32" / "status.json").read_text())
-    assert status["profile"]["max"] == [1, 1, 8, 8] and "--minShapes" not in status["commands"]["trtexec_10"]
+    assert status["profile"]["input"]["max"] == [1, 1, 8, 8] and "--minShapes" not in status["commands"]["trtexec_10"]
+    assert "--min 1 --opt 1 --max 1" in status["commands"]["python"]
     stages[1]["targets"][1] = {"type": "tensorrt", "shapes": {"min": 1, "opt": 8, "max": 32}}
     result = CliRunner().invoke(app, ["optimize", str(_write(tmp_path / "r2.yaml", tiny_recipe_dict(name="static2", stages=stages))),
                                       "--out", str(tmp_path / "runs")])
@@ -170,16 +172,24 @@ class MemoryPoolType:
     WORKSPACE = "workspace"
 
 class _Tensor:
-    name, shape = "input", (-1, 1, 8, 8)
+    def __init__(self, name, shape): self.name, self.shape = name, shape
 
 class _Network:
-    num_inputs = 1
-    def get_input(self, i): return _Tensor()
+    inputs = []
+    @property
+    def num_inputs(self): return len(self.inputs)
+    def get_input(self, i): return self.inputs[i]
 
 class OnnxParser:
-    def __init__(self, network, logger): self.num_errors = 0
+    """Reads the graph's inputs as TensorRT's parser does (-1 for a symbolic dimension)."""
+    def __init__(self, network, logger): self.network, self.num_errors = network, 0
     def parse_from_file(self, path):
-        _record("parse_from_file", os.path.basename(path)); return True
+        import onnx
+        _record("parse_from_file", os.path.basename(path))
+        graph = onnx.load(path, load_external_data=False).graph
+        self.network.inputs = [_Tensor(v.name, tuple(d.dim_value if d.HasField("dim_value") else -1
+                                                     for d in v.type.tensor_type.shape.dim)) for v in graph.input]
+        return True
 
 class _Profile:
     def set_shape(self, name, lo, opt, hi): _record("set_shape", name, list(lo), list(opt), list(hi))
@@ -370,3 +380,206 @@ def test_an_engine_is_fed_batches_its_profile_accepts():
 
     out = _in_batches(run, np.arange(10, dtype=np.float32).reshape(10, 1), 4)
     assert seen == [4, 4, 2] and np.array_equal(out[:, 0], np.arange(10) * 2)
+
+
+def test_a_feed_of_named_inputs_is_sliced_and_cut_to_its_longest_row():
+    from pruneflow.export.tensorrt import _in_batches
+
+    mask = np.zeros((5, 10), dtype=np.int64)
+    for row, n in enumerate([3, 6, 2, 4, 1]):
+        mask[row, :n] = 1
+    feed = {"input_ids": mask * 7, "attention_mask": mask}
+    seen = []
+
+    def run(x):
+        seen.append({k: v.shape for k, v in x.items()})
+        return x["attention_mask"].sum(1, keepdims=True)
+
+    out = _in_batches(run, feed, 2)
+    assert seen == [{"input_ids": (2, 6), "attention_mask": (2, 6)}, {"input_ids": (2, 4), "attention_mask": (2, 4)},
+                    {"input_ids": (1, 1), "attention_mask": (1, 1)}]
+    assert out[:, 0].tolist() == [3, 6, 2, 4, 1]  # nothing a row holds was cut
+
+
+# --------------------------------------------------------------------------- several inputs: a tiny BERT
+
+WORDS = ("the a film movie plot actors story is was very quite not good bad great awful boring funny dull "
+         "moving fine slow sharp warm cold").split()
+
+
+def text_data(folder: Path, rows: int = 48, seed: int = 0) -> dict:
+    """A vocab.txt (WordPiece) and train/eval parquet files of generated sentences; the recipe's `data`."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]) + "\n")
+    rng = np.random.default_rng(seed)
+    for split in ("train", "eval"):
+        sentences = [" ".join(rng.choice(WORDS, size=int(rng.integers(2, 21)))) for _ in range(rows)]
+        labels = [int("good" in s or "great" in s) for s in sentences]
+        pq.write_table(pa.table({"sentence": sentences, "label": labels}), folder / f"{split}.parquet")
+    return {"format": "parquet", "train": str(folder / "train.parquet"), "eval": str(folder / "eval.parquet"),
+            "input_column": "sentence", "tokenizer": str(folder / "vocab.txt"), "max_length": 32}
+
+
+BERT = {"factory": "bert_classifier", "kwargs": {"num_layers": 2, "hidden_size": 64, "num_heads": 4, "intermediate_size": 128,
+                                                 "vocab_size": 32, "max_positions": 32, "seed": 0}}
+TEXT_INPUTS = ["input_ids", "attention_mask", "token_type_ids"]
+
+
+@pytest.fixture(scope="module")
+def bert_run(tmp_path_factory):
+    """A tiny BERT (random init) exported to onnx + tensorrt with a configured sequence range, then to tensorrt
+    alone with the default one (from data.max_length and the eval split's lengths)."""
+    pytest.importorskip("transformers")
+    folder = tmp_path_factory.mktemp("trt_bert")
+    recipe = {"name": "trt_bert", "seed": 0, "device": "cpu", "model": BERT, "data": text_data(folder / "data"),
+              "stages": [{"type": "evaluate"},
+                         {"type": "export", "targets": ["onnx", {"type": "tensorrt", "shapes": {"min": 1, "opt": 32, "max": 64},
+                                                                 "sequence": {"min": 8, "opt": 16, "max": 24}}],
+                          "precisions": ["fp32", "fp16"], "latency": None},
+                         {"type": "export", "name": "trt_default", "targets": ["tensorrt"], "precisions": ["fp32"], "latency": None}]}
+    _, result = run_recipe_dict(recipe, folder)
+    return result
+
+
+def test_a_text_model_gets_one_profile_over_every_input_in_each_command(bert_run):
+    assert bert_run.exit_code == 0
+    bundle = bert_run.run_dir / "export" / "tensorrt" / "fp16"
+    status = json.loads((bundle / "status.json").read_text())
+    assert status["inputs"] == [{"name": n, "shape": [-1, -1], "dtype": "int64"} for n in TEXT_INPUTS]
+    assert status["batch"] == {"min": 1, "opt": 32, "max": 64} and status["sequence"] == {"min": 8, "opt": 16, "max": 24}
+    assert status["profile"] == {n: {"min": [1, 8], "opt": [32, 16], "max": [64, 24]} for n in TEXT_INPUTS}
+    for cmd in (status["commands"]["trtexec_10"], status["commands"]["trtexec_11"]):
+        assert "--minShapes=input_ids:1x8,attention_mask:1x8,token_type_ids:1x8" in cmd
+        assert "--optShapes=input_ids:32x16,attention_mask:32x16,token_type_ids:32x16" in cmd
+        assert "--maxShapes=input_ids:64x24,attention_mask:64x24,token_type_ids:64x24" in cmd
+    assert "--min 1 --opt 32 --max 64 --min-seq 8 --opt-seq 16 --max-seq 24" in status["commands"]["python"]
+    script = (bundle / "build.sh").read_text()
+    assert all(status["commands"][k] in script for k in ("python", "trtexec_10", "trtexec_11"))
+    assert subprocess.run(["sh", "-n", str(bundle / "build.sh")]).returncode == 0
+    readme = (bundle / "README.md").read_text()
+    for name in TEXT_INPUTS:
+        assert f"name `{name}`, shape batchxsequence, dtype int64" in readme
+    assert "sequence lengths (tokens) min 8, opt 16, max 24" in readme and "int64 bindings" in readme
+    onnx_inputs = [(i.name, i.type.tensor_type.elem_type) for i in onnx.load(str(bundle / "model.fp16.onnx")).graph.input]
+    assert onnx_inputs == [(n, onnx.TensorProto.INT64) for n in TEXT_INPUTS]
+
+
+def test_the_default_sequence_range_comes_from_max_length_and_the_eval_lengths(bert_run):
+    from pruneflow.data import load_data
+    from pruneflow.inputs import lengths
+    from pruneflow.recipe import load_recipe
+
+    status = json.loads((bert_run.run_dir / "export" / "trt_default" / "tensorrt" / "fp32" / "status.json").read_text())
+    recipe = load_recipe(bert_run.run_dir.parent.parent / "recipe.yaml").recipe
+    counts = lengths(load_data(recipe.data, recipe.seed, with_train=False).eval.x).numpy()
+    p90 = int(np.ceil(np.percentile(counts, 90) / 8) * 8)
+    assert 8 < p90 < 32  # the generated sentences are 2 to 20 words long: the percentile is not clipped here
+    assert status["sequence"] == {"min": 1, "opt": p90, "max": 32}  # max: data.max_length
+    assert status["batch"] == {"min": 1, "opt": 8, "max": 32}  # the target's default batch range
+    assert status["profile"]["attention_mask"] == {"min": [1, 1], "opt": [8, p90], "max": [32, 32]}
+
+
+def test_build_engine_py_sets_every_inputs_shape_in_one_profile(bert_run, fake_tensorrt, tmp_path):
+    bundle = bert_run.run_dir / "export" / "tensorrt" / "fp32"
+    status = json.loads((bundle / "status.json").read_text())
+    log = tmp_path / "calls.jsonl"
+    env = {"PYTHONPATH": f"{fake_tensorrt}:{Path(onnx.__file__).parent.parent}", "FAKE_TRT_LOG": str(log), "PATH": "/usr/bin:/bin"}
+    args = status["commands"]["python"].split()[2:]  # the bundle's own command line, after `python3 build_engine.py`
+    args[args.index("--engine") + 1] = str(tmp_path / "e.engine")
+    args[args.index("--timing-cache") + 1] = str(tmp_path / "timing.cache")
+    done = subprocess.run([sys.executable, "build_engine.py", *args], cwd=bundle, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    shapes = [c[1:] for c in calls if c[0] == "set_shape"]
+    assert shapes == [[n, [1, 8], [32, 16], [64, 24]] for n in TEXT_INPUTS]
+    assert [c[0] for c in calls].count("add_optimization_profile") == 1  # one profile holds all three
+    assert json.loads(done.stdout)["profile"] == status["profile"]
+
+
+def test_build_engine_py_refuses_a_sequence_input_without_a_sequence_range(bert_run, fake_tensorrt, tmp_path):
+    source = bert_run.run_dir / "export" / "tensorrt" / "fp32" / "model.fp32.onnx"
+    with pytest.raises(tensorrt_build.BuildError, match="dynamic sequence axis.*--min-seq"):
+        tensorrt_build.build_engine(source, tmp_path / "e.engine", min_batch=1, opt_batch=1, max_batch=4)
+    with pytest.raises(tensorrt_build.BuildError, match="sequence range of the profile needs min <= opt <= max"):
+        tensorrt_build.profile_shapes((-1, -1), "input_ids", (1, 1, 1), (8, 4, 16))
+    assert tensorrt_build.profile_shapes((-1, 24), "input_ids", (1, 2, 4), None) == {"min": (1, 24), "opt": (2, 24), "max": (4, 24)}
+
+
+def test_the_engine_executor_binds_each_named_input_with_its_own_shape_and_dtype():
+    """TrtSession against a stand-in engine (no CUDA here: torch CPU tensors, whose addresses the stand-in reads):
+    per input its own set_input_shape, int64 kept, slices the profile's max batch accepts."""
+    import ctypes
+    import types
+
+    import torch
+
+    from pruneflow.runtime.tensorrt import TrtSession
+
+    calls = []
+
+    def read(address, shape, dtype):
+        n = int(np.prod(shape))
+        return np.frombuffer((ctypes.c_char * (n * np.dtype(dtype).itemsize)).from_address(address), dtype=dtype).reshape(shape)
+
+    class Context:
+        def __init__(self): self.shapes, self.addresses = {}, {}
+        def set_input_shape(self, name, shape): calls.append(("set_input_shape", name, shape)); self.shapes[name] = shape
+        def set_tensor_address(self, name, address): self.addresses[name] = address
+        def get_tensor_shape(self, name): return (self.shapes["input_ids"][0], 1)
+        def execute_async_v3(self, stream):
+            ids = read(self.addresses["input_ids"], self.shapes["input_ids"], np.int64)
+            mask = read(self.addresses["attention_mask"], self.shapes["attention_mask"], np.int64)
+            out = read(self.addresses["logits"], self.get_tensor_shape("logits"), np.float32)
+            out[:, 0] = (ids * mask).sum(1)  # what a model of the two inputs would compute
+            return True
+
+    io = {"input_ids": ("INPUT", np.int64), "attention_mask": ("INPUT", np.int64), "logits": ("OUTPUT", np.float32)}
+
+    class Engine:
+        num_io_tensors = 3
+        def get_tensor_name(self, i): return list(io)[i]
+        def get_tensor_mode(self, name): return io[name][0]
+        def get_tensor_dtype(self, name): return io[name][1]
+        def create_execution_context(self): return Context()
+        def get_tensor_profile_shape(self, name, profile): return (1, 1), (1, 4), (1, 8)  # batch 1 only
+
+    trt = types.SimpleNamespace(Logger=type("Logger", (), {"WARNING": 2, "__init__": lambda self, level: None}),
+                                Runtime=lambda logger: types.SimpleNamespace(deserialize_cuda_engine=lambda data: Engine()),
+                                TensorIOMode=types.SimpleNamespace(INPUT="INPUT"), nptype=lambda dtype: dtype)
+    stream = types.SimpleNamespace(cuda_stream=0, synchronize=lambda: None)
+    session = TrtSession(trt, b"engine", torch.device("cpu"), stream)
+    assert session.inputs == ["input_ids", "attention_mask"] and session.outputs == ["logits"]
+    ids = np.array([[2, 5, 9, 3, 0], [2, 4, 3, 0, 0]], dtype=np.int64)
+    feed = {"attention_mask": (ids > 0).astype(np.int64), "input_ids": ids, "token_type_ids": np.zeros_like(ids)}
+    out = session(feed)  # a tokenizer's output: token_type_ids, which this engine lacks, is dropped
+    # one row a run (the profile's max batch), each cut to its own tokens (dynamic padding)
+    assert calls == [("set_input_shape", "input_ids", (1, 4)), ("set_input_shape", "attention_mask", (1, 4)),
+                     ("set_input_shape", "input_ids", (1, 3)), ("set_input_shape", "attention_mask", (1, 3))]
+    assert session.max_batch() == 1 and out[:, 0].tolist() == [19.0, 9.0]
+
+
+def test_where_tensorrt_and_cuda_exist_the_engine_is_built_with_the_text_profile(tmp_path, fake_tensorrt, monkeypatch):
+    """The built path, with the stand-in tensorrt and CUDA's presence mocked (neither exists here)."""
+    import torch
+
+    from pruneflow.export import tensorrt as target_module
+
+    pytest.importorskip("transformers")
+    monkeypatch.setattr(target_module, "toolchain_status", lambda: (True, ""))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "Stand-in GPU")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (9, 0))
+    recipe = {"name": "trt_built", "seed": 0, "device": "cpu", "model": BERT, "data": text_data(tmp_path / "data"),
+              "stages": [{"type": "export", "targets": [{"type": "tensorrt", "shapes": {"min": 1, "opt": 4, "max": 8},
+                                                          "sequence": {"min": 4, "opt": 16, "max": 32}}],
+                          "precisions": ["fp32"], "latency": None}]}
+    _, result = run_recipe_dict(recipe, tmp_path)
+    art = _tensorrt_artifacts(result)["fp32"]
+    assert art["status"] == "built" and art["path"] == "export/tensorrt/model.fp32.engine"
+    assert (result.run_dir / art["path"]).read_bytes() == b"fake-engine"
+    sidecar = json.loads((result.run_dir / "export/tensorrt/model.fp32.engine.json").read_text())
+    assert sidecar["gpu"] == "Stand-in GPU" and sidecar["compute_capability"] == "9.0"
+    assert sidecar["profile"] == {n: {"min": [1, 4], "opt": [4, 16], "max": [8, 32]} for n in TEXT_INPUTS}
+    assert any(n.startswith("not measured here") for n in art["notes"])  # torch sees no CUDA device to run it on

@@ -38,6 +38,8 @@ if TYPE_CHECKING:
     import onnx
     import torch
 
+    from ..inputs import Inputs
+
 PrecisionMode = Literal["force_fp16", "allow_fp32_to_fp16", "must_keep_origin_dtype", "allow_mix_precision"]
 AippFormat = Literal["RGB888_U8", "BGR888_U8", "YUV420SP_U8", "YUV400_U8"]
 
@@ -164,10 +166,12 @@ class Prepared:
     """A static ONNX ready for ATC, with what was checked on it."""
 
     model: "onnx.ModelProto"
-    input_shape: tuple[int, ...]
+    input_shape: tuple[int, ...]  # the first input's
     ops: dict[str, int]
     parity: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    #: Every input's static shape, in the graph's order (a text model: input_ids, attention_mask, ...).
+    input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 class AscendTarget(Target[AscendConfig]):
@@ -201,16 +205,19 @@ class AscendTarget(Target[AscendConfig]):
         return [f"ascend: atc at {atc} ({'CANN ' + version if version else 'not inside a CANN toolkit: its output will not be trusted'})"]
 
     def build(self, state, ctx, out_dir: Path, precision: str) -> Artifact:
-        from .onnx import require_single_input
-
-        require_single_input(state.example_input, "ascend")
         cfg = self.config
         mode = precision_mode_for(cfg, precision)
+        if cfg.aipp and isinstance(state.example_input, dict):
+            raise ExportError(f"the ascend target's `aipp: true` is for image models; this model takes {', '.join(state.example_input)}",
+                              hint="set `aipp: false` on the ascend target (text inputs go to the OM as they are)")
         reference = self._reference_onnx()
         if self._prepared is None or self._prepared[0] is not state.handle:  # one ONNX for every precision
-            samples = state.data.eval.x[:64] if state.data is not None else state.example_input
+            from ..inputs import take
+
+            samples = take(state.data.eval.x, slice(0, 64)) if state.data is not None else state.example_input
             self._prepared = (state.handle, prepare_onnx(state.handle.float_module(), state.example_input, cfg, samples,
-                                                         ctx.run_dir / reference.path if reference else None))
+                                                         ctx.run_dir / reference.path if reference else None,
+                                                         sequence=int(ctx.recipe.data.max_length)))
         prepared = self._prepared[1]
         aipp = aipp_from_data(ctx.recipe.data, cfg, prepared.input_shape[1:]) if cfg.aipp else None
         amct = next((a.path for a in state.artifacts if a.kind == "amct-calibration"), None)
@@ -256,16 +263,17 @@ def _artifact(run_dir: Path, bundle: Path, status: dict, precision: str, referen
 # --- the static ONNX --------------------------------------------------------------------------------
 
 
-def prepare_onnx(model: "torch.nn.Module", example: "torch.Tensor", cfg: AscendConfig, samples: "torch.Tensor",
-                 reference: Path | None = None) -> Prepared:
+def prepare_onnx(model: "torch.nn.Module", example: "Inputs", cfg: AscendConfig, samples: "Inputs",
+                 reference: Path | None = None, sequence: int = 64) -> Prepared:
     """Export with a fixed batch at ``cfg.opset``, fold constants, check (full onnx.checker, static shapes,
-    ATC's operator list), and compare in onnxruntime with the raw export and the onnx target's fp32 ONNX."""
+    ATC's operator list), and compare in onnxruntime with the raw export and the onnx target's fp32 ONNX.
+    A text model's (batch, sequence) inputs get the fixed length ``sequence`` (``data.max_length``)."""
     from .onnx import fold_constants
 
     onnx = require("onnx", "pip install onnx", "the ascend target")
     with tempfile.TemporaryDirectory() as tmp:
         raw_path = Path(tmp) / "raw.onnx"
-        notes = export_static(model, example, raw_path, batch=cfg.batch, opset=cfg.opset)
+        notes = export_static(model, example, raw_path, batch=cfg.batch, opset=cfg.opset, sequence=sequence)
         raw = onnx.load(str(raw_path))
     # The onnx target's folding (onnxscript): ATC sees the ResNet shortcut's Pad amounts as initializers,
     # not shape arithmetic, and no Identity nodes.
@@ -285,7 +293,7 @@ def prepare_onnx(model: "torch.nn.Module", example: "torch.Tensor", cfg: AscendC
             hint="replace them in the model (e.g. an equivalent built from supported ops), or, when your CANN version "
             "supports them, list their types in the ascend target's `extra_ops` (ATC's pre-check still decides)")
     check_static(proto)
-    x = samples.detach().cpu().numpy()
+    x = _numpy_samples(samples, sequence)
     parity = {"parity_max_abs_diff_vs_export": _parity(raw, proto, x, cfg.batch, 1e-4, "its own raw export")}
     if reference is not None:
         parity["parity_max_abs_diff_vs_onnx_fp32"] = _parity(onnx.load(str(reference)), proto, x, cfg.batch, 1e-3, reference.name)
@@ -294,33 +302,76 @@ def prepare_onnx(model: "torch.nn.Module", example: "torch.Tensor", cfg: AscendC
         notes.append(f"the CANN ONNX operator list is documented for {', '.join(sorted(OPS_DOCUMENTED_FOR))}; for {family} "
                      "it is the best reference there is, and ATC's pre-check (atc --mode=3) is authoritative")
     counts = dict(sorted(Counter(n.op_type for n in proto.graph.node).items()))
-    shape = tuple(d.dim_value for d in proto.graph.input[0].type.tensor_type.shape.dim)
-    return Prepared(proto, shape, counts, parity, notes)
+    shapes = {v.name: tuple(d.dim_value for d in v.type.tensor_type.shape.dim) for v in proto.graph.input}
+    return Prepared(proto, next(iter(shapes.values())), counts, parity, notes, shapes)
 
 
-def export_static(model: "torch.nn.Module", example: "torch.Tensor", path: Path, *, batch: int, opset: int) -> list[str]:
+def _inputs(model: "onnx.ModelProto") -> dict[str, dict[str, Any]]:
+    """Every graph input's static shape and dtype (numpy's name), for status.json and the README."""
+    import onnx
+
+    return {v.name: {"shape": [d.dim_value for d in v.type.tensor_type.shape.dim],
+                     "dtype": onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).name}
+            for v in model.graph.input}
+
+
+def _numpy_samples(samples: "Inputs", sequence: int) -> "np.ndarray | dict[str, np.ndarray]":
+    """Parity samples as numpy; token inputs padded (0) or cut to the static ``sequence`` length."""
+    if not isinstance(samples, dict):
+        return samples.detach().cpu().numpy()
+    out = {}
+    for name, t in samples.items():
+        v = t.detach().cpu().numpy()
+        if v.ndim == 2 and v.dtype.kind in "iu":
+            v = np.pad(v[:, :sequence], ((0, 0), (0, max(0, sequence - v.shape[1]))))
+        out[name] = np.ascontiguousarray(v)
+    return out
+
+
+def export_static(model: "torch.nn.Module", example: "Inputs", path: Path, *, batch: int, opset: int,
+                  sequence: int = 64) -> list[str]:
     """torch's TorchScript exporter with every dimension fixed; at ``opset`` when torch can, otherwise at
-    FALLBACK_OPSET (then ``to_opset`` converts down). Returns notes on what was done."""
+    FALLBACK_OPSET (then ``to_opset`` converts down). Several inputs (a text model) keep their names, in
+    forward's order, token inputs at length ``sequence``. Returns notes on what was done."""
     import copy
 
     import torch
 
+    from ..inputs import bind
+    from .onnx import _Keyed
+
     model = copy.deepcopy(model).cpu().eval()
-    shape = (batch, *example.shape[1:])
-    x = torch.randn(shape) if example.dtype.is_floating_point else torch.ones(shape, dtype=example.dtype)
+    if isinstance(example, dict):
+        bound = bind(model, {k: _static_like(v, batch, sequence) for k, v in example.items()})
+        assert isinstance(bound, dict)
+        names, args = list(bound), tuple(bound.values())
+        model = _Keyed(model, names)
+    else:
+        names, args = ["input"], (_static_like(example, batch, sequence),)
     first: Exception | None = None
     for version in dict.fromkeys((opset, FALLBACK_OPSET)):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                torch.onnx.export(model, (x,), str(path), dynamo=False, opset_version=version,
-                                  input_names=["input"], output_names=["logits"])
+                torch.onnx.export(model, args, str(path), dynamo=False, opset_version=version,
+                                  input_names=names, output_names=["logits"])
             return [] if version == opset else [f"torch could not export at opset {opset} ({first}); exported at "
                                                 f"opset {version} and converted with onnx.version_converter"]
         except Exception as exc:  # noqa: BLE001 - torch raises many types when a model will not trace
             first = first or exc
     raise ExportError(f"the model could not be exported to a static ONNX for ATC: {type(first).__name__}: {first}",
                       hint="data-dependent control flow does not trace; make the forward pass shape-static")
+
+
+def _static_like(t: "torch.Tensor", batch: int, sequence: int) -> "torch.Tensor":
+    """A tensor shaped like ``t`` with ``batch`` rows (and ``sequence`` columns for token inputs): random
+    floats, or ones for integers (valid token ids and a full attention mask)."""
+    import torch
+
+    from ..inputs import is_token
+
+    shape = (batch, sequence, *t.shape[2:]) if is_token(t) else (batch, *t.shape[1:])
+    return torch.randn(shape) if t.dtype.is_floating_point else torch.ones(shape, dtype=t.dtype)
 
 
 def to_opset(model: "onnx.ModelProto", opset: int) -> "onnx.ModelProto":
@@ -349,12 +400,15 @@ def check_static(model: "onnx.ModelProto") -> None:
                           hint="ATC needs static shapes: make the forward pass independent of the input's values")
 
 
-def _parity(source: "onnx.ModelProto", converted: "onnx.ModelProto", x: np.ndarray, batch: int, limit: float, what: str) -> float:
-    """Largest |difference| of the two models' outputs in onnxruntime over ``x`` (whole batches of ``batch``);
-    more than ``limit`` (times the largest output, when that exceeds 1) is an ExportError."""
-    if len(x) < batch:
-        x = np.resize(x, (batch, *x.shape[1:]))
-    x = x[: len(x) // batch * batch]
+def _parity(source: "onnx.ModelProto", converted: "onnx.ModelProto", x: Any, batch: int, limit: float, what: str) -> float:
+    """Largest |difference| of the two models' outputs in onnxruntime over ``x`` (an array, or named arrays
+    for several inputs; whole batches of ``batch``); more than ``limit`` (times the largest output, when that
+    exceeds 1) is an ExportError."""
+    rows = _rows(x)
+    if rows < batch:
+        x = _select(x, np.arange(batch) % rows)
+        rows = batch
+    x = _select(x, slice(0, rows // batch * batch))
     a, b = _run_onnx(source, x, batch), _run_onnx(converted, x, batch)
     n = min(len(a), len(b))
     diff = float(np.abs(a[:n].astype(np.float64) - b[:n]).max())
@@ -365,20 +419,38 @@ def _parity(source: "onnx.ModelProto", converted: "onnx.ModelProto", x: np.ndarr
     return diff
 
 
-def _run_onnx(proto: "onnx.ModelProto", x: np.ndarray, batch: int) -> np.ndarray:
+
+def _rows(x: Any) -> int:
+    return len(next(iter(x.values()))) if isinstance(x, dict) else len(x)
+
+
+def _select(x: Any, index: Any) -> Any:
+    return {k: v[index] for k, v in x.items()} if isinstance(x, dict) else x[index]
+
+
+def _run_onnx(proto: "onnx.ModelProto", x: Any, batch: int) -> np.ndarray:
     """Outputs over ``x`` fed at the model's static batch, or ``batch`` at a time when its batch is dynamic."""
     ort = require("onnxruntime", "pip install onnxruntime", "the ascend target's parity check")
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
-    first = session.get_inputs()[0]
+    inputs = session.get_inputs()
+    first = inputs[0]
     step = first.shape[0] if isinstance(first.shape[0], int) and first.shape[0] > 0 else batch
-    return np.concatenate([session.run(None, {first.name: x[i : i + step]})[0] for i in range(0, len(x) - step + 1, step)])
+    feeds = x if isinstance(x, dict) else {first.name: x}
+    return np.concatenate([session.run(None, {i.name: feeds[i.name][r : r + step] for i in inputs})[0]
+                           for r in range(0, _rows(x) - step + 1, step)])
 
 
-def atc_commands(cfg: AscendConfig, mode: str, input_shape: tuple[int, ...], aipp: bool) -> tuple[list[str], list[str]]:
-    """ATC's pre-check (``--mode=3``: writes check_result.json, needs no NPU) and conversion, run in the bundle."""
+def atc_commands(cfg: AscendConfig, mode: str, input_shape: "tuple[int, ...] | dict[str, tuple[int, ...]]",
+                 aipp: bool) -> tuple[list[str], list[str]]:
+    """ATC's pre-check (``--mode=3``: writes check_result.json, needs no NPU) and conversion, run in the bundle.
+    ``input_shape``: the one input's static shape, or every input's by name (``input_ids:1,64;attention_mask:1,64``;
+    ``--input_format=ND`` then, as for any input that is not one NCHW image)."""
+    shapes = input_shape if isinstance(input_shape, dict) else {"input": tuple(input_shape)}
+    image = len(shapes) == 1 and len(next(iter(shapes.values()))) == 4
+    listed = ";".join(f"{name}:{','.join(map(str, shape))}" for name, shape in shapes.items())
     precheck = ["atc", "--mode=3", "--framework=5", "--model=model.onnx", f"--soc_version={cfg.soc_version}"]
     convert = ["atc", "--framework=5", "--model=model.onnx", "--output=model", f"--soc_version={cfg.soc_version}",
-               f"--input_shape=input:{','.join(map(str, input_shape))}", "--input_format=NCHW", f"--precision_mode={mode}"]
+               f"--input_shape={listed}", f"--input_format={'NCHW' if image else 'ND'}", f"--precision_mode={mode}"]
     if aipp:
         convert.append("--insert_op_conf=aipp.cfg")
     return precheck, convert
@@ -392,7 +464,7 @@ def write_bundle(folder: Path, prepared: Prepared, cfg: AscendConfig, precision:
     onnx.save(prepared.model, str(folder / "model.onnx"))
     if aipp is not None:
         (folder / "aipp.cfg").write_text(aipp.cfg())
-    precheck, convert = atc_commands(cfg, mode, prepared.input_shape, aipp is not None)
+    precheck, convert = atc_commands(cfg, mode, prepared.input_shapes or prepared.input_shape, aipp is not None)
     script = folder / "convert.sh"
     script.write_text("#!/bin/sh\n# Generated by pruneflow: model.onnx -> model.om with CANN's ATC (source CANN's set_env.sh first).\n"
                       'set -e\ncd "$(dirname "$0")"\n'
@@ -401,7 +473,9 @@ def write_bundle(folder: Path, prepared: Prepared, cfg: AscendConfig, precision:
     status: dict[str, Any] = {
         "status": "prepared", "precision": precision, "soc_version": cfg.soc_version, "precision_mode": mode,
         "commands": {"precheck": shlex.join(precheck), "convert": shlex.join(convert)},
-        "onnx": {"opset": cfg.opset, "input_shape": list(prepared.input_shape), "ops": prepared.ops, "parity": prepared.parity,
+        "onnx": {"opset": cfg.opset, "input_shape": list(prepared.input_shape),
+                 "inputs": _inputs(prepared.model),
+                 "ops": prepared.ops, "parity": prepared.parity,
                  "operator_list": OPS_SOURCE},
         "aipp": None if aipp is None else {"input_format": aipp.input_format, "input": aipp.input_contract()},
         "amct_calibration": amct, "atc": None, "errors": [], "notes": list(prepared.notes),
@@ -506,7 +580,15 @@ def bundle_readme(status: dict, cfg: AscendConfig, aipp: Aipp | None) -> str:
     lines = [f"# Ascend OM bundle ({status['precision']}, {cfg.soc_version})", "", f"Status: **{headline}**.", ""]
     lines += [f"- {note}" for note in status["notes"] + status["errors"]]
     lines += ["", "## Input contract", ""]
-    if aipp is None:
+    inputs = status["onnx"]["inputs"]
+    if aipp is None and len(inputs) > 1:
+        lines += [f"- `{name}`: {i['dtype']} {i['shape']}" for name, i in inputs.items()]
+        tokens = [i["shape"][1] for i in inputs.values() if len(i["shape"]) == 2 and i["dtype"].startswith("int")]
+        if tokens:
+            lines.append(f"\nToken inputs have the static length {tokens[0]} (`data.max_length`): pad every request to it (0, "
+                         "attention_mask 0 on the padding) and cut longer ones, as a tokenizer does with padding='max_length'. "
+                         "ATC takes them as `--input_format=ND`; no AIPP.")
+    elif aipp is None:
         lines.append(f"Input `input`: float32 NCHW {shape}, preprocessed exactly as for training (scaled, mean/std normalised).")
     else:
         lines += [f"**Changed by AIPP**: the OM takes a {aipp.input_contract()} per batch item (batch {shape[0]}), not a "

@@ -240,13 +240,6 @@ def to_fp16(src: Path, dst: Path, metadata: "tuple[dict, str] | None" = None) ->
         onnx.checker.check_model(str(tmp))
 
 
-def require_single_input(example: Inputs, target: str) -> None:
-    """Targets whose build path knows one input only (one optimisation profile, one AIPP input) refuse others."""
-    if isinstance(example, dict):
-        raise ExportError(f"the {target} target builds models with one input; this model takes {', '.join(example)}",
-                          hint=f"export it with the onnx or openvino targets, or drop {target} from the export targets")
-
-
 def _check_runs_in_openvino(path: Path, example: Inputs) -> None:
     """The CPU INT8 form is meant for onnxruntime and OpenVINO: it counts only if both run it.
 

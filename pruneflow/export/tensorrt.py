@@ -10,6 +10,11 @@ when the recipe has no onnx target. Then:
 - **prepared** otherwise: ``export/tensorrt/<precision>/`` holds the source ONNX, ``build_engine.py`` (a
   byte-identical copy of ``tensorrt_build.py``), ``build.sh`` (that script, or trtexec for 10.x and 11.x),
   a README and ``status.json``. Nothing is measured; the manifest says "prepared, not built" and why.
+
+Every input of the model gets its shapes in one optimisation profile: axis 0 the batch range (``shapes``)
+and, for a text model's (batch, sequence) inputs (``input_ids``, ``attention_mask``, ``token_type_ids``),
+axis 1 the sequence range (``sequence``). They stay int64: TensorRT's ONNX parser keeps INT64 I/O since
+9.0 (8.x cast it to INT32), so no cast or build flag is needed; the engine then takes int64 bindings.
 """
 
 from __future__ import annotations
@@ -44,12 +49,32 @@ class TensorRtShapes(StrictModel):
         return self
 
 
+class TensorRtSequence(StrictModel):
+    min: int = Field(default=1, ge=1, description="Shortest sequence (tokens) the engine accepts (profile `min`).")
+    opt: int = Field(default=64, ge=1, description="Sequence length TensorRT tunes its kernels for (profile `opt`).")
+    max: int = Field(default=128, ge=1, description="Longest sequence (tokens) the engine accepts (profile `max`).")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "TensorRtSequence":
+        if not self.min <= self.opt <= self.max:
+            raise ValueError(f"the sequence range needs min <= opt <= max, got min {self.min}, opt {self.opt}, max {self.max}")
+        return self
+
+
 class TensorRtConfig(TargetConfig):
     type: Literal["tensorrt"] = Field(default="tensorrt", description="TensorRT engine (built where TensorRT and a CUDA GPU exist, prepared otherwise).")
     shapes: TensorRtShapes = Field(
         default_factory=TensorRtShapes,
-        description="Batch sizes of the engine's optimisation profile (`{min, opt, max}`); the other input "
-        "dimensions come from the ONNX. An ONNX with a static batch (`dynamic_batch: false`) allows only 1, 1, 1.",
+        description="Batch sizes of the engine's optimisation profile (`{min, opt, max}`), for every input; the "
+        "other dimensions come from the ONNX (and `sequence` for text). An ONNX with a static batch "
+        "(`dynamic_batch: false`) allows only 1, 1, 1.",
+    )
+    sequence: TensorRtSequence | None = Field(
+        default=None,
+        description="Text models: sequence lengths of the profile for every (batch, sequence) input (input_ids, "
+        "attention_mask, token_type_ids), `{min, opt, max}`. Default: min 1, max `data.max_length`, opt the 90th "
+        "percentile of the eval split's token counts rounded up to a multiple of 8 (a dynamically padded batch is "
+        "as long as its longest row). Ignored for models without such inputs.",
     )
     workspace_mb: int = Field(default=1024, ge=16, description="TensorRT's workspace memory pool limit, in MiB.")
     timing_cache: bool = Field(
@@ -92,12 +117,9 @@ class TensorRtTarget(Target[TensorRtConfig]):
         return [f"tensorrt: prepared, not built ({reason})"]
 
     def build(self, state, ctx, out_dir: Path, precision: str) -> Artifact:
-        from .onnx import require_single_input
-
-        require_single_input(state.example_input, "tensorrt")  # one profile, for the batch axis only
         with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
             source, parent = self._source(state, ctx, Path(tmp), precision)
-            shapes = self._check_batch(source)
+            shapes = self._check_profile(source, self.config.sequence or default_sequence(state, ctx))
             available, reason = toolchain_status()
             if available:
                 return self._build_engine(ctx, out_dir, precision, source, parent, shapes)
@@ -123,28 +145,38 @@ class TensorRtTarget(Target[TensorRtConfig]):
             export_onnx(state.handle.float_module(), example, path)
         return path, None
 
-    def _check_batch(self, source: Path) -> dict:
-        """The profile for ``source``'s input; a static batch allows only min = opt = max = that batch."""
-        info = input_info(source)
+    def _check_profile(self, source: Path, sequence: TensorRtSequence) -> dict:
+        """One profile for every input of ``source``: the batch range on axis 0 (a static batch allows only
+        min = opt = max = that batch) and, on (batch, sequence) inputs, the sequence range on axis 1."""
+        inputs = inputs_info(source)
         s = self.config.shapes
-        if info["shape"][0] >= 0 and "shapes" not in self.config.model_fields_set:
-            s = TensorRtShapes(min=info["shape"][0], opt=info["shape"][0], max=info["shape"][0])  # the default fits
-        try:
-            shapes = tensorrt_build.batch_shapes(tuple(info["shape"]), info["name"], s.min, s.opt, s.max)
-        except tensorrt_build.BuildError as exc:
-            raise InputError(f"the tensorrt target's `shapes` do not fit {source.name}: {exc}",
-                             hint="set `shapes: {min: 1, opt: 1, max: 1}` on the tensorrt target for a static-batch ONNX, "
-                             "or `dynamic_batch: true` on the onnx target") from None
-        return {"input": info, "profile": {k: list(v) for k, v in shapes.items()}}
+        static = next((i["shape"][0] for i in inputs if i["shape"][0] >= 0), None)
+        if static is not None and "shapes" not in self.config.model_fields_set:
+            s = TensorRtShapes(min=static, opt=static, max=static)  # the default fits
+        has_sequence = any(len(i["shape"]) == 2 and i["shape"][1] < 0 for i in inputs)
+        seq = (sequence.min, sequence.opt, sequence.max) if has_sequence else None
+        profile = {}
+        for info in inputs:
+            try:
+                shapes = tensorrt_build.profile_shapes(tuple(info["shape"]), info["name"], (s.min, s.opt, s.max), seq)
+            except tensorrt_build.BuildError as exc:
+                raise InputError(f"the tensorrt target's profile does not fit {source.name}: {exc}",
+                                 hint="the profile covers axis 0 (batch, `shapes`) of every input and axis 1 (`sequence`) of "
+                                 "(batch, sequence) token inputs: for a static-batch ONNX set `shapes: {min: 1, opt: 1, max: 1}` "
+                                 "(or `dynamic_batch: true` on the onnx target); other dimensions must be fixed in the model") from None
+            profile[info["name"]] = {k: list(v) for k, v in shapes.items()}
+        return {"inputs": inputs, "profile": profile, "batch": {"min": s.min, "opt": s.opt, "max": s.max},
+                "sequence": None if seq is None else dict(zip(("min", "opt", "max"), seq))}
 
     def _build_engine(self, ctx, out_dir: Path, precision: str, source: Path, parent: Artifact | None, shapes: dict) -> Artifact:
         import torch
 
         engine = out_dir / f"model.{precision}.engine"
         gpu = {"name": torch.cuda.get_device_name(0), "compute_capability": "{}.{}".format(*torch.cuda.get_device_capability(0))}
-        s = self.config.shapes
+        b, q = shapes["batch"], shapes["sequence"]
         try:
-            tensorrt_build.build_engine(source, engine, min_batch=s.min, opt_batch=s.opt, max_batch=s.max,
+            tensorrt_build.build_engine(source, engine, min_batch=b["min"], opt_batch=b["opt"], max_batch=b["max"],
+                                        sequence=None if q is None else (q["min"], q["opt"], q["max"]),
                                         workspace_mb=self.config.workspace_mb, gpu=gpu,
                                         timing_cache=out_dir / "timing.cache" if self.config.timing_cache else None)
         except tensorrt_build.BuildError as exc:
@@ -190,37 +222,68 @@ class TensorRtTarget(Target[TensorRtConfig]):
 
 
 def _in_batches(run, x, limit: int):
-    """Run ``x`` in slices the engine's profile accepts (at most ``limit`` samples each)."""
+    """Run ``x`` (an array or a feed of named arrays) in slices the engine's profile accepts (at most ``limit``
+    samples each; a text feed's slices cut to their longest row): ``runtime.tensorrt.in_batches``."""
+    from ..runtime.tensorrt import in_batches
+
+    return in_batches(run, x, limit)
+
+
+def default_sequence(state, ctx) -> TensorRtSequence:
+    """The sequence range when the recipe sets none: min 1, max ``data.max_length``, opt the eval split's 90th percentile
+    token count rounded up to a multiple of 8 (within min..max)."""
     import numpy as np
 
-    return np.concatenate([np.asarray(run(x[i : i + limit])) for i in range(0, len(x), limit)])
+    from ..inputs import lengths
+
+    top = int(getattr(ctx.recipe.data, "max_length", 128) or 128)
+    counts = lengths(state.data.eval.x) if state.data is not None else None
+    if counts is None or not len(counts):
+        return TensorRtSequence(min=1, opt=min(64, top), max=top)
+    p90 = int(np.ceil(float(np.percentile(counts.numpy(), 90)) / 8) * 8)
+    return TensorRtSequence(min=1, opt=max(1, min(p90, top)), max=top)
 
 
 BUNDLE_FILES = ("build_engine.py", "build.sh", "README.md", "status.json")
 
 
-def input_info(onnx_path: Path) -> dict:
-    """Name, shape (-1 for a symbolic dimension) and dtype of the model's first input."""
+def inputs_info(onnx_path: Path) -> list[dict]:
+    """Name, shape (-1 for a symbolic dimension) and dtype of every input of the model, in the graph's order."""
     import onnx
 
     model = onnx.load(str(onnx_path), load_external_data=False)
-    first = model.graph.input[0]
-    dims = [d.dim_value if d.HasField("dim_value") else -1 for d in first.type.tensor_type.shape.dim]
-    dtype = onnx.helper.tensor_dtype_to_np_dtype(first.type.tensor_type.elem_type).name
-    return {"name": first.name, "shape": dims, "dtype": dtype}
+    init = {i.name for i in model.graph.initializer}
+    out = []
+    for value in model.graph.input:
+        if value.name in init:
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") else -1 for d in value.type.tensor_type.shape.dim]
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type).name
+        out.append({"name": value.name, "shape": dims, "dtype": dtype})
+    return out
 
 
 def trtexec_commands(source: str, engine: str, shapes: dict, workspace_mb: int, timing_cache: bool) -> dict[str, str]:
-    """trtexec for TensorRT 10.x (``--stronglyTyped``) and 11.x (strongly typed always; no precision flags)."""
-    name = shapes["input"]["name"]
+    """trtexec for TensorRT 10.x (``--stronglyTyped``) and 11.x (strongly typed always; no precision flags).
+    Every input with a dynamic dimension is listed in each shape flag (``input_ids:1x8,attention_mask:1x8``)."""
     args = [f"--onnx={source}", f"--saveEngine={engine}"]
-    if shapes["input"]["shape"][0] < 0:  # a static batch takes no shape flags
+    dynamic = [i["name"] for i in shapes["inputs"] if any(d < 0 for d in i["shape"])]
+    if dynamic:  # a fully static model takes no shape flags
         for flag, key in (("--minShapes", "min"), ("--optShapes", "opt"), ("--maxShapes", "max")):
-            args.append(f"{flag}={name}:" + "x".join(map(str, shapes["profile"][key])))
+            args.append(f"{flag}=" + ",".join(f"{n}:" + "x".join(map(str, shapes["profile"][n][key])) for n in dynamic))
     args.append(f"--memPoolSize=workspace:{workspace_mb}")
     if timing_cache:
         args.append("--timingCacheFile=timing.cache")
     return {"10": " ".join(["trtexec", args[0], "--stronglyTyped", *args[1:]]), "11": " ".join(["trtexec", *args])}
+
+
+def python_command(source: str, engine: str, shapes: dict, config: TensorRtConfig) -> str:
+    """build_engine.py's command line for ``shapes``'s profile (batch range, and sequence range for text)."""
+    b, q = shapes["batch"], shapes["sequence"]
+    cmd = f"python3 build_engine.py --onnx {source} --engine {engine} --min {b['min']} --opt {b['opt']} --max {b['max']}"
+    if q is not None:
+        cmd += f" --min-seq {q['min']} --opt-seq {q['opt']} --max-seq {q['max']}"
+    return cmd + f" --workspace-mb {config.workspace_mb}" + (" --timing-cache timing.cache" if config.timing_cache else "")
 
 
 def write_bundle(folder: Path, precision: str, source: Path, shapes: dict, config: TensorRtConfig, reason: str) -> None:
@@ -228,18 +291,15 @@ def write_bundle(folder: Path, precision: str, source: Path, shapes: dict, confi
     shutil.copyfile(source, folder / source.name)
     shutil.copyfile(Path(tensorrt_build.__file__), folder / "build_engine.py")
     engine = f"model.{precision}.engine"
-    s = config.shapes
-    python_cmd = (f"python3 build_engine.py --onnx {source.name} --engine {engine} --min {s.min} --opt {s.opt} --max {s.max} "
-                  f"--workspace-mb {config.workspace_mb}" + (" --timing-cache timing.cache" if config.timing_cache else ""))
-    if shapes["input"]["shape"][0] >= 0:
-        python_cmd = python_cmd.replace(f"--min {s.min} --opt {s.opt} --max {s.max}", "--min 1 --opt 1 --max 1")
+    python_cmd = python_command(source.name, engine, shapes, config)
     trtexec = trtexec_commands(source.name, engine, shapes, config.workspace_mb, config.timing_cache)
     (folder / "build.sh").write_text(_build_sh(python_cmd, trtexec))
     (folder / "build.sh").chmod(0o755)
     (folder / "README.md").write_text(_readme(precision, source.name, engine, shapes, python_cmd, trtexec))
     status = {"status": "prepared", "reason": reason, "target": "tensorrt", "precision": precision,
               "source_onnx": source.name, "source_onnx_sha256": sha256_file(source), "engine": engine,
-              "input": shapes["input"], "profile": shapes["profile"], "workspace_mb": config.workspace_mb,
+              "inputs": shapes["inputs"], "profile": shapes["profile"], "batch": shapes["batch"],
+              "sequence": shapes["sequence"], "workspace_mb": config.workspace_mb,
               "commands": {"python": python_cmd, "trtexec_10": trtexec["10"], "trtexec_11": trtexec["11"]}}
     write_text_atomic(folder / "status.json", json.dumps(status, indent=2) + "\n")
 
@@ -262,9 +322,12 @@ esac
 
 
 def _readme(precision: str, source: str, engine: str, shapes: dict, python_cmd: str, trtexec: dict[str, str]) -> str:
-    inp = shapes["input"]
-    dims = "x".join("batch" if d < 0 else str(d) for d in inp["shape"])
-    p = shapes["profile"]
+    inputs = "\n".join(_input_line(i) for i in shapes["inputs"])
+    b, q = shapes["batch"], shapes["sequence"]
+    ranges = f"batch sizes min {b['min']}, opt {b['opt']}, max {b['max']}"
+    if q is not None:
+        ranges += (f"; sequence lengths (tokens) min {q['min']}, opt {q['opt']}, max {q['max']}, the same for every "
+                   "(batch, sequence) input: feed each batch padded to its longest row, at most the max")
     what = {"int8": "INT8 in TensorRT's explicit-quantization form (Q/DQ, int8 with zero point 0, weights per channel)",
             "fp16": "FP16 weights and compute, FP32 input and output", "fp32": "FP32"}[precision]
     return f"""# TensorRT {precision} engine: prepared, not built
@@ -294,10 +357,13 @@ or with trtexec (TensorRT 10.x; 11.x takes the same command without `--stronglyT
 The precision comes from the ONNX itself (strongly typed), so no `--int8`/`--fp16` flag is needed;
 TensorRT 11 removed them.
 
-## Input
+## Inputs
 
-- name `{inp["name"]}`, shape {dims}, dtype {inp["dtype"]}, layout NCHW
-- batch sizes of the optimisation profile: min {p["min"][0]}, opt {p["opt"][0]}, max {p["max"][0]}
+{inputs}
+
+One optimisation profile: {ranges}.
+Integer inputs stay int64: since TensorRT 9.0 the ONNX parser keeps INT64 (it no longer casts to INT32),
+so no flag or cast is needed, and an engine with int64 inputs needs int64 bindings (onnx-tensorrt changelog).
 
 ## Engines are not portable
 
@@ -305,3 +371,11 @@ An engine runs only with the TensorRT version and on the GPU model (compute capa
 built with, and two builds are not byte-identical. Build it where it will run; `{engine}.json`
 records the TensorRT version, GPU and compute capability of each build.
 """
+
+
+def _input_line(info: dict) -> str:
+    shape = info["shape"]
+    names = ["batch", "sequence"] if len(shape) == 2 else ["batch"]
+    dims = "x".join(names[i] if d < 0 and i < len(names) else str(d) for i, d in enumerate(shape))
+    layout = ", layout NCHW" if len(shape) == 4 else ""
+    return f"- name `{info['name']}`, shape {dims}, dtype {info['dtype']}{layout}"

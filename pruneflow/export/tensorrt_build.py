@@ -6,6 +6,9 @@ the GPU runs the very same build code::
 
     python build_engine.py --onnx model.int8.tensorrt.onnx --engine model.int8.engine --min 1 --opt 8 --max 32
 
+A text model's (batch, sequence) inputs (input_ids, attention_mask, token_type_ids) also take the
+sequence range, ``--min-seq 8 --opt-seq 64 --max-seq 128``, in the same single profile.
+
 Strongly typed (``NetworkDefinitionCreationFlag.STRONGLY_TYPED``): the precision comes from the ONNX
 itself (Q/DQ for int8, float16 tensors for fp16), never from builder flags, which TensorRT 11 removed.
 On TensorRT 11 strong typing is always on and the flag is accepted and ignored.
@@ -56,15 +59,31 @@ def network_flags(trt: Any) -> int:
 
 def batch_shapes(shape: tuple[int, ...], name: str, min_batch: int, opt_batch: int, max_batch: int) -> dict[str, tuple[int, ...]]:
     """The profile's min/opt/max shapes for an input whose first dimension is the batch."""
-    rest = tuple(shape[1:])
+    return profile_shapes(shape, name, (min_batch, opt_batch, max_batch), None)
+
+
+def profile_shapes(shape: tuple[int, ...], name: str, batch: tuple[int, int, int],
+                   sequence: tuple[int, int, int] | None) -> dict[str, tuple[int, ...]]:
+    """The profile's min/opt/max shapes for one input: its dynamic first dimension takes ``batch``, and the
+    dynamic second dimension of a (batch, sequence) input (token ids, masks) takes ``sequence``."""
+    for what, (lo, opt, hi) in (("batch", batch), ("sequence", sequence or (1, 1, 1))):
+        if not lo <= opt <= hi:
+            raise BuildError(f"the {what} range of the profile needs min <= opt <= max, got {lo}, {opt}, {hi}")
+    seq_axis = len(shape) == 2 and shape[1] < 0
+    if seq_axis and sequence is None:
+        raise BuildError(f"input {name!r} has a dynamic sequence axis {list(shape)}: give the profile a sequence range "
+                         "(--min-seq/--opt-seq/--max-seq)")
+    rest = tuple(shape[2:] if seq_axis else shape[1:])
     if any(d < 0 for d in rest):
-        raise BuildError(f"input {name!r} has dynamic dimensions besides the batch: {list(shape)}; "
-                         "export the ONNX with a fixed input size")
-    if not min_batch <= opt_batch <= max_batch:
-        raise BuildError(f"the profile needs min <= opt <= max, got {min_batch}, {opt_batch}, {max_batch}")
-    if shape[0] >= 0 and (min_batch, opt_batch, max_batch) != (shape[0],) * 3:
+        raise BuildError(f"input {name!r} has dynamic dimensions besides the batch{' and sequence' if seq_axis else ''}: "
+                         f"{list(shape)}; export the ONNX with a fixed input size")
+    if shape[0] >= 0 and tuple(batch) != (shape[0],) * 3:
         raise BuildError(f"input {name!r} has a static batch of {shape[0]}: min, opt and max must all be {shape[0]}")
-    return {key: (b, *rest) for key, b in (("min", min_batch), ("opt", opt_batch), ("max", max_batch))}
+    out = {}
+    for i, key in enumerate(("min", "opt", "max")):
+        middle = (sequence[i],) if seq_axis and sequence is not None else ()
+        out[key] = (batch[i], *middle, *rest)
+    return out
 
 
 def query_gpu() -> dict[str, str]:
@@ -104,21 +123,24 @@ def _parse(trt: Any, builder: Any, logger: Any, onnx_path: Path) -> Any:
     return network, parser
 
 
-def _profile(builder: Any, network: Any, min_batch: int, opt_batch: int, max_batch: int) -> tuple[Any, dict]:
+def _profile(builder: Any, network: Any, batch: tuple[int, int, int], sequence: tuple[int, int, int] | None) -> tuple[Any, dict]:
+    """One optimisation profile setting every input's min/opt/max shape (a text model's ids, mask, type ids)."""
     profile = builder.create_optimization_profile()
     shapes = {}
     for i in range(network.num_inputs):
         tensor = network.get_input(i)
-        shapes[tensor.name] = batch_shapes(tuple(tensor.shape), tensor.name, min_batch, opt_batch, max_batch)
+        shapes[tensor.name] = profile_shapes(tuple(tensor.shape), tensor.name, batch, sequence)
         profile.set_shape(tensor.name, shapes[tensor.name]["min"], shapes[tensor.name]["opt"], shapes[tensor.name]["max"])
     return profile, {name: {k: list(v) for k, v in s.items()} for name, s in shapes.items()}
 
 
 def build_engine(onnx_path: Path, engine_path: Path, *, min_batch: int = 1, opt_batch: int = 1, max_batch: int = 1,
-                 workspace_mb: int = 1024, timing_cache: Path | None = None,
-                 gpu: dict[str, str] | None = None) -> dict[str, Any]:
+                 sequence: tuple[int, int, int] | None = None, workspace_mb: int = 1024,
+                 timing_cache: Path | None = None, gpu: dict[str, str] | None = None) -> dict[str, Any]:
     """Build ``engine_path`` from ``onnx_path`` and write its sidecar ``<engine>.json``; returns the sidecar.
 
+    ``sequence``: min/opt/max sequence length of (batch, sequence) inputs (token ids and masks; int64
+    inputs need no flag or cast: TensorRT's ONNX parser keeps INT64 I/O since 9.0).
     ``timing_cache``: a file read before the build when it exists (tactics timed once are reused) and
     written after it. ``gpu``: name and compute capability when the caller knows them (else nvidia-smi).
     """
@@ -131,7 +153,7 @@ def build_engine(onnx_path: Path, engine_path: Path, *, min_batch: int = 1, opt_
     network, _parser = _parse(trt, builder, logger, onnx_path)
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_mb) << 20)
-    profile, shapes = _profile(builder, network, min_batch, opt_batch, max_batch)
+    profile, shapes = _profile(builder, network, (min_batch, opt_batch, max_batch), sequence)
     config.add_optimization_profile(profile)
     if timing_cache is not None:
         cached = Path(timing_cache).read_bytes() if Path(timing_cache).is_file() else b""
@@ -169,12 +191,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min", dest="min_batch", type=int, default=1, help="smallest batch of the optimisation profile")
     parser.add_argument("--opt", dest="opt_batch", type=int, default=1, help="batch TensorRT tunes for")
     parser.add_argument("--max", dest="max_batch", type=int, default=1, help="largest batch of the optimisation profile")
+    for flag, what in (("min", "shortest"), ("opt", "tuned-for"), ("max", "longest")):
+        parser.add_argument(f"--{flag}-seq", type=int, default=None, help=f"{what} sequence of (batch, sequence) inputs")
     parser.add_argument("--workspace-mb", type=int, default=1024, help="workspace memory pool limit in MiB")
     parser.add_argument("--timing-cache", type=Path, default=None, help="timing cache file, reused and updated")
     args = parser.parse_args(argv)
+    given = [v for v in (args.min_seq, args.opt_seq, args.max_seq) if v is not None]
+    if len(given) not in (0, 3):
+        parser.error("--min-seq, --opt-seq and --max-seq go together")
+    sequence = (given[0], given[1], given[2]) if given else None
     try:
         sidecar = build_engine(args.onnx, args.engine, min_batch=args.min_batch, opt_batch=args.opt_batch,
-                               max_batch=args.max_batch, workspace_mb=args.workspace_mb, timing_cache=args.timing_cache)
+                               max_batch=args.max_batch, sequence=sequence,
+                               workspace_mb=args.workspace_mb, timing_cache=args.timing_cache)
     except BuildError as exc:
         raise SystemExit(f"build_engine.py: {exc}") from None
     print(json.dumps(sidecar, indent=2))

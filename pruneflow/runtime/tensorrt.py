@@ -53,12 +53,25 @@ class TrtSession:
         self.inputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
         self.outputs = [n for n in names if n not in self.inputs]
 
+    def max_batch(self) -> int | None:
+        """The largest batch the engine's optimisation profile 0 takes (None where the API cannot say)."""
+        shapes = getattr(self.engine, "get_tensor_profile_shape", None)
+        if shapes is None:
+            return None
+        return min(int(shapes(name, 0)[2][0]) for name in self.inputs)
+
     def __call__(self, x: "Feed") -> np.ndarray:
+        """``x`` in slices of at most the profile's largest batch; a text feed's slices cut to their longest
+        row (dynamic padding), so rows padded to ``data.max_length`` fit the profile's sequence range."""
+        feed = feed_for(x, self.inputs)
+        return in_batches(self._run, feed, self.max_batch() or len(next(iter(feed.values()))))
+
+    def _run(self, feed: dict[str, np.ndarray]) -> np.ndarray:
         import torch
 
         trt = self.trt
         kept = []  # the device copies must live until the run ends
-        for name, array in feed_for(x, self.inputs).items():
+        for name, array in feed.items():
             dtype = _torch_dtype(trt.nptype(self.engine.get_tensor_dtype(name)))
             tensor = torch.from_numpy(array).to(self.device, dtype=dtype)
             self.context.set_input_shape(name, tuple(tensor.shape))
@@ -80,3 +93,23 @@ def _torch_dtype(np_dtype: Any) -> Any:
     import torch
 
     return torch.from_numpy(np.zeros(1, dtype=np_dtype)).dtype
+
+
+def in_batches(run: Any, x: Any, limit: int) -> np.ndarray:
+    """Run ``x`` (an array, or a feed of named arrays) in slices of at most ``limit`` samples; a text feed's
+    slices are cut to their longest row (``trim_tokens``)."""
+    if not isinstance(x, dict):
+        return np.concatenate([np.asarray(run(x[i : i + limit])) for i in range(0, len(x), limit)])
+    rows = len(next(iter(x.values())))
+    return np.concatenate([np.asarray(run(trim_tokens({k: v[i : i + limit] for k, v in x.items()})))
+                           for i in range(0, rows, limit)])
+
+
+def trim_tokens(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Token arrays (2-D integers) cut to the longest row of the attention mask, when there is one
+    (``pruneflow.inputs.trim`` for numpy feeds)."""
+    mask = feed.get("attention_mask")
+    if mask is None or mask.ndim != 2 or not len(mask):
+        return feed
+    width = max(int(mask.sum(1).max()), 1)
+    return {k: np.ascontiguousarray(v[:, :width]) if v.ndim == 2 and v.dtype.kind in "iu" else v for k, v in feed.items()}
