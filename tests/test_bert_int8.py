@@ -1,0 +1,130 @@
+"""BERT through NNCF to INT8 (issue 13, deliver 5 and 6): the transformer model type, the INT8 ONNX forms
+onnxruntime runs in integer arithmetic, OpenVINO INT8, the staged QAT schedule with KD, the calibration set
+from a request log, and the tiny MiniLM-SST-2 recipe end to end."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+pytest.importorskip("transformers")
+pytest.importorskip("nncf")
+
+from calibrate.calibset import CalibrationSet  # noqa: E402
+from qat.nncf_quant import has_attention, quantize, resolve_model_type, strip_quantizers  # noqa: E402
+
+VOCAB = 1000
+
+
+def _tiny_bert() -> nn.Module:
+    from pruneflow.zoo.hf import bert_classifier
+
+    return bert_classifier(vocab_size=VOCAB, hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128,
+                           max_positions=64, seed=0).eval()
+
+
+def _tokens(n: int = 64, length: int = 20, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Token batches as the text loader gives them: [CLS] ids [SEP] then padding, varying lengths."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(103, VOCAB, (n, length), generator=g)
+    lengths = torch.randint(5, length + 1, (n,), generator=g)
+    mask = (torch.arange(length)[None] < lengths[:, None]).long()
+    ids = ids * mask
+    ids[:, 0] = 101
+    ids[torch.arange(n), lengths - 1] = 102
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.reshape(len(a), -1), b.reshape(len(b), -1)
+    return float(np.mean(np.sum(a * b, 1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))))
+
+
+@pytest.fixture(scope="module")
+def quantized_bert():
+    """(float model, NNCF-quantized model, calibration inputs): PTQ with model_type auto."""
+    model = _tiny_bert()
+    x = _tokens()
+    return model, quantize(copy.deepcopy(model), CalibrationSet(x=x), batch_size=16), x
+
+
+def _quantizer_names(model: nn.Module) -> list[str]:
+    from nncf.torch.quantization.layers import BaseQuantizer
+
+    return [n for n, m in model.named_modules() if isinstance(m, BaseQuantizer)]
+
+
+def test_auto_picks_transformer_for_attention_models_only():
+    from pruneflow.zoo.digits import digits_cnn
+
+    assert has_attention(_tiny_bert()) and resolve_model_type(_tiny_bert(), "auto") == "transformer"
+    assert not has_attention(digits_cnn()) and resolve_model_type(digits_cnn(), "auto") == "cnn"
+    assert resolve_model_type(_tiny_bert(), "cnn") == "cnn"
+
+
+def test_transformer_type_quantizes_linears_not_tokens_embeddings_or_norms(quantized_bert):
+    model, q, x = quantized_bert
+    names = _quantizer_names(q)
+    linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    # every Linear's weight (per-channel: NNCF's weight quantizers hook input 1 of the linear op) ...
+    assert sum(n.endswith("__1.0") and "pre_hooks" in n for n in names) == len(linears)
+    # ... and the attention score MatMul's two inputs (the query and key projections' outputs)
+    assert sum("post_hooks" in n and ("/query/linear" in n or "/key/linear" in n) for n in names) == 4
+    assert not [n for n in names if "embedding" in n.lower()], "embedding tables/lookups are left to the export"
+    assert not [n for n in names if "softmax" in n.lower()]
+    assert not [n for n in names if "layer_norm" in n and "pre_hooks" in n]
+    with torch.no_grad():
+        ref, out = model(**x).numpy(), q.eval()(**x).numpy()
+    assert np.isfinite(out).all()
+    assert _cosine(ref, out) > 0.99
+    assert (ref.argmax(1) == out.argmax(1)).mean() >= 0.9
+
+
+def test_bert_int8_onnx_runs_integer_matmuls_and_stores_embedding_int8(quantized_bert, tmp_path):
+    import onnx
+    import onnxruntime as ort
+
+    from pruneflow.export.onnx import export_int8_onnx, ort_optimized_ops
+    from pruneflow.inputs import feed
+
+    model, q, x = quantized_bert
+    stripped = strip_quantizers(q, x)
+    with torch.no_grad():
+        expected = stripped(**x).numpy()
+    paths = {form: tmp_path / f"{form}.onnx" for form in ("cpu", "tensorrt")}
+    for form, path in paths.items():
+        export_int8_onnx(stripped, x, path, form=form)
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        names = [i.name for i in session.get_inputs()]
+        assert names == ["input_ids", "attention_mask", "token_type_ids"]
+        got = session.run(None, feed(x, names))[0]
+        assert _cosine(expected, got) > 0.995, form
+        assert (expected.argmax(1) == got.argmax(1)).mean() >= 0.95, form
+    ops = ort_optimized_ops(paths["cpu"])
+    # 6 Linear per layer (q, k, v, attention output, FFN in and out) and the score MatMul of each of 2 layers
+    assert len(ops.get("MatMulIntegerToFloat", [])) + len(ops.get("MatMulInteger", [])) >= 14
+    assert len(ops.get("MatMul", [])) == 2  # the context MatMuls (softmax x V), float under NNCF's transformer type
+    tables = [t for t in onnx.load(str(paths["cpu"])).graph.initializer if t.data_type == onnx.TensorProto.INT8
+              and list(t.dims) == [VOCAB, 64]]
+    assert tables, "the word-embedding table is stored int8 in the CPU form"
+
+
+def test_bert_int8_openvino(quantized_bert, tmp_path):
+    ov = pytest.importorskip("openvino")
+    from pruneflow.export.onnx import export_int8_onnx
+    from pruneflow.inputs import feed
+
+    _, q, x = quantized_bert
+    stripped = strip_quantizers(q, x)
+    with torch.no_grad():
+        expected = stripped(**x).numpy()
+    path = tmp_path / "cpu.onnx"
+    export_int8_onnx(stripped, x, path, form="cpu")
+    compiled = ov.Core().compile_model(ov.convert_model(str(path)), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    got = compiled(feed(x, ["input_ids", "attention_mask", "token_type_ids"]))[0]
+    assert _cosine(expected, got) > 0.995
+    assert (expected.argmax(1) == got.argmax(1)).mean() >= 0.95
