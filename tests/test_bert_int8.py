@@ -128,3 +128,79 @@ def test_bert_int8_openvino(quantized_bert, tmp_path):
     got = compiled(feed(x, ["input_ids", "attention_mask", "token_type_ids"]))[0]
     assert _cosine(expected, got) > 0.995
     assert (expected.argmax(1) == got.argmax(1)).mean() >= 0.95
+
+
+def test_request_log_lines_look_like_a_service_log():
+    import json
+
+    from benchmarks.make_request_log import request_lines
+
+    lines = [json.loads(line) for line in request_lines(["a fine film ", "dull ", "it 's not bad "], 5, seed=0)]
+    assert len(lines) == 5 and all(set(r) == {"text", "ts"} for r in lines)  # no labels, as a service logs them
+    assert {r["text"] for r in lines} <= {"a fine film", "dull", "it 's not bad"}
+    assert [r["ts"] for r in lines] == sorted(r["ts"] for r in lines)
+    assert request_lines(["x ", "y "], 4, seed=3) == request_lines(["x ", "y "], 4, seed=3)
+
+
+def test_length_buckets_stratify_by_token_count():
+    from calibrate.build import build_calibration_set
+    from calibrate.sampling import length_buckets
+    from pruneflow.data import Split
+    from pruneflow.inputs import lengths
+
+    x = _tokens(n=400, length=40, seed=1)
+    buckets = length_buckets(x)
+    assert set(buckets) <= {"1-8", "9-16", "17-32", "33-64"}
+    n = lengths(x).numpy()
+    assert (buckets == "1-8").sum() == (n <= 8).sum() and (buckets == "33-64").sum() == (n > 32).sum()
+    split = Split(x, torch.zeros(400, dtype=torch.long))
+    calib = build_calibration_set(split, size=100, strategy="stratified", seed=0, groups=buckets)
+    chosen = length_buckets(calib.x)
+    for name in set(buckets):  # proportional: each bucket's share kept to within one sample
+        assert abs((chosen == name).sum() - 100 * (buckets == name).mean()) <= 1, name
+    with pytest.raises(ValueError, match="attention_mask"):
+        length_buckets(torch.zeros(4, 3))
+
+
+@pytest.mark.slow
+def test_tiny_minilm_recipe_end_to_end(tmp_path):
+    """recipes/minilm-sst2.yaml with a 2-layer BERT from a config and a few hundred SST-2 phrases: fine-tune,
+    prune heads + FFN (KD), calibrate from a request log by length, QAT fp32 -> fp16 -> int8 (KD), export."""
+    import json
+
+    import yaml
+
+    from benchmarks.make_request_log import main as make_log
+    from conftest import SHARED_DATA, run_recipe_dict
+
+    sst2 = SHARED_DATA / "sst2"
+    if not (sst2 / "train.parquet").is_file():
+        pytest.skip("shared sst2 data not found")
+    log = make_log(["--count", "200", "--out", str(tmp_path / "requests.jsonl")])
+    recipe = yaml.safe_load(open("recipes/minilm-sst2.yaml"))
+    recipe["model"]["kwargs"] = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "intermediate_size": 128,
+                                 "max_positions": 64, "seed": 0}
+    recipe["data"].update(train=str(sst2 / "train.parquet"), eval=str(sst2 / "dev.parquet"), tokenizer=str(sst2 / "vocab.txt"),
+                          max_length=48, max_train_samples=600, max_eval_samples=200)
+    finetune, _, prune, calibrate, qat, _, export = recipe["stages"]
+    finetune.update(epochs=3, lr=0.002, freeze=[])
+    prune.update(rounds=1, importance_batches=2)
+    prune["finetune"].update(lr=0.0005, freeze=[])
+    calibrate.update(size=64, source={**calibrate["source"], "path": str(log)})
+    qat["finetune"].update(lr=0.0002, freeze=[])
+    qat["schedule"][-1]["lr"] = 0.0001
+    export["latency"] = None
+    _, result = run_recipe_dict(recipe, tmp_path)
+    assert result.exit_code == 0
+    flat = json.loads((result.run_dir / "metrics.json").read_text())["flat"]
+    phases = json.loads((result.run_dir / "metrics.json").read_text())["tables"]["qat"]["phases"]
+    assert [p["precision"] for p in phases] == ["fp32", "fp32", "fp16", "int8"]
+    assert all(0.0 < p["accuracy"] <= 1.0 for p in phases)
+    assert flat["finetune.accuracy"] > 0.6  # it learned something: chance is 0.5
+    assert flat["qat.accuracy_int8"] >= flat["qat.accuracy_fp32"] - 0.03
+    for label in ("onnx.int8", "openvino.int8"):
+        assert flat[f"{label}.accuracy"] >= flat["onnx.fp32.accuracy"] - 0.03, label
+        assert flat[f"{label}.top1_agreement"] >= 0.95, label
+    assert flat["onnx.int8.ort_integer_ops"] >= 14 and flat["onnx.int8.size_ratio_fp32"] >= 3.0
+    calib = json.loads((result.run_dir / "calibration" / "calibration.json").read_text())
+    assert calib["count"] == 64 and calib["meta"]["by"] == "length" and str(log) in calib["meta"]["source"]
