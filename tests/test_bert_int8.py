@@ -204,3 +204,20 @@ def test_tiny_minilm_recipe_end_to_end(tmp_path):
     assert flat["onnx.int8.ort_integer_ops"] >= 14 and flat["onnx.int8.size_ratio_fp32"] >= 3.0
     calib = json.loads((result.run_dir / "calibration" / "calibration.json").read_text())
     assert calib["count"] == 64 and calib["meta"]["by"] == "length" and str(log) in calib["meta"]["source"]
+
+
+def test_minilm_recipe_is_valid_and_its_paths_resolve_against_the_recipe():
+    from pathlib import Path
+
+    from pruneflow.recipe import load_recipe
+
+    recipe = load_recipe(Path("recipes/minilm-sst2.yaml")).recipe
+    repo = Path("recipes").resolve().parent
+    # model kwargs written as relative paths resolve like every other path: against the recipe file
+    assert recipe.model.kwargs["folder"] == str((repo.parent / "shared/data/minilm_l6_h384").resolve())
+    assert recipe.data.tokenizer == recipe.model.kwargs["folder"]
+    types = [s.type for s in recipe.stages]
+    assert types == ["train", "evaluate", "prune", "calibrate", "qat", "evaluate", "export"]
+    calibrate, qat = recipe.stages[3], recipe.stages[4]
+    assert calibrate.source.path == str(repo / "runs/requests/sst2-requests.jsonl") and calibrate.by == "length"
+    assert [p.precision for p in qat.schedule] == ["fp32", "fp16", "int8"] and qat.distill is not None
