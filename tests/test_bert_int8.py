@@ -181,9 +181,9 @@ def test_tiny_minilm_recipe_end_to_end(tmp_path):
     recipe["model"]["kwargs"] = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "intermediate_size": 128,
                                  "max_positions": 64, "seed": 0}
     recipe["data"].update(train=str(sst2 / "train.parquet"), eval=str(sst2 / "dev.parquet"), tokenizer=str(sst2 / "vocab.txt"),
-                          max_length=48, max_train_samples=600, max_eval_samples=200)
+                          max_length=48, max_train_samples=1000, max_eval_samples=200)
     finetune, _, prune, calibrate, qat, _, export = recipe["stages"]
-    finetune.update(epochs=3, lr=0.002, freeze=[])
+    finetune.update(epochs=4, lr=0.002, warmup_epochs=0.5, freeze=[])  # from scratch: 0.69 here (chance 0.51)
     prune.update(rounds=1, importance_batches=2)
     prune["finetune"].update(lr=0.0005, freeze=[])
     calibrate.update(size=64, source={**calibrate["source"], "path": str(log)})
