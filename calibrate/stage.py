@@ -134,5 +134,16 @@ class CalibrateStage(Stage[CalibrateConfig]):
             artifacts.append(Artifact.from_file(ctx.run_dir, folder / "amct" / "calibration_list.txt",
                                                 kind="amct-calibration", producer=self.id))
         metrics = {"count": len(calib), "fingerprint": calib.fingerprint, "duplicates_removed": info["duplicates_removed"]}
-        return StageResult(metrics=metrics, artifacts=artifacts,
-                           tables={"histogram": [{"class": k, "count": v} for k, v in info.get("histogram", {}).items()]})
+        tables = {"histogram": [{"class": k, "count": v} for k, v in info.get("histogram", {}).items()]}
+        if groups is not None and cfg.by == "length":
+            tables["length_buckets"] = _bucket_table(groups, calib)
+        return StageResult(metrics=metrics, artifacts=artifacts, tables=tables)
+
+
+def _bucket_table(groups: list[str], calib) -> list[dict]:
+    """Token-length buckets: samples of the source and of the set in each (stratified: proportional)."""
+    from .sampling import LENGTH_EDGES, length_buckets
+
+    chosen = list(length_buckets(calib.x))
+    order = [f"{lo + 1}-{hi}" for lo, hi in zip((0, *LENGTH_EDGES[:-1]), LENGTH_EDGES)] + [f">{LENGTH_EDGES[-1]}"]
+    return [{"tokens": b, "source": groups.count(b), "count": chosen.count(b)} for b in order if b in groups]

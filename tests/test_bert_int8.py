@@ -203,7 +203,10 @@ def test_tiny_minilm_recipe_end_to_end(tmp_path):
         assert flat[f"{label}.top1_agreement"] >= 0.95, label
     assert flat["onnx.int8.ort_integer_ops"] >= 14 and flat["onnx.int8.size_ratio_fp32"] >= 3.0
     calib = json.loads((result.run_dir / "calibration" / "calibration.json").read_text())
-    assert calib["count"] == 64 and calib["meta"]["by"] == "length" and str(log) in calib["meta"]["source"]
+    assert calib["count"] == 64 and calib["by"] == "length" and calib["source"] == str(log)
+    buckets = json.loads((result.run_dir / "metrics.json").read_text())["tables"]["calibrate"]["length_buckets"]
+    assert sum(b["count"] for b in buckets) == 64 and sum(b["source"] for b in buckets) == 200
+    assert all(abs(b["count"] - 64 * b["source"] / 200) <= 2 for b in buckets)  # proportional to the log
 
 
 def test_minilm_recipe_is_valid_and_its_paths_resolve_against_the_recipe():
