@@ -127,10 +127,15 @@ def node_names(model: nn.Module, example: Inputs) -> set[str]:
 
 def has_attention(model: nn.Module) -> bool:
     """Whether ``model`` holds attention modules: torch's (``nn.MultiheadAttention``, transformer layers),
-    pruneflow's ``HeadAttention`` or a library's (a class whose name ends in ``Attention``, as transformers'
-    ``BertSelfAttention`` and timm's ``Attention`` do)."""
+    pruneflow's ``HeadAttention`` or a library's (a class whose name ends in ``Attention`` and that holds Linear
+    projections, as transformers' ``BertSelfAttention`` and timm's ``Attention`` do; a CNN's convolutional
+    "channel attention" gate does not count)."""
     torch_types = (nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)
-    return any(isinstance(m, torch_types) or type(m).__name__.endswith("Attention") for m in model.modules())
+
+    def projected(m: nn.Module) -> bool:
+        return type(m).__name__.endswith("Attention") and any(isinstance(c, nn.Linear) for c in m.modules())
+
+    return any(isinstance(m, torch_types) or projected(m) for m in model.modules())
 
 
 def resolve_model_type(model: nn.Module, model_type: str) -> str:

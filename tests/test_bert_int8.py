@@ -65,6 +65,14 @@ def test_auto_picks_transformer_for_attention_models_only():
     assert not has_attention(digits_cnn()) and resolve_model_type(digits_cnn(), "auto") == "cnn"
     assert resolve_model_type(_tiny_bert(), "cnn") == "cnn"
 
+    class ChannelAttention(nn.Module):  # a CNN's convolutional gate (CBAM-style) is not attention over tokens
+        def __init__(self):
+            super().__init__()
+            self.gate = nn.Conv2d(8, 8, 1)
+
+    assert resolve_model_type(nn.Sequential(nn.Conv2d(3, 8, 3), ChannelAttention()), "auto") == "cnn"
+    assert resolve_model_type(nn.Sequential(nn.Linear(4, 8), nn.MultiheadAttention(8, 2)), "auto") == "transformer"
+
 
 def test_transformer_type_quantizes_linears_not_tokens_embeddings_or_norms(quantized_bert):
     model, q, x = quantized_bert
