@@ -139,10 +139,18 @@ def has_attention(model: nn.Module) -> bool:
 
 
 def resolve_model_type(model: nn.Module, model_type: str) -> str:
-    """``auto`` → ``transformer`` when the model has attention (``has_attention``), else ``cnn``."""
+    """``auto`` → ``transformer`` for a text transformer (attention, ``has_attention``, over token embeddings,
+    ``nn.Embedding``), else ``cnn``.
+
+    A vision transformer stays ``cnn``: under NNCF's transformer type its pre-norm residual stream is left
+    unquantized, and TensorRT's explicit-quantization convention refuses a residual Add with one float input
+    (measured on tests/families/vit.py: the tensorrt INT8 form fails its convention check); the ``cnn`` type
+    exports both forms. ``model_type: transformer`` still asks for it.
+    """
     if model_type != "auto":
         return model_type
-    return "transformer" if has_attention(model) else "cnn"
+    tokens = any(isinstance(m, nn.Embedding) for m in model.modules())
+    return "transformer" if tokens and has_attention(model) else "cnn"
 
 
 def quantize(model: nn.Module, calib: CalibrationSet, *, ignore: list[str] | None = None, preset: str = "performance",
@@ -161,7 +169,7 @@ def quantize(model: nn.Module, calib: CalibrationSet, *, ignore: list[str] | Non
     NNCF use unsigned quantizers after ReLU (one more bit there, but no exact TensorRT form).
 
     ``model_type``: ``transformer`` uses NNCF's transformer model type (see ``nncf_quantize``), ``cnn`` its
-    default, ``auto`` the former when the model has attention modules.
+    default, ``auto`` the former for text transformers (``resolve_model_type``).
     """
     ensure_built()
     params = next(model.parameters(), None)

@@ -42,7 +42,8 @@ class QuantizeSettings(StrictModel):
     model_type: Literal["auto", "cnn", "transformer"] = Field(
         default="auto", description="NNCF's model type. `transformer`: Linear inputs and the attention score MatMul quantized; "
         "LayerNorm, Softmax, GELU, the context MatMul and embedding lookups kept float (the word-embedding table is stored "
-        "int8 weight-only at export); `cnn`: NNCF's default; `auto`: `transformer` when the model has attention modules.")
+        "int8 weight-only at export); `cnn`: NNCF's default; `auto`: `transformer` for text transformers (attention over token "
+        "embeddings: BERT), `cnn` otherwise (a ViT too: its TensorRT INT8 form needs the cnn type's residual quantizers).")
     calibration_size: int = Field(default=300, ge=1, description="Samples for range initialisation when no calibrate stage ran.")
     batch_size: int = Field(default=32, ge=1, description="Batch size for range initialisation.")
     accuracy_control: AccuracyControl | None = Field(

@@ -71,7 +71,10 @@ def test_auto_picks_transformer_for_attention_models_only():
             self.gate = nn.Conv2d(8, 8, 1)
 
     assert resolve_model_type(nn.Sequential(nn.Conv2d(3, 8, 3), ChannelAttention()), "auto") == "cnn"
-    assert resolve_model_type(nn.Sequential(nn.Linear(4, 8), nn.MultiheadAttention(8, 2)), "auto") == "transformer"
+    # attention over token embeddings is a text transformer; a ViT's attention over patches stays cnn
+    assert resolve_model_type(nn.Sequential(nn.Embedding(10, 8), nn.MultiheadAttention(8, 2)), "auto") == "transformer"
+    assert has_attention(nn.Sequential(nn.Linear(4, 8), nn.MultiheadAttention(8, 2)))
+    assert resolve_model_type(nn.Sequential(nn.Linear(4, 8), nn.MultiheadAttention(8, 2)), "auto") == "cnn"
 
 
 def test_transformer_type_quantizes_linears_not_tokens_embeddings_or_norms(quantized_bert):
