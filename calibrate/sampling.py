@@ -105,3 +105,20 @@ def coverage(features: np.ndarray, selected: np.ndarray, chunk: int = 1024, redu
     centers = feats[torch.as_tensor(selected)]
     nearest = torch.cat([torch.cdist(feats[i : i + chunk], centers).min(1).values for i in range(0, len(feats), chunk)])
     return float(nearest.max() if reduce == "max" else nearest.mean())
+
+
+LENGTH_EDGES = (8, 16, 32, 64, 128, 256)
+
+
+def length_buckets(x: "Inputs") -> np.ndarray:
+    """One bucket label a sample from its token count (the attention mask's sum): ``1-8``, ``9-16``, ``17-32``,
+    ... ``>256``, so ``stratified`` keeps the share of short and long requests a service sees. Raises ValueError
+    for inputs without an attention mask (not text)."""
+    from pruneflow.inputs import lengths
+
+    n = lengths(x) if isinstance(x, dict) else None
+    if n is None:
+        raise ValueError("no attention_mask among the inputs: token lengths exist for tokenized text only")
+    names = [f"{lo + 1}-{hi}" for lo, hi in zip((0, *LENGTH_EDGES[:-1]), LENGTH_EDGES)] + [f">{LENGTH_EDGES[-1]}"]
+    index = np.searchsorted(np.asarray(LENGTH_EDGES), n.cpu().numpy(), side="left")
+    return np.asarray(names)[index]

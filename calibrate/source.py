@@ -14,6 +14,7 @@ from pruneflow.errors import ConfigError, InputError, UsageError
 
 from .build import STRATEGIES, build_calibration_set, penultimate_features
 from .consumers import save_set
+from .sampling import length_buckets
 
 SUFFIX_FORMATS = {".jsonl": "jsonl", ".json": "json", ".csv": "csv", ".parquet": "parquet", ".npz": "npz"}
 
@@ -65,7 +66,12 @@ def calibrate_source(source: Path, out: Path, *, size: int, strategy: str, by: s
     update = {k: v for k, v in (("input_column", input_column), ("label_column", label_column)) if v}
     split, ds = load_inputs(spec.model_copy(update=update), fmt, str(source), "SOURCE")
     groups = None
-    if strategy == "stratified" and by not in ("label", label_column or spec.label_column):
+    if strategy == "stratified" and by == "length":  # token-count buckets of tokenized text (sampling.length_buckets)
+        try:
+            groups = length_buckets(split.x)
+        except ValueError as exc:
+            raise UsageError(f"--by length: {exc}") from None
+    elif strategy == "stratified" and by not in ("label", label_column or spec.label_column):
         if by not in ds.column_names:
             raise UsageError(f"--by: the source has no column {by!r}; columns: {', '.join(ds.column_names)}")
         groups = np.asarray([str(v) for v in ds[by]])

@@ -34,7 +34,8 @@ class CalibrateConfig(StageConfig):
     strategy: Literal["random", "stratified", "diverse"] = Field(
         default="diverse", description="`random`; `stratified` (proportional by `by`); `diverse` (greedy k-center in feature space)."
     )
-    by: str = Field(default="label", description="`stratified`: the label, or any column of the source.")
+    by: str = Field(default="label", description="`stratified`: the label, any column of the source, or `length` (tokenized text: "
+                    "buckets of the token count, 1-8, 9-16, 17-32, ..., so short and long requests keep their shares).")
     features: Literal["auto", "inputs", "model"] = Field(
         default="auto", description="`diverse`: the model's penultimate features (`auto` when a model is present) or the raw inputs."
     )
@@ -58,7 +59,7 @@ class CalibrateStage(Stage[CalibrateConfig]):
         if config.split == "train" and not has_train_split(recipe.data):
             yield ConfigError(("stages", index, "split"), "the recipe's data has no train split", value="train",
                               hint="use `split: eval`, give a separate `source`, or give the data a `path` or a `train` source")
-        if config.strategy == "stratified" and config.by not in ("label", recipe.data.label_column):
+        if config.strategy == "stratified" and config.by not in ("label", "length", recipe.data.label_column):
             yield ConfigError(("stages", index, "by"), "only the label can stratify the recipe's data", value=config.by,
                               hint="give a separate `source` to stratify by another column")
 
@@ -69,6 +70,15 @@ class CalibrateStage(Stage[CalibrateConfig]):
             raise ConfigError(self.loc("source", "path"), f"file not found: {source.path}",
                               hint="a relative path is relative to the recipe file that sets it")
         return []
+
+    def _length_buckets(self, split) -> list[str]:
+        from .sampling import length_buckets
+
+        try:
+            return list(length_buckets(split.x))
+        except ValueError as exc:
+            raise ConfigError(self.loc("by"), f"`length` stratifies tokenized text, and {exc}", value="length",
+                              hint="use `by: label`, a column of the source, or strategy: diverse") from None
 
     def _folder(self, ctx):
         # `calibration/` for the usual single stage; a second calibrate stage gets its own folder.
@@ -89,7 +99,7 @@ class CalibrateStage(Stage[CalibrateConfig]):
             spec = ctx.recipe.data.model_copy(update=update)
             split, ds = load_inputs(spec, cfg.source.format, cfg.source.path, key_path(self.loc("source", "path")))
             where = cfg.source.path
-            if cfg.strategy == "stratified" and cfg.by not in ("label", spec.label_column):
+            if cfg.strategy == "stratified" and cfg.by not in ("label", "length", spec.label_column):
                 if cfg.by not in ds.column_names:
                     raise ConfigError(self.loc("by"), f"the source has no such column; columns: {', '.join(ds.column_names)}",
                                       value=cfg.by)
@@ -99,6 +109,8 @@ class CalibrateStage(Stage[CalibrateConfig]):
             if split is None:
                 raise ConfigError(self.loc("split"), f"the recipe's data has no {cfg.split} split", value=cfg.split)
             where = f"recipe data ({cfg.split} split)"
+        if cfg.strategy == "stratified" and cfg.by == "length":  # token-count buckets, even where a column is named so
+            groups = self._length_buckets(split)
         use_model = cfg.features == "model" or (cfg.features == "auto" and state.model is not None)
         features = (lambda x: penultimate_features(state.model, x)) if use_model else None
         import numpy as np
@@ -122,5 +134,16 @@ class CalibrateStage(Stage[CalibrateConfig]):
             artifacts.append(Artifact.from_file(ctx.run_dir, folder / "amct" / "calibration_list.txt",
                                                 kind="amct-calibration", producer=self.id))
         metrics = {"count": len(calib), "fingerprint": calib.fingerprint, "duplicates_removed": info["duplicates_removed"]}
-        return StageResult(metrics=metrics, artifacts=artifacts,
-                           tables={"histogram": [{"class": k, "count": v} for k, v in info.get("histogram", {}).items()]})
+        tables = {"histogram": [{"class": k, "count": v} for k, v in info.get("histogram", {}).items()]}
+        if groups is not None and cfg.by == "length":
+            tables["length_buckets"] = _bucket_table(groups, calib)
+        return StageResult(metrics=metrics, artifacts=artifacts, tables=tables)
+
+
+def _bucket_table(groups: list[str], calib) -> list[dict]:
+    """Token-length buckets: samples of the source and of the set in each (stratified: proportional)."""
+    from .sampling import LENGTH_EDGES, length_buckets
+
+    chosen = list(length_buckets(calib.x))
+    order = [f"{lo + 1}-{hi}" for lo, hi in zip((0, *LENGTH_EDGES[:-1]), LENGTH_EDGES)] + [f">{LENGTH_EDGES[-1]}"]
+    return [{"tokens": b, "source": groups.count(b), "count": chosen.count(b)} for b in order if b in groups]

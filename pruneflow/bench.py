@@ -10,10 +10,12 @@ from .runtime import fresh_batch, open_artifact, time_interleaved
 if TYPE_CHECKING:
     import torch
 
+    from .inputs import Inputs
+
 __all__ = ["cpu_channel_block", "onnx_latency"]
 
 
-def onnx_latency(model: "torch.nn.Module", example: "torch.Tensor", samples: "torch.Tensor", batch_sizes: list[int],
+def onnx_latency(model: "torch.nn.Module", example: "Inputs", samples: "Inputs", batch_sizes: list[int],
                  runs: int) -> dict[str, float]:
     """Median onnxruntime latency (CPU, one thread) of ``model`` exported to a throw-away ONNX file, per batch
     size, on fresh batches of ``samples``: ``{"latency_b32_median_ms": ...}``. What a stage reports for a
@@ -23,11 +25,12 @@ def onnx_latency(model: "torch.nn.Module", example: "torch.Tensor", samples: "to
     from pathlib import Path
 
     from .export.onnx import export_onnx
+    from .inputs import to
 
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "model.onnx"
-        export_onnx(copy.deepcopy(model).cpu(), example.cpu(), path)
+        export_onnx(copy.deepcopy(model).cpu(), to(example, "cpu"), path)
         run = open_artifact(path, runtime="onnxruntime", device="cpu", threads=1)
         for bs in batch_sizes:
             stats = time_interleaved({"model": run}, fresh_batch(samples, bs), warmup=3, runs=runs)["model"]

@@ -14,6 +14,7 @@ import torch
 
 from pruneflow.errors import StageError
 from pruneflow.handle import ModelHandle
+from pruneflow.inputs import call, to
 from pruneflow.stage import Check
 
 CHECK = "NNCF quantization on one batch"
@@ -34,9 +35,10 @@ def quantize_checks(stage, state, ctx) -> list[Check]:
     base = copy.deepcopy(state.model).eval()
     try:
         quantized = quantize(copy.deepcopy(state.model), calib, ignore=cfg.ignore, preset=cfg.preset,
-                             batch_size=cfg.batch_size, activations=cfg.activations, ignore_loc=stage.loc("ignore"))
+                             batch_size=cfg.batch_size, activations=cfg.activations, ignore_loc=stage.loc("ignore"),
+                             model_type=cfg.model_type)
         with torch.no_grad():
-            quantized.eval()(state.data.eval.x.to(ctx.device))
+            call(quantized.eval(), to(state.data.eval.x, ctx.device))
     except StageError as exc:
         return [Check(CHECK, "will fail", exc.message, exc.hint or "")]
     state.handle = ModelHandle(quantized, kind="nncf", float_base=base)

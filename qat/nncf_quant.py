@@ -125,8 +125,37 @@ def node_names(model: nn.Module, example: Inputs) -> set[str]:
     return {node.node_name for node in graph.get_all_nodes()}
 
 
+def has_attention(model: nn.Module) -> bool:
+    """Whether ``model`` holds attention modules: torch's (``nn.MultiheadAttention``, transformer layers),
+    pruneflow's ``HeadAttention`` or a library's (a class whose name ends in ``Attention`` and that holds Linear
+    projections, as transformers' ``BertSelfAttention`` and timm's ``Attention`` do; a CNN's convolutional
+    "channel attention" gate does not count)."""
+    torch_types = (nn.MultiheadAttention, nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)
+
+    def projected(m: nn.Module) -> bool:
+        return type(m).__name__.endswith("Attention") and any(isinstance(c, nn.Linear) for c in m.modules())
+
+    return any(isinstance(m, torch_types) or projected(m) for m in model.modules())
+
+
+def resolve_model_type(model: nn.Module, model_type: str) -> str:
+    """``auto`` → ``transformer`` for a text transformer (attention, ``has_attention``, over token embeddings,
+    ``nn.Embedding``), else ``cnn``.
+
+    A vision transformer stays ``cnn``: under NNCF's transformer type its pre-norm residual stream is left
+    unquantized, and TensorRT's explicit-quantization convention refuses a residual Add with one float input
+    (measured on tests/families/vit.py: the tensorrt INT8 form fails its convention check); the ``cnn`` type
+    exports both forms. ``model_type: transformer`` still asks for it.
+    """
+    if model_type != "auto":
+        return model_type
+    tokens = any(isinstance(m, nn.Embedding) for m in model.modules())
+    return "transformer" if tokens and has_attention(model) else "cnn"
+
+
 def quantize(model: nn.Module, calib: CalibrationSet, *, ignore: list[str] | None = None, preset: str = "performance",
-             batch_size: int = 32, activations: str = "signed", ignore_loc: tuple = ("ignore",)) -> nn.Module:
+             batch_size: int = 32, activations: str = "signed", ignore_loc: tuple = ("ignore",),
+             model_type: str = "auto") -> nn.Module:
     """Insert FakeQuantize operations and set their ranges from ``calib``. Returns the quantized model
     (under a ``SequentialRoot`` when the model's top module is an ``nn.Sequential``).
 
@@ -138,6 +167,9 @@ def quantize(model: nn.Module, calib: CalibrationSet, *, ignore: list[str] | Non
     and a Clip at 127 after a ReLU, zero point 128 elsewhere), so one set of trained scales serves both
     (pruneflow/export/qdq.py). ``"auto"`` lets
     NNCF use unsigned quantizers after ReLU (one more bit there, but no exact TensorRT form).
+
+    ``model_type``: ``transformer`` uses NNCF's transformer model type (see ``nncf_quantize``), ``cnn`` its
+    default, ``auto`` the former for text transformers (``resolve_model_type``).
     """
     ensure_built()
     params = next(model.parameters(), None)
@@ -146,7 +178,8 @@ def quantize(model: nn.Module, calib: CalibrationSet, *, ignore: list[str] | Non
     first = to(next(calib.batches(batch_size)), params.device if params is not None else "cpu")
     was = model.training
     try:
-        quantized = nncf_quantize(model, dataset, items, first, ignore or [], preset, ignore_loc)
+        quantized = nncf_quantize(model, dataset, items, first, ignore or [], preset, ignore_loc,
+                                  resolve_model_type(model, model_type))
     except ConfigError:
         raise
     except Exception as exc:  # noqa: BLE001 - tracing failures come in many types
@@ -164,10 +197,18 @@ def quantize(model: nn.Module, calib: CalibrationSet, *, ignore: list[str] | Non
 
 
 def nncf_quantize(model: nn.Module, dataset, items: int, example: Inputs, ignore: list[str], preset: str,
-                  ignore_loc: tuple) -> nn.Module:
+                  ignore_loc: tuple, model_type: str = "cnn") -> nn.Module:
     """``nncf.quantize`` on ``model`` (rooted, see ``SequentialRoot``) with the recipe's ``ignore`` resolved;
     a TorchScript module or an ``ignore`` entry selecting nothing is a ConfigError, anything else NNCF
-    raises comes out as it is."""
+    raises comes out as it is.
+
+    ``model_type="transformer"``: NNCF's ``ModelType.TRANSFORMER`` (Linear inputs and the attention score
+    MatMul's inputs quantized; LayerNorm, Softmax, GELU and the context MatMul kept float; no quantizer on
+    the int64 token inputs), with embedding lookups left out (``types: [embedding]``: the word-embedding
+    table is stored int8 weight-only by pruneflow/export/embedding.py instead) and SmoothQuant off (it
+    inserts a Mul before every Linear that the INT8 export passes would have to fold; QAT adapts the
+    weights to the grid anyway).
+    """
     import nncf
 
     refuse_scripted(model, ignore_loc[:-1])
@@ -177,11 +218,25 @@ def nncf_quantize(model: nn.Module, dataset, items: int, example: Inputs, ignore
     names = [n for n, _ in model.named_modules() if n]
     nodes = node_names(root, example) if any(not _matched_modules(names, i) for i in ignore) else None
     scope = ignored_scope(model, ignore, ignore_loc, prefix, nodes)
+    kwargs = {} if model_type != "transformer" else transformer_arguments(model, scope)
     try:
         with quiet_nncf():
-            return nncf.quantize(root, dataset, subset_size=items, ignored_scope=scope, preset=nncf.QuantizationPreset(preset))
+            return nncf.quantize(root, dataset, subset_size=items, preset=nncf.QuantizationPreset(preset),
+                                 **{"ignored_scope": scope, **kwargs})
     except nncf.ValidationError as exc:
         raise ConfigError(ignore_loc, str(exc).strip(), hint="use module names from `pruneflow inspect`, or NNCF node-name regexes") from exc
+
+
+def transformer_arguments(model: nn.Module, scope) -> dict:
+    """``nncf.quantize`` arguments for ``model_type="transformer"`` (see ``nncf_quantize``)."""
+    import nncf
+    from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters, AdvancedSmoothQuantParameters
+
+    if any(isinstance(m, nn.Embedding) for m in model.modules()):
+        patterns = list(scope.patterns) if scope is not None else []
+        scope = nncf.IgnoredScope(patterns=patterns, types=["embedding"], validate=scope is not None)
+    advanced = AdvancedQuantizationParameters(smooth_quant_alphas=AdvancedSmoothQuantParameters(matmul=-1))
+    return {"model_type": nncf.ModelType.TRANSFORMER, "ignored_scope": scope, "advanced_parameters": advanced}
 
 
 def attention_fastpath_off(model: nn.Module) -> None:

@@ -39,6 +39,11 @@ class QuantizeSettings(StrictModel):
         "to TensorRT's convention and (as uint8: zero point 0 after a ReLU, 128 elsewhere) to CPU runtimes; `auto`: NNCF may use unsigned "
         "quantizers after ReLU (finer there, but no exact TensorRT form).",
     )
+    model_type: Literal["auto", "cnn", "transformer"] = Field(
+        default="auto", description="NNCF's model type. `transformer`: Linear inputs and the attention score MatMul quantized; "
+        "LayerNorm, Softmax, GELU, the context MatMul and embedding lookups kept float (the word-embedding table is stored "
+        "int8 weight-only at export); `cnn`: NNCF's default; `auto`: `transformer` for text transformers (attention over token "
+        "embeddings: BERT), `cnn` otherwise (a ViT too: its TensorRT INT8 form needs the cnn type's residual quantizers).")
     calibration_size: int = Field(default=300, ge=1, description="Samples for range initialisation when no calibrate stage ran.")
     batch_size: int = Field(default=32, ge=1, description="Batch size for range initialisation.")
     accuracy_control: AccuracyControl | None = Field(
@@ -113,7 +118,8 @@ def _int8(stage: Stage, state, ctx) -> ModelHandle:
     cfg = stage.config
     base = copy.deepcopy(state.model).eval()  # NNCF adds its hooks in place
     quantized = quantize(state.model, _calibration(stage, state, ctx), ignore=cfg.ignore, preset=cfg.preset,
-                         batch_size=cfg.batch_size, activations=cfg.activations, ignore_loc=stage.loc("ignore"))
+                         batch_size=cfg.batch_size, activations=cfg.activations, ignore_loc=stage.loc("ignore"),
+                         model_type=cfg.model_type)
     return ModelHandle(quantized, kind="nncf", float_base=base)
 
 
@@ -125,7 +131,7 @@ def _check_model(stage: Stage, model: nn.Module, batch) -> list[str]:
     from .nncf_preflight import check_quantizable
 
     cfg = stage.config
-    return check_quantizable(model, batch, ignore=cfg.ignore, preset=cfg.preset, loc=stage.loc())
+    return check_quantizable(model, batch, ignore=cfg.ignore, preset=cfg.preset, loc=stage.loc(), model_type=cfg.model_type)
 
 
 class PtqStage(Stage[PtqConfig]):

@@ -97,6 +97,10 @@ class OnnxTarget(Target[OnnxConfig]):
         artifact.notes += report.notes
         if form == "cpu":
             _check_runs_in_openvino(path, state.example_input)
+            _integer_ops_record(artifact, path)
+            fp32 = out_dir / "model.fp32.onnx"  # written first when precisions list fp32 before int8
+            if fp32.is_file():
+                artifact.metrics["size_ratio_fp32"] = round(fp32.stat().st_size / path.stat().st_size, 3)
         if form == "tensorrt":
             artifact.notes.append("TensorRT explicit-quantization form (int8, zero point 0, per-channel weights on axis 0); "
                                   "checked and measured here in onnxruntime, which runs it correctly but not fast")
@@ -264,6 +268,44 @@ def _check_runs_in_openvino(path: Path, example: Inputs) -> None:
         path.unlink(missing_ok=True)
         raise ExportError(f"{path.name} runs in onnxruntime but not in OpenVINO: {type(exc).__name__}: {str(exc).splitlines()[0]}",
                           hint="export `int8_forms: [tensorrt]` only, or report the model to pruneflow") from exc
+
+
+# What onnxruntime runs in integer arithmetic once it has fused the QDQ pattern (its optimized graph), and the
+# weighted ops it runs in float (in the CPU form: ops NNCF left float, or patterns ORT does not fuse).
+INTEGER_OPS = frozenset({"MatMulInteger", "MatMulIntegerToFloat", "QLinearMatMul", "QGemm", "QLinearConv", "ConvInteger",
+                         "DynamicQuantizeMatMul", "QAttention", "DynamicQuantizeLinear", "QLinearAdd", "QLinearMul"})
+FLOAT_WEIGHTED_OPS = frozenset({"MatMul", "FusedMatMul", "Gemm", "FusedGemm", "Conv", "FusedConv", "ConvTranspose"})
+
+
+def ort_optimized_ops(path: Path) -> dict[str, list[str]]:
+    """The op types of the graph onnxruntime runs for ``path`` on CPU (``ORT_ENABLE_EXTENDED``, the fusions that do
+    not depend on the host's layout), as {op_type: [node names]}: onnxruntime writes its optimized graph to a file,
+    which is read back (no onnxruntime API returns it otherwise)."""
+    onnx = require("onnx", "pip install onnx", "INT8 ONNX export")
+    ort = require("onnxruntime", "pip install onnxruntime", "the onnx target")
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.log_severity_level = 3
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+        options.optimized_model_filepath = str(Path(tmp) / "optimized.onnx")
+        ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        graph = onnx.load(options.optimized_model_filepath, load_external_data=False).graph
+    ops: dict[str, list[str]] = {}
+    for node in graph.node:
+        ops.setdefault(node.op_type, []).append(node.name)
+    return ops
+
+
+def _integer_ops_record(artifact: Artifact, path: Path) -> None:
+    """Record on ``artifact`` how many ops onnxruntime runs in integer arithmetic and which weighted ops in float."""
+    ops = ort_optimized_ops(path)
+    integer = {op: len(names) for op, names in ops.items() if op in INTEGER_OPS}
+    floats = [f"{op} {name}" for op, names in ops.items() if op in FLOAT_WEIGHTED_OPS for name in names]
+    artifact.metrics.update(ort_integer_ops=sum(integer.values()), ort_float_matmuls=len(floats))
+    detail = ", ".join(f"{n} {op}" for op, n in sorted(integer.items())) or "none"
+    artifact.notes.append(f"onnxruntime (CPU, optimized graph) runs {sum(integer.values())} integer op(s) ({detail}) and "
+                          f"{len(floats)} MatMul/Gemm/Conv in float" + (f": {', '.join(floats[:6])}" if floats else "")
+                          + (" ..." if len(floats) > 6 else ""))
 
 
 def export_int8_onnx(stripped: torch.nn.Module, example: Inputs, path: Path, *, form: "Form", opset: int = 17,

@@ -435,7 +435,8 @@ def _type_tag(model: Any) -> Any:
 
 
 def _resolve_paths(recipe: BaseModel, positions: dict, main_file: Path) -> None:
-    """Make every path field absolute, relative to the file that set it (`--set` values: the CWD)."""
+    """Make every path field absolute, relative to the file that set it (`--set` values: the CWD); so are a
+    factory's ``kwargs`` values written as relative paths (starting ``./`` or ``../``, e.g. a model folder)."""
 
     def base_dir(loc: Loc) -> Path:
         source, _ = positions.get(loc, (str(main_file), None))
@@ -456,6 +457,10 @@ def _resolve_paths(recipe: BaseModel, positions: dict, main_file: Path) -> None:
                 extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
                 if extra.get("x-path") and isinstance(value, str):
                     setattr(obj, name, resolve(value, loc + (name,), factory=name == "factory"))
+                elif name == "kwargs" and isinstance(value, dict):  # a factory's `folder: ../data/model`, as written
+                    for key, item in value.items():
+                        if isinstance(item, str) and item.startswith(("./", "../")):
+                            value[key] = resolve(item, loc + (name, key), factory=False)
                 else:
                     walk(value, loc + (name,))
         elif isinstance(obj, list):
