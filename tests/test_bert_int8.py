@@ -218,6 +218,12 @@ def test_tiny_minilm_recipe_end_to_end(tmp_path):
     buckets = json.loads((result.run_dir / "metrics.json").read_text())["tables"]["calibrate"]["length_buckets"]
     assert sum(b["count"] for b in buckets) == 64 and sum(b["source"] for b in buckets) == 200
     assert all(abs(b["count"] - 64 * b["source"] / 200) <= 2 for b in buckets)  # proportional to the log
+    # TensorRT (absent here): bundles whose one profile covers every text input, from the TensorRT-form INT8 ONNX
+    trt = [a for a in result.artifacts if a.target == "tensorrt"]
+    assert {a.precision for a in trt} == {"fp32", "int8"} and {a.status for a in trt} == {"prepared"}
+    status = json.loads((result.run_dir / "export" / "tensorrt" / "int8" / "status.json").read_text())
+    assert {i["name"] for i in status["inputs"]} >= {"input_ids", "attention_mask"}
+    assert set(status["profile"]) == {i["name"] for i in status["inputs"]}
 
 
 def test_minilm_recipe_is_valid_and_its_paths_resolve_against_the_recipe():
