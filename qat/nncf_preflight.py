@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import copy
 
-import torch
 from torch import nn
 
 from pruneflow.errors import ConfigError
+from pruneflow.inputs import Inputs, to
 
 from .nncf_quant import failing_module, nncf_quantize
 from .nncf_setup import ensure_built
 
 
-def _try(model: nn.Module, batch: torch.Tensor, ignore: list[str], preset: str, loc: tuple) -> BaseException | None:
+def _try(model: nn.Module, batch: Inputs, ignore: list[str], preset: str, loc: tuple) -> BaseException | None:
     """Quantize a CPU copy of ``model`` on ``batch``; the exception NNCF raised, or None when it worked."""
     import nncf
 
@@ -37,10 +37,10 @@ def _try(model: nn.Module, batch: torch.Tensor, ignore: list[str], preset: str, 
     return None
 
 
-def check_quantizable(model: nn.Module, batch: torch.Tensor, *, ignore: list[str], preset: str, loc: tuple) -> list[str]:
+def check_quantizable(model: nn.Module, batch: Inputs, *, ignore: list[str], preset: str, loc: tuple) -> list[str]:
     """Raise ConfigError at ``loc`` (the stage) when NNCF cannot quantize ``model``; returns notes otherwise."""
     ensure_built()
-    batch = batch.detach().cpu()
+    batch = to(batch, "cpu")  # a tensor or named tensors (text: input_ids, attention_mask; two_input)
     failure = _try(model, batch, ignore, preset, loc)
     if failure is None:
         return []

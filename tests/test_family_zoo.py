@@ -56,7 +56,7 @@ def _data(name: str, folder: Path) -> dict:
 
 
 def _stages(name: str) -> list[dict]:
-    lr = {"lr": 0.003, "optimizer": "adamw"} if name in ("vit", "convnext", "lstm_text") else {"lr": 0.05}
+    lr = {"lr": 0.01 if name == "convnext" else 0.003, "optimizer": "adamw"} if name in ("vit", "convnext", "lstm_text") else {"lr": 0.05}
     prune = [{"type": "prune", "name": "prune", "target": {"macs": 0.7}, "rounds": 1, "latency": None,
               "finetune": {"epochs": 1, **lr}}]
     if name == "vit":
@@ -165,3 +165,19 @@ def test_doctor_plans_each_family_in_seconds(name, tmp_path):
     failing = [r for r in report["checks"] if r["status"] == "will fail"]
     assert result.exit_code == report["exit_code"] == 0, failing
     assert seconds < 60  # < 30 s alone; the machine is shared with other work here
+
+
+def test_nncf_preflight_takes_named_inputs():
+    """The preflight used to call ``batch.detach()`` on the batch: a model with several inputs (text's
+    input_ids + attention_mask) stopped every qat/ptq run with exit 4 (`'dict' object has no attribute 'detach'`)."""
+    import torch
+
+    from families import lstm_text, two_input
+    from qat.nncf_preflight import check_quantizable
+
+    ids = torch.randint(1, 64, (4, 6))
+    text = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    assert check_quantizable(lstm_text.build(vocab_size=64, embed_dim=8, hidden=8), text, ignore=[],
+                             preset="performance", loc=("stages", 2)) == []
+    both = {"image": torch.rand(4, 1, 8, 8), "meta": torch.randn(4, 4)}
+    assert check_quantizable(two_input.build(), both, ignore=[], preset="performance", loc=("stages", 2)) == []
