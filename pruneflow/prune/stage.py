@@ -12,7 +12,7 @@ from ..bench import onnx_latency
 from ..evaluate import evaluate_model
 from ..stage import Stage, StageResult
 from .blocks import BlockStrategy
-from .channels import ChannelStrategy
+from .channels import ChannelStrategy, check_prunable
 from .config import AnyPruneConfig, BlockPruneConfig, ChannelPruneConfig, HeadPruneConfig, PruneConfig
 from .heads import HeadStrategy
 from .rounds import Strategy, Tuner, importance_batches, run_rounds
@@ -36,6 +36,13 @@ class PruneStage(Stage[AnyPruneConfig]):
     def config_model(cls):
         """The union of the granularity variants, told apart by `granularity` (see ``config.py``)."""
         return PruneConfig
+
+    def check_model(self, model, batch) -> list[str]:
+        """Before any stage of the run trains: channel pruning has a layer to prune (else exit 2 here, not
+        after training)."""
+        if isinstance(self.config, ChannelPruneConfig):
+            check_prunable(model, self.config.ignore, self.loc)
+        return []
 
     def run(self, state, ctx) -> StageResult:
         cfg = self.config
