@@ -104,7 +104,6 @@ def _runtime_figures(artifacts: dict, expected: set[str], accuracy: float) -> di
     assert set(exported) == expected, sorted(exported)
     figures = {}
     for path, a in exported.items():
-        assert a["status"] == "built", (path, a)
         suffixes = ["", "_f32"] if path.endswith(".xml") else [""]
         for suffix in suffixes:  # OpenVINO: as it runs by default (bf16 on this CPU) and with f32 forced
             int8 = ".int8" in path
@@ -112,7 +111,7 @@ def _runtime_figures(artifacts: dict, expected: set[str], accuracy: float) -> di
             assert cosine > (0.98 if int8 or not suffix else 0.9999), (path, suffix, cosine)
             assert top1 >= (0.95 if int8 or not suffix else 1.0), (path, suffix, top1)
             assert abs(acc - accuracy) <= 0.05, (path, suffix, acc, accuracy)
-            figures[path + suffix] = (round(cosine, 4), round(top1, 3), round(acc, 3))
+            figures[path + suffix] = (round(cosine, 4), round(top1, 3), round(acc, 3), a.get("ops_float", 0))
     return figures
 
 
