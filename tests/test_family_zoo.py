@@ -161,6 +161,7 @@ def test_family_prunes_quantizes_and_exports_int8(name, tmp_path):
     print(f"\n{name}: {time.perf_counter() - started:.0f} s; qat {figures}; ptq {ptq_figures}")  # pytest -s
 
 
+@pytest.mark.slow  # 15-120 s each here (a prune round, NNCF, every export built and run), by the machine's load
 @pytest.mark.parametrize("name", ZOO)
 def test_doctor_plans_each_family_in_seconds(name, tmp_path):
     recipe = zoo_recipe(name, tmp_path)
@@ -170,7 +171,8 @@ def test_doctor_plans_each_family_in_seconds(name, tmp_path):
     report = json.loads(result.stdout.strip().splitlines()[-1])
     failing = [r for r in report["checks"] if r["status"] == "will fail"]
     assert result.exit_code == report["exit_code"] == 0, failing
-    assert seconds < 60  # < 30 s alone; the machine is shared with other work here
+    print(f"\ndoctor {name}: {seconds:.1f} s")  # pytest -s
+    assert seconds < 60  # the issue asks < 30 s on an idle machine; this one is shared with other work
 
 
 def test_nncf_preflight_takes_named_inputs():
