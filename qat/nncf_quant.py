@@ -315,11 +315,34 @@ def strip_quantizers(model: nn.Module, example: Inputs) -> nn.Module:
 
     import nncf
 
+    from nncf.torch.function_hook.wrapper import get_hook_storage
+
     copied = copy.deepcopy(model).cpu().eval()
+    hooks = dict(get_hook_storage(copied).named_hooks(remove_duplicate=False))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         one = bind(copied, to(take(example, slice(0, 1)), "cpu"))
-        return nncf.strip(copied, do_copy=False, example_input=one).eval()
+        stripped = nncf.strip(copied, do_copy=False, example_input=one).eval()
+    _strip_shared_quantizers(stripped, hooks)
+    return stripped
+
+
+def _strip_shared_quantizers(stripped: nn.Module, before: dict[str, nn.Module]) -> None:
+    """Finish ``nncf.strip`` for quantizers shared by several hooks (unified scales: the inputs of a Concat).
+
+    NNCF 2.x's strip walks the hooks with ``remove_duplicate=True``, so a shared quantizer is replaced at its
+    first hook only and stays an NNCF quantizer at the others; torch.onnx then writes it as an
+    ``org.openvinotoolkit`` FakeQuantize node that onnxruntime cannot load (issue 15: tests/families/two_input.py,
+    whose image and metadata branches meet in a Concat). Each such hook gets the replacement its twin got."""
+    from nncf.torch.function_hook.wrapper import get_hook_storage
+    from nncf.torch.quantization.layers import BaseQuantizer
+
+    storage = get_hook_storage(stripped)
+    now = dict(storage.named_hooks(remove_duplicate=False))
+    replaced = {id(before[n]): m for n, m in now.items() if n in before and m is not before[n]}
+    for name, module in now.items():
+        if isinstance(module, BaseQuantizer) and id(module) in replaced:
+            storage.set_submodule(name, replaced[id(module)])
 
 
 def quantizer_parameters(model: nn.Module) -> list:

@@ -90,7 +90,9 @@ class _Graph:
         for n in self.g.node:
             for i in n.input:
                 self.consumers.setdefault(i, []).append(n)
-        self.outputs = {o.name for o in self.g.output}
+        # Names read inside If/Loop subgraphs count as outputs: never renamed, rewired or removed (issue 15:
+        # lstm_text's `squeeze(1)` exports as an If whose branches read a tensor of the main graph).
+        self.outputs = {o.name for o in self.g.output} | _subgraph_reads(self.g.node)
 
     def const(self, name: str) -> np.ndarray | None:
         """The value of an initializer or a Constant node's output (through Identity), else None."""
@@ -600,11 +602,23 @@ def residual_problems(graph: _Graph) -> list[str]:
     return problems
 
 
+def _subgraph_reads(nodes) -> set[str]:
+    """Every tensor name read by a node inside a subgraph (If/Loop/Scan branches) of ``nodes``, at any depth."""
+    names: set[str] = set()
+    for node in nodes:
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                names |= {i for n in sub.node for i in n.input} | _subgraph_reads(sub.node)
+    return names
+
+
 def _toposort(graph: _Graph) -> None:
     known = {i.name for i in graph.g.input} | set(graph.inits)
+    produced = {o for n in graph.g.node for o in n.output}  # a subgraph also reads its own tensors: only these wait
     pending, ordered = list(graph.g.node), []
     while pending:
-        ready = [n for n in pending if all(not i or i in known for i in n.input)]
+        ready = [n for n in pending if all(not i or i in known for i in n.input)
+                 and all(i in known for i in _subgraph_reads([n]) if i in produced)]
         if not ready:
             raise ExportError("internal error: the rewritten INT8 graph has a cycle")
         for n in ready:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+from torch import nn
 
 from ..bench import cpu_channel_block
 from ..errors import ConfigError
@@ -17,6 +18,32 @@ from .importance import hessian_saliency, magnitude_saliency, mixed_saliency, ta
 from .rounds import Batches, Plan, Round, Strategy, linear_goal
 from .mha import attention_modules
 from .surgery import make_prunable
+
+
+#: Weighted modules channel pruning never counts as having prunable outputs (they follow their producer).
+_FOLLOWERS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.LayerNorm, nn.GroupNorm)
+
+
+def check_prunable(model: nn.Module, ignore: list[str] | None, loc: Callable[..., tuple]) -> tuple[str, ...]:
+    """The modules kept whole (``ignore``, default the classifier, and attention); a ConfigError on the stage
+    when no Conv/Linear is left to prune, naming the model's other weighted modules (an LSTM text classifier
+    has only its classifier: issue 15). The pipeline calls this before any training (``PruneStage.check_model``)."""
+    attention = attention_modules(model)
+    ignored = tuple(dict.fromkeys(resolve_ignored(model, ignore, loc("ignore")) + tuple(attention)))
+    if prunable_layers(model, ignored):
+        return ignored
+    others = [f"{n} ({type(m).__name__})" for n, m in model.named_modules()
+              if n and n not in ignored and not isinstance(m, (*_FOLLOWERS, nn.Conv1d, nn.Conv2d, nn.Linear))
+              and any(True for _ in m.parameters(recurse=False))]
+    kept = ", ".join(f"{n} ({type(model.get_submodule(n)).__name__})" for n in ignored) or "none"
+    raise ConfigError(
+        loc("ignore") if ignore else loc(),
+        f"channel pruning finds nothing to prune: it removes output channels of Conv and Linear layers, and every one "
+        f"of this model's is kept whole ({kept}: `ignore`, the classifier by default, attention); its other weighted "
+        f"modules ({', '.join(others) or 'none'}) are not pruned by channels",
+        hint="remove this prune stage (calibrate, qat/ptq and export do not need it)"
+        + ("; prune attention with `granularity: heads`" if attention else "")
+        + ("; or shorten `ignore`" if ignore else ""))
 
 
 class ChannelStrategy(Strategy):
@@ -34,10 +61,7 @@ class ChannelStrategy(Strategy):
         self.replaced = make_prunable(model, self.example)
         # Attention is kept whole here: torch-pruning would cut its heads (issue 15); `granularity: heads` removes them.
         self.attention = attention_modules(model)
-        self.ignored = tuple(dict.fromkeys(resolve_ignored(model, cfg.ignore, self.loc("ignore")) + tuple(self.attention)))
-        if not prunable_layers(model, self.ignored):
-            raise ConfigError(self.loc("ignore"), "every prunable layer is ignored; nothing is left to prune",
-                              hint="shorten `ignore` (the classifier is ignored by default)")
+        self.ignored = check_prunable(model, cfg.ignore, self.loc)
         self.opts = PruneOptions(cfg.allocation, cfg.max_layer_ratio, cfg.round_to, self.ignored, cfg.ranking, layer_widths(model))
         self.before = measure(model, self.example, self.ignored)
         self.channels_before = layer_channels(model)

@@ -10,9 +10,11 @@ from __future__ import annotations
 from .. import distributed
 from ..bench import onnx_latency
 from ..evaluate import evaluate_model
+from ..errors import ConfigError
 from ..stage import Stage, StageResult
 from .blocks import BlockStrategy
-from .channels import ChannelStrategy
+from .channels import ChannelStrategy, check_prunable
+from .engine import resolve_ignored
 from .config import AnyPruneConfig, BlockPruneConfig, ChannelPruneConfig, HeadPruneConfig, PruneConfig
 from .heads import HeadStrategy
 from .rounds import Strategy, Tuner, importance_batches, run_rounds
@@ -36,6 +38,17 @@ class PruneStage(Stage[AnyPruneConfig]):
     def config_model(cls):
         """The union of the granularity variants, told apart by `granularity` (see ``config.py``)."""
         return PruneConfig
+
+    def check_model(self, model, batch) -> list[str]:
+        """Before any stage of the run trains: channel pruning has a layer to prune (else exit 2 here, not
+        after training)."""
+        if isinstance(self.config, ChannelPruneConfig):
+            try:
+                resolve_ignored(model, self.config.ignore, self.loc("ignore"))
+            except ConfigError:
+                return []  # an `ignore` entry matching nothing is reported where it was (the stage, doctor's table)
+            check_prunable(model, self.config.ignore, self.loc)
+        return []
 
     def run(self, state, ctx) -> StageResult:
         cfg = self.config
