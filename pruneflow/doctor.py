@@ -28,7 +28,7 @@ import torch
 from .context import Reporter, RunContext, RunState
 from .errors import ConfigError, MissingDependencyError, PruneflowError
 from .handle import ModelHandle
-from .inputs import Inputs, as_numpy, call, to
+from .inputs import Inputs, as_numpy, call, describe, take, to
 from .recipe import LoadedRecipe
 from .stage import Check, Stage
 
@@ -87,7 +87,7 @@ def run_doctor(loaded: LoadedRecipe, reporter: Reporter | None = None) -> Doctor
         inputs = load_inputs(loaded, stages, reporter)
     rows.append(DoctorRow("model", "forward on one batch", "ok",
                           f"{loaded.recipe.model.factory} on a batch of {min(DOCTOR_BATCH, len(inputs.data.eval))} eval samples "
-                          f"{list(inputs.data.eval.x.shape[1:])}"))
+                          f"{_shapes(inputs.data.eval.x)}"))
     with tempfile.TemporaryDirectory(prefix="pruneflow-doctor-") as tmp:
         state, ctx = _probe(loaded, inputs, Path(tmp), reporter)
         rows += _timed("model", lambda: _model_checks(state, Path(tmp)))
@@ -115,14 +115,22 @@ def _probe(loaded: LoadedRecipe, inputs: Any, tmp: Path, reporter: Reporter) -> 
     from .tasks import make_task
 
     data = inputs.data
-    small = DataBundle(**{**data.__dict__, "eval": Split(data.eval.x[:DOCTOR_BATCH], data.eval.y[:DOCTOR_BATCH]),
-                          "train": Split(data.train.x[:DOCTOR_BATCH], data.train.y[:DOCTOR_BATCH]) if data.train is not None else None})
+    head = slice(0, DOCTOR_BATCH)
+    small = DataBundle(**{**data.__dict__, "eval": Split(take(data.eval.x, head), data.eval.y[head]),
+                          "train": Split(take(data.train.x, head), data.train.y[head]) if data.train is not None else None})
     recipe = loaded.recipe
     ctx = RunContext(run_dir=tmp, recipe=recipe, recipe_file=loaded.file, seed=recipe.seed, device=inputs.device,
                      reporter=reporter)
     state = RunState(handle=ModelHandle(copy.deepcopy(inputs.model).to(inputs.device)), task=make_task(recipe.task),
                      data=small, model_key="doctor", example_input=to(inputs.example, inputs.device))
     return state, ctx
+
+
+def _shapes(x: Inputs) -> str:
+    """One sample's shape, or each named input's (``input_ids [sequence] int64``)."""
+    if isinstance(x, torch.Tensor):
+        return str(list(x.shape[1:]))
+    return ", ".join(f"{k} {d['shape']} {d['dtype']}" for k, d in describe(x).items())
 
 
 def _example(state: RunState) -> Inputs:

@@ -172,7 +172,7 @@ def test_doctor_plans_each_family_in_seconds(name, tmp_path):
     failing = [r for r in report["checks"] if r["status"] == "will fail"]
     assert result.exit_code == report["exit_code"] == 0, failing
     print(f"\ndoctor {name}: {seconds:.1f} s")  # pytest -s
-    assert seconds < 60  # the issue asks < 30 s on an idle machine; this one is shared with other work
+    assert seconds < 30  # the issue's bound; 4-7 s each on an idle 2-core machine
 
 
 def test_nncf_preflight_takes_named_inputs():
