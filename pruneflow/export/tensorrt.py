@@ -23,7 +23,7 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -37,28 +37,32 @@ SOURCE_NAMES = {"fp32": "model.fp32.onnx", "fp16": "model.fp16.onnx", "int8": "m
 UPSTREAM_LABELS = {"fp32": "onnx.fp32", "fp16": "onnx.fp16", "int8": "onnx.int8_tensorrt"}
 
 
-class TensorRtShapes(StrictModel):
+class _ProfileRange(StrictModel):
+    """One optimisation-profile axis: ``min <= opt <= max``, checked when the recipe loads."""
+
+    what: ClassVar[str] = "the profile"
+    min: int
+    opt: int
+    max: int
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "_ProfileRange":
+        if not self.min <= self.opt <= self.max:
+            raise ValueError(f"{self.what} needs min <= opt <= max, got min {self.min}, opt {self.opt}, max {self.max}")
+        return self
+
+
+class TensorRtShapes(_ProfileRange):
     min: int = Field(default=1, ge=1, description="Smallest batch size the engine accepts (optimisation profile `min`).")
     opt: int = Field(default=8, ge=1, description="Batch size TensorRT tunes its kernels for (profile `opt`).")
     max: int = Field(default=32, ge=1, description="Largest batch size the engine accepts (profile `max`).")
 
-    @model_validator(mode="after")
-    def _ordered(self) -> "TensorRtShapes":
-        if not self.min <= self.opt <= self.max:
-            raise ValueError(f"the profile needs min <= opt <= max, got min {self.min}, opt {self.opt}, max {self.max}")
-        return self
 
-
-class TensorRtSequence(StrictModel):
+class TensorRtSequence(_ProfileRange):
+    what: ClassVar[str] = "the sequence range"
     min: int = Field(default=1, ge=1, description="Shortest sequence (tokens) the engine accepts (profile `min`).")
     opt: int = Field(default=64, ge=1, description="Sequence length TensorRT tunes its kernels for (profile `opt`).")
     max: int = Field(default=128, ge=1, description="Longest sequence (tokens) the engine accepts (profile `max`).")
-
-    @model_validator(mode="after")
-    def _ordered(self) -> "TensorRtSequence":
-        if not self.min <= self.opt <= self.max:
-            raise ValueError(f"the sequence range needs min <= opt <= max, got min {self.min}, opt {self.opt}, max {self.max}")
-        return self
 
 
 class TensorRtConfig(TargetConfig):
