@@ -92,22 +92,33 @@ def run_variant(name: str, stages: list[dict], args, checkpoint: str | None) -> 
     result = run_recipe(load_recipe(path), out=args.out)
     if result.exit_code != 0:
         raise SystemExit(f"{name}: run failed (exit {result.exit_code}): {[g for g in result.gates if not g.passed]}")
-    row: dict = {"variant": name, "run_dir": str(result.run_dir), "run_seconds": round(time.perf_counter() - start, 1)}
-    for s in result.stages:
-        row[f"{s.id}.seconds"] = round(s.seconds, 1)
+    return dict(row_from_run(Path(result.run_dir), name), run_seconds=round(time.perf_counter() - start, 1))
+
+
+def row_from_run(run_dir: Path, name: str) -> dict:
+    """A results row read from a finished run folder's manifest.json (a benchmark variant or a recipe run)."""
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    if manifest.get("status") != "complete":
+        raise SystemExit(f"{run_dir}: the run is {manifest.get('status')!r}, not complete")
+    row: dict = {"variant": name, "run_dir": str(run_dir),
+                 "run_seconds": round(sum(s["seconds"] for s in manifest["stages"]), 1)}
+    for s in manifest["stages"]:
+        row[f"{s['id']}.seconds"] = round(s["seconds"], 1)
         for key in ("accuracy", "macs", "params", "macs_reduction", "heads", "accuracy_fp32", "accuracy_fp16",
                     "accuracy_int8"):
-            if key in s.metrics:
-                row[f"{s.id}.{key}"] = s.metrics[key]
-    for key, value in result.metrics.items():
-        if key.split(".")[0] in ("onnx", "openvino") and key.split(".")[-1] in ("accuracy", "cosine", "top1_agreement"):
-            row[key] = value
-    for a in result.artifacts:
-        if a.target:
-            row[f"{a.label}.bytes"] = a.size_bytes
-            row[f"{a.label}.path"] = str(Path(result.run_dir) / a.path)
-        elif a.kind == "checkpoint":
-            row["checkpoint"] = str(Path(result.run_dir) / a.path)
+            if key in s["metrics"]:
+                row[f"{s['id']}.{key}"] = s["metrics"][key]
+    for a in manifest["artifacts"]:
+        if a["target"] and a["status"] == "built":
+            form = f"_{a['form']}" if a.get("form") and a["form"] != "cpu" else ""
+            label = f"{a['target']}.{a['precision']}{form}"
+            row[f"{label}.bytes"] = a["size_bytes"]
+            row[f"{label}.path"] = str(run_dir / a["path"])
+            for key in ("accuracy", "cosine", "top1_agreement"):
+                if key in a["metrics"]:
+                    row[f"{label}.{key}"] = a["metrics"][key]
+        elif a["kind"] == "checkpoint":
+            row["checkpoint"] = str(run_dir / a["path"])
     return row
 
 
@@ -126,14 +137,15 @@ def dev_batches(sizes=(1, 32)) -> dict[int, dict]:
 
 def side_by_side_latency(rows: dict, runs: int) -> dict:
     """Every artifact in one interleaved loop per batch size, so machine load hits all alike."""
+    pruned = "pruned + qat" if "pruned + qat" in rows else "recipe: pruned + qat"
     picks = {"onnxruntime fp32": ("finetune", "onnx.fp32", {}), "onnxruntime int8 (qat)": ("qat", "onnx.int8", {}),
              "onnxruntime int8 (ptq)": ("ptq", "onnx.int8", {}),
-             "onnxruntime pruned fp32": ("pruned + qat", "onnx.fp32", {}),
-             "onnxruntime pruned int8": ("pruned + qat", "onnx.int8", {}),
+             "onnxruntime pruned fp32": (pruned, "onnx.fp32", {}),
+             "onnxruntime pruned int8": (pruned, "onnx.int8", {}),
              "openvino fp32 (default)": ("finetune", "openvino.fp32", {}),
              "openvino fp32 (f32)": ("finetune", "openvino.fp32", {"precision_hint": "f32"}),
              "openvino int8 (default)": ("qat", "openvino.int8", {}),
-             "openvino pruned int8 (default)": ("pruned + qat", "openvino.int8", {})}
+             "openvino pruned int8 (default)": (pruned, "openvino.int8", {})}
     runners = {}
     for name, (variant, label, kw) in picks.items():
         path = rows.get(variant, {}).get(f"{label}.path")
@@ -162,6 +174,12 @@ def main() -> int:
     parser.add_argument("--only", default="", help="comma-separated variant names to run")
     parser.add_argument("--quick", action="store_true", help="256 train / 128 dev rows, 1 epoch: a smoke test")
     parser.add_argument("--force", action="store_true", help="rerun variants that already have results")
+    parser.add_argument("--finetuned", type=Path, default=None,
+                        help="a fine-tuned checkpoint (e.g. RUN/stages/01-finetune/model.pt of recipes/minilm-sst2.yaml) "
+                        "used as the baseline instead of fine-tuning here")
+    parser.add_argument("--recipe-run", type=Path, default=None,
+                        help="a finished run folder of recipes/minilm-sst2.yaml: its pruned + INT8 artifacts replace "
+                        "the 'pruned + qat' variant")
     args = parser.parse_args()
     if args.quick:
         args.train_samples, args.epochs, args.calib, args.runs = 256, 1, 64, 5
@@ -172,12 +190,20 @@ def main() -> int:
     chosen = variants(args)
     if args.only:
         chosen = {k: v for k, v in chosen.items() if k in args.only.split(",") or k == "finetune"}
+    if args.finetuned:  # a recipe run's fine-tuned checkpoint is the baseline: evaluate and export it, train nothing
+        chosen["finetune"] = ([{"type": "evaluate"}, dict(EXPORT, precisions=["fp32"])], True)
+    if args.recipe_run:  # a finished `pruneflow optimize` run is one more row, read from its manifest
+        chosen = {k: v for k, v in chosen.items() if k != "pruned + qat"}
+        results["variants"]["recipe: pruned + qat"] = dict(row_from_run(args.recipe_run.resolve(), "recipe: pruned + qat"),
+                                                            budget=f"the recipe {args.recipe_run}")
     for name, (stages, from_finetuned) in chosen.items():
         if name in results["variants"] and not args.force:
             print(f"[skip] {name}: already measured", flush=True)
             continue
         print(f"[run ] {name}", flush=True)
-        checkpoint = results["variants"]["finetune"]["checkpoint"] if from_finetuned else None
+        checkpoint = None
+        if from_finetuned:
+            checkpoint = str(args.finetuned.resolve()) if args.finetuned else results["variants"]["finetune"]["checkpoint"]
         results["variants"][name] = run_variant(name, stages, args, checkpoint)
         results_file.write_text(json.dumps(results, indent=2))
     results["latency"] = side_by_side_latency(results["variants"], args.runs)
@@ -190,34 +216,87 @@ def _pct(x) -> str:
     return f"{100 * x:.2f} %" if isinstance(x, (int, float)) else ""
 
 
+def torch_accuracy(row: dict) -> float | None:
+    """The accuracy of the last stage that measured one in torch (``STAGE.accuracy``; runtimes' keys have two dots)."""
+    found = [v for k, v in row.items() if k.endswith(".accuracy") and k.count(".") == 1]
+    return found[-1] if found else None
+
+
+def acceptance(results: dict) -> list[tuple[str, str, bool]]:
+    """Issue 13's acceptance lines, each (what, measured, held), computed from the rows and the latency loop."""
+    v, b32 = results["variants"], results.get("latency", {}).get("b32", {})
+    base = v["finetune"]
+    ref, qat = v.get("fp32 same budget", base), v.get("qat", {})
+    pruned = v.get("pruned + qat") or v.get("recipe: pruned + qat") or {}
+    ms = {k: b32[k]["median_ms"] for k in b32 if isinstance(b32[k], dict)}
+    out: list[tuple[str, str, bool]] = []
+    for rt in ("onnx", "openvino"):
+        a, r = qat.get(f"{rt}.int8.accuracy"), ref.get(f"{rt}.fp32.accuracy")
+        if a is not None and r is not None:
+            out.append((f"QAT INT8 top-1 drop vs same-budget FP32 in {rt} <= 0.3 pt", f"{100 * (r - a):.2f} pt", 100 * (r - a) <= 0.3))
+    if qat.get("onnx.int8.bytes") and base.get("onnx.fp32.bytes"):
+        ratio = base["onnx.fp32.bytes"] / qat["onnx.int8.bytes"]
+        out.append(("INT8 ONNX >= 3.5x smaller than FP32 ONNX", f"{ratio:.2f}x", ratio >= 3.5))
+    fp32, int8 = ms.get("onnxruntime fp32"), ms.get("onnxruntime int8 (qat)")
+    if fp32 and int8:
+        out.append(("ORT INT8 >= 2x faster than ORT FP32 at batch 32", f"{fp32 / int8:.2f}x", fp32 / int8 >= 2))
+    for q in ("onnxruntime int8 (qat)", "openvino int8 (default)"):
+        for ov in ("openvino fp32 (default)", "openvino fp32 (f32)"):
+            if q in ms and ov in ms:
+                out.append((f"{q} faster than {ov} at batch 32", f"{ms[q]:.1f} vs {ms[ov]:.1f} ms", ms[q] < ms[ov]))
+    if "prune.macs_reduction" in pruned:
+        red = pruned["prune.macs_reduction"]
+        out.append(("pruning: >= 1.5x fewer MACs", f"{red:.2f}x", red >= 1.5))
+        r = ref.get("onnx.fp32.accuracy")
+        if pruned.get("prune.accuracy") is not None and r is not None:
+            drop = 100 * (r - pruned["prune.accuracy"])
+            out.append(("pruning: drop vs same-budget FP32 <= 1.0 pt (pruned FP32, torch)", f"{drop:.2f} pt", drop <= 1.0))
+        if fp32 and ms.get("onnxruntime pruned fp32"):
+            gain = fp32 / ms["onnxruntime pruned fp32"]
+            out.append(("pruning: measured ORT b32 latency gain / MACs reduction", f"{gain:.2f}x / {red:.2f}x", True))
+    if pruned.get("onnx.int8.bytes") and base.get("onnx.fp32.bytes"):
+        ratio = base["onnx.fp32.bytes"] / pruned["onnx.int8.bytes"]
+        out.append(("pruned + INT8 >= 5x smaller than FP32 ONNX", f"{ratio:.2f}x", ratio >= 5))
+    if fp32 and ms.get("onnxruntime pruned int8"):
+        speed = fp32 / ms["onnxruntime pruned int8"]
+        out.append(("pruned + INT8 >= 3x faster than FP32 in ORT at batch 32", f"{speed:.2f}x", speed >= 3))
+    a, r = pruned.get("onnx.int8.accuracy"), ref.get("onnx.fp32.accuracy")
+    if a is not None and r is not None:
+        out.append(("pruned + INT8 drop vs same-budget FP32 (ORT) <= 1.0 pt", f"{100 * (r - a):.2f} pt", 100 * (r - a) <= 1.0))
+    return out
+
+
 def report(results: dict, out: Path) -> None:
     v, s = results["variants"], results["settings"]
     base = v["finetune"]
+    budget = (f"the fine-tuned checkpoint {s['finetuned']}" if s.get("finetuned") else
+              f"{s['train_samples']} stratified SST-2 train phrases, {s['epochs']} epoch(s) at lr {s['lr']:g}")
     lines = ["# MiniLM-L6 on SST-2: fine-tune, prune, INT8" + (" (QUICK smoke run, not the acceptance figures)" if s["quick"] else ""),
-             "", f"Budget: {s['train_samples']} stratified SST-2 train phrases, fine-tuning {s['epochs']} epoch(s) at "
-             f"lr {s['lr']:g}, QAT {s['qat_epochs']} epoch(s) at lr {s['qat_lr']:g}, calibration {s['calib']} rows. "
-             "Accuracy on the dev split in each runtime.", "",
+             "", f"Baseline: {budget}. Later variants: {s['train_samples']} stratified train phrases, QAT (and its FP32 "
+             f"reference) {s['qat_epochs']} epoch(s) at lr {s['qat_lr']:g} with KD from the baseline, calibration "
+             f"{s['calib']} rows. Accuracy on the whole dev split in each runtime (OpenVINO: its default precision).", "",
              "| variant | torch | ORT fp32 | ORT int8 | OV fp32 | OV int8 | ORT int8 vs same-budget FP32 | run s |",
              "|---|---|---|---|---|---|---|---|"]
     ref = v.get("fp32 same budget", {}).get("onnx.fp32.accuracy", base.get("onnx.fp32.accuracy"))
     for r in v.values():
-        torch_acc = next((r[k] for k in r if k.endswith(".accuracy") and k.split(".")[0] in
-                          ("train", "evaluate", "qat", "ptq", "prune")), None)
         drop = r.get("onnx.int8.accuracy")
         drop_txt = f"{100 * (drop - ref):+.2f} pt" if isinstance(drop, float) and isinstance(ref, float) else ""
-        lines.append(f"| {r['variant']} | {_pct(torch_acc)} | {_pct(r.get('onnx.fp32.accuracy'))} | "
+        lines.append(f"| {r['variant']} | {_pct(torch_accuracy(r))} | {_pct(r.get('onnx.fp32.accuracy'))} | "
                      f"{_pct(r.get('onnx.int8.accuracy'))} | {_pct(r.get('openvino.fp32.accuracy'))} | "
                      f"{_pct(r.get('openvino.int8.accuracy'))} | {drop_txt} | {r['run_seconds']} |")
     fp32_bytes = base.get("onnx.fp32.bytes")
     lines += ["", "| artifact | bytes | FP32 ONNX / this |", "|---|---|---|"]
-    for name in ("finetune", "qat", "pruned + qat"):
+    for name in ("finetune", "qat", "ptq", "pruned + qat", "recipe: pruned + qat"):
         for label in ("onnx.fp32", "onnx.int8", "openvino.fp32", "openvino.int8"):
             b = v.get(name, {}).get(f"{label}.bytes")
             if b and fp32_bytes:
                 lines.append(f"| {name}: {label} | {b:,} | {fp32_bytes / b:.2f}x |")
-    pruned = v.get("pruned + qat", {})
+    pruned = v.get("pruned + qat") or v.get("recipe: pruned + qat") or {}
     if "prune.macs_reduction" in pruned:
-        lines += ["", f"Pruning: {pruned['prune.macs_reduction']:.2f}x fewer MACs, accuracy {_pct(pruned.get('prune.accuracy'))}."]
+        phases = ", ".join(f"{p} {_pct(pruned[f'qat.accuracy_{p}'])}" for p in ("fp32", "fp16", "int8")
+                           if f"qat.accuracy_{p}" in pruned)
+        lines += ["", f"Pruning ({pruned['variant']}): {pruned['prune.macs_reduction']:.2f}x fewer MACs, accuracy after "
+                  f"pruning {_pct(pruned.get('prune.accuracy'))}" + (f"; QAT phases (torch): {phases}" if phases else "") + "."]
     lat = results.get("latency", {})
     cpu = lat.get("host", {}).get("cpu", {})
     lines += ["", f"Latency, 1 thread, interleaved, {lat.get('runs')} runs each (ms). Host: {cpu.get('model')}, "
@@ -229,7 +308,8 @@ def report(results: dict, out: Path) -> None:
         lines.append(f"| {name} | {b1.get(name, {}).get('median_ms', float('nan')):.2f} | {b32[name]['median_ms']:.2f} | "
                      f"{b32[name]['p99_ms']:.2f} | {speed:.2f}x |")
     lines += ["", f"Sequence lengths: batch 1 = {b1.get('sequence_length')}, batch 32 = {b32.get('sequence_length')} "
-              "(the first dev rows, padded to the longest)."]
+              "(the first dev rows, padded to the longest).", "", "| acceptance (issue 13) | measured | held |", "|---|---|---|"]
+    lines += [f"| {what} | {value} | {'yes' if held else 'NO'} |" for what, value, held in acceptance(results)]
     text = "\n".join(lines) + "\n"
     (out / "results.md").write_text(text)
     print(text)

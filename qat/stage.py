@@ -13,6 +13,7 @@ from torch import nn
 from pruneflow import distributed
 from pruneflow.distill import DistillSpec, Distiller, frozen_copy
 from pruneflow.evaluate import evaluate_model
+from pruneflow.export.embedding import snap_embedding_tables
 from pruneflow.handle import ModelHandle
 from pruneflow.stage import Stage, StageConfig, StageResult, StrictModel
 from pruneflow.train import FinetuneSettings, fit
@@ -114,9 +115,16 @@ def _controlled(stage: Stage, state, ctx, result: StageResult, fp32: dict, int8:
 
 def _int8(stage: Stage, state, ctx) -> ModelHandle:
     """The quantized model as an ``nncf`` handle whose float base is the model that entered quantization
-    (checkpoints rebuild the quantizers on it; fp32/fp16 exports copy the trained weights into it)."""
+    (checkpoints rebuild the quantizers on it; fp32/fp16 exports copy the trained weights into it).
+
+    Word-embedding tables the INT8 export stores in int8 are first put on that grid and frozen
+    (``snap_embedding_tables``), so the quantized model measured here is the one the artifacts compute."""
     cfg = stage.config
     base = copy.deepcopy(state.model).eval()  # NNCF adds its hooks in place
+    snapped = snap_embedding_tables(state.model)
+    if snapped:
+        ctx.reporter.info(f"{stage.id}: word-embedding table(s) {', '.join(snapped)} put on the int8 grid the export "
+                          "stores them in (weight-only, per-row scales) and frozen")
     quantized = quantize(state.model, _calibration(stage, state, ctx), ignore=cfg.ignore, preset=cfg.preset,
                          batch_size=cfg.batch_size, activations=cfg.activations, ignore_loc=stage.loc("ignore"),
                          model_type=cfg.model_type)

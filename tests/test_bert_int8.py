@@ -100,6 +100,7 @@ def test_bert_int8_onnx_runs_integer_matmuls_and_stores_embedding_int8(quantized
     import onnxruntime as ort
 
     from pruneflow.export.onnx import export_int8_onnx, ort_optimized_ops
+    from pruneflow.export.qdq import check_convention
     from pruneflow.inputs import feed
 
     model, q, x = quantized_bert
@@ -115,6 +116,10 @@ def test_bert_int8_onnx_runs_integer_matmuls_and_stores_embedding_int8(quantized
         got = session.run(None, feed(x, names))[0]
         assert _cosine(expected, got) > 0.995, form
         assert (expected.argmax(1) == got.argmax(1)).mean() >= 0.95, form
+    # TensorRT's residual rule is for Conv+Add fusion: the residual stream of a transformer is not quantized
+    trt = onnx.load(str(paths["tensorrt"]))
+    assert not [n.name for n in trt.graph.node if "skip" in n.name]
+    assert check_convention(trt, "tensorrt") == []
     ops = ort_optimized_ops(paths["cpu"])
     # 6 Linear per layer (q, k, v, attention output, FFN in and out) and the score MatMul of each of 2 layers
     assert len(ops.get("MatMulIntegerToFloat", [])) + len(ops.get("MatMulInteger", [])) >= 14

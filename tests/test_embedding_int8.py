@@ -115,6 +115,31 @@ def test_thresholds_and_shared_tables_are_left_alone():
     assert len(report.tables) == 1 and report.tables[0]["bytes_before"] == big.nbytes
 
 
+def test_snapped_tables_are_the_ones_the_export_stores_and_it_stores_them_exactly(tmp_path, tiny_bert):
+    """qat/ptq put the word table on its int8 grid before quantizing (snap_embedding_tables): the export's
+    rounding then changes nothing, so the artifact reads the rows the measured torch model read."""
+    from pruneflow.export.embedding import snap_embedding_tables
+
+    model, ids, _ = tiny_bert
+    snapped_model = copy.deepcopy(model)
+    names = snap_embedding_tables(snapped_model)
+    assert names == ["model.bert.embeddings.word_embeddings.weight"]  # not the 512x64 position or 2x64 type tables
+    table = snapped_model.model.bert.embeddings.word_embeddings.weight
+    assert not table.requires_grad  # frozen: trained further it would leave its grid
+    before = model.model.bert.embeddings.word_embeddings.weight.detach()
+    q, scale = quantize_rows(before.numpy())
+    np.testing.assert_array_equal(table.detach().numpy(), q * scale[:, None])
+    path = tmp_path / "snapped.onnx"
+    export_onnx(snapped_model, ids, path)
+    proto = onnx.load(str(path))
+    report = quantize_embeddings(proto)
+    assert len(report.tables) == 1 and report.tables[0]["max_abs_error"] < 1e-6  # the same values, to float rounding
+    # a tied table (also an output projection) is left alone, as the export leaves it
+    tied = torch.nn.Sequential(torch.nn.Embedding(8000, 64), torch.nn.Linear(64, 8000))
+    tied[1].weight = tied[0].weight
+    assert snap_embedding_tables(tied) == [] and tied[0].weight.requires_grad
+
+
 def test_rows_round_symmetrically_per_row():
     table = np.array([[0.0, 0.0, 0.0], [1.0, -2.0, 0.5], [1e-3, -1e-3, 0.0]], np.float32)
     q, scale = quantize_rows(table)
