@@ -424,6 +424,7 @@ def _run_stage(stage: Stage, key: str, state: RunState, ctx: RunContext, manifes
                                         precision=state.handle.precision, form=state.handle.form,
                                         parent=state.model_artifact.path if state.model_artifact else f"source:{state.model_key}",
                                         metrics=dict(result.metrics))
+        _pretrained_folder(state, stage_dir, checkpoint)
         artifacts.insert(0, checkpoint)
         state.model_artifact = checkpoint
     seconds = time.perf_counter() - start
@@ -436,6 +437,21 @@ def _run_stage(stage: Stage, key: str, state: RunState, ctx: RunContext, manifes
     state.artifacts.extend(artifacts)
     ctx.reporter.stage_finished(stage.id, seconds, result.metrics)
     return record
+
+
+def _pretrained_folder(state: RunState, stage_dir: Path, checkpoint: Artifact) -> None:
+    """Beside the checkpoint of a float `transformers` model whose shapes still fit its class: ``hf/``, a
+    ``from_pretrained`` folder (pruneflow/zoo/hf.py); the checkpoint's notes say where, or why there is none."""
+    from .zoo.hf import save_pretrained_folder
+
+    if state.handle.quantized:
+        return
+    why = save_pretrained_folder(state.handle.module, stage_dir / "hf")
+    where = (stage_dir / "hf").relative_to(stage_dir.parent.parent)
+    if why is None:
+        checkpoint.notes.append(f"also a transformers from_pretrained folder: {where}")
+    elif why:
+        checkpoint.notes.append(f"no transformers from_pretrained folder: {why}")
 
 
 def _forget_earlier(stage_dir: Path, run_dir: Path) -> None:

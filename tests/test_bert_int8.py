@@ -218,6 +218,11 @@ def test_tiny_minilm_recipe_end_to_end(tmp_path):
         assert flat[f"{label}.accuracy"] >= flat["onnx.fp32.accuracy"] - 0.03, label
         assert flat[f"{label}.top1_agreement"] >= 0.95, label
     assert flat["onnx.int8.ort_integer_ops"] >= 14 and flat["onnx.int8.size_ratio_fp32"] >= 3.0
+    # Deliver 2: the fine-tuned model is also a from_pretrained folder; the head-pruned one cannot be, and says why
+    assert (result.run_dir / "stages" / "01-finetune" / "hf" / "config.json").is_file()
+    assert not (result.run_dir / "stages" / "03-prune" / "hf").exists()
+    pruned = next(a for a in result.artifacts if a.path == "stages/03-prune/model.pt")
+    assert any("no transformers from_pretrained folder" in n for n in pruned.notes)
     calib = json.loads((result.run_dir / "calibration" / "calibration.json").read_text())
     assert calib["count"] == 64 and calib["by"] == "length" and calib["source"] == str(log)
     buckets = json.loads((result.run_dir / "metrics.json").read_text())["tables"]["calibrate"]["length_buckets"]
@@ -246,3 +251,25 @@ def test_minilm_recipe_is_valid_and_its_paths_resolve_against_the_recipe():
     calibrate, qat = recipe.stages[3], recipe.stages[4]
     assert calibrate.source.path == str(repo / "runs/requests/sst2-requests.jsonl") and calibrate.by == "length"
     assert [p.precision for p in qat.schedule] == ["fp32", "fp16", "int8"] and qat.distill is not None
+
+
+def test_a_bert_is_also_a_from_pretrained_folder_while_its_shapes_fit_the_class(tmp_path):
+    """Deliver 2: beside a stage's checkpoint, a transformers folder, when the class can still hold the model."""
+    import transformers
+
+    from pruneflow.prune.transformer import attention_sites, ffn_sites, prune_heads, prune_neurons
+    from pruneflow.zoo.hf import save_pretrained_folder
+
+    model, x = _tiny_bert(), _tokens(n=8)
+    for site in ffn_sites(model):  # FFN neurons pruned alike in every layer: the config's width changes, it fits
+        prune_neurons(site, range(32))
+    assert save_pretrained_folder(model, tmp_path / "hf") is None
+    loaded = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "hf", local_files_only=True,
+                                                                             attn_implementation="eager").eval()
+    assert loaded.config.intermediate_size == 96 and model.model.config.intermediate_size == 128  # live config untouched
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(**x).logits, model(**x), rtol=0, atol=1e-6)
+    prune_heads(attention_sites(model)[0], [1])  # one head fewer in one layer: no config says that
+    why = save_pretrained_folder(model, tmp_path / "pruned")
+    assert why and "query.weight" in why and not (tmp_path / "pruned").exists()
+    assert save_pretrained_folder(nn.Linear(2, 2), tmp_path / "other") == ""  # not a transformers model: nothing said

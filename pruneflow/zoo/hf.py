@@ -4,6 +4,12 @@ a local folder (never from a hub). Wrapped so the model takes the tokenizer's in
 
 from __future__ import annotations
 
+import copy
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -57,3 +63,41 @@ def bert_classifier(folder: str | None = None, num_labels: int = 2, vocab_size: 
         config._attn_implementation = "eager"
         model = tf.BertForSequenceClassification(config)
     return SequenceClassifier(model, pad_id)
+
+
+def save_pretrained_folder(module: nn.Module, folder: Path) -> str | None:
+    """Write ``module`` (a ``SequenceClassifier``) as a folder that ``transformers``'
+    ``AutoModelForSequenceClassification.from_pretrained`` loads, when its shapes still fit the class.
+    Returns None when written, else why not (an empty string: not a `transformers` model at all).
+
+    Fits: every parameter has the shape the class builds from the config, after setting the layer count
+    and the FFN width to what the model has (depth pruning, or FFN neurons pruned alike in every layer).
+    Head pruning never fits: `transformers` 5 has one head count and one head size (hidden / heads) for all
+    layers and no longer re-prunes heads on load. Written to ``FOLDER.tmp`` and renamed when complete."""
+    if not isinstance(module, SequenceClassifier) or not hasattr(module.model, "save_pretrained"):
+        return ""
+    hf: Any = module.model
+    config = copy.deepcopy(hf.config)
+    layers = getattr(getattr(getattr(hf, "base_model", None), "encoder", None), "layer", None)
+    if layers is not None:
+        config.num_hidden_layers = len(layers)
+        widths = {layer.intermediate.dense.out_features for layer in layers if hasattr(layer, "intermediate")}
+        if len(widths) == 1:
+            config.intermediate_size = widths.pop()
+    with torch.device("meta"):
+        built = {k: tuple(v.shape) for k, v in type(hf)(config).state_dict().items()}
+    have = {k: tuple(v.shape) for k, v in hf.state_dict().items()}
+    if built != have:
+        key = next((k for k in have if built.get(k) != have[k]), next(iter(set(built) - set(have)), "?"))
+        return (f"{key} is {list(have.get(key, ()))} where {type(hf).__name__} builds {list(built.get(key, ()))} "
+                "(`transformers` has one head count, head size and FFN width for every layer)")
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    live, hf.config = hf.config, config
+    try:
+        hf.save_pretrained(tmp)
+    finally:
+        hf.config = live
+    shutil.rmtree(folder, ignore_errors=True)
+    os.replace(tmp, folder)
+    return None
