@@ -35,10 +35,11 @@ log = logging.getLogger("pruneflow")
 class ParitySpec(StrictModel):
     samples: int = Field(default=256, ge=1, description="Eval samples compared between torch and the artifact.")
     max_abs_diff: float | None = Field(default=None, gt=0, description="Largest allowed absolute difference of any output (default: 1e-3 for fp32, 0.05 for fp16, none for int8).")
-    min_cosine: float | None = Field(default=None, ge=0, le=1, description="Smallest allowed mean cosine similarity of outputs (default: 0.9999 fp32, 0.999 fp16, 0.99 int8; "
-                                      "an OpenVINO artifact run in the plugin's default bf16 is held to at most 0.999).")
+    min_cosine: float | None = Field(default=None, ge=0, le=1, description="Smallest allowed mean per-sample cosine similarity of outputs (of the whole arrays for one or two outputs per "
+                                      "sample; default: 0.9999 fp32, 0.999 fp16, 0.99 int8; an OpenVINO artifact run in the plugin's default "
+                                      "bf16 is held to at most 0.999, an INT8 one to 0.989: both errors add).")
     min_top1_agreement: float | None = Field(default=None, ge=0, le=1, description="Smallest allowed share of equal top-1 predictions (default: 0.99 fp32, 0.98 fp16, 0.95 int8; "
-                                             "in OpenVINO's default bf16 at most 0.98).")
+                                             "in OpenVINO's default bf16 at most 0.98, 0.93 for INT8).")
 
     def limits(self, precision: str, computed_in: str | None = None) -> ParityLimits:
         """Limits for an artifact's precision, run with inference precision ``computed_in`` (OpenVINO's

@@ -45,6 +45,13 @@ class ParityLimits(NamedTuple):
         diff = None if self.max_abs_diff is None or other.max_abs_diff is None else max(self.max_abs_diff, other.max_abs_diff)
         return ParityLimits(diff, min(self.min_cosine, other.min_cosine), min(self.min_top1_agreement, other.min_top1_agreement))
 
+    def compounded(self, other: "ParityLimits") -> "ParityLimits":
+        """The limits of two approximations applied together (an INT8 model whose float parts a runtime
+        computes in bf16): their budgets add (cosine and top-1 shortfalls, largest differences)."""
+        diff = None if self.max_abs_diff is None or other.max_abs_diff is None else self.max_abs_diff + other.max_abs_diff
+        return ParityLimits(diff, round(self.min_cosine + other.min_cosine - 1, 10),
+                            round(self.min_top1_agreement + other.min_top1_agreement - 1, 10))
+
 
 # Per-precision parity limits; a recipe value overrides them for every precision.
 PARITY_DEFAULTS = {
@@ -67,7 +74,12 @@ def default_limits(precision: str, computed_in: str | None = None) -> ParityLimi
     (OpenVINO's ``bf16``/``f16``/``f32``; None: the runtime computes in the artifact's own precision)."""
     limits = PARITY_DEFAULTS.get(precision, PARITY_DEFAULTS["fp32"])
     lower = COMPUTED_IN.get(computed_in or "")
-    return limits.looser(PARITY_DEFAULTS[lower]) if lower else limits
+    if not lower:
+        return limits
+    # An fp32/fp16 artifact computed in bf16 has bf16's error alone; an INT8 one has both its own and bf16's in
+    # its float parts (LayerNorm, Softmax, GELU of a transformer): MiniLM-L6 QAT on SST-2 moved 5 % of near-tie
+    # predictions in OpenVINO's bf16 default (1.9 % with f32 forced), its FP32 IR none.
+    return limits.compounded(PARITY_DEFAULTS[lower]) if precision == "int8" else limits.looser(PARITY_DEFAULTS[lower])
 
 
 @dataclass
@@ -122,15 +134,22 @@ def reference_logits(model: torch.nn.Module, x: "Inputs", task) -> np.ndarray:
 
 
 def parity_metrics(ref: np.ndarray, got: np.ndarray) -> dict[str, float]:
-    """Max abs diff, mean per-sample cosine similarity and top-1 agreement of two logit arrays."""
+    """Max abs diff, cosine similarity and top-1 agreement of two logit arrays.
+
+    Cosine is the mean per-sample cosine, except for outputs of one or two values per sample (a binary
+    classifier): there a sample's cosine is +-1 by the signs alone, so a near-tie flipped by rounding counts
+    -1 (what top-1 agreement already counts) and the cosine of the whole arrays is taken instead."""
     if ref.shape != got.shape:
         raise ExportError(f"the artifact's output shape {got.shape} differs from torch's {ref.shape}")
     a = ref.reshape(len(ref), -1).astype(np.float64)
     b = got.reshape(len(got), -1).astype(np.float64)
-    cos = (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)
+    if a.shape[1] <= 2:
+        cosine = float((a * b).sum() / max(float(np.linalg.norm(a) * np.linalg.norm(b)), 1e-12))
+    else:
+        cosine = float(((a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)).mean())
     return {
         "max_abs_diff": float(np.abs(a - b).max()),
-        "cosine": float(cos.mean()),
+        "cosine": cosine,
         "top1_agreement": float((a.argmax(1) == b.argmax(1)).mean()),
         "parity_samples": int(len(a)),
     }
