@@ -441,9 +441,13 @@ def _run_stage(stage: Stage, key: str, state: RunState, ctx: RunContext, manifes
 
 def _pretrained_folder(state: RunState, stage_dir: Path, checkpoint: Artifact) -> None:
     """Beside the checkpoint of a float `transformers` model whose shapes still fit its class: ``hf/``, a
-    ``from_pretrained`` folder (pruneflow/zoo/hf.py); the checkpoint's notes say where, or why there is none."""
+    ``from_pretrained`` folder (pruneflow/zoo/hf.py); the checkpoint's notes say where, or why there is none.
+    The first checkpoint's notes also name the parameters the pretrained folder lacked (a new classifier head)."""
     from .zoo.hf import save_pretrained_folder
 
+    if state.model_artifact is None and getattr(state.handle.module, "new_parameters", None):  # the first checkpoint
+        checkpoint.notes.append("new, not in the pretrained folder (randomly initialised, then trained from this stage on): "
+                                + ", ".join(state.handle.module.new_parameters))
     if state.handle.quantized:
         return
     why = save_pretrained_folder(state.handle.module, stage_dir / "hf")

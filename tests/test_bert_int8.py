@@ -194,8 +194,15 @@ def test_tiny_minilm_recipe_end_to_end(tmp_path):
         pytest.skip("shared sst2 data not found")
     log = make_log(["--count", "200", "--out", str(tmp_path / "requests.jsonl")])
     recipe = yaml.safe_load(open("recipes/minilm-sst2.yaml"))
-    recipe["model"]["kwargs"] = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "intermediate_size": 128,
-                                 "max_positions": 64, "seed": 0}
+    # a "pretrained" folder as the real one is: an encoder without a classification head
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=128, max_position_embeddings=64)
+    encoder = transformers.BertModel(config)
+    encoder.save_pretrained(tmp_path / "pretrained")
+    recipe["model"]["kwargs"] = {"folder": str(tmp_path / "pretrained"), "num_labels": 2}
     recipe["data"].update(train=str(sst2 / "train.parquet"), eval=str(sst2 / "dev.parquet"), tokenizer=str(sst2 / "vocab.txt"),
                           max_length=48, max_train_samples=1000, max_eval_samples=200)
     finetune, _, prune, calibrate, qat, _, export = recipe["stages"]
@@ -218,7 +225,10 @@ def test_tiny_minilm_recipe_end_to_end(tmp_path):
         assert flat[f"{label}.accuracy"] >= flat["onnx.fp32.accuracy"] - 0.03, label
         assert flat[f"{label}.top1_agreement"] >= 0.95, label
     assert flat["onnx.int8.ort_integer_ops"] >= 14 and flat["onnx.int8.size_ratio_fp32"] >= 3.0
-    # Deliver 2: the fine-tuned model is also a from_pretrained folder; the head-pruned one cannot be, and says why
+    # Deliver 2: the classifier head is reported as new; the fine-tuned model is also a from_pretrained folder,
+    # the head-pruned one cannot be, and says why
+    tuned = next(a for a in result.artifacts if a.path == "stages/01-finetune/model.pt")
+    assert any(n.startswith("new, not in the pretrained folder") and "model.classifier.weight" in n for n in tuned.notes)
     assert (result.run_dir / "stages" / "01-finetune" / "hf" / "config.json").is_file()
     assert not (result.run_dir / "stages" / "03-prune" / "hf").exists()
     pruned = next(a for a in result.artifacts if a.path == "stages/03-prune/model.pt")

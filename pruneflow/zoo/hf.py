@@ -29,10 +29,12 @@ class SequenceClassifier(nn.Module):
     """``forward(input_ids, attention_mask, token_type_ids=None) -> logits``. Without a mask, padding
     (``pad_id``) is masked out of attention (token ids alone, as older artifacts took them)."""
 
-    def __init__(self, model: nn.Module, pad_id: int = 0):
+    def __init__(self, model: nn.Module, pad_id: int = 0, new_parameters: list[str] | None = None):
         super().__init__()
         self.model = model
         self.pad_id = pad_id
+        #: Parameters the pretrained folder did not hold (the new classifier head): randomly initialised.
+        self.new_parameters = list(new_parameters or [])
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -52,10 +54,11 @@ def bert_classifier(folder: str | None = None, num_labels: int = 2, vocab_size: 
     # Eager attention: exportable to ONNX with the legacy exporter, and exact under head masks.
     if folder:
         try:
-            model = tf.AutoModelForSequenceClassification.from_pretrained(folder, local_files_only=True,
-                                                                          attn_implementation="eager")
+            model, info = tf.AutoModelForSequenceClassification.from_pretrained(
+                folder, local_files_only=True, attn_implementation="eager", output_loading_info=True)
         except Exception as exc:  # noqa: BLE001
             raise InputError(f"model.kwargs.folder: could not load a model from {folder}: {type(exc).__name__}: {exc}") from exc
+        return SequenceClassifier(model, pad_id, new_parameters=sorted(f"model.{k}" for k in info.get("missing_keys", [])))
     else:
         config = tf.BertConfig(vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_layers,
                                num_attention_heads=num_heads, intermediate_size=intermediate_size,
