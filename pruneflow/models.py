@@ -98,7 +98,7 @@ def build_model(spec: ModelSpec) -> nn.Module:
     if spec.checkpoint:
         load_weights(model, read_state_dict(spec.checkpoint), spec.checkpoint)
         if getattr(model, "new_parameters", None):  # a pretrained model's new head (zoo/hf.py): the checkpoint holds it
-            model.new_parameters = []
+            setattr(model, "new_parameters", [])
     return model
 
 

@@ -445,9 +445,10 @@ def _pretrained_folder(state: RunState, stage_dir: Path, checkpoint: Artifact) -
     The first checkpoint's notes also name the parameters the pretrained folder lacked (a new classifier head)."""
     from .zoo.hf import save_pretrained_folder
 
-    if state.model_artifact is None and getattr(state.handle.module, "new_parameters", None):  # the first checkpoint
+    new: list[str] = getattr(state.handle.module, "new_parameters", None) or []
+    if state.model_artifact is None and new:  # the first checkpoint
         checkpoint.notes.append("new, not in the pretrained folder (randomly initialised, then trained from this stage on): "
-                                + ", ".join(state.handle.module.new_parameters))
+                                + ", ".join(new))
     if state.handle.quantized:
         return
     why = save_pretrained_folder(state.handle.module, stage_dir / "hf")
