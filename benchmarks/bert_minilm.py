@@ -8,7 +8,8 @@ Runs, each a pruneflow run; all but the first two start from the same fine-tuned
   the honest reference for what the extra training alone changes;
 - ptq: NNCF post-training quantization (transformer model type) from a calibration set;
 - qat: the int8 phase of the qat stage (KD from the fine-tuned model) for --qat-epochs;
-- pruned + qat: 50 % of the heads and --ffn of the FFN neurons pruned (KD), then calibrate and QAT INT8.
+- pruned (ffn F) + qat: 50 % of the heads and --ffn F of the FFN neurons pruned (KD), then calibrate and QAT INT8;
+- recipe: pruned + qat (with --recipe-run): a finished run of recipes/minilm-sst2.yaml, read from its manifest.
 Accuracy is on the whole dev split (872 sentences) in every runtime. Then FP32 / INT8 / pruned / pruned INT8
 ONNX artifacts and the OpenVINO IRs are timed side by side in one interleaved loop (1 thread) at batch 1 and 32
 on real dev rows (each batch padded to its longest row; the sequence lengths are printed), with the host's CPU
@@ -80,7 +81,7 @@ def variants(args) -> dict[str, tuple[list[dict], bool]]:
                                       "finetune": tune, "distill": KD}, dict(EXPORT, precisions=["fp32"])], True),
         "ptq": ([calib, {"type": "ptq"}, EXPORT], True),
         "qat": ([calib, qat, EXPORT], True),
-        "pruned + qat": ([prune, calib, qat, EXPORT], True),
+        f"pruned (ffn {args.ffn:g}) + qat": ([prune, calib, qat, EXPORT], True),
     }
 
 
@@ -92,7 +93,8 @@ def run_variant(name: str, stages: list[dict], args, checkpoint: str | None) -> 
     result = run_recipe(load_recipe(path), out=args.out)
     if result.exit_code != 0:
         raise SystemExit(f"{name}: run failed (exit {result.exit_code}): {[g for g in result.gates if not g.passed]}")
-    return dict(row_from_run(Path(result.run_dir), name), run_seconds=round(time.perf_counter() - start, 1))
+    settings = {k: getattr(args, k) for k in ("train_samples", "qat_epochs", "qat_lr", "ffn", "calib", "lr")}
+    return dict(row_from_run(Path(result.run_dir), name), run_seconds=round(time.perf_counter() - start, 1), settings=settings)
 
 
 def row_from_run(run_dir: Path, name: str) -> dict:
@@ -135,17 +137,21 @@ def dev_batches(sizes=(1, 32)) -> dict[int, dict]:
     return out
 
 
+def pruned_variants(rows: dict) -> list[str]:
+    """The rows with a pruning stage: the benchmark's own and a recipe run's."""
+    return [name for name, row in rows.items() if "prune.macs_reduction" in row]
+
+
 def side_by_side_latency(rows: dict, runs: int) -> dict:
     """Every artifact in one interleaved loop per batch size, so machine load hits all alike."""
-    pruned = "pruned + qat" if "pruned + qat" in rows else "recipe: pruned + qat"
     picks = {"onnxruntime fp32": ("finetune", "onnx.fp32", {}), "onnxruntime int8 (qat)": ("qat", "onnx.int8", {}),
              "onnxruntime int8 (ptq)": ("ptq", "onnx.int8", {}),
-             "onnxruntime pruned fp32": (pruned, "onnx.fp32", {}),
-             "onnxruntime pruned int8": (pruned, "onnx.int8", {}),
              "openvino fp32 (default)": ("finetune", "openvino.fp32", {}),
              "openvino fp32 (f32)": ("finetune", "openvino.fp32", {"precision_hint": "f32"}),
-             "openvino int8 (default)": ("qat", "openvino.int8", {}),
-             "openvino pruned int8 (default)": (pruned, "openvino.int8", {})}
+             "openvino int8 (default)": ("qat", "openvino.int8", {})}
+    for name in pruned_variants(rows):
+        picks.update({f"onnxruntime fp32, {name}": (name, "onnx.fp32", {}), f"onnxruntime int8, {name}": (name, "onnx.int8", {}),
+                      f"openvino int8 (default), {name}": (name, "openvino.int8", {})})
     runners = {}
     for name, (variant, label, kw) in picks.items():
         path = rows.get(variant, {}).get(f"{label}.path")
@@ -171,15 +177,15 @@ def main() -> int:
     parser.add_argument("--calib", type=int, default=256, help="calibration set size")
     parser.add_argument("--threads", type=int, default=2, help="torch threads while training")
     parser.add_argument("--runs", type=int, default=50, help="timed repetitions per artifact and batch size")
-    parser.add_argument("--only", default="", help="comma-separated variant names to run")
+    parser.add_argument("--only", default="", help="comma-separated variant names (or their beginnings) to run")
     parser.add_argument("--quick", action="store_true", help="256 train / 128 dev rows, 1 epoch: a smoke test")
     parser.add_argument("--force", action="store_true", help="rerun variants that already have results")
     parser.add_argument("--finetuned", type=Path, default=None,
                         help="a fine-tuned checkpoint (e.g. RUN/stages/01-finetune/model.pt of recipes/minilm-sst2.yaml) "
                         "used as the baseline instead of fine-tuning here")
     parser.add_argument("--recipe-run", type=Path, default=None,
-                        help="a finished run folder of recipes/minilm-sst2.yaml: its pruned + INT8 artifacts replace "
-                        "the 'pruned + qat' variant")
+                        help="a finished run folder of recipes/minilm-sst2.yaml: one more pruned + INT8 row, read from its "
+                        "manifest (use --only to skip the benchmark's own)")
     args = parser.parse_args()
     if args.quick:
         args.train_samples, args.epochs, args.calib, args.runs = 256, 1, 64, 5
@@ -189,11 +195,11 @@ def main() -> int:
     results["settings"] = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     chosen = variants(args)
     if args.only:
-        chosen = {k: v for k, v in chosen.items() if k in args.only.split(",") or k == "finetune"}
+        wanted = args.only.split(",")
+        chosen = {k: v for k, v in chosen.items() if any(k.startswith(w) for w in wanted) or k == "finetune"}
     if args.finetuned:  # a recipe run's fine-tuned checkpoint is the baseline: evaluate and export it, train nothing
         chosen["finetune"] = ([{"type": "evaluate"}, dict(EXPORT, precisions=["fp32"])], True)
     if args.recipe_run:  # a finished `pruneflow optimize` run is one more row, read from its manifest
-        chosen = {k: v for k, v in chosen.items() if k != "pruned + qat"}
         results["variants"]["recipe: pruned + qat"] = dict(row_from_run(args.recipe_run.resolve(), "recipe: pruned + qat"),
                                                             budget=f"the recipe {args.recipe_run}")
     for name, (stages, from_finetuned) in chosen.items():
@@ -227,7 +233,6 @@ def acceptance(results: dict) -> list[tuple[str, str, bool]]:
     v, b32 = results["variants"], results.get("latency", {}).get("b32", {})
     base = v["finetune"]
     ref, qat = v.get("fp32 same budget", base), v.get("qat", {})
-    pruned = v.get("pruned + qat") or v.get("recipe: pruned + qat") or {}
     ms = {k: b32[k]["median_ms"] for k in b32 if isinstance(b32[k], dict)}
     out: list[tuple[str, str, bool]] = []
     for rt in ("onnx", "openvino"):
@@ -244,25 +249,30 @@ def acceptance(results: dict) -> list[tuple[str, str, bool]]:
         for ov in ("openvino fp32 (default)", "openvino fp32 (f32)"):
             if q in ms and ov in ms:
                 out.append((f"{q} faster than {ov} at batch 32", f"{ms[q]:.1f} vs {ms[ov]:.1f} ms", ms[q] < ms[ov]))
-    if "prune.macs_reduction" in pruned:
-        red = pruned["prune.macs_reduction"]
-        out.append(("pruning: >= 1.5x fewer MACs", f"{red:.2f}x", red >= 1.5))
-        r = ref.get("onnx.fp32.accuracy")
-        if pruned.get("prune.accuracy") is not None and r is not None:
-            drop = 100 * (r - pruned["prune.accuracy"])
-            out.append(("pruning: drop vs same-budget FP32 <= 1.0 pt (pruned FP32, torch)", f"{drop:.2f} pt", drop <= 1.0))
-        if fp32 and ms.get("onnxruntime pruned fp32"):
-            gain = fp32 / ms["onnxruntime pruned fp32"]
-            out.append(("pruning: measured ORT b32 latency gain / MACs reduction", f"{gain:.2f}x / {red:.2f}x", True))
+    for name in pruned_variants(v):
+        out += pruned_acceptance(name, v[name], base, ref, ms)
+    return out
+
+
+def pruned_acceptance(name: str, pruned: dict, base: dict, ref: dict, ms: dict) -> list[tuple[str, str, bool]]:
+    out: list[tuple[str, str, bool]] = []
+    red, r, fp32 = pruned["prune.macs_reduction"], ref.get("onnx.fp32.accuracy"), ms.get("onnxruntime fp32")
+    out.append((f"{name}: pruning >= 1.5x fewer MACs", f"{red:.2f}x", red >= 1.5))
+    if pruned.get("prune.accuracy") is not None and r is not None:
+        drop = 100 * (r - pruned["prune.accuracy"])
+        out.append((f"{name}: pruned FP32 (torch) drop vs same-budget FP32 <= 1.0 pt", f"{drop:.2f} pt", drop <= 1.0))
+    if fp32 and ms.get(f"onnxruntime fp32, {name}"):
+        gain = fp32 / ms[f"onnxruntime fp32, {name}"]
+        out.append((f"{name}: ORT b32 latency gain / MACs reduction (printed, no bar)", f"{gain:.2f}x / {red:.2f}x", True))
     if pruned.get("onnx.int8.bytes") and base.get("onnx.fp32.bytes"):
         ratio = base["onnx.fp32.bytes"] / pruned["onnx.int8.bytes"]
-        out.append(("pruned + INT8 >= 5x smaller than FP32 ONNX", f"{ratio:.2f}x", ratio >= 5))
-    if fp32 and ms.get("onnxruntime pruned int8"):
-        speed = fp32 / ms["onnxruntime pruned int8"]
-        out.append(("pruned + INT8 >= 3x faster than FP32 in ORT at batch 32", f"{speed:.2f}x", speed >= 3))
-    a, r = pruned.get("onnx.int8.accuracy"), ref.get("onnx.fp32.accuracy")
+        out.append((f"{name}: pruned + INT8 >= 5x smaller than FP32 ONNX", f"{ratio:.2f}x", ratio >= 5))
+    if fp32 and ms.get(f"onnxruntime int8, {name}"):
+        speed = fp32 / ms[f"onnxruntime int8, {name}"]
+        out.append((f"{name}: pruned + INT8 >= 3x faster than FP32 in ORT at batch 32", f"{speed:.2f}x", speed >= 3))
+    a = pruned.get("onnx.int8.accuracy")
     if a is not None and r is not None:
-        out.append(("pruned + INT8 drop vs same-budget FP32 (ORT) <= 1.0 pt", f"{100 * (r - a):.2f} pt", 100 * (r - a) <= 1.0))
+        out.append((f"{name}: pruned + INT8 (ORT) drop vs same-budget FP32 <= 1.0 pt", f"{100 * (r - a):.2f} pt", 100 * (r - a) <= 1.0))
     return out
 
 
@@ -286,17 +296,17 @@ def report(results: dict, out: Path) -> None:
                      f"{_pct(r.get('openvino.int8.accuracy'))} | {drop_txt} | {r['run_seconds']} |")
     fp32_bytes = base.get("onnx.fp32.bytes")
     lines += ["", "| artifact | bytes | FP32 ONNX / this |", "|---|---|---|"]
-    for name in ("finetune", "qat", "ptq", "pruned + qat", "recipe: pruned + qat"):
+    for name in ["finetune", "qat", "ptq", *pruned_variants(v)]:
         for label in ("onnx.fp32", "onnx.int8", "openvino.fp32", "openvino.int8"):
             b = v.get(name, {}).get(f"{label}.bytes")
             if b and fp32_bytes:
                 lines.append(f"| {name}: {label} | {b:,} | {fp32_bytes / b:.2f}x |")
-    pruned = v.get("pruned + qat") or v.get("recipe: pruned + qat") or {}
-    if "prune.macs_reduction" in pruned:
+    for name in pruned_variants(v):
+        pruned = v[name]
         phases = ", ".join(f"{p} {_pct(pruned[f'qat.accuracy_{p}'])}" for p in ("fp32", "fp16", "int8")
                            if f"qat.accuracy_{p}" in pruned)
-        lines += ["", f"Pruning ({pruned['variant']}): {pruned['prune.macs_reduction']:.2f}x fewer MACs, accuracy after "
-                  f"pruning {_pct(pruned.get('prune.accuracy'))}" + (f"; QAT phases (torch): {phases}" if phases else "") + "."]
+        lines += ["", f"Pruning ({name}): {pruned['prune.macs_reduction']:.2f}x fewer MACs, heads {pruned.get('prune.heads')}, "
+                  f"accuracy after pruning {_pct(pruned.get('prune.accuracy'))}" + (f"; QAT phases (torch): {phases}" if phases else "") + "."]
     lat = results.get("latency", {})
     cpu = lat.get("host", {}).get("cpu", {})
     lines += ["", f"Latency, 1 thread, interleaved, {lat.get('runs')} runs each (ms). Host: {cpu.get('model')}, "
