@@ -3,7 +3,9 @@
 Runs, each a pruneflow run; all but the first two start from the same fine-tuned checkpoint:
 - finetune: the pretrained encoder plus a new classifier, fine-tuned on a stratified subset of SST-2 train
   (--train-samples phrases, --epochs, AdamW, warm-up then linear decay): the FP32 baseline;
-- probe: the pretrained encoder frozen, only the classifier trained (the pretrained-but-not-fine-tuned reference);
+- probe: the pretrained encoder frozen, only the classifier trained on its pooled [CLS] (a pipeline run);
+- probe (mean-pooled, logistic regression): the pretrained-but-not-fine-tuned reference as the data's README
+  measures it (frozen encoder, mean-pooled hidden states, logistic regression);
 - fp32 same budget: the fine-tuned model given the QAT variant's extra fine-tuning (same epochs, LR, KD) in FP32,
   the honest reference for what the extra training alone changes;
 - ptq: NNCF post-training quantization (transformer model type) from a calibration set;
@@ -124,6 +126,52 @@ def row_from_run(run_dir: Path, name: str) -> dict:
     return row
 
 
+def mean_pool_probe(args) -> dict:
+    """The pretrained-but-not-fine-tuned reference as the data's README measures it: the frozen encoder's
+    mean-pooled last hidden states of the same stratified train subset, a logistic regression on them
+    (torch L-BFGS, L2 1e-4), accuracy on the dev split. (The pipeline's own probe, a frozen encoder under a
+    trained classifier on BERT's pooled [CLS], is the `probe` row: this sentence-embedding model never
+    trained its [CLS] for that.)"""
+    import torch
+    import transformers
+
+    start = time.perf_counter()
+    path = args.out / "mean_pool_probe.yaml"
+    path.write_text(yaml.safe_dump(recipe("mean_pool_probe", [{"type": "evaluate"}], args), sort_keys=False))
+    from pruneflow.data import load_data
+
+    data = load_data(load_recipe(path).recipe.data, seed=0, with_train=True)
+    encoder = transformers.AutoModel.from_pretrained(str(MODEL), local_files_only=True).eval()
+
+    def features(split) -> torch.Tensor:
+        out = []
+        with torch.no_grad():
+            for i in range(0, len(split.y), 128):
+                batch = {k: v[i:i + 128] for k, v in split.x.items()}
+                hidden = encoder(**batch).last_hidden_state
+                mask = batch["attention_mask"].unsqueeze(-1).float()
+                out.append((hidden * mask).sum(1) / mask.sum(1))
+        return torch.cat(out)
+
+    xtr, xdev = features(data.train), features(data.eval)
+    mean, std = xtr.mean(0), xtr.std(0) + 1e-6
+    xtr, xdev = (xtr - mean) / std, (xdev - mean) / std
+    head = torch.nn.Linear(xtr.shape[1], data.num_classes)
+    opt = torch.optim.LBFGS(head.parameters(), max_iter=500, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(head(xtr), data.train.y) + 1e-4 * head.weight.pow(2).sum()
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    with torch.no_grad():
+        accuracy = float((head(xdev).argmax(1) == data.eval.y).float().mean())
+    return {"variant": "probe (mean-pooled, logistic regression)", "evaluate.accuracy": accuracy,
+            "run_seconds": round(time.perf_counter() - start, 1), "settings": {"train_samples": args.train_samples}}
+
+
 def dev_batches(sizes=(1, 32)) -> dict[int, dict]:
     """Real dev rows, tokenized as the recipe does, each batch padded to its longest row."""
     import pandas as pd
@@ -202,6 +250,9 @@ def main() -> int:
     if args.recipe_run:  # a finished `pruneflow optimize` run is one more row, read from its manifest
         results["variants"]["recipe: pruned + qat"] = dict(row_from_run(args.recipe_run.resolve(), "recipe: pruned + qat"),
                                                             budget=f"the recipe {args.recipe_run}")
+    if "probe (mean-pooled, logistic regression)" not in results["variants"] or args.force:
+        print("[run ] probe (mean-pooled, logistic regression)", flush=True)
+        results["variants"]["probe (mean-pooled, logistic regression)"] = mean_pool_probe(args)
     for name, (stages, from_finetuned) in chosen.items():
         if name in results["variants"] and not args.force:
             print(f"[skip] {name}: already measured", flush=True)
