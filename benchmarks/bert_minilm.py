@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import time
@@ -88,7 +89,7 @@ def variants(args) -> dict[str, tuple[list[dict], bool]]:
 
 
 def run_variant(name: str, stages: list[dict], args, checkpoint: str | None) -> dict:
-    slug = name.replace(" ", "_").replace("+", "and")
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", name.replace("+", "and")).strip("_")  # a valid recipe name
     path = args.out / f"{slug}.yaml"
     path.write_text(yaml.safe_dump(recipe(slug, stages, args, checkpoint), sort_keys=False))
     start = time.perf_counter()
@@ -256,6 +257,7 @@ def main() -> int:
     if "probe (mean-pooled, logistic regression)" not in results["variants"] or args.force:
         print("[run ] probe (mean-pooled, logistic regression)", flush=True)
         results["variants"]["probe (mean-pooled, logistic regression)"] = mean_pool_probe(args)
+        results_file.write_text(json.dumps(results, indent=2))
     for name, (stages, from_finetuned) in chosen.items():
         if name in results["variants"] and not args.force:
             print(f"[skip] {name}: already measured", flush=True)
