@@ -17,7 +17,11 @@ ONNX artifacts and the OpenVINO IRs are timed side by side in one interleaved lo
 on real dev rows (each batch padded to its longest row; the sequence lengths are printed), with the host's CPU
 model and ISA flags beside the table. Prints a table; writes results.json and results.md.
 
-    python benchmarks/bert_minilm.py --out runs/bench-bert                 # about 1.5 h on 2 cores
+    python benchmarks/bert_minilm.py --out runs/bench-bert                 # fine-tunes its own baseline
+    # the figures in benchmarks/results/bert_minilm.md (R: a run of recipes/minilm-sst2.yaml), about 20 + 25 min:
+    R=runs/minilm-sst2; B="--out runs/bench-bert --train-samples 16000 --finetuned $R/stages/01-finetune/model.pt"
+    python benchmarks/bert_minilm.py $B --recipe-run $R
+    python benchmarks/bert_minilm.py $B --recipe-run $R --only pruned --ffn 0.5
     python benchmarks/bert_minilm.py --out /tmp/bert-smoke --quick         # minutes: tiny data, not the figures
 """
 
