@@ -41,6 +41,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from pruneflow.artifacts import Artifact  # noqa: E402
 from pruneflow.data import load_tokenizer  # noqa: E402
 from pruneflow.pipeline import run_recipe  # noqa: E402
 from pruneflow.recipe import load_recipe  # noqa: E402
@@ -119,8 +120,7 @@ def row_from_run(run_dir: Path, name: str) -> dict:
                 row[f"{s['id']}.{key}"] = s["metrics"][key]
     for a in manifest["artifacts"]:
         if a["target"] and a["status"] == "built":
-            form = f"_{a['form']}" if a.get("form") and a["form"] != "cpu" else ""
-            label = f"{a['target']}.{a['precision']}{form}"
+            label = Artifact.from_record(a).label  # onnx.int8, onnx.int8_tensorrt: the names metrics use
             row[f"{label}.bytes"] = a["size_bytes"]
             row[f"{label}.path"] = str(run_dir / a["path"])
             for key in ("accuracy", "accuracy_f32", "cosine", "top1_agreement"):

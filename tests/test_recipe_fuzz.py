@@ -62,7 +62,7 @@ def load_text(folder: Path, content: str | bytes, sets: list[str] | tuple[str, .
         return exc
 
 
-def loaded_or_refused(outcome) -> None:
+def assert_loaded_or_refused(outcome) -> None:
     """What every load must end in: a recipe (with its name), or our own error with a message; anything
     else has already propagated out of ``load_text``."""
     if isinstance(outcome, PruneflowError):
@@ -114,7 +114,7 @@ def test_random_yaml_text_never_tracebacks(folder, text, after_a_valid_recipe):
 @fuzz(60)
 @given(st.binary(max_size=300))
 def test_random_bytes_never_traceback(folder, raw):
-    loaded_or_refused(load_text(folder, raw))
+    assert_loaded_or_refused(load_text(folder, raw))
 
 
 # --------------------------------------------------------------------------- random structures
@@ -142,7 +142,7 @@ def test_plain_data_reads_back_as_written(data):
 @fuzz(80)
 @given(st.dictionaries(KEYS, PLAIN, max_size=6))
 def test_random_mapping_as_a_recipe_never_tracebacks(folder, data):
-    loaded_or_refused(load_text(folder, yaml.safe_dump(data, allow_unicode=True)))
+    assert_loaded_or_refused(load_text(folder, yaml.safe_dump(data, allow_unicode=True)))
 
 
 def _paths(data: Any, prefix: tuple = ()) -> list[tuple]:
@@ -165,7 +165,7 @@ def test_a_random_value_anywhere_in_a_valid_recipe_never_tracebacks(folder, draw
     for part in path[:-1]:
         target = target[part]
     target[path[-1]] = value
-    loaded_or_refused(load_text(folder, yaml.safe_dump(recipe, allow_unicode=True)))
+    assert_loaded_or_refused(load_text(folder, yaml.safe_dump(recipe, allow_unicode=True)))
 
 
 @fuzz(40)
@@ -244,7 +244,7 @@ KEY_PARTS = ["stages", "0", "1", "2", "9", "epochs", "lr", "model", "kwargs", "f
        st.sampled_from(FRAGMENTS) | st.text(max_size=12) | PLAIN.map(lambda v: yaml.safe_dump(v, default_flow_style=True)))
 @example(["stages", "0", "epochs"], "=", "&a [*a]")
 def test_random_set_items_never_traceback(folder, parts, sep, value):
-    loaded_or_refused(load_text(folder, VALID, [".".join(parts) + sep + value]))
+    assert_loaded_or_refused(load_text(folder, VALID, [".".join(parts) + sep + value]))
 
 
 def yaml_scalar(value: Any) -> str:

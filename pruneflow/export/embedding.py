@@ -78,14 +78,14 @@ def snap_embedding_tables(model, *, min_bytes: int = MIN_BYTES, min_share: float
     import torch
     from torch import nn
 
-    named = list(model.named_parameters(remove_duplicate=False))
     uses: dict[int, int] = {}
-    for _, p in named:
+    for _, p in model.named_parameters(remove_duplicate=False):
         uses[id(p)] = uses.get(id(p), 0) + 1
-    tables = {id(m.weight): name for name, m in model.named_modules() if isinstance(m, nn.Embedding)}
-    total = sum(p.numel() * (4 if p.dim() < 2 or id(p) in tables else 1) for _, p in {id(p): (n, p) for n, p in named}.values())
+    embeddings = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Embedding)]
+    tables = {id(m.weight) for _, m in embeddings}
+    total = sum(p.numel() * (4 if p.dim() < 2 or id(p) in tables else 1) for p in model.parameters())
     snapped = []
-    for name, module in [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Embedding)]:
+    for name, module in embeddings:
         weight = module.weight
         size = weight.numel() * 4
         if weight.dtype != torch.float32 or uses[id(weight)] > 1 or (size < min_bytes and size / max(total, 1) < min_share):
