@@ -15,7 +15,7 @@ import torch
 
 from pruneflow.artifacts import PRECISIONS, Artifact, Manifest, combined_sha256, sha256_file
 from pruneflow.checkpoint import load_checkpoint
-from pruneflow.deployment import read_ir, read_onnx, resolved_scale
+from pruneflow.deployment import openvino_int8_runtime, read_ir, read_onnx, resolved_scale
 from pruneflow.export.onnx import export_onnx
 from pruneflow.runtime import open_artifact
 from pruneflow.models import build_model
@@ -234,9 +234,15 @@ def test_every_file_carries_its_deployment_record_and_the_manifest_the_runs(ptq_
     exported = [a for a in ptq_run.artifacts if a.target]
     assert len(exported) == 7
     for artifact in exported:
-        assert artifact.deployment == expected, artifact.label
+        # an OpenVINO INT8 IR also says how to compile it: f32, the precision its float parts were trained in
+        runtime = openvino_int8_runtime() if artifact.label == "openvino.int8" else None
+        assert artifact.deployment == ({**expected, "runtime": runtime} if runtime else expected), artifact.label
         read = read_onnx if artifact.kind == "onnx" else read_ir
-        assert read(run_dir / artifact.path) == {**expected, "precision": artifact.precision}, artifact.label
+        assert read(run_dir / artifact.path) == {**expected, "precision": artifact.precision, "runtime": runtime}, artifact.label
+    ir = next(a for a in exported if a.label == "openvino.int8")
+    assert ir.deployment["runtime"]["openvino"] == {"INFERENCE_PRECISION_HINT": "f32"}
+    if "top1_agreement_f32" in ir.metrics:  # a host whose OpenVINO defaults to bf16: measured both ways, the note says so
+        assert any(n.startswith("deploy with INFERENCE_PRECISION_HINT=f32") and "top-1 agreement" in n for n in ir.notes), ir.notes
     props = {p.key: p.value for p in onnx.load(str(run_dir / "export/onnx/model.int8.tensorrt.onnx")).metadata_props}
     assert json.loads(props["pruneflow.input"])["layout"] == "NCHW" and json.loads(props["pruneflow.precision"]) == "int8"
     assert all(a.deployment is None for a in ptq_run.artifacts if a.kind == "checkpoint")

@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import Field
 
 from ..artifacts import Artifact
-from ..deployment import deployment_record, stamp_ir
+from ..deployment import deployment_record, openvino_int8_runtime, stamp_ir
 from ..deps import require
 from ..errors import ExportError
 from ..inputs import to
@@ -42,6 +42,8 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
         ov = require("openvino", "pip install openvino", "the openvino target")
         xml = out_dir / f"model.{precision}.xml"
         record = deployment_record(state, ctx, dynamic_batch=self.config.dynamic_batch)
+        if precision == "int8":
+            record["runtime"] = openvino_int8_runtime()
         source = self._onnx_artifact("onnx.int8" if precision == "int8" else "onnx.fp32", ctx.run_dir)
         # Written beside the target, then renamed: .bin first, so a visible .xml always has its weights.
         with tempfile.TemporaryDirectory(dir=out_dir) as tmp:

@@ -25,7 +25,8 @@ from ..recipe.models import list_of, normalise_target_list, target_union
 from ..recipe.rules import quantized_before
 from ..runtime import host_info
 from ..stage import Stage, StageConfig, StageResult, StrictModel, Target
-from .measure import Opened, ParityLimits, batched, default_limits, open_for, parity_gate, parity_metrics, reference_logits, time_all
+from .measure import (Opened, ParityLimits, batched, default_limits, open_for, parity_gate, parity_metrics, reference_logits,
+                      runtime_advice, time_all)
 
 __all__ = ["ExportConfig", "ExportStage", "failed_artifact", "parity_metrics"]
 
@@ -250,6 +251,9 @@ class ExportStage(Stage[ExportConfig]):
                 measured = evaluate_runtime(run, state.data.eval, state.task, ctx.recipe.data.eval_batch_size,
                                             ctx.reporter, description=f"{artifact.label} eval ({executor.label})")
                 artifact.metrics[f"accuracy{suffix}"] = measured["accuracy"]
+        advice = runtime_advice(artifact)
+        if advice:
+            artifact.notes.append(advice)
         timed = open_for(artifact, target, path, cfg.latency.threads) if cfg.latency else {}
         if cfg.latency and static and any(bs != 1 for bs in cfg.latency.batch_sizes):
             artifact.notes.append("static batch 1: latency timed at batch 1 only")

@@ -175,6 +175,20 @@ def parity_gate(artifact: "Artifact", suffix: str, executor: Executor, parity: d
     return gate
 
 
+def runtime_advice(artifact: "Artifact") -> str | None:
+    """A note for an artifact whose deployment record says how to compile it (an OpenVINO INT8 IR: f32),
+    with what was measured both ways here; None when it was not checked both ways."""
+    m, hint = artifact.metrics, ((artifact.deployment or {}).get("runtime") or {}).get("openvino")
+    if not hint or f"top1_agreement{F32}" not in m:
+        return None
+    ways = [f"top-1 agreement with the quantized torch model {m[f'top1_agreement{F32}']:.2%} vs {m['top1_agreement']:.2%}"]
+    if m.get(f"accuracy{F32}") is not None and m.get("accuracy") is not None:
+        ways.append(f"accuracy {m[f'accuracy{F32}']:.2%} vs {m['accuracy']:.2%}")
+    settings = ", ".join(f"{k}={v}" for k, v in hint.items())
+    return (f"deploy with {settings} (its deployment record's runtime): here {'; '.join(ways)} "
+            f"with the runtime's default ({m.get('inference_precision', 'default')})")
+
+
 def time_all(opened: list[Opened], samples: "Inputs", batch_sizes: list[int], *, warmup: int, runs: int,
              progress: Callable[[str, int], ContextManager[Callable[..., None]]]) -> None:
     """Time every executor of every artifact together, interleaved, per batch size, on fresh real batches;
