@@ -19,6 +19,7 @@ from ..deps import require
 from ..errors import ExportError, InputError, MissingDependencyError, PruneflowError
 from ..inputs import Inputs, bind, fresh, is_token, take, to
 from ..stage import Target, TargetConfig
+from .attention_mask import soften_mask_fill
 
 if TYPE_CHECKING:
     from .qdq import Form, PassReport
@@ -170,6 +171,8 @@ def export_onnx(model: torch.nn.Module, example: Inputs, path: Path, *, opset: i
             ) from exc
         if fold or metadata:
             proto = fold_constants(onnx.load(str(tmp))) if fold else onnx.load(str(tmp))
+            if fold:  # (an INT8 export folds, and softens, after its Q/DQ conversion)
+                soften_mask_fill(proto)
             if metadata:
                 stamp_onnx(proto, *metadata)
             onnx.save(proto, str(tmp))
@@ -322,6 +325,7 @@ def export_int8_onnx(stripped: torch.nn.Module, example: Inputs, path: Path, *, 
         model_proto = onnx.load(str(raw))
     report = convert(model_proto, form)
     model_proto = fold_constants(model_proto)
+    soften_mask_fill(model_proto)  # finfo.min attention-mask fill -> -60: onnxruntime's exp is 6x slower on it
     if form == "cpu":  # word-embedding tables in int8 (weight-only, per-row scales): pruneflow/export/embedding.py
         report.notes += quantize_embeddings(model_proto).notes()
     if metadata is not None:
