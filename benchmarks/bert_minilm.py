@@ -208,6 +208,7 @@ def runtime_agreement(rows: dict) -> dict:
                                                      return_tensors="np").items()} for i in range(0, len(sentences), 32)]
     picks = {"fp32": ("fp32 same budget", "fp32"), "int8": ("qat", "int8")}
     out: dict = {"sentences": len(sentences)}
+    labels, correct = df["label"].to_numpy(), {}
     for what, (variant, precision) in picks.items():
         onnx_path, ir_path = (rows.get(variant, {}).get(f"{t}.{precision}.path") for t in ("onnx", "openvino"))
         if not (onnx_path and ir_path):
@@ -215,9 +216,13 @@ def runtime_agreement(rows: dict) -> dict:
         runners = {"onnxruntime": open_artifact(Path(onnx_path)), "openvino (default)": open_artifact(Path(ir_path)),
                    "openvino (f32)": open_artifact(Path(ir_path), precision_hint="f32")}
         preds = {n: np.concatenate([np.asarray(r(f)).argmax(1) for f in feeds]) for n, r in runners.items()}
-        labels = df["label"].to_numpy()
         out[what] = {n: {"accuracy": float((p == labels).mean()), "differs_from_onnxruntime": float((p != preds["onnxruntime"]).mean())}
                      for n, p in preds.items()}
+        correct[what] = {n: (p == labels).astype(float) for n, p in preds.items()}
+    if "fp32" in correct and "int8" in correct:  # the drop, sentence by sentence, and its standard error (paired)
+        for name, right in correct["int8"].items():
+            diff = 100 * (correct["fp32"]["onnxruntime"] - right)
+            out["int8"][name].update(drop_vs_fp32_pt=float(diff.mean()), paired_se_pt=float(diff.std(ddof=1) / np.sqrt(len(diff))))
     return out
 
 
@@ -402,8 +407,9 @@ def report(results: dict, out: Path) -> None:
     if agreement.get("int8"):
         lines += ["", f"The same model in three runtimes ({agreement['sentences']} dev sentences): the share each predicts "
                   "differently from onnxruntime, the noise floor under every INT8 accuracy figure above.", "",
-                  "| model | executor | accuracy | differs from onnxruntime |", "|---|---|---|---|"]
-        lines += [f"| {what} | {name} | {_pct(a['accuracy'])} | {_pct(a['differs_from_onnxruntime'])} |"
+                  "| model | executor | accuracy | differs from onnxruntime | drop vs FP32 (ORT) ± paired s.e. |", "|---|---|---|---|---|"]
+        lines += [f"| {what} | {name} | {_pct(a['accuracy'])} | {_pct(a['differs_from_onnxruntime'])} | "
+                  + (f"{a['drop_vs_fp32_pt']:+.2f} ± {a['paired_se_pt']:.2f} pt |" if "paired_se_pt" in a else "|")
                   for what in ("fp32", "int8") for name, a in agreement.get(what, {}).items()]
     lat = results.get("latency", {})
     cpu = lat.get("host", {}).get("cpu", {})
