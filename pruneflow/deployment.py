@@ -37,8 +37,8 @@ KEYS = ("format", "input", "output", "preprocessing", "labels", "precision", "ru
 # GELU, residual adds) were trained and calibrated in f32, and OpenVINO's CPU default on a host with bf16
 # (AVX512-BF16, AMX) computes them in bf16, which moves near-tie predictions of a quantized transformer:
 # MiniLM-L6 QAT on SST-2 flipped 2.4 % of dev sentences against the same IR in f32 (an FP32 IR 0.2 %), for
-# 2-4 % less latency at batch 32. An IR cannot carry the hint itself (OpenVINO 2026.4 ignores rt_info runtime_options
-# for it), so it is written here for the program that compiles the IR; pruneflow measures both ways.
+# 2-4 % less latency at batch 32. An IR cannot carry the hint itself (OpenVINO 2026.4 ignores it in rt_info
+# runtime_options), so it is written here for the program that compiles the IR; pruneflow measures both ways.
 def openvino_int8_runtime() -> dict[str, Any]:
     """The ``runtime`` entry of an OpenVINO INT8 IR's record (a new dict each call: records are mutable)."""
     return {"openvino": {"INFERENCE_PRECISION_HINT": "f32"},

@@ -49,12 +49,13 @@ def _graph(fill_readers: list[str]):
     for k, op in enumerate(fill_readers):
         nodes.append(helper.make_node(op, ["scores", "fill"], [f"other{k}"]))
         outputs.append(helper.make_tensor_value_info(f"other{k}", TensorProto.FLOAT, [2, 4]))
-    graph = helper.make_graph(
-        nodes, "g",
-        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [2, 4]), helper.make_tensor_value_info("keep", TensorProto.BOOL, [2, 4])],
-        outputs,
-        [numpy_helper.from_array(np.array(0.0, np.float32), "zero"), numpy_helper.from_array(np.array(MIN, np.float32), "fill")])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    constants = [numpy_helper.from_array(np.array(0.0, np.float32), "zero"), numpy_helper.from_array(np.array(MIN, np.float32), "fill")]
+    return _model(nodes, outputs, constants)
+
+
+def _model(nodes: list, outputs: list, constants: list):
+    inputs = [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [2, 4]), helper.make_tensor_value_info("keep", TensorProto.BOOL, [2, 4])]
+    return helper.make_model(helper.make_graph(nodes, "g", inputs, outputs, constants), opset_imports=[helper.make_opsetid("", 17)])
 
 
 def test_only_a_fill_read_by_mask_wheres_alone_is_rewritten():
@@ -62,8 +63,19 @@ def test_only_a_fill_read_by_mask_wheres_alone_is_rewritten():
     assert soften_mask_fill(model) == ["fill"] and _fills(model)["fill"] == FILL
     scores = np.random.default_rng(0).normal(size=(2, 4)).astype(np.float32) * 5
     keep = np.array([[1, 1, 0, 0], [1, 1, 1, 0]], bool)
-    probs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"scores": scores, "keep": keep})[0]
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    probs = session.run(None, {"scores": scores, "keep": keep})[0]
     assert probs[~keep].max() < 1e-20  # masked keys still weigh nothing
     np.testing.assert_allclose(probs.sum(-1), 1, rtol=1e-6)
     shared = _graph(["Max"])  # the same constant also read by another op: a value that op needs, left alone
     assert soften_mask_fill(shared) == [] and _fills(shared)["fill"] == MIN
+
+
+def test_a_fill_that_replaces_scores_is_left_alone():
+    """``Where(keep, scores, -inf)`` (a mask that replaces masked scores, as masked_fill exports): -60 could
+    outrank real scores there, so the fill stays."""
+    nodes = [helper.make_node("Where", ["keep", "scores", "fill"], ["masked"]),
+             helper.make_node("Softmax", ["masked"], ["probs"], axis=-1)]
+    model = _model(nodes, [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [2, 4])],
+                   [numpy_helper.from_array(np.array(-np.inf, np.float32), "fill")])
+    assert soften_mask_fill(model) == [] and _fills(model)["fill"] == -np.inf
