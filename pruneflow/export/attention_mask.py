@@ -42,12 +42,11 @@ def soften_mask_fill(model, fill: float = FILL) -> list[str]:
     for node in model.graph.node:
         for k, name in enumerate(node.input):
             readers.setdefault(name, []).append((node, k))
-    zeros = {t.name for t in model.graph.initializer if t.data_type == TensorProto.FLOAT and not np.any(numpy_helper.to_array(t))}
+    scalars = [t for t in model.graph.initializer if t.data_type == TensorProto.FLOAT and len(t.dims) == 0]  # weights never read
+    zeros = {t.name for t in scalars if float(numpy_helper.to_array(t)) == 0.0}
     changed = []
-    for init in model.graph.initializer:
-        if init.data_type != TensorProto.FLOAT or len(init.dims) != 0 or init.name not in readers:
-            continue
-        if float(numpy_helper.to_array(init)) > HUGE:
+    for init in scalars:
+        if init.name not in readers or float(numpy_helper.to_array(init)) > HUGE:
             continue
         uses = readers[init.name]
         if all(_is_mask_bias(node, k, zeros) and _reaches_softmax(node, readers) for node, k in uses):
