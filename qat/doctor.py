@@ -36,7 +36,7 @@ def quantize_checks(stage, state, ctx) -> list[Check]:
     try:
         quantized = quantize(copy.deepcopy(state.model), calib, ignore=cfg.ignore, preset=cfg.preset,
                              batch_size=cfg.batch_size, activations=cfg.activations, ignore_loc=stage.loc("ignore"),
-                             model_type=cfg.model_type)
+                             model_type=cfg.model_type, smooth_quant=cfg.smooth_quant)
         with torch.no_grad():
             call(quantized.eval(), to(state.data.eval.x, ctx.device))
     except StageError as exc:

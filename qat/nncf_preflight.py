@@ -22,13 +22,14 @@ from .nncf_quant import failing_module, nncf_quantize, resolve_model_type
 from .nncf_setup import ensure_built
 
 
-def _try(model: nn.Module, batch: Inputs, ignore: list[str], preset: str, loc: tuple, model_type: str) -> BaseException | None:
+def _try(model: nn.Module, batch: Inputs, ignore: list[str], preset: str, loc: tuple, model_type: str,
+         smooth_quant: float | None = 0.95) -> BaseException | None:
     """Quantize a CPU copy of ``model`` on ``batch``; the exception NNCF raised, or None when it worked."""
     import nncf
 
     copied = copy.deepcopy(model).cpu().eval()
     try:
-        nncf_quantize(copied, nncf.Dataset([batch]), 1, batch, ignore, preset, (*loc, "ignore"), model_type)
+        nncf_quantize(copied, nncf.Dataset([batch]), 1, batch, ignore, preset, (*loc, "ignore"), model_type, smooth_quant)
     except ConfigError:
         raise
     except Exception as exc:  # noqa: BLE001 - tracing failures come in many types
@@ -38,12 +39,12 @@ def _try(model: nn.Module, batch: Inputs, ignore: list[str], preset: str, loc: t
 
 
 def check_quantizable(model: nn.Module, batch: Inputs, *, ignore: list[str], preset: str, loc: tuple,
-                      model_type: str = "auto") -> list[str]:
+                      model_type: str = "auto", smooth_quant: float | None = 0.95) -> list[str]:
     """Raise ConfigError at ``loc`` (the stage) when NNCF cannot quantize ``model``; returns notes otherwise."""
     ensure_built()
     batch = to(batch, "cpu")
     model_type = resolve_model_type(model, model_type)
-    failure = _try(model, batch, ignore, preset, loc, model_type)
+    failure = _try(model, batch, ignore, preset, loc, model_type, smooth_quant)
     if failure is None:
         return []
     where = getattr(failure, "failing_module", None)
@@ -53,7 +54,7 @@ def check_quantizable(model: nn.Module, batch: Inputs, *, ignore: list[str], pre
                           hint="NNCF traces the forward pass: check that the model runs under torch.no_grad on CPU, "
                           "or remove the qat/ptq stage (and int8 from export)")
     kind = type(model.get_submodule(where)).__name__
-    fixed = _try(model, batch, [*ignore, where], preset, loc, model_type) is None
+    fixed = _try(model, batch, [*ignore, where], preset, loc, model_type, smooth_quant) is None
     if fixed:
         raise ConfigError(loc, f"NNCF cannot quantize module {where!r} ({kind}): {what}",
                           hint=f"keep it in float: add {where!r} to this stage's `ignore` (`ignore: {[*ignore, where]}`); "

@@ -45,6 +45,11 @@ class QuantizeSettings(StrictModel):
         "LayerNorm, Softmax, GELU, the context MatMul and embedding lookups kept float (the word-embedding table is stored "
         "int8 weight-only at export); `cnn`: NNCF's default; `auto`: `transformer` for text transformers (attention over token "
         "embeddings: BERT), `cnn` otherwise (a ViT too: its TensorRT INT8 form needs the cnn type's residual quantizers).")
+    smooth_quant: float | None = Field(
+        default=0.95, ge=0, le=1, description="SmoothQuant's alpha for `model_type: transformer` (NNCF's default, 0.95): "
+        "before ranges are set, per-channel scales move the activation outliers of each quantized Linear input (BERT's "
+        "LayerNorm outputs reach 30 in a few channels) into its weights, so the int8 grid stays fine for the other "
+        "channels. Adds one Mul per quantized Linear input to the INT8 ONNX (OpenVINO folds it); `null`: off.")
     calibration_size: int = Field(default=300, ge=1, description="Samples for range initialisation when no calibrate stage ran.")
     batch_size: int = Field(default=32, ge=1, description="Batch size for range initialisation.")
     accuracy_control: AccuracyControl | None = Field(
@@ -127,7 +132,7 @@ def _int8(stage: Stage, state, ctx) -> ModelHandle:
                           "stores them in (weight-only, per-row scales) and frozen")
     quantized = quantize(state.model, _calibration(stage, state, ctx), ignore=cfg.ignore, preset=cfg.preset,
                          batch_size=cfg.batch_size, activations=cfg.activations, ignore_loc=stage.loc("ignore"),
-                         model_type=cfg.model_type)
+                         model_type=cfg.model_type, smooth_quant=cfg.smooth_quant)
     return ModelHandle(quantized, kind="nncf", float_base=base)
 
 
@@ -139,7 +144,8 @@ def _check_model(stage: Stage, model: nn.Module, batch) -> list[str]:
     from .nncf_preflight import check_quantizable
 
     cfg = stage.config
-    return check_quantizable(model, batch, ignore=cfg.ignore, preset=cfg.preset, loc=stage.loc(), model_type=cfg.model_type)
+    return check_quantizable(model, batch, ignore=cfg.ignore, preset=cfg.preset, loc=stage.loc(), model_type=cfg.model_type,
+                             smooth_quant=cfg.smooth_quant)
 
 
 class PtqStage(Stage[PtqConfig]):
