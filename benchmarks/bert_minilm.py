@@ -10,6 +10,7 @@ Runs, each a pruneflow run; all but the first two start from the same fine-tuned
   the honest reference for what the extra training alone changes;
 - ptq: NNCF post-training quantization (transformer model type) from a calibration set;
 - qat: the int8 phase of the qat stage (KD from the fine-tuned model) for --qat-epochs;
+- qat, smooth_quant off: the same without NNCF's SmoothQuant (what it changes, measured side by side);
 - pruned (ffn F) + qat: 50 % of the heads and --ffn F of the FFN neurons pruned (KD), then calibrate and QAT INT8;
 - recipe: pruned + qat (with --recipe-run): a finished run of recipes/minilm-sst2.yaml, read from its manifest.
 Accuracy is on the whole dev split (872 sentences) in every runtime. Then FP32 / INT8 / pruned / pruned INT8
@@ -89,6 +90,7 @@ def variants(args) -> dict[str, tuple[list[dict], bool]]:
                                       "finetune": tune, "distill": KD}, dict(EXPORT, precisions=["fp32"])], True),
         "ptq": ([calib, {"type": "ptq"}, EXPORT], True),
         "qat": ([calib, qat, EXPORT], True),
+        "qat, smooth_quant off": ([calib, dict(qat, smooth_quant=None), EXPORT], True),
         f"pruned (ffn {args.ffn:g}) + qat": ([prune, calib, qat, EXPORT], True),
     }
 
@@ -197,7 +199,8 @@ def pruned_variants(rows: dict) -> list[str]:
 
 def runtime_agreement(rows: dict) -> dict:
     """How far the same INT8 model's dev predictions move between runtimes: the share of dev sentences each
-    executor predicts differently from onnxruntime's, for the QAT INT8 and (as the yardstick) the FP32 model.
+    executor predicts differently from onnxruntime's, for the QAT INT8 (with SmoothQuant and without) and (as the
+    yardstick) the FP32 model; for INT8, also the share predicted differently from the FP32 model.
     An INT8 transformer's coarse activation grids turn tiny float differences into whole-step ones, so this
     is the noise floor under every INT8 accuracy figure: one sentence of 872 is 0.11 pt."""
     import pandas as pd
@@ -206,9 +209,10 @@ def runtime_agreement(rows: dict) -> dict:
     tok, sentences = load_tokenizer(str(MODEL)), list(df["sentence"])
     feeds = [{k: v.astype(np.int64) for k, v in tok(sentences[i : i + 32], padding=True, truncation=True, max_length=64,
                                                      return_tensors="np").items()} for i in range(0, len(sentences), 32)]
-    picks = {"fp32": ("fp32 same budget", "fp32"), "int8": ("qat", "int8")}
+    picks = {"fp32": ("fp32 same budget", "fp32"), "int8": ("qat", "int8"),
+             "int8, smooth_quant off": ("qat, smooth_quant off", "int8")}
     out: dict = {"sentences": len(sentences)}
-    labels, correct = df["label"].to_numpy(), {}
+    labels, correct, predicted = df["label"].to_numpy(), {}, {}
     for what, (variant, precision) in picks.items():
         onnx_path, ir_path = (rows.get(variant, {}).get(f"{t}.{precision}.path") for t in ("onnx", "openvino"))
         if not (onnx_path and ir_path):
@@ -219,10 +223,12 @@ def runtime_agreement(rows: dict) -> dict:
         out[what] = {n: {"accuracy": float((p == labels).mean()), "differs_from_onnxruntime": float((p != preds["onnxruntime"]).mean())}
                      for n, p in preds.items()}
         correct[what] = {n: (p == labels).astype(float) for n, p in preds.items()}
-    if "fp32" in correct and "int8" in correct:  # the drop, sentence by sentence, and its standard error (paired)
-        for name, right in correct["int8"].items():
+        predicted[what] = preds
+    for what in [w for w in correct if w != "fp32" and "fp32" in correct]:  # the drop sentence by sentence, its paired s.e.
+        for name, right in correct[what].items():
             diff = 100 * (correct["fp32"]["onnxruntime"] - right)
-            out["int8"][name].update(drop_vs_fp32_pt=float(diff.mean()), paired_se_pt=float(diff.std(ddof=1) / np.sqrt(len(diff))))
+            out[what][name].update(drop_vs_fp32_pt=float(diff.mean()), paired_se_pt=float(diff.std(ddof=1) / np.sqrt(len(diff))),
+                                   differs_from_fp32=float((predicted[what][name] != predicted["fp32"]["onnxruntime"]).mean()))
     return out
 
 
@@ -407,10 +413,11 @@ def report(results: dict, out: Path) -> None:
     if agreement.get("int8"):
         lines += ["", f"The same model in three runtimes ({agreement['sentences']} dev sentences): the share each predicts "
                   "differently from onnxruntime, the noise floor under every INT8 accuracy figure above.", "",
-                  "| model | executor | accuracy | differs from onnxruntime | drop vs FP32 (ORT) ± paired s.e. |", "|---|---|---|---|---|"]
+                  "| model | executor | accuracy | differs from onnxruntime | differs from FP32 (ORT) | drop vs FP32 (ORT) ± paired s.e. |",
+                  "|---|---|---|---|---|---|"]
         lines += [f"| {what} | {name} | {_pct(a['accuracy'])} | {_pct(a['differs_from_onnxruntime'])} | "
-                  + (f"{a['drop_vs_fp32_pt']:+.2f} ± {a['paired_se_pt']:.2f} pt |" if "paired_se_pt" in a else "|")
-                  for what in ("fp32", "int8") for name, a in agreement.get(what, {}).items()]
+                  + (f"{_pct(a['differs_from_fp32'])} | {a['drop_vs_fp32_pt']:+.2f} ± {a['paired_se_pt']:.2f} pt |" if "paired_se_pt" in a else "| |")
+                  for what in agreement if what != "sentences" for name, a in agreement[what].items()]
     lat = results.get("latency", {})
     cpu = lat.get("host", {}).get("cpu", {})
     lines += ["", f"Latency, 1 thread, interleaved, {lat.get('runs')} runs each (ms). Host: {cpu.get('model')}, "
