@@ -251,6 +251,13 @@ def transformer_arguments(model: nn.Module, scope, smooth_quant: float | None = 
     return {"model_type": nncf.ModelType.TRANSFORMER, "ignored_scope": scope, "advanced_parameters": advanced}
 
 
+def smoothed_inputs(model: nn.Module) -> int:
+    """How many quantized inputs SmoothQuant rescaled in ``model`` (NNCF's ``SQMultiply`` hooks)."""
+    from nncf.torch.quantization.layers import SQMultiply
+
+    return sum(isinstance(m, SQMultiply) for m in model.modules())
+
+
 def freeze_smoothing(model: nn.Module) -> int:
     """Freeze the SmoothQuant scales NNCF inserted (``SQMultiply``: an ``nn.Parameter``): they were computed with
     the weights they divide, so QAT trains the weights and the quantizer ranges, not them. Returns how many."""

@@ -18,7 +18,7 @@ from pruneflow.handle import ModelHandle
 from pruneflow.stage import Stage, StageConfig, StageResult, StrictModel
 from pruneflow.train import FinetuneSettings, fit
 
-from .nncf_quant import SequentialRoot, quantize, quantizer_parameters
+from .nncf_quant import SequentialRoot, quantize, quantizer_parameters, smoothed_inputs
 from .precision import fp16_rounding
 from .sensitivity import AccuracyControl, accuracy_control
 
@@ -106,6 +106,8 @@ def _calibration(stage: Stage, state, ctx):
 
 def _controlled(stage: Stage, state, ctx, result: StageResult, fp32: dict, int8: dict | None) -> StageResult:
     """``accuracy_control``: the sensitivity table and the max_drop fallback (qat/sensitivity.py) added to ``result``."""
+    if result.handle is not None:
+        result.metrics["smooth_quant_inputs"] = smoothed_inputs(result.handle.module)
     spec = stage.config.accuracy_control
     if spec is None or result.handle is None:
         return result
@@ -133,6 +135,10 @@ def _int8(stage: Stage, state, ctx) -> ModelHandle:
     quantized = quantize(state.model, _calibration(stage, state, ctx), ignore=cfg.ignore, preset=cfg.preset,
                          batch_size=cfg.batch_size, activations=cfg.activations, ignore_loc=stage.loc("ignore"),
                          model_type=cfg.model_type, smooth_quant=cfg.smooth_quant)
+    smoothed = smoothed_inputs(quantized)
+    if smoothed:
+        ctx.reporter.info(f"{stage.id}: SmoothQuant (alpha {cfg.smooth_quant:g}) rescaled {smoothed} quantized Linear input(s) "
+                          "per channel, their weights the other way")
     return ModelHandle(quantized, kind="nncf", float_base=base)
 
 

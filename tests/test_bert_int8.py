@@ -270,6 +270,8 @@ def test_tiny_minilm_recipe_end_to_end(tmp_path):
         assert flat[f"{label}.accuracy"] >= flat["onnx.fp32.accuracy"] - 0.03, label
         assert flat[f"{label}.top1_agreement"] >= 0.95, label
     assert flat["onnx.int8.ort_integer_ops"] >= 14 and flat["onnx.int8.size_ratio_fp32"] >= 3.0
+    # SmoothQuant: q/k/v (one shared input), attention output, FFN in and out per layer, then pooler and classifier
+    assert flat["qat.smooth_quant_inputs"] == 2 * 4 + 2
     # Deliver 2: the classifier head is reported as new; the fine-tuned model is also a from_pretrained folder,
     # the head-pruned one cannot be, and says why
     tuned = next(a for a in result.artifacts if a.path == "stages/01-finetune/model.pt")
