@@ -233,7 +233,7 @@ def transformer_arguments(model: nn.Module, scope, smooth_quant: float | None = 
     """``nncf.quantize`` arguments for ``model_type="transformer"`` (see ``nncf_quantize``).
 
     SmoothQuant (NNCF's, alpha 0.95 is its default for transformers): a pretrained BERT's LayerNorm outputs
-    reach 30 in a few channels while most stay under 2, so one per-tensor int8 scale leaves those most
+    reach 30 in a few channels while most stay under 2, so one per-tensor int8 scale leaves most
     channels two or three levels, and the quantized model sits so close to its rounding boundaries that
     onnxruntime and OpenVINO, rounding a few ties differently, moved 1.6 % of MiniLM-SST-2's predictions.
     Per-channel scales s (x / s before the quantizer, W * s in the weights) even the channels out first.
