@@ -18,12 +18,12 @@ from torch import nn
 from pruneflow.errors import ConfigError
 from pruneflow.inputs import Inputs, to
 
-from .nncf_quant import failing_module, nncf_quantize, resolve_model_type
+from .nncf_quant import SMOOTH_QUANT, failing_module, nncf_quantize, resolve_model_type
 from .nncf_setup import ensure_built
 
 
 def _try(model: nn.Module, batch: Inputs, ignore: list[str], preset: str, loc: tuple, model_type: str,
-         smooth_quant: float | None = 0.95) -> BaseException | None:
+         smooth_quant: float | None = SMOOTH_QUANT) -> BaseException | None:
     """Quantize a CPU copy of ``model`` on ``batch``; the exception NNCF raised, or None when it worked."""
     import nncf
 
@@ -39,7 +39,7 @@ def _try(model: nn.Module, batch: Inputs, ignore: list[str], preset: str, loc: t
 
 
 def check_quantizable(model: nn.Module, batch: Inputs, *, ignore: list[str], preset: str, loc: tuple,
-                      model_type: str = "auto", smooth_quant: float | None = 0.95) -> list[str]:
+                      model_type: str = "auto", smooth_quant: float | None = SMOOTH_QUANT) -> list[str]:
     """Raise ConfigError at ``loc`` (the stage) when NNCF cannot quantize ``model``; returns notes otherwise."""
     ensure_built()
     batch = to(batch, "cpu")

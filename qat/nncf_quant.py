@@ -22,6 +22,7 @@ from calibrate.consumers import nncf_dataset
 from .nncf_setup import ensure_built
 
 log = logging.getLogger("pruneflow")
+SMOOTH_QUANT = 0.95  # NNCF's own SmoothQuant alpha for transformers (see transformer_arguments)
 
 
 @contextlib.contextmanager
@@ -155,7 +156,7 @@ def resolve_model_type(model: nn.Module, model_type: str) -> str:
 
 def quantize(model: nn.Module, calib: CalibrationSet, *, ignore: list[str] | None = None, preset: str = "performance",
              batch_size: int = 32, activations: str = "signed", ignore_loc: tuple = ("ignore",),
-             model_type: str = "auto", smooth_quant: float | None = 0.95) -> nn.Module:
+             model_type: str = "auto", smooth_quant: float | None = SMOOTH_QUANT) -> nn.Module:
     """Insert FakeQuantize operations and set their ranges from ``calib``. Returns the quantized model
     (under a ``SequentialRoot`` when the model's top module is an ``nn.Sequential``).
 
@@ -198,7 +199,7 @@ def quantize(model: nn.Module, calib: CalibrationSet, *, ignore: list[str] | Non
 
 
 def nncf_quantize(model: nn.Module, dataset, items: int, example: Inputs, ignore: list[str], preset: str,
-                  ignore_loc: tuple, model_type: str = "cnn", smooth_quant: float | None = 0.95) -> nn.Module:
+                  ignore_loc: tuple, model_type: str = "cnn", smooth_quant: float | None = SMOOTH_QUANT) -> nn.Module:
     """``nncf.quantize`` on ``model`` (rooted, see ``SequentialRoot``) with the recipe's ``ignore`` resolved;
     a TorchScript module or an ``ignore`` entry selecting nothing is a ConfigError, anything else NNCF
     raises comes out as it is.
@@ -229,7 +230,7 @@ def nncf_quantize(model: nn.Module, dataset, items: int, example: Inputs, ignore
     return quantized
 
 
-def transformer_arguments(model: nn.Module, scope, smooth_quant: float | None = 0.95) -> dict:
+def transformer_arguments(model: nn.Module, scope, smooth_quant: float | None = SMOOTH_QUANT) -> dict:
     """``nncf.quantize`` arguments for ``model_type="transformer"`` (see ``nncf_quantize``).
 
     SmoothQuant (NNCF's, alpha 0.95 is its default for transformers): a pretrained BERT's LayerNorm outputs
@@ -251,22 +252,23 @@ def transformer_arguments(model: nn.Module, scope, smooth_quant: float | None = 
     return {"model_type": nncf.ModelType.TRANSFORMER, "ignored_scope": scope, "advanced_parameters": advanced}
 
 
+def _smoothing(model: nn.Module) -> list[nn.Module]:
+    """NNCF's SmoothQuant hooks in ``model`` (``SQMultiply``: one per rescaled quantized input)."""
+    from nncf.torch.quantization.layers import SQMultiply
+
+    return [m for m in model.modules() if isinstance(m, SQMultiply)]
+
+
 def smoothed_inputs(model: nn.Module) -> int:
-    """How many quantized inputs SmoothQuant rescaled in ``model`` (NNCF's ``SQMultiply`` hooks)."""
-    from nncf.torch.quantization.layers import SQMultiply
-
-    return sum(isinstance(m, SQMultiply) for m in model.modules())
+    """How many quantized inputs SmoothQuant rescaled in ``model``."""
+    return len(_smoothing(model))
 
 
-def freeze_smoothing(model: nn.Module) -> int:
-    """Freeze the SmoothQuant scales NNCF inserted (``SQMultiply``: an ``nn.Parameter``): they were computed with
-    the weights they divide, so QAT trains the weights and the quantizer ranges, not them. Returns how many."""
-    from nncf.torch.quantization.layers import SQMultiply
-
-    scales = [m.scale for m in model.modules() if isinstance(m, SQMultiply)]
-    for scale in scales:
-        scale.requires_grad_(False)
-    return len(scales)
+def freeze_smoothing(model: nn.Module) -> None:
+    """Freeze the SmoothQuant scales NNCF inserted (each an ``nn.Parameter``): they were computed with the
+    weights they divide, so QAT trains the weights and the quantizer ranges, not them."""
+    for hook in _smoothing(model):
+        hook.scale.requires_grad_(False)
 
 
 def attention_fastpath_off(model: nn.Module) -> None:

@@ -18,7 +18,7 @@ from pruneflow.handle import ModelHandle
 from pruneflow.stage import Stage, StageConfig, StageResult, StrictModel
 from pruneflow.train import FinetuneSettings, fit
 
-from .nncf_quant import SequentialRoot, quantize, quantizer_parameters, smoothed_inputs
+from .nncf_quant import SMOOTH_QUANT, SequentialRoot, quantize, quantizer_parameters, smoothed_inputs
 from .precision import fp16_rounding
 from .sensitivity import AccuracyControl, accuracy_control
 
@@ -46,7 +46,7 @@ class QuantizeSettings(StrictModel):
         "int8 weight-only at export); `cnn`: NNCF's default; `auto`: `transformer` for text transformers (attention over token "
         "embeddings: BERT), `cnn` otherwise (a ViT too: its TensorRT INT8 form needs the cnn type's residual quantizers).")
     smooth_quant: float | None = Field(
-        default=0.95, ge=0, le=1, description="SmoothQuant's alpha for `model_type: transformer` (NNCF's default, 0.95): "
+        default=SMOOTH_QUANT, ge=0, le=1, description="SmoothQuant's alpha for `model_type: transformer` (NNCF's default, 0.95): "
         "before ranges are set, per-channel scales move the activation outliers of each quantized Linear input (BERT's "
         "LayerNorm outputs reach 30 in a few channels) into its weights, so the int8 grid stays fine for the other "
         "channels. Adds one Mul per quantized Linear input to the INT8 ONNX (OpenVINO folds it); `null`: off.")
@@ -105,7 +105,8 @@ def _calibration(stage: Stage, state, ctx):
 
 
 def _controlled(stage: Stage, state, ctx, result: StageResult, fp32: dict, int8: dict | None) -> StageResult:
-    """``accuracy_control``: the sensitivity table and the max_drop fallback (qat/sensitivity.py) added to ``result``."""
+    """``accuracy_control``: the sensitivity table and the max_drop fallback (qat/sensitivity.py) added to ``result``,
+    after the quantized model's ``smooth_quant_inputs`` (both stages' results pass through here)."""
     if result.handle is not None:
         result.metrics["smooth_quant_inputs"] = smoothed_inputs(result.handle.module)
     spec = stage.config.accuracy_control

@@ -43,10 +43,11 @@ def soften_mask_fill(model, fill: float = FILL) -> list[str]:
         for k, name in enumerate(node.input):
             readers.setdefault(name, []).append((node, k))
     scalars = [t for t in model.graph.initializer if t.data_type == TensorProto.FLOAT and len(t.dims) == 0]  # weights never read
-    zeros = {t.name for t in scalars if float(numpy_helper.to_array(t)) == 0.0}
+    values = {t.name: float(numpy_helper.to_array(t)) for t in scalars}
+    zeros = {name for name, v in values.items() if v == 0.0}
     changed = []
     for init in scalars:
-        if init.name not in readers or float(numpy_helper.to_array(init)) > HUGE:
+        if init.name not in readers or values[init.name] > HUGE:
             continue
         uses = readers[init.name]
         if all(_is_mask_bias(node, k, zeros) and _reaches_softmax(node, readers) for node, k in uses):
