@@ -253,6 +253,7 @@ class RichReporter(Reporter):
     def __init__(self, console: Console, quiet: bool):
         self.console = console
         self.quiet = quiet
+        self.headline = ""  # the task's headline metric, shown on each stage's line (run_started)
 
     @contextlib.contextmanager
     def progress(self, description, total):
@@ -275,10 +276,15 @@ class RichReporter(Reporter):
         if not self.quiet:
             self.console.print(f"[bold cyan]▶ {index + 1}/{total} {stage_id}[/] [dim]({stage_type})[/]")
 
+    def run_started(self, name, task):
+        super().run_started(name, task)
+        self.headline = task.get("headline", "")
+
     def stage_finished(self, stage_id, seconds, metrics, skipped=False):
         super().stage_finished(stage_id, seconds, metrics, skipped)
         if not self.quiet:
-            shown = ", ".join(f"{k} {_fmt(v)}" for k, v in metrics.items() if k in ("accuracy", "macs", "params"))
+            shown_keys = (self.headline, "macs", "params")
+            shown = ", ".join(f"{k} {_fmt(v)}" for k, v in metrics.items() if k in shown_keys)
             how = "resumed from checkpoint" if skipped else f"{seconds:.1f}s"
             self.console.print(f"  [green]✓[/] {stage_id} [dim]{how}[/] {shown}")
 
@@ -728,7 +734,7 @@ def bench(
     benchmark_app: Annotated[bool, typer.Option("--benchmark-app", help="Also run OpenVINO's benchmark_app on each IR and record its throughput.")] = False,
     verbose: VerboseOpt = False,
 ) -> None:
-    """Time artifacts side by side: p50/p90/p99 and throughput per artifact x runtime x batch, size, accuracy,
+    """Time artifacts side by side: p50/p90/p99 and throughput per artifact x runtime x batch, size, the task's headline metric,
     ratios against a baseline. All timings of a batch size run interleaved in one loop.
 
         pruneflow bench runs/dense runs/pruned --batch 1,32 --runs 100 --html bench.html --json bench.json
@@ -757,23 +763,24 @@ def bench(
 def _print_bench(result, written: list[Path]) -> None:
     """One table per batch size (columns with nothing in them left out; one run: labels without its name),
     then what was not timed, the host, the inputs and the files written."""
-    from pruneflow.benchmark.html import TABLE_HEAD, table_cells
+    from pruneflow.benchmark.html import table_cells, table_head
 
     console = _out_console()
     if not console.is_terminal:  # logs and pipes: every figure whole, however wide
         console = Console(highlight=False, soft_wrap=True, width=240)
     models = {v.model for v in result.variants}
+    head = table_head(result)
     for batch in result.settings.batches:
         rows = [r for r in result.rows if r.batch == batch]
         cells = [table_cells(result, r) for r in rows]
         if len(models) == 1:
             cells = [[row.lane.variant.label, *c[1:]] for row, c in zip(rows, cells)]
-        keep = [i for i, h in enumerate(TABLE_HEAD) if h != "batch" and any(c[i] not in ("", "–") for c in cells)]
+        keep = [i for i, h in enumerate(head) if h != "batch" and any(c[i] not in ("", "–") for c in cells)]
         where = f" of {next(iter(models))}" if len(models) == 1 else ""
         table = Table(title=f"batch {batch}{where}: ratios against {result.baseline.name}", title_justify="left")
         for i in keep:
-            table.add_column(TABLE_HEAD[i], justify="left" if i in (0, 1, len(TABLE_HEAD) - 1) else "right",
-                             no_wrap=0 < i < len(TABLE_HEAD) - 1)
+            table.add_column(head[i], justify="left" if i in (0, 1, len(head) - 1) else "right",
+                             no_wrap=0 < i < len(head) - 1)
         for row, c in zip(rows, cells):
             table.add_row(*(c[i] for i in keep), style="bold" if row.lane.variant is result.baseline else None)
         console.print(table)

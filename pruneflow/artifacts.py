@@ -220,11 +220,8 @@ class Artifact:
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> "Artifact":
-        """An artifact from its manifest/stage.json record, also one written by an earlier version
-        (precision ``int8_tensorrt`` then meant precision int8 in the tensorrt form)."""
-        record = {k: v for k, v in record.items() if k in cls.__dataclass_fields__}
-        if record.get("precision") == "int8_tensorrt":
-            record.update(precision="int8", form="tensorrt")
+        """An artifact from its manifest/stage.json record (``as_dict``); a record of another layout raises
+        TypeError (a key that is not a field) or ValueError (a precision outside ``PRECISIONS``)."""
         return cls(**record)
 
     @classmethod
@@ -242,8 +239,10 @@ class Artifact:
         files, their combined digest is ``sha256``)."""
         if self.sha256 is None:
             return False
-        if self.path not in self.files:  # one file (or a record of an earlier version: sha256 was the main file's)
-            recorded = {self.path: self.sha256, **self.files}
+        if not self.files:  # one file: sha256 is its own
+            recorded = {self.path: self.sha256}
+        elif self.path not in self.files:  # several files always list the main one (add_file)
+            return False
         else:
             recorded = dict(self.files)
             if combined_sha256(self.path, self.files) != self.sha256:
@@ -288,6 +287,8 @@ class Manifest:
         #: The machine the run ran on (``pruneflow.runtime.host_info``: CPU model, ISA flags, GPUs, runtime
         #: versions), set by the pipeline: every latency figure in the manifest was measured there.
         self.host: dict[str, Any] | None = None
+        #: The run's task (``Task.summary``: type, headline metric, each metric's direction), set by the pipeline.
+        self.task: dict[str, Any] | None = None
         #: Set when a stage failed: the stage, the error (type, message, hint, exit code) and the files it left.
         self.failure: dict[str, Any] | None = None
 
@@ -312,6 +313,7 @@ class Manifest:
             "status": self.status,
             "tool_versions": tool_versions(),
             "host": self.host,
+            "task": self.task,
             "deployment": self.deployment(),
             "stages": self.stages,
             "artifacts": [a.as_dict() for a in self.artifacts],

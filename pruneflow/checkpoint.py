@@ -13,15 +13,14 @@ How it is loaded (:func:`load_checkpoint`): ``torch.load(weights_only=True)``, w
 tensors, plain containers and values, plus the classes the registered kinds name in ``safe_globals``
 (imported only when a file holds them). No code of the file runs, and a file that holds anything else
 (a pickled module) is refused. Then the recipe's model is copied and reshaped to ``structure``: its
-attributes set, every parameter and buffer given its saved shape, the known rewrites swapped in (the
-option-A shortcut's ChannelEmbedConv, a removed block's Identity), the weights loaded. The kind turns
-that float model into the handle (``ModelKind.restore``).
+attributes set, every parameter and buffer given its saved shape, a module of another class swapped in where
+that class is registered as rebuildable (``registry.rebuildable_modules``, entry point
+``pruneflow.rebuildable_modules``: the code that puts such a module in a model registers it, e.g. pruning's
+option-A shortcut ChannelEmbedConv, a removed block's Identity, a HeadAttention that lost heads), the
+weights loaded. The kind turns that float model into the handle (``ModelKind.restore``).
 
 torch-pruning's own ``tp.state_dict`` pickles each module's ``__dict__``, and its ``load_pruning_history``
 needs the dependency graph traced again on the right example; this needs neither (ours).
-
-Files of the previous format (``pruneflow-checkpoint/1``: a bare state_dict, a state_dict with a
-``structure``, or an NNCF payload with ``base_structure``/``base_state_dict``/``nncf_config``) still load.
 """
 
 from __future__ import annotations
@@ -42,8 +41,6 @@ from .handle import ModelHandle
 from .preflight import check_dtypes
 
 FORMAT = "pruneflow-checkpoint/2"
-#: The previous format, still read (run folders written before the model handle).
-FORMAT_V1 = "pruneflow-checkpoint/1"
 _PLAIN = (int, float, bool, str, type(None))
 
 
@@ -120,24 +117,19 @@ def _mismatch(path: Path, detail: str) -> InputError:
 
 
 def _reshape_modules(model: nn.Module, structure: dict[str, dict], path: Path) -> None:
-    """Swap in the known rewrites and set each module's recorded plain attributes (parents before children)."""
-    from .prune.mha import HeadAttention
-    from .prune.surgery import ChannelEmbedConv
-
+    """Swap in the registered rebuildable modules and set each module's recorded plain attributes (parents before
+    children)."""
+    rebuildable = registry.rebuildable_modules
     modules = dict(model.named_modules())
     for name, desc in structure.items():
         module = modules.get(name)
         if module is None:
             raise _mismatch(path, f"the recipe's model has no module {name!r}")
         if type(module).__name__ != desc.get("class"):
-            if desc.get("class") not in (ChannelEmbedConv.__name__, HeadAttention.__name__, "Identity") or not name:
+            if not name or desc.get("class") not in rebuildable.names():
                 raise _mismatch(path, f"module {name!r} is a {type(module).__name__}, the checkpoint's a {desc.get('class')}")
-            if desc["class"] == "Identity":
-                module = nn.Identity()  # a residual block removed by depth pruning
-            elif desc["class"] == HeadAttention.__name__:
-                module = HeadAttention(1, 1, 1)  # an nn.MultiheadAttention that lost heads: sizes from the attributes
-            else:
-                module = ChannelEmbedConv(1, 0, 1)  # its sizes and stride come from the attributes, its weight from state_dict
+            # A blank one: its sizes come from the attributes below, its tensors from the state_dict.
+            module = rebuildable.get(desc["class"])()
             parent, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent) if parent else model, child, module)
             modules = dict(model.named_modules())  # the replaced module's children are gone
@@ -168,24 +160,17 @@ def _reshape_tensors(model: nn.Module, state_dict: dict[str, torch.Tensor], path
 
 
 def load_checkpoint(path: Path, into: nn.Module | None = None) -> ModelHandle:
-    """The handle a run-directory checkpoint describes; ``into`` is the model the recipe builds (never changed
-    for a current file, reshaped in a copy).
+    """The handle a run-directory checkpoint describes; ``into`` is the model the recipe builds (never changed:
+    reshaped in a copy).
 
     >>> handle = load_checkpoint(run_dir / "stages/02-prune/model.pt", into=build_model(recipe.model))
     >>> handle.kind, handle.module
     """
     path = Path(path)
-    payload = _upgrade(_read(path), path)
+    payload = _current(_read(path), path)
     if into is None:
         raise InputError(f"{path} holds weights and structure, not code: the model to load them into is built from the recipe")
-    if payload["structure"] is None:  # a /1 state_dict-only file: the recipe's model, unchanged in structure
-        try:
-            into.load_state_dict(payload["state_dict"])
-        except RuntimeError as exc:
-            raise InputError(f"{path} does not fit the model built from the recipe: {exc}") from exc
-        base = into
-    else:
-        base = restore_structure(into, payload["structure"], payload["state_dict"], path)
+    base = restore_structure(into, payload["structure"], payload["state_dict"], path)
     kind = registry.model_kinds.get(payload["kind"])()
     try:
         handle = kind.restore(base, payload["kind_payload"])
@@ -225,20 +210,18 @@ def _read(path: Path) -> Any:
         raise InputError(f"{path} is not a readable checkpoint: {type(exc).__name__}: {exc}") from exc
 
 
-def _upgrade(payload: Any, path: Path) -> dict[str, Any]:
-    """The current layout of a current or a /1 payload (kind, structure, state_dict, meta, kind_payload)."""
-    if not isinstance(payload, dict) or payload.get("format") not in (FORMAT, FORMAT_V1):
+def _current(payload: Any, path: Path) -> dict[str, Any]:
+    """``payload`` when it is a checkpoint of the current ``FORMAT`` with every part; an InputError otherwise (this
+    version reads no earlier format: re-run the stage that wrote one)."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("format"), str) or not payload["format"].startswith("pruneflow-checkpoint/"):
         raise InputError(f"{path} is not a pruneflow checkpoint", hint="use model.checkpoint for plain state_dicts")
-    if payload["format"] == FORMAT:
-        missing = [k for k in ("kind", "structure", "state_dict", "meta", "kind_payload") if k not in payload]
-        if missing:
-            raise InputError(f"{path} is not a pruneflow checkpoint (it has no {', '.join(missing)})")
-        return payload
-    if "nncf_config" in payload:  # /1 quantized: the float base described, NNCF's config and the quantized weights
-        return {"kind": "nncf", "structure": payload["base_structure"], "state_dict": payload["base_state_dict"], "meta": {},
-                "kind_payload": {"nncf_config": payload["nncf_config"], "state_dict": payload["state_dict"]}}
-    return {"kind": "float", "structure": payload.get("structure"), "state_dict": payload["state_dict"], "meta": {},
-            "kind_payload": {}}
+    if payload["format"] != FORMAT:
+        raise InputError(f"{path} is a pruneflow checkpoint of another format ({payload['format']}); this version reads {FORMAT}",
+                         hint="re-run the stage that wrote it with this version of pruneflow")
+    missing = [k for k in ("kind", "structure", "state_dict", "meta", "kind_payload") if k not in payload]
+    if missing:
+        raise InputError(f"{path} is not a pruneflow checkpoint (it has no {', '.join(missing)})")
+    return payload
 
 
 def _weights_only_load(path: Path) -> Any:

@@ -38,6 +38,17 @@ class StageConfig(StrictModel):
     )
 
 
+class TaskConfig(StrictModel):
+    """A task's options (``tasks.py``); a task's own Config narrows ``type`` to its name and adds its options."""
+
+    type: str = Field(description="Task type, one of the registered tasks (`classification` built in; see `pruneflow schema`).")
+    output: str | int | None = Field(
+        default=None,
+        description="Which part of the model's output the task reads: a dict key or attribute name (`logits`), or a tuple "
+        "index. Default: the output itself when it is a tensor, else its `logits`, else its first element.",
+    )
+
+
 class TargetConfig(StrictModel):
     type: str = Field(description="Export target, one of the registered targets.")
     required: bool = Field(

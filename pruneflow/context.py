@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     import torch
 
     from .artifacts import Artifact
-    from .data import DataBundle
+    from .splits import DataBundle
     from .handle import ModelHandle
     from .recipe.models import RecipeBase as Recipe  # recipe_model() builds the Recipe class at run time on this base
     from .tasks import Task
@@ -30,6 +30,11 @@ class Reporter:
     def progress(self, description: str, total: int | None) -> Iterator[Callable[..., None]]:
         """Yields ``advance(n=1, **fields)``; ``fields`` (e.g. loss=0.3) are shown beside the bar."""
         yield lambda n=1, **fields: None
+
+    def run_started(self, name: str, task: dict) -> None:
+        """Before the first stage; ``task``: the run's ``Task.summary`` (its headline metric is what a stage's
+        line shows)."""
+        log.info("run %s: task %s, headline metric %s", name, task.get("type"), task.get("headline"))
 
     def stage_started(self, stage_id: str, stage_type: str, index: int, total: int) -> None:
         log.info("stage %s (%s) started", stage_id, stage_type)

@@ -2,25 +2,27 @@
 
 Sources: the built-in ``digits`` set (scikit-learn's bundled copy), npz (named arrays),
 csv/json/parquet, imagefolder and ``save_to_disk`` folders. Nothing is fetched from a hub.
-Normalisation and augmentation (random crop with padding, horizontal flip) are written in torch
-on whole batches: datasets' own transforms run per sample in Python and would dominate CPU time.
+Normalisation is written in torch on whole batches (augmentation too: ``splits.apply_augment``): datasets'
+own transforms run per sample in Python and would dominate CPU time.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch
 
 from .errors import ConfigError, InputError, MissingDependencyError
-from .inputs import Inputs, first, lengths, take, trim
+from .inputs import first
 from .preflight import check_finite_inputs
-from .recipe.models import AugmentSpec, DataSpec
+from .recipe.models import DataSpec
+
+# Split and DataBundle are kernel records (splits.py, carried by RunState); re-exported where they were always found.
+from .splits import DataBundle as DataBundle, Split as Split, apply_augment as apply_augment
+from .tasks import Classification, Task
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -30,90 +32,55 @@ LABEL_FALLBACKS = ("labels", "y", "target")
 EVAL_SPLIT_NAMES = ("validation", "eval", "test", "valid")
 
 
-@dataclass
-class Split:
-    """Preprocessed inputs and integer labels of one split. ``x`` is one float32 tensor, or forward's
-    parameter names mapped to tensors (text: ``input_ids``, ``attention_mask``[, ``token_type_ids``])."""
-
-    x: Inputs
-    y: torch.Tensor
-
-    def __len__(self) -> int:
-        return len(self.y)
-
-    def batches(self, batch_size: int, by_length: bool = False) -> Iterator[tuple[Inputs, torch.Tensor]]:
-        """Batches in order (``by_length``: text sorted by length first, which pads less; every sample
-        still comes once). Text batches are cut to their longest row."""
-        n = lengths(self.x) if by_length else None
-        order = torch.argsort(n, stable=True) if n is not None else None
-        for start in range(0, len(self), batch_size):
-            idx = order[start : start + batch_size] if order is not None else slice(start, start + batch_size)
-            yield trim(take(self.x, idx)), self.y[idx]
-
-
-@dataclass
-class DataBundle:
-    train: Split | None
-    eval: Split
-    num_classes: int
-    input_shape: tuple[int, ...]
-    class_names: list[str] | None = None
-    augment: AugmentSpec = field(default_factory=AugmentSpec)
-    #: Per-channel value that raw zero pixels map to after normalisation (the crop padding fill).
-    pad_value: torch.Tensor | None = None
-    description: str = ""
-
-    def train_batches(self, batch_size: int, generator: torch.Generator, augment: bool = True):
-        """Shuffled, augmented training batches (one epoch)."""
-        if self.train is None:
-            raise InputError("this recipe's data has no training split", hint="set data.path or data.train")
-        order = torch.randperm(len(self.train), generator=generator)
-        for start in range(0, len(order), batch_size):
-            idx = order[start : start + batch_size]
-            x, y = trim(take(self.train.x, idx)), self.train.y[idx]
-            if augment and isinstance(x, torch.Tensor):
-                x = apply_augment(x, self.augment, generator, self.pad_value)
-            yield x, y
-
-
-def apply_augment(x: torch.Tensor, spec: AugmentSpec, gen: torch.Generator, pad_value: torch.Tensor | None) -> torch.Tensor:
-    """Random crop after padding, and horizontal flip, on a whole NCHW batch at once."""
-    if x.dim() != 4:
-        return x
-    b, c, h, w = x.shape
-    if spec.crop_padding:
-        p = spec.crop_padding
-        padded = x.new_empty(b, c, h + 2 * p, w + 2 * p)
-        padded[:] = (pad_value if pad_value is not None else torch.zeros(c)).view(1, c, 1, 1)
-        padded[:, :, p : p + h, p : p + w] = x
-        oy = torch.randint(0, 2 * p + 1, (b,), generator=gen)
-        ox = torch.randint(0, 2 * p + 1, (b,), generator=gen)
-        rows = (oy[:, None] + torch.arange(h))[:, :, None]  # B,H,1
-        cols = (ox[:, None] + torch.arange(w))[:, None, :]  # B,1,W
-        x = padded.permute(0, 2, 3, 1)[torch.arange(b)[:, None, None], rows, cols].permute(0, 3, 1, 2).contiguous()
-    if spec.hflip:
-        flip = torch.rand(b, generator=gen) < 0.5
-        x = x.clone() if not spec.crop_padding else x
-        x[flip] = x[flip].flip(-1)
-    return x
-
-
 # --------------------------------------------------------------------------- loading
 
 
-def load_data(spec: DataSpec, seed: int = 0, with_train: bool = True) -> DataBundle:
+def load_data(spec: DataSpec, seed: int = 0, with_train: bool = True, task: "Task | None" = None) -> DataBundle:
     """Load, split and preprocess the data a recipe describes.
 
-    ``with_train=False`` skips reading a separate training source when no stage trains.
+    ``with_train=False`` skips reading a separate training source when no stage trains. ``task`` reads the
+    label column (``Task.read_targets``: class ids, values...) and says whether splits are stratified by it;
+    default: classification.
     """
     import datasets
 
+    task = task or Classification()
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity_error()
+    train_ds, eval_ds, class_names, where = _sources(spec, seed, with_train, task)
+    label = _label_column(eval_ds, spec)
+    if class_names is None:
+        feature = eval_ds.features.get(label)
+        class_names = list(feature.names) if hasattr(feature, "names") else None
+    if spec.max_train_samples and train_ds is not None:
+        train_ds = _subsample(train_ds, spec.max_train_samples, label, seed, task)
+    if spec.max_eval_samples:
+        eval_ds = _subsample(eval_ds, spec.max_eval_samples, label, seed, task)
+
+    eval_split = _to_split(eval_ds, spec, "eval", task=task)
+    train_split = _to_split(train_ds, spec, "train", task=task) if train_ds is not None else None
+    pad_value = None
+    if spec.mean is not None:
+        pad_value = -torch.tensor(spec.mean) / torch.tensor(spec.std)
+    return DataBundle(
+        train=train_split,
+        eval=eval_split,
+        num_classes=_class_count(class_names, [eval_split] + ([train_split] if train_split is not None else [])),
+        input_shape=tuple(first(eval_split.x).shape[1:]),
+        class_names=class_names,
+        augment=spec.augment,
+        pad_value=pad_value,
+        description=f"{spec.format}: {where}",
+    )
+
+
+def _sources(spec: DataSpec, seed: int, with_train: bool, task: Task):
+    """The train and eval datasets a data section names (split by ``eval_fraction`` when it names one source),
+    the class names they carry, and where they came from."""
     class_names = None
     if spec.format == "digits":
         ds, class_names = _digits()
-        train_ds, eval_ds = _split(ds, spec, seed)
+        train_ds, eval_ds = _split(ds, spec, seed, task)
         where = "scikit-learn digits"
     elif spec.path:
         loaded, class_names = _load_source(spec.format, spec.path, "data.path")
@@ -122,7 +89,7 @@ def load_data(spec: DataSpec, seed: int = 0, with_train: bool = True) -> DataBun
         if isinstance(loaded, tuple):
             train_ds, eval_ds = loaded
         else:
-            train_ds, eval_ds = _split(loaded, spec, seed)
+            train_ds, eval_ds = _split(loaded, spec, seed, task)
         where = spec.path
     else:
         train_ds = None
@@ -133,33 +100,16 @@ def load_data(spec: DataSpec, seed: int = 0, with_train: bool = True) -> DataBun
         _check_finite(eval_ds, spec, spec.eval)  # type: ignore[arg-type]
         class_names = class_names or eval_names
         where = spec.eval or ""
+    return train_ds, eval_ds, class_names, where
 
-    label = _label_column(eval_ds, spec)
-    if class_names is None:
-        feature = eval_ds.features.get(label)
-        class_names = list(feature.names) if hasattr(feature, "names") else None
-    if spec.max_train_samples and train_ds is not None:
-        train_ds = _subsample(train_ds, spec.max_train_samples, label, seed)
-    if spec.max_eval_samples:
-        eval_ds = _subsample(eval_ds, spec.max_eval_samples, label, seed)
 
-    eval_split = _to_split(eval_ds, spec, "eval")
-    train_split = _to_split(train_ds, spec, "train") if train_ds is not None else None
-    labels = [eval_split.y] + ([train_split.y] if train_split is not None else [])
-    num_classes = len(class_names) if class_names else int(max(int(t.max()) for t in labels)) + 1
-    pad_value = None
-    if spec.mean is not None:
-        pad_value = -torch.tensor(spec.mean) / torch.tensor(spec.std)
-    return DataBundle(
-        train=train_split,
-        eval=eval_split,
-        num_classes=num_classes,
-        input_shape=tuple(first(eval_split.x).shape[1:]),
-        class_names=class_names,
-        augment=spec.augment,
-        pad_value=pad_value,
-        description=f"{spec.format}: {where}",
-    )
+def _class_count(class_names: list[str] | None, splits: list[Split]) -> int:
+    """The class names' count, else one more than the largest class id; 0 for a continuous target (no classes)."""
+    if class_names:
+        return len(class_names)
+    if any(s.y.is_floating_point() for s in splits):
+        return 0
+    return int(max(int(s.y.max()) for s in splits)) + 1
 
 
 def _digits():
@@ -310,17 +260,8 @@ def _as_class_label(ds, label: str):
 
     if isinstance(ds.features[label], datasets.ClassLabel):
         return ds
-    values = _check_labels(np.asarray(ds.with_format("numpy")[label]), label)
+    values = Classification().read_targets(np.asarray(ds.with_format("numpy")[label]), label)
     return ds.cast_column(label, datasets.ClassLabel(num_classes=int(values.max()) + 1))
-
-
-def _check_labels(values: np.ndarray, label: str) -> np.ndarray:
-    if not np.issubdtype(values.dtype, np.integer) or (len(values) and values.min() < 0):
-        raise InputError(
-            f"data.label_column {label!r} must hold integer class ids 0..K-1 (found {values.dtype})",
-            hint="map class names to ids first, or use imagefolder, which does it",
-        )
-    return values
 
 
 def _check_finite(ds, spec: DataSpec, source: str) -> None:
@@ -340,7 +281,7 @@ def _check_finite(ds, spec: DataSpec, source: str) -> None:
                 check_finite_inputs(values, source, [column])
 
 
-def _split(ds, spec: DataSpec, seed: int):
+def _split(ds, spec: DataSpec, seed: int, task: "Task"):
     n_eval = math.ceil(spec.eval_fraction * len(ds))  # how datasets' train_test_split rounds a fraction
     if n_eval >= len(ds):
         raise ConfigError(("data", "eval_fraction"),
@@ -348,6 +289,9 @@ def _split(ds, spec: DataSpec, seed: int):
                           f"({n_eval} for evaluation)", value=spec.eval_fraction,
                           hint="use more data (at least 2 samples), or give data.train and data.eval separately")
     label = _label_column(ds, spec)
+    if not task.stratify:
+        parts = ds.train_test_split(test_size=spec.eval_fraction, seed=seed)
+        return parts["train"], parts["test"]
     ds = _as_class_label(ds, label)
     try:
         parts = ds.train_test_split(test_size=spec.eval_fraction, stratify_by_column=label, seed=seed)
@@ -356,9 +300,11 @@ def _split(ds, spec: DataSpec, seed: int):
     return parts["train"], parts["test"]
 
 
-def _subsample(ds, n: int, label: str, seed: int):
+def _subsample(ds, n: int, label: str, seed: int, task: "Task"):
     if n >= len(ds):
         return ds
+    if not task.stratify:
+        return ds.shuffle(seed=seed).select(range(n))
     ds = _as_class_label(ds, label)
     try:
         return ds.train_test_split(train_size=n, stratify_by_column=label, seed=seed)["train"]
@@ -381,12 +327,12 @@ def load_inputs(spec: DataSpec, fmt: str, path: str, field_name: str):
     return _to_split(ds, spec, field_name, require_label=False), ds
 
 
-def _to_split(ds, spec: DataSpec, role: str, require_label: bool = True) -> Split:
+def _to_split(ds, spec: DataSpec, role: str, require_label: bool = True, task: "Task | None" = None) -> Split:
     import datasets
 
     if require_label or any(n in ds.column_names for n in (spec.label_column,) + LABEL_FALLBACKS):
         label = _label_column(ds, spec)
-        y = _check_labels(np.asarray(ds.with_format("numpy")[label]), label).astype(np.int64)
+        y = (task or Classification()).read_targets(np.asarray(ds.with_format("numpy")[label]), label)
     else:
         label, y = "", np.full(len(ds), -1, dtype=np.int64)
     if spec.tokenizer:

@@ -58,7 +58,7 @@ def deployment_record(state: "RunState", ctx: "RunContext", *, dynamic_batch: bo
     with torch.no_grad():
         was = model.training
         model.eval()
-        out = state.task.logits(call(model, take(example, slice(0, 1))))
+        out = state.task.output(call(model, take(example, slice(0, 1))))
         model.train(was)
     spec = ctx.recipe.data
     if isinstance(example, dict):  # several inputs: each by name (token axes named "sequence")

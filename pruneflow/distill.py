@@ -1,8 +1,9 @@
 """Knowledge distillation losses, shared by the prune and qat stages.
 
-NNCF 3.x dropped distillation and torch-pruning has none, so this is ours: logits KD (KL divergence
-at temperature T, Hinton et al. 2015) mixed with the hard-label loss, plus optional feature KD on
-named layers with a learned 1x1 projection when the student's width differs from the teacher's.
+NNCF 3.x dropped distillation and torch-pruning has none, so this is ours: output KD (the task's
+``distill_loss``: for classes, KL divergence at temperature T, Hinton et al. 2015) mixed with the task's
+own loss, plus optional feature KD on named layers with a learned 1x1 projection when the student's
+width differs from the teacher's.
 
     distiller = Distiller(student, teacher, DistillSpec(temperature=4, alpha=0.7), task, example)
     fit(student, data, task, settings, ctx, extra_loss=distiller.loss, extra_modules=distiller.modules())
@@ -25,20 +26,15 @@ from .tasks import Task
 
 
 class DistillSpec(StrictModel):
-    temperature: float = Field(default=4.0, gt=0, le=100, description="Softmax temperature T of the logits KD term.")
-    alpha: float = Field(default=0.7, ge=0, le=1, description="Weight of the KD term; (1 - alpha) weighs the hard-label loss.")
+    temperature: float = Field(default=4.0, gt=0, le=100, description="Softmax temperature T of the output KD term "
+                               "(tasks that match softened class scores; others ignore it).")
+    alpha: float = Field(default=0.7, ge=0, le=1, description="Weight of the output KD term (the task's distillation loss); "
+                         "(1 - alpha) weighs the task's loss on the labels.")
     features: list[str] = Field(
         default_factory=list,
         description="Module names (as in model.named_modules()) whose outputs the student matches (MSE) in the teacher.",
     )
     feature_weight: float = Field(default=1.0, ge=0, description="Weight of the summed feature KD terms.")
-
-
-def kd_logits_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """KL(teacher_T || student_T) × T², so gradients keep their scale across temperatures."""
-    t = temperature
-    return F.kl_div(F.log_softmax(student_logits / t, -1), F.log_softmax(teacher_logits / t, -1),
-                    reduction="batchmean", log_target=True) * (t * t)
 
 
 def frozen_copy(model: nn.Module) -> nn.Module:
@@ -70,7 +66,7 @@ class _Capture:
 
 
 class Distiller:
-    """Builds the training loss: ``alpha * KD + (1 - alpha) * task loss (+ feature KD)``."""
+    """Builds the training loss: ``alpha * task.distill_loss + (1 - alpha) * task.loss (+ feature KD)``."""
 
     def __init__(self, student: nn.Module, teacher: nn.Module, spec: DistillSpec, task: Task, example: Inputs,
                  loc: tuple = ("distill",)):
@@ -101,8 +97,8 @@ class Distiller:
     def loss(self, model: nn.Module, x: Inputs, y: torch.Tensor, out) -> torch.Tensor:
         with torch.no_grad():
             teacher_out = call(self.teacher, x)
-        s_logits, t_logits = self.task.logits(out), self.task.logits(teacher_out)
-        loss = self.spec.alpha * kd_logits_loss(s_logits, t_logits, self.spec.temperature)
+        student, teacher = self.task.output(out), self.task.output(teacher_out)
+        loss = self.spec.alpha * self.task.distill_loss(student, teacher, self.spec.temperature)
         if self.spec.alpha < 1:
             loss = loss + (1 - self.spec.alpha) * self.task.loss(out, y)
         if self._s is not None and self._t is not None and self.spec.feature_weight:

@@ -38,8 +38,6 @@ from torch import nn
 
 from .errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_STAGE_FAILED, MissingDependencyError, StageError, UsageError
 
-#: Stage types whose training runs under DDP; the other ranks stop after the last of them.
-DDP_STAGE_TYPES = frozenset({"train", "prune", "qat"})
 #: Seconds any collective may wait for the other ranks (a lost rank ends the job after this at most).
 TIMEOUT_ENV = "PRUNEFLOW_DIST_TIMEOUT"
 DEFAULT_TIMEOUT_S = 600
@@ -295,7 +293,7 @@ def average_gradients(modules: Sequence[nn.Module]) -> None:
 
 
 def all_sum(values: Sequence[float]) -> list[float]:
-    """The sums over the ranks of ``values`` (epoch loss and accuracy counts); ``values`` alone otherwise."""
+    """The sums over the ranks of ``values`` (an epoch's loss and the task's metric sums); ``values`` alone otherwise."""
     import torch.distributed as dist
 
     if not active():
@@ -361,11 +359,18 @@ def check_same_structure(model: nn.Module, where: str) -> None:
 # --------------------------------------------------------------------------- the ranks' runs
 
 
+def _under_ddp(config: Any) -> bool:
+    """The stage's class declares that it trains under DDP (``Stage.runs_under_ddp``)."""
+    from . import registry
+
+    return registry.stages.get(config.type).runs_under_ddp
+
+
 def worker_recipe(loaded: Any) -> Any | None:
-    """What a rank other than 0 runs: the recipe up to its last training stage, gates off; None when the
-    recipe has no training stage (the rank then only waits)."""
+    """What a rank other than 0 runs: the recipe up to its last training stage (one whose class declares
+    ``runs_under_ddp``), gates off; None when the recipe has no training stage (the rank then only waits)."""
     stages = list(loaded.recipe.stages)
-    last = max((i for i, s in enumerate(stages) if s.type in DDP_STAGE_TYPES), default=None)
+    last = max((i for i, s in enumerate(stages) if _under_ddp(s)), default=None)
     if last is None:
         return None
     recipe = loaded.recipe.model_copy(update={"stages": stages[: last + 1], "gates": []})
@@ -378,7 +383,7 @@ def last_training_stage_id(loaded: Any) -> str | None:
 
     stages = list(loaded.recipe.stages)
     ids = stage_ids(stages)
-    found = [ids[i] for i, s in enumerate(stages) if s.type in DDP_STAGE_TYPES]
+    found = [ids[i] for i, s in enumerate(stages) if _under_ddp(s)]
     return found[-1] if found else None
 
 

@@ -1,4 +1,4 @@
-"""Accuracy of a torch model, or of any runtime that maps a numpy batch to outputs."""
+"""The task's metrics (``tasks.py``) of a torch model, or of any runtime that maps a numpy batch to outputs."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from .tasks import MetricState, Task
 @torch.no_grad()
 def evaluate_model(model: nn.Module, split: Split, task: Task, batch_size: int = 256, device: str = "cpu",
                    reporter: Reporter | None = None, description: str = "evaluate") -> dict[str, float]:
+    """``task.compute`` over ``split``: every metric of the task (its headline among them) and ``samples``."""
     was_training = model.training
     model.eval()
     state = MetricState()
@@ -25,7 +26,7 @@ def evaluate_model(model: nn.Module, split: Split, task: Task, batch_size: int =
     with reporter.progress(description, total=len(split)) as advance:
         for x, y in split.batches(batch_size, by_length=True):
             out = call(model, to(x, device))
-            task.update(state, task.logits(out).float().cpu(), y)
+            task.update(state, task.output(out).float().cpu(), y)
             advance(len(y))
     model.train(was_training)
     return task.compute(state)
@@ -33,7 +34,7 @@ def evaluate_model(model: nn.Module, split: Split, task: Task, batch_size: int =
 
 def evaluate_runtime(run: "Callable[[Any], np.ndarray] | str | Path", split: Split, task: Task, batch_size: int = 256,
                      reporter: Reporter | None = None, description: str = "evaluate", **open_options: Any) -> dict[str, float]:
-    """Evaluate an artifact in its runtime: ``run`` is an executor of the runtime layer (or any
+    """The task's metrics of an artifact in its runtime: ``run`` is an executor of the runtime layer (or any
     ``run(x_numpy) -> logits_numpy``; a numpy feed dict for a model with several inputs), or the artifact's path, then opened with ``open_options``
     (``runtime=``, ``device=``, ``precision_hint=``: see ``pruneflow.runtime.open_artifact``)::
 

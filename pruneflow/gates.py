@@ -3,29 +3,23 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
 from .artifacts import Artifact
 from .config import StrictModel
 from .recipe.models import GateSpec
+from .stage import GateResult as GateResult  # a kernel record (StageResult carries it); found here as always
+
+if TYPE_CHECKING:
+    from .tasks import Task
 
 
-@dataclass
-class GateResult:
-    name: str
-    passed: bool
-    message: str
-    value: float | None = None
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-def check_gates(specs: list[GateSpec], metrics: dict[str, float]) -> list[GateResult]:
-    """Evaluate recipe gates against the flat metric namespace (``evaluate.accuracy``, ``onnx.fp32.accuracy``)."""
+def check_gates(specs: list[GateSpec], metrics: dict[str, float], task: "Task") -> list[GateResult]:
+    """Evaluate recipe gates against the flat metric namespace (``evaluate.accuracy``, ``onnx.fp32.mse``). A
+    ``max_drop`` is how much worse the metric is than its baseline in the metric's own direction (``task.metric``):
+    ``baseline - metric`` where higher is better, ``metric - baseline`` where lower is (a loss, an error)."""
     results = []
     for spec in specs:
         value = metrics.get(spec.metric)
@@ -46,13 +40,16 @@ def check_gates(specs: list[GateSpec], metrics: dict[str, float]) -> list[GateRe
             base = metrics.get(spec.baseline or "")
             if not isinstance(base, (int, float)):
                 problems.append(f"baseline {spec.baseline!r} was not produced by this run")
-            elif base - value > spec.max_drop:
-                problems.append(f"drop {base - value:.6g} from {spec.baseline} ({base:.6g}) > max_drop {spec.max_drop:g}")
+            elif task.metric(spec.metric).worsening(base, value) > spec.max_drop:
+                metric = task.metric(spec.metric)
+                problems.append(f"worse by {metric.worsening(base, value):.6g} than {spec.baseline} ({base:.6g}; "
+                                f"{metric.direction}) > max_drop {spec.max_drop:g}")
         bounds = " ".join(
             s for s in (
                 f">= {spec.min:g}" if spec.min is not None else "",
                 f"<= {spec.max:g}" if spec.max is not None else "",
-                f"drop from {spec.baseline} <= {spec.max_drop:g}" if spec.max_drop is not None else "",
+                f"worse than {spec.baseline} by <= {spec.max_drop:g}, {task.metric(spec.metric).direction}"
+                if spec.max_drop is not None else "",
             ) if s
         )
         message = "; ".join(problems) if problems else f"{value:.6g} ({bounds})"

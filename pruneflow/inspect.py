@@ -138,8 +138,9 @@ def _recipe_model(recipe: Path, checkpoint: Path | None = None) -> Found:
         except InputError:
             from .data import load_data
             from .inputs import first, take, trim
+            from .tasks import make_task
 
-            data = load_data(loaded.recipe.data, loaded.recipe.seed)
+            data = load_data(loaded.recipe.data, loaded.recipe.seed, task=make_task(loaded.recipe.task))
             example = trim(take(data.eval.x, slice(0, 1))) if isinstance(data.eval.x, dict) else None
             return Found(model, tuple(data.input_shape), "recipe model" + (f", checkpoint {checkpoint}" if checkpoint else ""),
                          first(data.eval.x).dtype, example)
@@ -170,8 +171,9 @@ def _data_example(loaded) -> tuple[tuple[int, ...], "Inputs | None"]:
     """The data's sample shape, and for several inputs the first eval sample (text cut to its length)."""
     from .data import load_data
     from .inputs import take, trim
+    from .tasks import make_task
 
-    data = load_data(loaded.recipe.data, loaded.recipe.seed)
+    data = load_data(loaded.recipe.data, loaded.recipe.seed, task=make_task(loaded.recipe.task))
     return data.input_shape, trim(take(data.eval.x, slice(0, 1))) if isinstance(data.eval.x, dict) else None
 
 

@@ -78,9 +78,18 @@ def _import_file(path: Path, factory: str):
 
 def build_model(spec: ModelSpec) -> nn.Module:
     """Build the model a recipe describes and load its checkpoint, if any."""
-    fn = resolve_factory(spec.factory)
+    return build_model_with_new_parameters(spec)[0]
+
+
+def build_model_with_new_parameters(spec: ModelSpec) -> tuple[nn.Module, list[str]]:
+    """``build_model``, and the names of the parameters that neither pretrained weights nor ``model.checkpoint`` set
+    (randomly initialised, e.g. a pretrained transformer's new classifier head), as a zoo builder reports them
+    (``ZooEntry.build``); none for other factories."""
+    entry = ZOO.get(spec.factory)
+    builder = entry.build if entry is not None else None
+    fn = builder or resolve_factory(spec.factory)
     try:
-        model = fn(**spec.kwargs)
+        made = fn(**spec.kwargs)
     except TypeError as exc:
         raise InputError(
             f"model.factory {spec.factory!r} rejected model.kwargs {spec.kwargs}: {exc}",
@@ -90,6 +99,7 @@ def build_model(spec: ModelSpec) -> nn.Module:
         how = _what_failed(exc) if isinstance(exc, SystemExit) else f"raised {_what_failed(exc)}"
         raise InputError(f"model.factory {spec.factory!r} {how}",
                          hint="the factory must return a torch.nn.Module (raise an exception to report a problem)") from exc
+    model, new = made if builder is not None else (made, [])
     if not isinstance(model, nn.Module):
         raise InputError(
             f"model.factory {spec.factory!r} returned a {type(model).__name__}, not a torch.nn.Module",
@@ -97,9 +107,8 @@ def build_model(spec: ModelSpec) -> nn.Module:
         )
     if spec.checkpoint:
         load_weights(model, read_state_dict(spec.checkpoint), spec.checkpoint)
-        if getattr(model, "new_parameters", None):  # a pretrained model's new head (zoo/hf.py): the checkpoint holds it
-            setattr(model, "new_parameters", [])
-    return model
+        new = []  # a pretrained model's new head (zoo/hf.py): the checkpoint holds it
+    return model, new
 
 
 def _what_failed(exc: BaseException) -> str:

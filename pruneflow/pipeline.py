@@ -18,79 +18,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-import torch
-
-from . import registry
 from .artifacts import Artifact, Manifest, run_dir_lock, sha256_file, tool_versions, write_json_atomic, write_text_atomic
 from .checkpoint import PickledCheckpointError, load_checkpoint, save_checkpoint
 from .context import Reporter, RunContext, RunState
-from .errors import EXIT_GATE_FAILED, EXIT_OK, ConfigError, InputError, PruneflowError, StageError
+from .errors import EXIT_GATE_FAILED, EXIT_OK, InputError, PruneflowError, StageError
 from .gates import GateResult, check_gates
 from .handle import ModelHandle
-from .inputs import Inputs, take, to, trim
+from .inputs import to
 from .recipe import LoadedRecipe, dump_recipe
-from .recipe.rules import stage_ids
 from .results import RunResult, StageRecord, attach_partial, error_record, flat_metrics
 from .runtime import host_info
 from .stage import Stage
+# What a run does before its first stage lives a layer below (doctor.py does the same); re-exported for the CLI.
+from .prepare import RunInputs as RunInputs, check_factory as check_factory, load_inputs as load_inputs
+from .prepare import plan_stages as plan_stages, preflight as preflight
 
 log = logging.getLogger("pruneflow")
-
-
-def plan_stages(loaded: LoadedRecipe) -> list[Stage]:
-    """Instantiate every stage with its id (its `name`, else its type, numbered when repeated).
-
-    The ids are unique: ``load_recipe`` rejected a recipe that names two stages alike (``recipe/rules.py``).
-    """
-    stages: list[Stage] = []
-    for index, (cfg, stage_id) in enumerate(zip(loaded.recipe.stages, stage_ids(loaded.recipe.stages))):
-        stage = registry.stages.get(cfg.type)(cfg, stage_id, index)
-        stage.before = tuple(stages)
-        stages.append(stage)
-    return stages
-
-
-def preflight(loaded: LoadedRecipe, stages: list[Stage], out: str | Path | None = None) -> list[str]:
-    """Checks that need neither model nor data but the machine: --out, factory import, files, toolchains.
-
-    Returns notes; a ConfigError (a file the recipe names is absent) comes out located, FILE:LINE.
-    """
-    from .preflight import check_out_dir
-
-    recipe = loaded.recipe
-    if out is not None:
-        check_out_dir(Path(out), recipe.name)
-    check_factory(loaded)
-    with loaded.locating():
-        files = [("model", "checkpoint")] + [("data", name) for name in ("path", "train", "eval")]
-        for section, name in files:
-            value = getattr(getattr(recipe, section), name)
-            if value and not (Path(value).is_file() if name == "checkpoint" else Path(value).exists()):
-                raise ConfigError((section, name), f"file not found: {value}",
-                                  hint="a relative path is relative to the recipe file that sets it")
-        notes = []
-        for stage in stages:
-            notes += stage.preflight(None)
-    return notes
-
-
-def check_factory(loaded: LoadedRecipe) -> None:
-    """``model.factory`` names a zoo model or a callable that imports (a ``file.py`` is imported, nothing is
-    built): for `validate` and ``--dry-run``, a located recipe error (FILE:LINE  model.factory), exit 2."""
-    import difflib
-
-    from .models import resolve_factory
-    from .zoo import ZOO
-
-    factory = loaded.recipe.model.factory
-    with loaded.locating():
-        try:
-            resolve_factory(factory)
-        except InputError as exc:
-            close = difflib.get_close_matches(factory, list(ZOO), n=1) if ":" not in factory else []
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            message = exc.message.removeprefix(f"model.factory {factory!r}").lstrip(": ")
-            raise ConfigError(("model", "factory"), message, value=factory, hint=hint + (exc.hint or "")) from exc
 
 
 def prepare_run_dir(out: Path, name: str, resume: bool) -> Path:
@@ -123,7 +66,8 @@ def source_key(loaded: LoadedRecipe) -> str:
     factory_file = r.model.factory.rsplit(":", 1)[0] if ".py:" in r.model.factory else None
     code = sha256_file(factory_file) if factory_file and Path(factory_file).is_file() else None
     data_files = [_stat(getattr(r.data, f)) for f in ("path", "train", "eval") if getattr(r.data, f)]
-    return _hash(r.model.model_dump(mode="json"), ckpt, code, r.data.model_dump(mode="json"), data_files, r.seed, r.task)
+    return _hash(r.model.model_dump(mode="json"), ckpt, code, r.data.model_dump(mode="json"), data_files, r.seed,
+                 r.task.model_dump(mode="json"))
 
 
 def _stat(path: str) -> list:
@@ -149,47 +93,6 @@ def run_recipe(loaded: LoadedRecipe, out: str | Path = "runs", reporter: Reporte
         return _run_locked(loaded, stages, inputs, Path(out), reporter, resume)
 
 
-class RunInputs:
-    """What a run starts from, loaded and checked before anything is written: data, model, device, example."""
-
-    def __init__(self, data: Any, model: torch.nn.Module, device: str, example: "Inputs"):
-        self.data, self.model, self.device, self.example = data, model, device, example
-
-
-def load_inputs(loaded: LoadedRecipe, stages: list[Stage], reporter: Reporter) -> RunInputs:
-    """Load the data and build the model, then check them together (``preflight.py``); raise before any write."""
-    from .data import load_data
-    from .models import build_model, input_shape_for
-    from .preflight import PREFLIGHT_BATCH, check_labels, check_model_on_batch, check_shape_matches_data
-
-    recipe = loaded.recipe
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if recipe.device == "auto" else recipe.device
-    if device == "cuda" and not torch.cuda.is_available():
-        raise InputError("device: cuda was requested but torch sees no CUDA device", hint="set device: auto or cpu")
-    if recipe.threads:
-        torch.set_num_threads(recipe.threads)
-    torch.manual_seed(recipe.seed)
-    reporter.info(f"loading data ({recipe.data.format})")
-    data = load_data(recipe.data, recipe.seed, with_train=any(s.needs_train_split for s in stages))
-    labels = {"eval": data.eval.y} if data.train is None else {"train": data.train.y, "eval": data.eval.y}
-    check_labels(labels, data.num_classes, data.class_names, recipe.data.label_column)
-    model = build_model(recipe.model)
-    shape = input_shape_for(recipe.model, data.input_shape)
-    check_shape_matches_data(shape, data.input_shape, explicit=recipe.model.input_shape is not None)
-    preflight_batch = take(data.eval.x, slice(0, PREFLIGHT_BATCH))
-    check_model_on_batch(model, preflight_batch, recipe.model.factory, data.num_classes)
-    for stage in stages:  # a stage's checks on the model itself (qat/ptq: NNCF can quantize it), before any training
-        check = getattr(stage, "check_model", None)
-        if check is not None:
-            reporter.info(f"{stage.id}: preflight on the model")
-            check(model, preflight_batch)
-    if isinstance(data.eval.x, dict):  # several inputs: the first real sample (text cut to its own length)
-        example: Inputs = trim(take(data.eval.x, slice(0, 1)))
-    else:
-        example = torch.zeros((1,) + tuple(shape), dtype=data.eval.x.dtype)
-    return RunInputs(data, model, device, example)
-
-
 def _run_locked(loaded: LoadedRecipe, stages: list[Stage], inputs: RunInputs, out: Path, reporter: Reporter,
                 resume: bool) -> RunResult:
     recipe = loaded.recipe
@@ -198,6 +101,7 @@ def _run_locked(loaded: LoadedRecipe, stages: list[Stage], inputs: RunInputs, ou
     handler = _attach_log(run_dir)
     manifest = Manifest(run_dir, recipe.name)
     manifest.host = host_info()
+    manifest.task = inputs.task.summary()
     manifest.write()
     progress = Progress()
     try:
@@ -250,7 +154,7 @@ def record_failure(exc: BaseException, loaded: LoadedRecipe, inputs: RunInputs, 
         manifest.write()
         records = progress.records
         result = RunResult(run_dir, error["exit_code"], list(records), list(manifest.artifacts), [],
-                           flat_metrics(records, manifest.artifacts))
+                           flat_metrics(records, manifest.artifacts), inputs.task.summary())
         write_json_atomic(run_dir / "metrics.json", {**metrics_payload(result), "failure": manifest.failure})
         write_reports(result, loaded, inputs.data, None, failure=manifest.failure)
         attach_partial(exc, result)
@@ -261,6 +165,7 @@ def record_failure(exc: BaseException, loaded: LoadedRecipe, inputs: RunInputs, 
 def metrics_payload(result: RunResult) -> dict[str, Any]:
     """metrics.json: every stage's metrics, every artifact's, the flat namespace the gates read, the gates, tables."""
     return {
+        "task": result.task,
         "stages": {r.id: r.metrics for r in result.stages},
         "artifacts": {a.path: a.metrics for a in result.artifacts},
         "flat": result.metrics,
@@ -291,13 +196,10 @@ def written_since(run_dir: Path, before: dict[str, tuple[int, int, int]]) -> lis
                   if before.get(rel) != sig and rel not in RUN_FILES and not rel.endswith("/stage.json"))
 
 
-def stale_files(run_dir: Path, records: list[StageRecord], failed_files: list[str]) -> list[str] | None:
+def stale_files(run_dir: Path, records: list[StageRecord], failed_files: list[str]) -> list[str]:
     """``--resume``: the files an earlier run left that no stage of this run wrote or reused (exports of a stage
-    that ran again with other targets, what a failed stage left, the stages a recipe no longer has). None when
-    a reused stage was recorded by a version that did not list its files (then nobody can tell)."""
-    if any(r.files is None for r in records):
-        return None
-    keep = RUN_FILES | set(failed_files) | {f for r in records for f in (r.files or [])}
+    that ran again with other targets, what a failed stage left, the stages a recipe no longer has)."""
+    keep = RUN_FILES | set(failed_files) | {f for r in records for f in r.files}
     keep |= {f"stages/{r.index + 1:02d}-{r.id}/stage.json" for r in records}
     return sorted(rel for rel in snapshot(run_dir) if rel not in keep)
 
@@ -306,9 +208,6 @@ def sweep_stale(run_dir: Path, records: list[StageRecord]) -> list[str]:
     """After a ``--resume`` run that completed: remove ``stale_files`` and the folders they leave empty, so the
     manifest lists exactly the files on disk. (After a failure they are kept and listed instead.)"""
     stale = stale_files(run_dir, records, [])
-    if stale is None:
-        log.warning("--resume: a reused stage does not list its files (an older run); earlier files were kept")
-        return []
     remove_files(run_dir, stale)
     if stale:
         log.info("--resume: removed %d files an earlier run left: %s", len(stale), ", ".join(stale[:20]))
@@ -331,14 +230,16 @@ def remove_files(run_dir: Path, files: list[str]) -> None:
 def _run(loaded: LoadedRecipe, stages: list[Stage], inputs: RunInputs, run_dir: Path, manifest: Manifest,
          reporter: Reporter, resume: bool, progress: Progress) -> RunResult:
     from .report import write_reports
-    from .tasks import make_task
 
     recipe, data, device = loaded.recipe, inputs.data, inputs.device
     ctx = RunContext(run_dir=run_dir, recipe=recipe, recipe_file=loaded.file, seed=recipe.seed, device=device,
                      reporter=reporter, resume=resume)
-    state = RunState(handle=ModelHandle(inputs.model.to(device)), task=make_task(recipe.task), data=data,
+    # Which parameters no pretrained weights set travels as the handle's plain metadata (never on the module).
+    meta = {"new_parameters": inputs.new_parameters} if inputs.new_parameters else {}
+    state = RunState(handle=ModelHandle(inputs.model.to(device), meta=meta), task=inputs.task, data=data,
                      model_key=source_key(loaded), example_input=to(inputs.example, device))
     records = progress.records
+    reporter.run_started(recipe.name, state.task.summary())
     key = state.model_key
     for stage in stages:
         key = _hash(key, stage.config.model_dump(mode="json"), tool_versions())
@@ -350,9 +251,9 @@ def _run(loaded: LoadedRecipe, stages: list[Stage], inputs: RunInputs, run_dir: 
         state.metrics[stage.id] = record.metrics
     progress.stage = None
     flat = flat_metrics(records, manifest.artifacts)
-    gates = [GateResult(**g) for r in records for g in r.gates] + check_gates(recipe.gates, flat)
+    gates = [GateResult(**g) for r in records for g in r.gates] + check_gates(recipe.gates, flat, state.task)
     exit_code = EXIT_GATE_FAILED if any(not g.passed for g in gates) else EXIT_OK
-    result = RunResult(run_dir, exit_code, records, list(manifest.artifacts), gates, flat)
+    result = RunResult(run_dir, exit_code, records, list(manifest.artifacts), gates, flat, state.task.summary())
     write_json_atomic(run_dir / "metrics.json", metrics_payload(result))
     write_reports(result, loaded, data, state)
     return result
@@ -445,7 +346,7 @@ def _pretrained_folder(state: RunState, stage_dir: Path, checkpoint: Artifact) -
     The first checkpoint's notes also name the parameters the pretrained folder lacked (a new classifier head)."""
     from .zoo.hf import save_pretrained_folder
 
-    new: list[str] = getattr(state.handle.module, "new_parameters", None) or []
+    new: list[str] = state.handle.meta.get("new_parameters") or []
     if state.model_artifact is None and new:  # the first checkpoint
         checkpoint.notes.append("new, not in the pretrained folder (randomly initialised, then trained from this stage on): "
                                 + ", ".join(new))
@@ -482,9 +383,12 @@ def _resume(stage: Stage, key: str, state: RunState, ctx: RunContext, manifest: 
         saved = json.loads(stage_file.read_text())
     except ValueError:
         return None
-    if saved.get("key") != key or saved.get("status") != "done":
+    if saved.get("key") != key or saved.get("status") != "done" or not isinstance(saved.get("files"), list):
         return None
-    artifacts = [Artifact.from_record(a) for a in saved.get("artifact_records", [])]
+    try:
+        artifacts = [Artifact.from_record(a) for a in saved.get("artifact_records", [])]
+    except (TypeError, ValueError):  # a record of a layout this version does not write: run the stage again
+        return None
     if not all(a.verify(ctx.run_dir) for a in artifacts):
         return None
     checkpoint = next((a for a in artifacts if a.kind == "checkpoint"), None)
@@ -511,7 +415,7 @@ def _resume(stage: Stage, key: str, state: RunState, ctx: RunContext, manifest: 
         return None
     record = StageRecord(saved["id"], saved["type"], saved["index"], saved["seconds"], saved["metrics"], key,
                          resumed=True, artifacts=saved.get("artifacts", []), tables=saved.get("tables", {}),
-                         gates=saved.get("gates", []), files=saved.get("files"))
+                         gates=saved.get("gates", []), files=saved["files"])
     manifest.add_stage(record.as_dict(), artifacts)
     state.artifacts.extend(artifacts)
     ctx.reporter.stage_finished(stage.id, 0.0, record.metrics, skipped=True)

@@ -16,7 +16,7 @@ This module imports only torch, numpy and the error classes: ``data.py``, ``mode
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -90,24 +90,6 @@ def check_finite_inputs(x: np.ndarray, source: str, columns: Sequence[str]) -> N
     )
 
 
-def check_labels(labels: Mapping[str, torch.Tensor], num_classes: int, class_names: Sequence[str] | None,
-                 label_column: str) -> None:
-    """Every label of every split must be a class id below ``num_classes`` (the number of class names when given)."""
-    for role, y in labels.items():
-        if not len(y):
-            raise InputError(f"data: the {role} split holds 0 samples",
-                             hint="use more data, or a smaller or larger data.eval_fraction")
-        top = int(y.max())
-        if top >= num_classes:
-            named = f"{len(class_names)} class names" if class_names else f"{num_classes} classes"
-            raise InputError(
-                f"data.label_column {label_column!r}: the {role} split has label {top} "
-                f"({int((y >= num_classes).sum())} samples at or above {num_classes}), but the data gives {named} "
-                f"(ids 0..{num_classes - 1})",
-                hint="list one class name per label id (class_names in the npz, or a ClassLabel feature), or fix the labels",
-            )
-
-
 def check_shape_matches_data(shape: Sequence[int], data_shape: Sequence[int], explicit: bool) -> None:
     """The shape a model is measured at (MACs, exports) must be the data's sample shape."""
     problem = input_shape_problem(shape)
@@ -151,8 +133,10 @@ def check_inputs_match_forward(model: torch.nn.Module, batch: Inputs, factory: s
             hint="map every forward parameter to a column: data.input_column: {" + ", ".join(f"{p}: COLUMN" for p in params) + "}")
 
 
-def check_model_on_batch(model: torch.nn.Module, batch: "Inputs", factory: str, num_classes: int) -> None:
-    """One real eval batch through the model: it must run, give finite outputs, and one logit per class."""
+def check_model_on_batch(model: torch.nn.Module, batch: "Inputs", factory: str,
+                         read: "Callable[[Any], torch.Tensor]") -> torch.Tensor:
+    """One real eval batch through the model: it must run and give finite outputs. ``read`` takes the tensor the
+    task reads from the output (``Task.output``); returns that tensor, for the task's own check of it."""
     batch = trim(batch)
     check_inputs_match_forward(model, batch, factory)
     model.eval()
@@ -167,19 +151,13 @@ def check_model_on_batch(model: torch.nn.Module, batch: "Inputs", factory: str, 
             f"(the data's samples are {tuple(first(batch).shape[1:])}): {how}",
             hint="check model.input_shape, model.kwargs and the data section (layout, input_column)",
         ) from exc
-    logits = getattr(out, "logits", out)
-    if not isinstance(logits, torch.Tensor):
-        return  # a model returning a structure: the task reads it; nothing general to check here
+    logits = read(out)
     if logits.is_floating_point() and not bool(torch.isfinite(logits).all()):
         raise InputError(
             f"the model from {factory!r} gives NaN or infinite outputs on the first {len(first(batch))} eval samples",
             hint="check model.checkpoint and the factory's initialisation (weights holding NaN), and the data's scale",
         )
-    if logits.dim() == 2 and logits.shape[1] < num_classes:
-        raise InputError(
-            f"the model from {factory!r} gives {logits.shape[1]} outputs a sample but the data has {num_classes} classes",
-            hint="build the model with one output per class (model.kwargs, e.g. num_classes), or fix the labels",
-        )
+    return logits
 
 
 def check_out_dir(out: Path, name: str) -> None:

@@ -1,4 +1,5 @@
-"""Registries for stages and export targets.
+"""Registries of what varies: stages, export targets, model kinds, pruning criteria, rebuildable modules (and
+what the modules below add).
 
 Built-ins and third-party plugins arrive the same way, through entry points::
 
@@ -21,9 +22,10 @@ T = TypeVar("T")
 
 
 class Registry(Generic[T]):
-    def __init__(self, kind: str, group: str):
+    def __init__(self, kind: str, group: str, plural: str | None = None):
         self.kind = kind
         self.group = group
+        self.plural = plural or f"{kind}s"
         self._items: dict[str, T] = {}
         self._entry_points: dict[str, EntryPoint] | None = None
 
@@ -71,7 +73,7 @@ class Registry(Generic[T]):
             close = difflib.get_close_matches(name, known, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise UnknownNameError(
-                f"unknown {self.kind} {name!r}; {hint}known {self.kind}s: {', '.join(known) or '(none)'}",
+                f"unknown {self.kind} {name!r}; {hint}known {self.plural}: {', '.join(known) or '(none)'}",
                 hint=f"use one of the known names, or install the plugin that provides {name!r}",
             )
         try:
@@ -90,5 +92,12 @@ class Registry(Generic[T]):
 
 stages: Registry = Registry("stage type", "pruneflow.stages")
 targets: Registry = Registry("export target", "pruneflow.targets")
+#: Tasks (pruneflow/tasks.py): what a model's output means, its loss, metrics and parity.
+tasks: Registry = Registry("task", "pruneflow.tasks")
 #: Kinds of model handle (pruneflow/handle.py): how a model is checkpointed, restored and exported.
 model_kinds: Registry = Registry("model kind", "pruneflow.model_kinds")
+#: Pruning criteria (pruneflow/prune/criteria.py): how important a channel, head or FFN neuron is.
+criteria: Registry = Registry("pruning criterion", "pruneflow.criteria", plural="pruning criteria")
+#: Module classes a checkpoint may rebuild where the recipe's model has another (pruneflow/checkpoint.py):
+#: class name -> a zero-argument callable making a blank one (its sizes come from the checkpoint).
+rebuildable_modules: Registry = Registry("rebuildable module", "pruneflow.rebuildable_modules")

@@ -52,6 +52,9 @@ def md_table(rows: list[dict], columns: list[str] | None = None) -> str:
 
 
 def artifact_rows(result: "RunResult") -> list[dict]:
+    """One row per artifact: status, size, the task's headline metric in its runtime, parity (largest difference
+    and the task's agreement figure) and latency."""
+    headline, agreement = result.headline, str(result.task.get("agreement", ""))
     rows = []
     for a in result.artifacts:
         m = a.metrics
@@ -59,14 +62,17 @@ def artifact_rows(result: "RunResult") -> list[dict]:
             "artifact": a.path.replace("stages/", "").replace("export/", ""),
             "status": STATUS_WORDS.get(a.status, a.status) + status_marks(a),
             "size": human_bytes(a.size_bytes),
-            "accuracy": m.get("accuracy"),
+            headline: m.get(headline),
             "max abs diff": m.get("max_abs_diff"),
-            "top-1 agree": m.get("top1_agreement"),
+            AGREEMENT_COLUMNS.get(agreement, agreement.replace("_", " ")): m.get(agreement),
             "lat b1 ms": m.get("latency_b1_median_ms"),
             "lat b32 ms": m.get("latency_b32_median_ms"),
         })
     return rows
 
+
+#: Short column names of agreement figures (others are shown by name).
+AGREEMENT_COLUMNS = {"top1_agreement": "top-1 agree"}
 
 #: How a status reads in tables: a prepared artifact is never mistaken for one that exists.
 STATUS_WORDS = {"prepared": "prepared, not built", "failed": "FAILED"}
@@ -157,7 +163,7 @@ def stage_rows(result: "RunResult") -> list[dict]:
         "stage": s.id + (" (resumed)" if s.resumed else ""),
         "type": s.type,
         "seconds": f"{s.seconds:.1f}",
-        "accuracy": s.metrics.get("accuracy"),
+        result.headline: s.metrics.get(result.headline),
         "MACs": s.metrics.get("macs"),
         "params": s.metrics.get("params"),
     } for s in result.stages]
@@ -181,7 +187,12 @@ def failed_section(failure: dict | None) -> list[str]:
 
 
 def render_markdown(result: "RunResult", loaded: "LoadedRecipe", data: "DataBundle", failure: dict | None = None) -> str:
+    from .tasks import make_task
+
     recipe = loaded.recipe
+    task = make_task(recipe.task)
+    labels = task.data_summary(data)
+    headline = task.headline
     verdict = "PASSED" if result.exit_code == 0 else "GATE FAILED"
     if failure:
         verdict = "INTERRUPTED" if failure["error"]["type"] in ("KeyboardInterrupt", "Terminated") else "FAILED"
@@ -193,7 +204,9 @@ def render_markdown(result: "RunResult", loaded: "LoadedRecipe", data: "DataBund
         f"- recipe: `{loaded.file}`" + (f" (extends {', '.join(f'`{p}`' for p in loaded.chain[1:])})" if len(loaded.chain) > 1 else ""),
         f"- model: `{recipe.model.factory}`" + (f", checkpoint `{recipe.model.checkpoint}`" if recipe.model.checkpoint else ""),
         f"- data: {data.description}; {len(data.train) if data.train is not None else 0} train / {len(data.eval)} eval samples, "
-        f"{data.num_classes} classes, input {list(data.input_shape)}",
+        f"{labels + ', ' if labels else ''}input {list(data.input_shape)}",
+        f"- task: `{task.name}`; headline metric `{headline.name}` ({headline.direction})"
+        + "".join(f", `{m.name}` ({m.direction})" for m in task.metrics if m.name != headline.name),
         "",
         *failed_section(failure),
         "## Stages" + (" that finished" if failure else ""),
@@ -201,8 +214,8 @@ def render_markdown(result: "RunResult", loaded: "LoadedRecipe", data: "DataBund
         md_table(stage_rows(result)),
         "## Artifacts",
         "",
-        "Accuracy is measured in each artifact's own runtime on the eval split; parity compares its outputs "
-        "with the torch model it came from; latency is the median of timed runs (threads: "
+        f"`{headline.name}` is measured in each artifact's own runtime on the eval split; parity compares its outputs "
+        f"with the torch model it came from ({task.agreement.name.replace('_', ' ')}, {task.agreement.direction}); latency is the median of timed runs (threads: "
         + (", ".join(sorted({str(a.metrics["latency_threads"] or "runtime default") for a in result.artifacts
                              if "latency_threads" in a.metrics})) or "not timed") + ").",
         "",

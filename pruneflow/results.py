@@ -30,9 +30,8 @@ class StageRecord:
     gates: list[dict] = field(default_factory=list)
     status: str = "done"
     #: Every file the stage wrote, relative to the run folder (its artifacts' files and any other), so the
-    #: manifest lists exactly what is on disk and a --resume run can remove what an earlier run left. None: a
-    #: stage reused from a run recorded before stages listed their files.
-    files: list[str] | None = field(default_factory=list)
+    #: manifest lists exactly what is on disk and a --resume run can remove what an earlier run left.
+    files: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -48,12 +47,20 @@ class RunResult:
     artifacts: list[Artifact]
     gates: list[GateResult]
     metrics: dict[str, Any]
+    #: The run's task as ``Task.summary`` records it (type, headline metric, each metric's direction).
+    task: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def headline(self) -> str:
+        """The name of the task's headline metric (what tables show first)."""
+        return str(self.task.get("headline", ""))
 
     def as_json(self) -> dict[str, Any]:
         """The object `pruneflow optimize --json` prints (documented in the README)."""
         return {
             "run_dir": str(self.run_dir),
             "exit_code": self.exit_code,
+            "task": self.task,
             "stages": [
                 {"name": s.id, "type": s.type, "seconds": round(s.seconds, 3), "resumed": s.resumed, "metrics": s.metrics}
                 for s in self.stages

@@ -12,12 +12,12 @@ A stage is a class with a pydantic ``Config`` and ``run(state, ctx)``; a target 
 
         def run(self, state: RunState, ctx: RunContext) -> StageResult:
             ...  # self.config is a MyConfig
-            return StageResult(metrics={"accuracy": 0.98})
+            return StageResult(metrics={"squeezed": 0.98})
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, ClassVar, Generic, Iterable, TypeVar
 
@@ -27,12 +27,13 @@ from .config import StageConfig as StageConfig, StrictModel as StrictModel, Targ
 
 if TYPE_CHECKING:
     import numpy as np
+    from torch import nn
 
     from .artifacts import Artifact
     from .context import RunContext, RunState
     from .errors import ConfigError
-    from .gates import GateResult
     from .handle import ModelHandle
+    from .inputs import Inputs
     from .recipe.models import RecipeBase
 
 
@@ -64,6 +65,29 @@ class Check:
         if self.status not in CHECK_STATUSES:
             raise ValueError(f"check {self.check!r}: status {self.status!r} is not one of {', '.join(CHECK_STATUSES)}")
 
+    @classmethod
+    def failed(cls, check: str, exc: BaseException, fix: str = "") -> "Check":
+        """A ``will fail`` row from an exception: our message and hint, or the type and first line of another's."""
+        from .errors import PruneflowError
+
+        if isinstance(exc, PruneflowError):
+            return cls(check, "will fail", exc.message, exc.hint or fix)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return cls(check, "will fail", f"{type(exc).__name__}: {first}", fix)
+
+
+@dataclass
+class GateResult:
+    """One quality gate's verdict (a recipe gate, or a check a stage made itself); a failed one makes exit code 1."""
+
+    name: str
+    passed: bool
+    message: str
+    value: float | None = None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
 
 @dataclass
 class StageResult:
@@ -83,8 +107,14 @@ class Stage(Generic[C]):
     ``self.config``. Subclasses set ``Config`` (the pydantic class the recipe validates) and implement ``run``."""
 
     Config: ClassVar[type[StageConfig]] = StageConfig
-    #: True when the stage changes the model's weights or structure: it then checkpoints the model.
+
+    # Capabilities: what the core asks of a stage, declared by its class (never a list of type names in the core).
+    #: True when the stage changes the model's weights or structure (training, pruning, quantizing): the pipeline
+    #: then checkpoints the model it leaves (structure included, so a reshaped model reloads).
     modifies_model: ClassVar[bool] = False
+    #: True when the stage trains under DistributedDataParallel with ``--nproc``: the ranks other than 0 run the
+    #: recipe up to the last such stage (``distributed.py``).
+    runs_under_ddp: ClassVar[bool] = False
 
     @property
     def needs_train_split(self) -> bool:
@@ -138,21 +168,28 @@ class Stage(Generic[C]):
     def restore(self, state: "RunState", ctx: "RunContext") -> None:
         """``--resume`` skipped this stage: put what it leaves on the state back (the model is reloaded already)."""
 
+    def check_model(self, model: "nn.Module", batch: "Inputs") -> list[str]:
+        """Checks of this stage's settings against the model the run loads, on one eval batch, before any stage
+        runs (so a run does not train for an hour and fail here): raise a ConfigError at ``self.loc(...)``;
+        return notes otherwise. Default: none."""
+        return []
+
     def preflight(self, ctx: "RunContext | None") -> list[str]:
         """Checks that need no model or data (files, toolchains). Returns human-readable notes.
 
         Runs before the run directory exists (``--dry-run`` too), so ``ctx`` is None there."""
         return []
 
-    def doctor(self, state: "RunState", ctx: "RunContext") -> list[Check] | None:
+    def doctor(self, state: "RunState", ctx: "RunContext") -> list[Check]:
         """`pruneflow doctor`: try what this stage will do on the loaded model and one batch, in seconds, and
         say whether the run will get through (``Check`` rows). ``ctx.run_dir`` is a temporary folder;
         ``state.data`` holds one batch of each split. A check that makes the model the next stage would get
         (pruned by one round, quantized) may leave it on ``state.handle``, so later checks try that one.
-        A ConfigError raised here is reported as a row (the run would stop there with exit 2).
+        A ConfigError raised here is reported as a row (the run would stop there with exit 2), and so is any
+        other exception (``Check.failed``).
 
-        None (the default): no check of its own (`pruneflow doctor` may have a built-in one for the type)."""
-        return None
+        Default: no check (doctor says there is nothing to try beyond the recipe rules)."""
+        return []
 
 
 class Target(Generic[T]):

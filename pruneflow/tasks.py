@@ -1,69 +1,373 @@
-"""A task is a loss, a metric and how outputs are read. Classification first; others plug in here."""
+"""Tasks: what a model's output means and how it is judged.
+
+A task is a registered kind (``registry.tasks``, entry point group ``pruneflow.tasks``), like a stage or
+an export target. It owns everything that depends on what the model does:
+
+- ``output(out)``: which part of the model's output it reads (a tensor, a tuple, a dict, an HF-style output);
+- ``loss`` for training and ``distill_loss`` between a student's and a teacher's outputs;
+- ``metrics``: each a ``Metric`` with a name and a direction (higher or lower is better); ``headline`` is
+  the one tables, logs and default gates show; ``update``/``compute`` measure them over batches;
+- ``read_targets`` (labels as the data gives them) and ``check_targets``/``check_output`` (labels against
+  the model's output, before any training);
+- ``agree(ref, got)``: what parity means between two executors' outputs, with ``agreement`` its figure
+  and ``agreement_limits`` its default limit per precision.
+
+Everything that judges a model (training's log line, evaluate, prune's rounds, the qat phases, export parity,
+gates, report.md, bench) reads the task, so a new task is one file and a registration::
+
+    class Regression(Task):
+        Config = RegressionConfig                      # type: Literal["regression"], options
+        metrics = (Metric("mse", higher_is_better=False, perfect=0.0), Metric("mae", higher_is_better=False))
+        ...
+
+    [project.entry-points."pruneflow.tasks"]
+    regression = "my_pkg.tasks:Regression"
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, Mapping, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+from pydantic import Field
+
+from . import registry
+from .config import TaskConfig
+from .errors import InputError
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A figure a task measures: its name, its direction, and its perfect value where it has one."""
+
+    name: str
+    higher_is_better: bool = True
+    #: The best value it can take (1.0 for a share of agreeing predictions, 0.0 for an error); None: unbounded.
+    perfect: float | None = None
+    description: str = ""
+
+    @property
+    def direction(self) -> str:
+        return "higher is better" if self.higher_is_better else "lower is better"
+
+    def worsening(self, base: float, value: float) -> float:
+        """How much worse ``value`` is than ``base`` in this metric's direction (negative: better)."""
+        return base - value if self.higher_is_better else value - base
+
+    def at_least_as_good(self, value: float, bound: float) -> bool:
+        """``value`` meets ``bound`` (a minimum for higher-is-better figures, a maximum otherwise)."""
+        return value >= bound if self.higher_is_better else value <= bound
+
+    def looser(self, a: float, b: float) -> float:
+        """The looser of two limits on this figure."""
+        return min(a, b) if self.higher_is_better else max(a, b)
+
+    def compounded(self, a: float, b: float) -> float:
+        """The limit of two approximations applied together: their shortfalls from ``perfect`` add."""
+        perfect = 0.0 if self.perfect is None else self.perfect
+        return round(a + b - perfect, 10)
+
+    def bound_word(self) -> str:
+        return "min" if self.higher_is_better else "max"
+
+    def format(self, value: float) -> str:
+        """A share (perfect at 1) as a percentage, anything else with four significant digits."""
+        return f"{value:.2%}" if self.perfect == 1.0 else f"{value:.4g}"
+
+
+#: Figures that are not a task's, by name: their direction is the same for every task.
+COMMON_METRICS: dict[str, Metric] = {m.name: m for m in (
+    Metric("loss", higher_is_better=False),
+    Metric("max_abs_diff", higher_is_better=False, perfect=0.0),
+    Metric("cosine", perfect=1.0),
+    Metric("size_mb", higher_is_better=False),
+    Metric("latency", higher_is_better=False),
+    Metric("drop", higher_is_better=False),
+)}
 
 
 @dataclass
 class MetricState:
-    correct: int = 0
+    """What ``Task.update`` accumulates over batches: sums (which add across DDP ranks) and, for metrics that
+    need every sample at once (an AUC), the outputs and targets themselves."""
+
+    sums: dict[str, float] = field(default_factory=dict)
     count: int = 0
-    loss_sum: float = 0.0
+    outputs: list[torch.Tensor] = field(default_factory=list)
+    targets: list[torch.Tensor] = field(default_factory=list)
+
+    def add(self, **values: float) -> None:
+        for key, value in values.items():
+            self.sums[key] = self.sums.get(key, 0.0) + float(value)
 
 
 class Task:
-    name = "task"
-    #: The headline metric: used in tables and by default gates.
-    primary_metric = "accuracy"
+    """Base of every task (see the module docstring); a subclass sets the class attributes and the methods
+    marked so."""
 
-    def logits(self, output) -> torch.Tensor:
-        """The tensor the loss reads. Handles models that return tuples or HF-style outputs."""
-        if isinstance(output, torch.Tensor):
-            return output
-        if hasattr(output, "logits"):
-            return output.logits
-        if isinstance(output, (tuple, list)):
-            return output[0]
-        if isinstance(output, dict):
-            return output["logits"]
-        raise TypeError(f"cannot read logits from a model output of type {type(output).__name__}")
+    Config: ClassVar[type[TaskConfig]] = TaskConfig
+    #: Every metric ``compute`` returns (besides ``samples``), the headline among them.
+    metrics: ClassVar[tuple[Metric, ...]] = ()
+    headline_name: ClassVar[str] = ""
+    #: The figure of ``agree`` that parity is judged by, and its default limit per precision (``bf16``: what a
+    #: runtime computing in bf16 holds to; OpenVINO's CPU default where the CPU has it).
+    agreement: ClassVar[Metric] = Metric("cosine", perfect=1.0)
+    agreement_limits: ClassVar[Mapping[str, float]] = {"fp32": 0.9999, "fp16": 0.999, "int8": 0.99, "bf16": 0.999}
+    #: Labels can be stratified by (class ids); a continuous target cannot.
+    stratify: ClassVar[bool] = False
 
-    def loss(self, output, target: torch.Tensor) -> torch.Tensor:  # pragma: no cover
+    def __init__(self, config: TaskConfig | None = None):
+        self.config = config if config is not None else self.Config.model_validate({})
+
+    @property
+    def name(self) -> str:
+        return self.config.type
+
+    @property
+    def headline(self) -> Metric:
+        return self.metric(self.headline_name)
+
+    def metric(self, name: str) -> Metric:
+        """The metric a figure's name stands for: one of this task's, a common one (loss, cosine, latency...),
+        or, for a derived name (``accuracy_fp32``, ``onnx.int8.mse_f32``, ``qat.accuracy_drop``), the metric
+        it is derived from. Unknown figures count as higher-is-better (a MACs reduction, a speed-up)."""
+        leaf = name.rpartition(".")[2]
+        if leaf.endswith("_drop"):  # a worsening, whatever it is of
+            return COMMON_METRICS["drop"]
+        known = {m.name: m for m in (*COMMON_METRICS.values(), *self.metrics, self.agreement)}
+        for candidate in sorted(known, key=len, reverse=True):
+            if leaf == candidate or leaf.startswith(candidate + "_"):
+                return known[candidate]
+        return Metric(leaf)
+
+    # ---------------------------------------------------------------- reading outputs
+
+    def output(self, out: Any) -> torch.Tensor:
+        """The tensor this task reads from a model's output: ``config.output`` names it (a key or attribute,
+        or a tuple index); by default the output itself, its ``logits``, or its first element."""
+        key = self.config.output
+        try:
+            if key is None:
+                return _default_output(out)
+            if isinstance(key, int):
+                return _tensor(out[key])
+            return _tensor(out[key] if isinstance(out, Mapping) else getattr(out, key))
+        except (KeyError, IndexError, AttributeError, TypeError) as exc:
+            raise InputError(
+                f"task.output {key!r}: cannot read it from a model output of type {type(out).__name__} ({exc})",
+                hint="set task.output to the key, attribute or tuple index of the tensor the task reads",
+            ) from exc
+
+    def logits(self, out: Any) -> torch.Tensor:
+        """``output``, under the name the classification code knew it by."""
+        return self.output(out)
+
+    # ---------------------------------------------------------------- training
+
+    def loss(self, out: Any, target: torch.Tensor) -> torch.Tensor:  # pragma: no cover - each task's own
         raise NotImplementedError
 
-    def update(self, state: MetricState, output, target: torch.Tensor) -> None:  # pragma: no cover
+    def distill_loss(self, student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
+        """The KD term between a student's and a teacher's outputs (``output`` of each). Default: mean squared
+        difference; a task with class scores matches softened distributions instead."""
+        return F.mse_loss(student.float(), teacher.float())
+
+    def for_training(self, label_smoothing: float) -> "Task":
+        """The task to train with under a training run's settings (classification applies label smoothing)."""
+        return self
+
+    # ---------------------------------------------------------------- metrics
+
+    def update(self, state: MetricState, output: torch.Tensor, target: torch.Tensor) -> None:  # pragma: no cover
         raise NotImplementedError
 
     def compute(self, state: MetricState) -> dict[str, float]:  # pragma: no cover
         raise NotImplementedError
 
+    def summary(self) -> dict[str, Any]:
+        """What a run records of its task (manifest.json, metrics.json, ``--json``): its type, its headline, each
+        metric's direction, its agreement figure; what ``bench`` and the report read to judge without the task."""
+        return {"type": self.name, "headline": self.headline_name,
+                "metrics": {m.name: "higher" if m.higher_is_better else "lower" for m in self.metrics},
+                "agreement": self.agreement.name}
+
+    def data_summary(self, data: Any) -> str:
+        """A few words on the labels, for the report's data line (classification: the class count)."""
+        return ""
+
+    def describe(self, figures: Mapping[str, Any]) -> str:
+        """``name value`` of the headline, for log lines and progress (``figures``: what ``compute`` returned)."""
+        value = figures.get(self.headline_name)
+        return f"{self.headline_name} {value:.4f}" if isinstance(value, (int, float)) else f"{self.headline_name} –"
+
+    # ---------------------------------------------------------------- labels
+
+    def read_targets(self, values: np.ndarray, column: str) -> np.ndarray:  # pragma: no cover
+        """The data's label column as this task trains on it (checked; e.g. int64 class ids, float32 values)."""
+        raise NotImplementedError
+
+    def check_targets(self, targets: Mapping[str, torch.Tensor], data: Any, column: str) -> None:
+        """Every split's labels make sense for this task (``targets``: split name → labels; ``data``: the
+        ``DataBundle``); raises ``InputError``. Default: every split holds samples."""
+        for role, y in targets.items():
+            if not len(y):
+                raise InputError(f"data: the {role} split holds 0 samples",
+                                 hint="use more data, or a smaller or larger data.eval_fraction")
+
+    def check_output(self, output: torch.Tensor, targets: torch.Tensor, data: Any, factory: str) -> None:
+        """The model's output (``output`` of one real batch) fits the labels; raises ``InputError``."""
+
+    # ---------------------------------------------------------------- agreement between executors
+
+    def agree(self, ref: np.ndarray, got: np.ndarray) -> dict[str, float]:
+        """How far ``got`` (an artifact's outputs) agrees with ``ref`` (torch's) on the same samples: the largest
+        difference, the cosine and this task's ``agreement`` figure."""
+        a, b = _rows(ref, got)
+        return {**_closeness(a, b), "parity_samples": int(len(a))}
+
+
+# ---------------------------------------------------------------------------- classification
+
+
+class ClassificationConfig(TaskConfig):
+    type: Literal["classification"] = Field(default="classification", description="One class per sample (class ids 0..K-1); "
+                                            "judged by accuracy.")
+
 
 class Classification(Task):
-    name = "classification"
+    """Class ids 0..K-1, one logit per class: cross-entropy; accuracy (top-1), the headline, and loss;
+    parity is top-1 agreement; distillation matches the softened class distributions (Hinton et al. 2015)."""
 
-    def __init__(self, label_smoothing: float = 0.0):
+    Config = ClassificationConfig
+    metrics = (Metric("accuracy", perfect=1.0, description="share of samples whose top-1 class is the label"),
+               Metric("loss", higher_is_better=False, description="mean cross-entropy"))
+    headline_name = "accuracy"
+    agreement = Metric("top1_agreement", perfect=1.0, description="share of samples with the same top-1 class")
+    agreement_limits = {"fp32": 0.99, "fp16": 0.98, "int8": 0.95, "bf16": 0.98}
+    stratify = True
+
+    def __init__(self, config: TaskConfig | None = None, label_smoothing: float = 0.0):
+        super().__init__(config)
         self.label_smoothing = label_smoothing
 
-    def loss(self, output, target):
-        return F.cross_entropy(self.logits(output), target, label_smoothing=self.label_smoothing)
+    def loss(self, out, target):
+        return F.cross_entropy(self.output(out), target, label_smoothing=self.label_smoothing)
+
+    def for_training(self, label_smoothing: float) -> Task:
+        if not label_smoothing:
+            return self
+        return Classification(self.config, label_smoothing)
+
+    def distill_loss(self, student, teacher, temperature):
+        """KL(teacher_T || student_T) × T², so gradients keep their scale across temperatures."""
+        t = temperature
+        return F.kl_div(F.log_softmax(student / t, -1), F.log_softmax(teacher / t, -1),
+                        reduction="batchmean", log_target=True) * (t * t)
 
     def update(self, state, output, target):
-        logits = self.logits(output)
-        state.correct += int((logits.argmax(-1) == target).sum())
+        logits = output.detach().float()
+        state.add(correct=int((logits.argmax(-1) == target).sum()),
+                  loss=float(F.cross_entropy(logits, target, reduction="sum")))
         state.count += int(target.numel())
-        state.loss_sum += float(F.cross_entropy(logits.float(), target, reduction="sum"))
 
     def compute(self, state):
         n = max(state.count, 1)
-        return {"accuracy": state.correct / n, "loss": state.loss_sum / n, "samples": state.count}
+        return {"accuracy": state.sums.get("correct", 0.0) / n, "loss": state.sums.get("loss", 0.0) / n, "samples": state.count}
+
+    def data_summary(self, data):
+        return f"{data.num_classes} classes"
+
+    def read_targets(self, values, column):
+        if not np.issubdtype(values.dtype, np.integer) or (len(values) and values.min() < 0):
+            raise InputError(
+                f"data.label_column {column!r} must hold integer class ids 0..K-1 (found {values.dtype})",
+                hint="map class names to ids first, or use imagefolder, which does it; a continuous target "
+                "needs another task (`task: {type: NAME}`)",
+            )
+        return values.astype(np.int64)
+
+    def check_targets(self, targets, data, column):
+        """Every label of every split must be a class id below the data's class count (the number of class
+        names when given)."""
+        super().check_targets(targets, data, column)
+        num_classes, class_names = data.num_classes, data.class_names
+        for role, y in targets.items():
+            top = int(y.max())
+            if top >= num_classes:
+                named = f"{len(class_names)} class names" if class_names else f"{num_classes} classes"
+                raise InputError(
+                    f"data.label_column {column!r}: the {role} split has label {top} "
+                    f"({int((y >= num_classes).sum())} samples at or above {num_classes}), but the data gives {named} "
+                    f"(ids 0..{num_classes - 1})",
+                    hint="list one class name per label id (class_names in the npz, or a ClassLabel feature), or fix the labels",
+                )
+
+    def check_output(self, output, targets, data, factory):
+        if output.dim() == 2 and output.shape[1] < data.num_classes:
+            raise InputError(
+                f"the model from {factory!r} gives {output.shape[1]} outputs a sample but the data has {data.num_classes} classes",
+                hint="build the model with one output per class (model.kwargs, e.g. num_classes), or fix the labels",
+            )
+
+    def agree(self, ref, got):
+        a, b = _rows(ref, got)
+        return {**_closeness(a, b), "top1_agreement": float((a.argmax(1) == b.argmax(1)).mean()), "parity_samples": int(len(a))}
 
 
-TASKS: dict[str, type[Task]] = {"classification": Classification}
+# ---------------------------------------------------------------------------- helpers
 
 
-def make_task(name: str) -> Task:
-    return TASKS[name]()
+def make_task(spec: "TaskConfig | Mapping[str, Any] | str | None") -> Task:
+    """The task a recipe's ``task`` section selects: its validated config, its mapping (a resolved recipe read
+    back as YAML), or a bare name taking the task's defaults; None is classification."""
+    if isinstance(spec, TaskConfig):
+        return registry.tasks.get(spec.type)(spec)
+    mapping = {"type": spec or "classification"} if spec is None or isinstance(spec, str) else dict(spec)
+    cls = registry.tasks.get(str(mapping.get("type")))
+    return cls(cls.Config.model_validate(mapping))
+
+
+def _tensor(value: Any) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"it is a {type(value).__name__}, not a tensor")
+    return value
+
+
+def _default_output(out: Any) -> torch.Tensor:
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, Mapping):
+        if "logits" in out:
+            return _tensor(out["logits"])
+        if len(out) == 1:
+            return _tensor(next(iter(out.values())))
+        raise KeyError(f"a dict with keys {', '.join(map(str, out))} and no 'logits'")
+    if hasattr(out, "logits"):
+        return _tensor(out.logits)
+    if isinstance(out, Sequence) and len(out):
+        return _tensor(out[0])
+    raise TypeError(f"cannot read a tensor from a model output of type {type(out).__name__}")
+
+
+def _rows(ref: np.ndarray, got: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    from .errors import ExportError
+
+    if ref.shape != got.shape:
+        raise ExportError(f"the artifact's output shape {got.shape} differs from torch's {ref.shape}")
+    return ref.reshape(len(ref), -1).astype(np.float64), got.reshape(len(got), -1).astype(np.float64)
+
+
+def _closeness(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
+    """Max abs diff and cosine similarity of two (samples, values) arrays.
+
+    Cosine is the mean per-sample cosine, except for outputs of one or two values per sample (a binary
+    classifier, a regressor): there a sample's cosine is +-1 by the signs alone, so a near-tie flipped by
+    rounding counts -1 and the cosine of the whole arrays is taken instead."""
+    if a.shape[1] <= 2:
+        cosine = float((a * b).sum() / max(float(np.linalg.norm(a) * np.linalg.norm(b)), 1e-12))
+    else:
+        cosine = float(((a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)).mean())
+    return {"max_abs_diff": float(np.abs(a - b).max()) if a.size else 0.0, "cosine": cosine}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import difflib
 import math
 import re
@@ -19,7 +18,7 @@ from .errors import InputError
 from .evaluate import evaluate_model
 from .inputs import Inputs, call, to
 from .stage import StrictModel
-from .tasks import Task
+from .tasks import MetricState, Task
 
 LossFn = Callable[[nn.Module, Inputs, torch.Tensor, object], torch.Tensor]
 
@@ -89,7 +88,9 @@ def fit(model: nn.Module, data: DataBundle, task: Task, s: TrainSettings, ctx: R
         description: str = "train", extra_loss: LossFn | None = None, extra_modules: Sequence[nn.Module] = (),
         seed: int | None = None, on_epoch_start: Callable[[int, nn.Module], None] | None = None,
         on_step_end: Callable[[int, int], None] | None = None) -> list[dict]:
-    """Train ``model`` in place. Returns one history row per epoch (loss, accuracy, lr).
+    """Train ``model`` in place. Returns one history row per epoch: ``train_loss``, ``train_<headline>`` (the
+    task's headline metric on the training batches, as the model was while it trained on them), ``lr``, and
+    ``eval_<headline>`` on the eval split for the epochs evaluated (the last one always).
 
     ``extra_loss(model, x, y, out)`` replaces the task loss (distillation uses it); ``extra_modules``
     are trained alongside (e.g. feature-KD projections). ``on_epoch_start(epoch, model)`` runs after
@@ -101,7 +102,7 @@ def fit(model: nn.Module, data: DataBundle, task: Task, s: TrainSettings, ctx: R
     modules) are synchronised from rank 0 after every epoch, so evaluation gives every rank the same figures.
     """
     train = _train_split(data)
-    task = _training_task(task, s)
+    task = task.for_training(s.label_smoothing)
     seed = ctx.seed if seed is None else seed
     torch.manual_seed(seed + distributed.rank())
     gen = torch.Generator().manual_seed(seed + distributed.rank())
@@ -121,15 +122,17 @@ def fit(model: nn.Module, data: DataBundle, task: Task, s: TrainSettings, ctx: R
         with (ctx.reporter.progress(f"{description} epoch {epoch}/{s.epochs}", total=steps_per_epoch) as advance,
               distributed.peers_guard(f"{description} epoch {epoch}")):
             batches = distributed.shard(data, epoch, seed).train_batches(batch_size, gen, augment=s.augment)
-            sums = loop.epoch(net, batches, advance)
+            loss_sum, seen, figures = loop.epoch(net, batches, advance)
             distributed.sync_state(model, *extra_modules, average_buffers=True)
-            loss_sum, correct, seen = distributed.all_sum(sums)
-        row = {"epoch": epoch, "train_loss": loss_sum / seen, "train_accuracy": correct / seen, "lr": opt.param_groups[0]["lr"]}
+            loss_sum, seen, figures = _summed(loss_sum, seen, figures)
+        headline = task.headline_name
+        row = {"epoch": epoch, "train_loss": loss_sum / seen,
+               f"train_{headline}": task.compute(figures)[headline], "lr": opt.param_groups[0]["lr"]}
         if (s.eval_every and epoch % s.eval_every == 0) or epoch == s.epochs:
-            row["eval_accuracy"] = evaluate_model(model, data.eval, task, device=ctx.device, reporter=ctx.reporter,
-                                                  description=f"{description} eval")["accuracy"]
+            row[f"eval_{headline}"] = evaluate_model(model, data.eval, task, device=ctx.device, reporter=ctx.reporter,
+                                                     description=f"{description} eval")[headline]
         history.append(row)
-        ctx.reporter.info(_epoch_line(description, row))
+        ctx.reporter.info(_epoch_line(description, row, headline))
     for param in frozen:
         param.requires_grad_(True)
     model.eval()
@@ -165,10 +168,11 @@ class _Loop:
         self.extra_loss, self.extra_modules, self.on_step_end = extra_loss, list(extra_modules), on_step_end
         self.steps_per_epoch, self.step = steps_per_epoch, 0
 
-    def epoch(self, net: nn.Module, batches, advance: Callable[..., None]) -> tuple[float, float, float]:
-        """One pass of ``net`` (the model, or it in DDP) over ``batches``: (loss sum, correct, samples)."""
+    def epoch(self, net: nn.Module, batches, advance: Callable[..., None]) -> tuple[float, float, MetricState]:
+        """One pass of ``net`` (the model, or it in DDP) over ``batches``: (loss sum, samples, the task's figures)."""
         s, task, device = self.s, self.task, self.ctx.device
-        seen = correct = 0
+        figures = MetricState()
+        seen = 0
         loss_sum = 0.0
         for x, y in batches:
             _set_lr(self.opt, s, self.step, self.steps_per_epoch)
@@ -181,9 +185,9 @@ class _Loop:
                 self.on_step_end(self.step, s.epochs * self.steps_per_epoch)
             seen += len(y)
             loss_sum += float(loss.detach()) * len(y)
-            correct += int((task.logits(out).argmax(-1) == y).sum())
+            task.update(figures, task.output(out).detach(), y)
             advance(1, loss=f"{loss_sum / seen:.3f}")
-        return loss_sum, float(correct), float(seen)
+        return loss_sum, float(seen), figures
 
 
 def _train_split(data: DataBundle) -> Split:
@@ -195,13 +199,13 @@ def _train_split(data: DataBundle) -> Split:
     return data.train
 
 
-def _training_task(task: Task, s: TrainSettings) -> Task:
-    """The task to train with: label smoothing applied to a copy, so the run's shared task
-    (``state.task``, used by later stages) keeps its own setting."""
-    if s.label_smoothing and hasattr(task, "label_smoothing"):
-        task = copy.copy(task)
-        task.label_smoothing = s.label_smoothing
-    return task
+def _summed(loss_sum: float, seen: float, figures: MetricState) -> tuple[float, float, MetricState]:
+    """The epoch's loss sum, samples and the task's sums added over the DDP ranks (alone otherwise). Figures a
+    task computes from whole outputs (``MetricState.outputs``) stay this rank's: they describe its shard."""
+    keys = sorted(figures.sums)
+    total = distributed.all_sum([loss_sum, seen, float(figures.count), *(figures.sums[k] for k in keys)])
+    summed = MetricState(dict(zip(keys, total[3:])), int(total[2]), figures.outputs, figures.targets)
+    return total[0], total[1], summed
 
 
 def _set_lr(opt: torch.optim.Optimizer, s: TrainSettings, step: int, steps_per_epoch: int) -> None:
@@ -222,7 +226,8 @@ def _optimizer_step(model: nn.Module, opt: torch.optim.Optimizer, loss: torch.Te
     opt.step()
 
 
-def _epoch_line(description: str, row: dict) -> str:
-    """The log line of one epoch: its loss, and its eval accuracy when this epoch was evaluated."""
+def _epoch_line(description: str, row: dict, headline: str) -> str:
+    """The log line of one epoch: its loss, and its eval headline metric when this epoch was evaluated."""
     line = f"{description} epoch {row['epoch']}: loss {row['train_loss']:.4f}"
-    return line + (f", eval accuracy {row['eval_accuracy']:.4f}" if "eval_accuracy" in row else "")
+    key = f"eval_{headline}"
+    return line + (f", eval {headline} {row[key]:.4f}" if key in row else "")

@@ -34,9 +34,7 @@ def quantize_checks(stage, state, ctx) -> list[Check]:
     calib = build_calibration_set(split, size=len(split), strategy="random", seed=ctx.seed)
     base = copy.deepcopy(state.model).eval()
     try:
-        quantized = quantize(copy.deepcopy(state.model), calib, ignore=cfg.ignore, preset=cfg.preset,
-                             batch_size=cfg.batch_size, activations=cfg.activations, ignore_loc=stage.loc("ignore"),
-                             model_type=cfg.model_type, smooth_quant=cfg.smooth_quant)
+        quantized = quantize(copy.deepcopy(state.model), calib, cfg, ignore_loc=stage.loc("ignore"))
         with torch.no_grad():
             call(quantized.eval(), to(state.data.eval.x, ctx.device))
     except StageError as exc:

@@ -6,7 +6,7 @@ failure there used to surface as an internal error from NNCF. This check runs th
 and one batch, and turns a failure into a ConfigError (exit 2) on the stage that names the failing module
 (path and class) and the ``ignore`` entry that avoids it, checked by quantizing again with that entry.
 
-    check_quantizable(model, batch, ignore=["head"], preset="performance", loc=("stages", 3))
+    check_quantizable(model, batch, NncfSettings(ignore=["head"]), loc=("stages", 3))
 """
 
 from __future__ import annotations
@@ -18,18 +18,18 @@ from torch import nn
 from pruneflow.errors import ConfigError
 from pruneflow.inputs import Inputs, to
 
-from .nncf_quant import SMOOTH_QUANT, failing_module, nncf_quantize, resolve_model_type
+from .nncf_quant import failing_module, nncf_quantize
 from .nncf_setup import ensure_built
+from .settings import NncfSettings
 
 
-def _try(model: nn.Module, batch: Inputs, ignore: list[str], preset: str, loc: tuple, model_type: str,
-         smooth_quant: float | None = SMOOTH_QUANT) -> BaseException | None:
+def _try(model: nn.Module, batch: Inputs, settings: NncfSettings, loc: tuple) -> BaseException | None:
     """Quantize a CPU copy of ``model`` on ``batch``; the exception NNCF raised, or None when it worked."""
     import nncf
 
     copied = copy.deepcopy(model).cpu().eval()
     try:
-        nncf_quantize(copied, nncf.Dataset([batch]), 1, batch, ignore, preset, (*loc, "ignore"), model_type, smooth_quant)
+        nncf_quantize(copied, nncf.Dataset([batch]), 1, batch, settings, (*loc, "ignore"))
     except ConfigError:
         raise
     except Exception as exc:  # noqa: BLE001 - tracing failures come in many types
@@ -38,13 +38,13 @@ def _try(model: nn.Module, batch: Inputs, ignore: list[str], preset: str, loc: t
     return None
 
 
-def check_quantizable(model: nn.Module, batch: Inputs, *, ignore: list[str], preset: str, loc: tuple,
-                      model_type: str = "auto", smooth_quant: float | None = SMOOTH_QUANT) -> list[str]:
-    """Raise ConfigError at ``loc`` (the stage) when NNCF cannot quantize ``model``; returns notes otherwise."""
+def check_quantizable(model: nn.Module, batch: Inputs, settings: NncfSettings, *, loc: tuple) -> list[str]:
+    """Raise ConfigError at ``loc`` (the stage) when NNCF cannot quantize ``model`` as ``settings`` say; returns
+    notes otherwise."""
     ensure_built()
     batch = to(batch, "cpu")
-    model_type = resolve_model_type(model, model_type)
-    failure = _try(model, batch, ignore, preset, loc, model_type, smooth_quant)
+    ignore = settings.ignore
+    failure = _try(model, batch, settings, loc)
     if failure is None:
         return []
     where = getattr(failure, "failing_module", None)
@@ -54,7 +54,7 @@ def check_quantizable(model: nn.Module, batch: Inputs, *, ignore: list[str], pre
                           hint="NNCF traces the forward pass: check that the model runs under torch.no_grad on CPU, "
                           "or remove the qat/ptq stage (and int8 from export)")
     kind = type(model.get_submodule(where)).__name__
-    fixed = _try(model, batch, [*ignore, where], preset, loc, model_type, smooth_quant) is None
+    fixed = _try(model, batch, settings.model_copy(update={"ignore": [*ignore, where]}), loc) is None
     if fixed:
         raise ConfigError(loc, f"NNCF cannot quantize module {where!r} ({kind}): {what}",
                           hint=f"keep it in float: add {where!r} to this stage's `ignore` (`ignore: {[*ignore, where]}`); "

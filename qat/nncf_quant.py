@@ -20,9 +20,9 @@ from calibrate.calibset import CalibrationSet
 from calibrate.consumers import nncf_dataset
 
 from .nncf_setup import ensure_built
+from .settings import NncfSettings
 
 log = logging.getLogger("pruneflow")
-SMOOTH_QUANT = 0.95  # NNCF's own SmoothQuant alpha for transformers (see transformer_arguments)
 
 
 @contextlib.contextmanager
@@ -154,11 +154,11 @@ def resolve_model_type(model: nn.Module, model_type: str) -> str:
     return "transformer" if tokens and has_attention(model) else "cnn"
 
 
-def quantize(model: nn.Module, calib: CalibrationSet, *, ignore: list[str] | None = None, preset: str = "performance",
-             batch_size: int = 32, activations: str = "signed", ignore_loc: tuple = ("ignore",),
-             model_type: str = "auto", smooth_quant: float | None = SMOOTH_QUANT) -> nn.Module:
-    """Insert FakeQuantize operations and set their ranges from ``calib``. Returns the quantized model
-    (under a ``SequentialRoot`` when the model's top module is an ``nn.Sequential``).
+def quantize(model: nn.Module, calib: CalibrationSet, settings: NncfSettings | None = None, *,
+             ignore_loc: tuple = ("ignore",)) -> nn.Module:
+    """Insert FakeQuantize operations and set their ranges from ``calib``, as ``settings`` say (default:
+    ``NncfSettings()``; a qat/ptq stage passes its config). Returns the quantized model (under a
+    ``SequentialRoot`` when the model's top module is an ``nn.Sequential``).
 
     ``ignore_loc``: the recipe key path of ``ignore`` (the stage's ``self.loc("ignore")``), for the error
     when an entry selects nothing.
@@ -173,6 +173,8 @@ def quantize(model: nn.Module, calib: CalibrationSet, *, ignore: list[str] | Non
     default, ``auto`` the former for text transformers (``resolve_model_type``). ``smooth_quant``: SmoothQuant's
     alpha under the transformer type (None: off; see ``transformer_arguments``).
     """
+    settings = settings or NncfSettings()
+    batch_size = settings.batch_size
     ensure_built()
     params = next(model.parameters(), None)
     dataset = nncf_dataset(calib, batch_size, device=str(params.device) if params is not None else None)
@@ -180,8 +182,7 @@ def quantize(model: nn.Module, calib: CalibrationSet, *, ignore: list[str] | Non
     first = to(next(calib.batches(batch_size)), params.device if params is not None else "cpu")
     was = model.training
     try:
-        quantized = nncf_quantize(model, dataset, items, first, ignore or [], preset, ignore_loc,
-                                  resolve_model_type(model, model_type), smooth_quant)
+        quantized = nncf_quantize(model, dataset, items, first, settings, ignore_loc)
     except ConfigError:
         raise
     except Exception as exc:  # noqa: BLE001 - tracing failures come in many types
@@ -192,26 +193,26 @@ def quantize(model: nn.Module, calib: CalibrationSet, *, ignore: list[str] | Non
             hint="the qat/ptq preflight traces the model before any training and names the module and the "
             "`ignore` entry that avoids it; this failure came later, with the calibration data: report it with the model",
         ) from exc
-    if activations == "signed":
+    if settings.activations == "signed":
         force_signed_activations(quantized)
     quantized.train(was)
     return quantized
 
 
-def nncf_quantize(model: nn.Module, dataset, items: int, example: Inputs, ignore: list[str], preset: str,
-                  ignore_loc: tuple, model_type: str = "cnn", smooth_quant: float | None = SMOOTH_QUANT) -> nn.Module:
-    """``nncf.quantize`` on ``model`` (rooted, see ``SequentialRoot``) with the recipe's ``ignore`` resolved;
-    a TorchScript module or an ``ignore`` entry selecting nothing is a ConfigError, anything else NNCF
-    raises comes out as it is.
+def nncf_quantize(model: nn.Module, dataset, items: int, example: Inputs, settings: NncfSettings, ignore_loc: tuple) -> nn.Module:
+    """``nncf.quantize`` on ``model`` (rooted, see ``SequentialRoot``) with ``settings`` (its ``ignore`` resolved, its
+    ``model_type`` resolved on ``model``: ``resolve_model_type``); a TorchScript module or an ``ignore`` entry
+    selecting nothing is a ConfigError, anything else NNCF raises comes out as it is.
 
-    ``model_type="transformer"``: NNCF's ``ModelType.TRANSFORMER`` (Linear inputs and the attention score
+    Model type ``transformer``: NNCF's ``ModelType.TRANSFORMER`` (Linear inputs and the attention score
     MatMul's inputs quantized; LayerNorm, Softmax, GELU and the context MatMul kept float; no quantizer on
     the int64 token inputs), with embedding lookups left out (``types: [embedding]``: the word-embedding
     table is stored int8 weight-only by pruneflow/export/embedding.py instead) and SmoothQuant at alpha
-    ``smooth_quant`` (see ``transformer_arguments``).
+    ``settings.smooth_quant`` (see ``transformer_arguments``).
     """
     import nncf
 
+    ignore, model_type = settings.ignore, resolve_model_type(model, settings.model_type)
     refuse_scripted(model, ignore_loc[:-1])
     attention_fastpath_off(model)
     root, prefix = rooted(model)
@@ -219,10 +220,10 @@ def nncf_quantize(model: nn.Module, dataset, items: int, example: Inputs, ignore
     names = [n for n, _ in model.named_modules() if n]
     nodes = node_names(root, example) if any(not _matched_modules(names, i) for i in ignore) else None
     scope = ignored_scope(model, ignore, ignore_loc, prefix, nodes)
-    kwargs = {} if model_type != "transformer" else transformer_arguments(model, scope, smooth_quant)
+    kwargs = {} if model_type != "transformer" else transformer_arguments(model, scope, settings.smooth_quant)
     try:
         with quiet_nncf():
-            quantized = nncf.quantize(root, dataset, subset_size=items, preset=nncf.QuantizationPreset(preset),
+            quantized = nncf.quantize(root, dataset, subset_size=items, preset=nncf.QuantizationPreset(settings.preset),
                                       **{"ignored_scope": scope, **kwargs})
     except nncf.ValidationError as exc:
         raise ConfigError(ignore_loc, str(exc).strip(), hint="use module names from `pruneflow inspect`, or NNCF node-name regexes") from exc
@@ -230,7 +231,7 @@ def nncf_quantize(model: nn.Module, dataset, items: int, example: Inputs, ignore
     return quantized
 
 
-def transformer_arguments(model: nn.Module, scope, smooth_quant: float | None = SMOOTH_QUANT) -> dict:
+def transformer_arguments(model: nn.Module, scope, smooth_quant: float | None) -> dict:
     """``nncf.quantize`` arguments for ``model_type="transformer"`` (see ``nncf_quantize``).
 
     SmoothQuant (NNCF's, alpha 0.95 is its default for transformers): a pretrained BERT's LayerNorm outputs

@@ -1,4 +1,5 @@
-"""Per-layer quantization sensitivity of an NNCF-quantized torch model, and accuracy-controlled fallback to float.
+"""Per-layer quantization sensitivity of an NNCF-quantized torch model, and fallback to float under a bound on the
+task's metric (NNCF's "accuracy control").
 
 NNCF has this only for OpenVINO and ONNX models: ``nncf.quantize_with_accuracy_control`` dispatches on the
 backend and raises UnsupportedBackendError for torch, and its ranker
@@ -6,7 +7,7 @@ backend and raises UnsupportedBackendError for torch, and its ranker
 side is written here, following NNCF's design: quantizers that share a consumer form one *group* (NNCF's
 "groups of quantizers to rank"; e.g. BERT's query/key/value share their input quantizer), each group is
 ranked by how much keeping it float restores the model's outputs on the calibration set, and the
-most sensitive groups fall back to float one at a time until the accuracy drop holds. What is reused from
+most sensitive groups fall back to float one at a time until the metric's drop holds. What is reused from
 NNCF: its graph of the quantized model (``build_nncf_graph``), its hook storage (``delete_hook``), and the
 quantizers' own ``disable_quantization``/``enable_quantization``.
 
@@ -35,7 +36,7 @@ from pruneflow.config import StrictModel
 
 if TYPE_CHECKING:
     from calibrate.calibset import CalibrationSet
-    from pruneflow.tasks import Task
+    from pruneflow.tasks import Metric, Task
 
 #: NNCF graph node types of its fake-quantize operations.
 QUANTIZE_OPS = frozenset({"symmetric_quantize", "asymmetric_quantize"})
@@ -46,23 +47,24 @@ PASS_THROUGH = frozenset({"flatten", "reshape", "view", "permute", "transpose", 
                           "max_pool1d", "max_pool2d", "adaptive_max_pool2d", "dropout", "__getitem__", "expand", "chunk", "split"})
 
 
-class AccuracyControl(StrictModel):
+class Sensitivity(StrictModel):
     """Per-layer quantization sensitivity and, with ``max_drop``, fallback of the most sensitive layers to float."""
 
     max_drop: float | None = Field(
-        default=None, ge=0, le=1,
-        description="Largest drop of `metric` (absolute: 0.01 = 1 point of accuracy) of the INT8 model below the float model "
-        "entering the stage, both on the whole eval split. Past it, the most sensitive layers fall back to float one at a "
-        "time (their quantizers removed, so every export keeps them float) until it holds; when `max_fallback` is spent "
-        "first, the gate `<stage>.accuracy_control` fails (exit 1). Unset: only the sensitivity table.",
+        default=None, ge=0,
+        description="Largest worsening of `metric` (absolute, in the metric's own direction: 0.01 = 1 point of a share) of "
+        "the INT8 model against the float model entering the stage, both on the whole eval split. Past it, the most "
+        "sensitive layers fall back to float one at a time (their quantizers removed, so every export keeps them float) "
+        "until it holds; when `max_fallback` is spent first, the gate `<stage>.sensitivity` fails (exit 1). Unset: only "
+        "the sensitivity table.",
     )
-    metric: str = Field(default="accuracy", min_length=1,
-                        description="Metric of the task (higher is better) that `max_drop` bounds.")
+    metric: str | None = Field(default=None, min_length=1,
+                               description="Metric of the task that `max_drop` bounds (default: the task's headline).")
     max_fallback: int = Field(default=10, ge=0, description="Most layers (quantizer groups) that may fall back to float.")
     samples: int = Field(
         default=128, ge=1,
-        description="Calibration samples the sensitivity is measured on: the logits' SNR in dB against the float model, "
-        "top-1 agreement (and accuracy, where the set has labels) with each layer alone kept float. One pass over them "
+        description="Calibration samples the sensitivity is measured on: the outputs' SNR in dB against the float model, "
+        "the task's agreement figure (and its headline metric, where the set has labels) with each layer alone kept float. One pass over them "
         "per layer (a 2-layer, 64-wide BERT: 23 layers, ~1.5 s a pass of 64 samples on a busy 2-core machine).",
     )
     alone_int8: bool = Field(
@@ -249,11 +251,11 @@ def remove_group(model: nn.Module, group: QuantGroup) -> None:
 
 @torch.no_grad()
 def outputs(model: nn.Module, x: Inputs, task: "Task", batch_size: int, device: str) -> torch.Tensor:
-    """The model's logits on ``x`` (in batches), on the CPU, in float32."""
+    """What the task reads of the model's outputs on ``x`` (in batches), on the CPU, in float32."""
     was = model.training
     model.eval()
     try:
-        return torch.cat([task.logits(call(model, to(take(x, slice(i, i + batch_size)), device))).float().cpu()
+        return torch.cat([task.output(call(model, to(take(x, slice(i, i + batch_size)), device))).float().cpu()
                           for i in range(0, len(x), batch_size)])
     finally:
         model.train(was)
@@ -269,18 +271,27 @@ def snr_db(reference: torch.Tensor, approx: torch.Tensor) -> float:
     return 10 * math.log10(max(signal, 1e-30) / noise)
 
 
-def agreement(reference: torch.Tensor, approx: torch.Tensor) -> float:
-    """Top-1 agreement of two logit tensors."""
-    return float((reference.argmax(-1) == approx.argmax(-1)).float().mean())
+def agreement(reference: torch.Tensor, approx: torch.Tensor, task: "Task") -> float:
+    """The task's agreement figure (``Task.agree``) between two output tensors."""
+    return float(task.agree(reference.numpy(), approx.numpy())[task.agreement.name])
+
+
+def headline(task: "Task", output: torch.Tensor, y: torch.Tensor) -> float:
+    """The task's headline metric of ``output`` against the labels ``y``."""
+    from pruneflow.tasks import MetricState
+
+    state = MetricState()
+    task.update(state, output, y)
+    return float(task.compute(state)[task.headline_name])
 
 
 def sensitivity(model: nn.Module, float_model: nn.Module, calib: "CalibrationSet", task: "Task", groups: list[QuantGroup], *,
                 samples: int = 256, batch_size: int = 64, device: str = "cpu", alone: bool = True) -> list[tuple[dict, QuantGroup]]:
-    """(row, group) for each group, most sensitive first; a row holds: the logits' SNR against ``float_model`` and top-1
-    agreement (and accuracy, where the calibration set has labels) with only this group kept float, and,
+    """(row, group) for each group, most sensitive first; a row holds: the outputs' SNR against ``float_model`` and the
+    task's agreement figure (and headline metric, where the calibration set has labels) with only this group kept float, and,
     with ``alone``, with only this group quantized. Ranked by the SNR with the group kept float (the
     larger, the more of the INT8 error it carries); NNCF's ranker ranks by normalized MSE the same way
-    when it has no metric, and this one is continuous where accuracy on a few hundred samples is not."""
+    when it has no metric, and this one is continuous where a share of a few hundred samples is not."""
     x = take(calib.x, slice(0, samples))
     y = calib.y[:samples] if calib.y is not None else None
     reference = outputs(float_model, x, task, batch_size, device)
@@ -291,15 +302,15 @@ def sensitivity(model: nn.Module, float_model: nn.Module, calib: "CalibrationSet
         with quantizers_off(mine):
             kept = outputs(model, x, task, batch_size, device)
         row: dict = {"rank": 0, "layer": group.name, "quantizers": len(mine), "weights": group.weights,
-                     "snr_db_kept_float": snr_db(reference, kept), "agreement_kept_float": agreement(reference, kept)}
+                     "snr_db_kept_float": snr_db(reference, kept), "agreement_kept_float": agreement(reference, kept, task)}
         if y is not None:
-            row["accuracy_kept_float"] = float((kept.argmax(-1) == y).float().mean())
+            row[f"{task.headline_name}_kept_float"] = headline(task, kept, y)
         if alone:
             others = [q for q in every if all(q is not m for m in mine)]
             with quantizers_off(others):
                 only = outputs(model, x, task, batch_size, device)
             row["snr_db_alone_int8"] = snr_db(reference, only)
-            row["agreement_alone_int8"] = agreement(reference, only)
+            row["agreement_alone_int8"] = agreement(reference, only, task)
         rows.append((row, group))
     rows.sort(key=lambda rg: -rg[0]["snr_db_kept_float"])
     for rank, (row, _) in enumerate(rows, 1):
@@ -308,41 +319,43 @@ def sensitivity(model: nn.Module, float_model: nn.Module, calib: "CalibrationSet
 
 
 def fall_back(model: nn.Module, ranked: list[tuple[dict, QuantGroup]], measure: Callable[[], float], *, baseline: float,
-              start: float, max_drop: float, max_fallback: int) -> tuple[list[dict], float]:
-    """Keep the most sensitive groups float, one at a time (their quantizers deleted), until
-    ``baseline - measure() <= max_drop`` or ``max_fallback`` groups fell back. ``start``: the metric before
-    any fallback. Returns one row per fallback (layer, metric after, its drop, the weight bytes it costs
-    against int8) and the final metric."""
+              start: float, max_drop: float, max_fallback: int, metric: "Metric") -> tuple[list[dict], float]:
+    """Keep the most sensitive groups float, one at a time (their quantizers deleted), until ``measure()`` is
+    worse than ``baseline`` by at most ``max_drop`` in ``metric``'s direction, or ``max_fallback`` groups fell
+    back. ``start``: the metric before any fallback. Returns one row per fallback (layer, metric after, its
+    drop, the weight bytes it costs against int8) and the final metric."""
     rows: list[dict] = []
     value = start
     for row, group in ranked:
-        if baseline - value <= max_drop or len(rows) >= max_fallback:
+        if metric.worsening(baseline, value) <= max_drop or len(rows) >= max_fallback:
             break
         remove_group(model, group)
         value = measure()
         rows.append({"step": len(rows) + 1, "layer": row["layer"], "modules": ", ".join(group.modules),
-                     "metric_after": value, "drop_after": baseline - value, "size_cost_bytes": 3 * group.weights})
+                     "metric_after": value, "drop_after": metric.worsening(baseline, value), "size_cost_bytes": 3 * group.weights})
     return rows, value
 
 
-def accuracy_control(spec: AccuracyControl, stage_id: str, loc: tuple, model: nn.Module, float_model: nn.Module,
-                     calib: "CalibrationSet", state, ctx, *, fp32: dict, int8: dict | None) -> tuple[dict, dict, list]:
-    """The qat/ptq stages' ``accuracy_control``: the sensitivity table on the calibration set and, with
-    ``max_drop``, the fallback measured on the whole eval split (the split the stage's ``accuracy_drop``
-    and the recipe's gates read). Returns (metrics, tables, gates); ``metrics["accuracy"]`` is the metric
+def sensitivity_control(spec: Sensitivity, stage_id: str, loc: tuple, model: nn.Module, float_model: nn.Module,
+                        calib: "CalibrationSet", state, ctx, *, fp32: dict, int8: dict | None) -> tuple[dict, dict, list]:
+    """The qat/ptq stages' ``sensitivity``: the sensitivity table on the calibration set and, with
+    ``max_drop``, the fallback measured on the whole eval split (the split the stage's ``<metric>_drop``
+    and the recipe's gates read). Returns (metrics, tables, gates); ``metrics[metric]`` is the metric
     after the fallback. ``fp32``/``int8``: the stage's evaluations of the float and the INT8 model on the
     eval split (``int8`` None: measured here)."""
     from pruneflow.errors import ConfigError
     from pruneflow.evaluate import evaluate_model
     from pruneflow.gates import GateResult
 
-    if spec.metric not in fp32 or spec.metric in ("loss", "samples"):
-        raise ConfigError((*loc, "metric"), f"the task computes no metric {spec.metric!r} where higher is better",
-                          value=spec.metric, hint=f"use one of: {', '.join(sorted(k for k in fp32 if k not in ('loss', 'samples')))}")
+    name = spec.metric or state.task.headline_name
+    if name not in fp32 or name == "samples":
+        raise ConfigError((*loc, "metric"), f"the task computes no metric {name!r}", value=name,
+                          hint=f"use one of: {', '.join(sorted(k for k in fp32 if k != 'samples'))}")
+    metric = state.task.metric(name)
 
     def measure() -> float:
         return float(evaluate_model(model, state.data.eval, state.task, ctx.recipe.data.eval_batch_size, ctx.device,
-                                    ctx.reporter, f"{stage_id} int8 fallback")[spec.metric])
+                                    ctx.reporter, f"{stage_id} int8 fallback")[name])
 
     groups = quantizer_groups(model, to(take(calib.x, slice(0, 1)), ctx.device))
     ranked = sensitivity(model, float_model, calib, state.task, groups, samples=spec.samples,
@@ -352,18 +365,19 @@ def accuracy_control(spec: AccuracyControl, stage_id: str, loc: tuple, model: nn
                      "most_sensitive": ranked[0][0]["layer"] if ranked else ""}
     if spec.max_drop is None:
         return metrics, tables, []
-    base = float(fp32[spec.metric])
-    start = float(int8[spec.metric]) if int8 and spec.metric in int8 else measure()
+    base = float(fp32[name])
+    start = float(int8[name]) if int8 and name in int8 else measure()
     rows, value = fall_back(model, ranked, measure, baseline=base, start=start, max_drop=spec.max_drop,
-                            max_fallback=spec.max_fallback)
+                            max_fallback=spec.max_fallback, metric=metric)
     tables["quantization fallback"] = rows
-    held = base - value <= spec.max_drop
-    metrics.update({f"{spec.metric}_before_fallback": start, spec.metric: value, f"{spec.metric}_drop": base - value,
+    worse = metric.worsening(base, value)
+    held = worse <= spec.max_drop
+    metrics.update({f"{name}_before_fallback": start, name: value, f"{name}_drop": worse,
                     "fallback_layers": len(rows), "fallback_size_cost_bytes": sum(r["size_cost_bytes"] for r in rows)})
     kept = ", ".join(r["layer"] for r in rows) or "none"
-    message = (f"int8 {spec.metric} {value:.4g} vs fp32 {base:.4g}: drop {base - value:.4g} "
+    message = (f"int8 {name} {value:.4g} vs fp32 {base:.4g}: worse by {worse:.4g} ({metric.direction}) "
                f"{'<=' if held else '>'} max_drop {spec.max_drop:g} on the eval split; kept float: {kept}")
     if not held:
         message += (f" (max_fallback {spec.max_fallback} spent)" if len(rows) >= spec.max_fallback
                     else " (every quantized layer ranked)")
-    return metrics, tables, [GateResult(f"{stage_id}.accuracy_control", held, message, base - value)]
+    return metrics, tables, [GateResult(f"{stage_id}.sensitivity", held, message, worse)]

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from typing import Literal
+import functools
+from typing import Callable, Literal
 
 from pydantic import Field, field_validator
 from torch import nn
@@ -18,9 +19,10 @@ from pruneflow.handle import ModelHandle
 from pruneflow.stage import Stage, StageConfig, StageResult, StrictModel
 from pruneflow.train import FinetuneSettings, fit
 
-from .nncf_quant import SMOOTH_QUANT, SequentialRoot, quantize, quantizer_parameters, smoothed_inputs
+from .nncf_quant import SequentialRoot, quantize, quantizer_parameters, smoothed_inputs
 from .precision import fp16_rounding
-from .sensitivity import AccuracyControl, accuracy_control
+from .sensitivity import Sensitivity, sensitivity_control
+from .settings import NncfSettings
 
 
 class Phase(StrictModel):
@@ -29,32 +31,12 @@ class Phase(StrictModel):
     lr: float | None = Field(default=None, gt=0, description="Peak LR of the phase (default: finetune.lr).")
 
 
-class QuantizeSettings(StrictModel):
-    preset: Literal["performance", "mixed"] = Field(
-        default="performance", description="`performance`: symmetric activations (what TensorRT wants); `mixed`: asymmetric activations."
-    )
-    ignore: list[str] = Field(default_factory=list, description="Module names, or NNCF node-name regexes, left in floating point.")
-    activations: Literal["signed", "auto"] = Field(
-        default="signed",
-        description="`signed`: every activation quantizer is int8 with zero point 0, so the trained scales export exactly "
-        "to TensorRT's convention and (as uint8: zero point 0 after a ReLU, 128 elsewhere) to CPU runtimes; `auto`: NNCF may use unsigned "
-        "quantizers after ReLU (finer there, but no exact TensorRT form).",
-    )
-    model_type: Literal["auto", "cnn", "transformer"] = Field(
-        default="auto", description="NNCF's model type. `transformer`: Linear inputs and the attention score MatMul quantized; "
-        "LayerNorm, Softmax, GELU, the context MatMul and embedding lookups kept float (the word-embedding table is stored "
-        "int8 weight-only at export); `cnn`: NNCF's default; `auto`: `transformer` for text transformers (attention over token "
-        "embeddings: BERT), `cnn` otherwise (a ViT too: its TensorRT INT8 form needs the cnn type's residual quantizers).")
-    smooth_quant: float | None = Field(
-        default=SMOOTH_QUANT, ge=0, le=1, description="SmoothQuant's alpha for `model_type: transformer` (NNCF's default, 0.95): "
-        "before ranges are set, per-channel scales move the activation outliers of each quantized Linear input (BERT's "
-        "LayerNorm outputs reach 30 in a few channels) into its weights, so the int8 grid stays fine for the other "
-        "channels. Adds one Mul per quantized Linear input to the INT8 ONNX (OpenVINO folds it); `null`: off.")
-    calibration_size: int = Field(default=300, ge=1, description="Samples for range initialisation when no calibrate stage ran.")
-    batch_size: int = Field(default=32, ge=1, description="Batch size for range initialisation.")
-    accuracy_control: AccuracyControl | None = Field(
+class QuantizeSettings(NncfSettings):
+    """The qat and ptq stages' quantization settings: how NNCF quantizes (``NncfSettings``) and what is checked after."""
+
+    sensitivity: Sensitivity | None = Field(
         default=None, description="Per-layer sensitivity report (the report's `quantization sensitivity` table) and "
-        "`max_drop` fallback to float: `{max_drop: 0.01, max_fallback: 10}`.")
+        "`max_drop` fallback to float, NNCF's accuracy control done on the torch model: `{max_drop: 0.01, max_fallback: 10}`.")
 
 
 class PtqConfig(StageConfig, QuantizeSettings):
@@ -89,39 +71,52 @@ class QatConfig(StageConfig, QuantizeSettings):
 
 
 def _calibration(stage: Stage, state, ctx):
-    """The run's calibration set, or a random one from the training split (with a note, once a stage)."""
+    """The run's calibration set, or a random one from the training split (with a note)."""
     if state.calibration is not None:
         return state.calibration
-    if getattr(stage, "_calibration_set", None) is not None:
-        return stage._calibration_set  # type: ignore[attr-defined]
     from calibrate.build import build_calibration_set
 
     split = state.data.train if state.data.train is not None else state.data.eval
     ctx.reporter.warning(f"{stage.id}: no calibrate stage ran; initialising ranges from {stage.config.calibration_size} "
                          "random training samples")
-    stage._calibration_set = build_calibration_set(  # type: ignore[attr-defined]
-        split, size=stage.config.calibration_size, strategy="random", seed=ctx.seed)
-    return stage._calibration_set  # type: ignore[attr-defined]
+    return build_calibration_set(split, size=stage.config.calibration_size, strategy="random", seed=ctx.seed)
 
 
-def _controlled(stage: Stage, state, ctx, result: StageResult, fp32: dict, int8: dict | None) -> StageResult:
-    """``accuracy_control``: the sensitivity table and the max_drop fallback (qat/sensitivity.py) added to ``result``,
+def _calibration_of_run(stage: Stage, state, ctx) -> Callable:
+    """``_calibration`` made once for this run of the stage, when first asked (a local of ``run``: nothing is kept
+    on the stage between runs)."""
+    return functools.cache(functools.partial(_calibration, stage, state, ctx))
+
+
+def _controlled(stage: Stage, state, ctx, result: StageResult, fp32: dict, int8: dict | None,
+                calibration: Callable) -> StageResult:
+    """``sensitivity``: the sensitivity table and the max_drop fallback (qat/sensitivity.py) added to ``result``,
     after the quantized model's ``smooth_quant_inputs`` (both stages' results pass through here)."""
     if result.handle is not None:
         result.metrics["smooth_quant_inputs"] = smoothed_inputs(result.handle.module)
-    spec = stage.config.accuracy_control
+    spec = stage.config.sensitivity
     if spec is None or result.handle is None:
         return result
     handle = result.handle
-    metrics, tables, gates = accuracy_control(spec, stage.id, stage.loc("accuracy_control"), handle.module, handle.float_module(),
-                                              _calibration(stage, state, ctx), state, ctx, fp32=fp32, int8=int8)
+    metrics, tables, gates = sensitivity_control(spec, stage.id, stage.loc("sensitivity"), handle.module, handle.float_module(),
+                                              calibration(), state, ctx, fp32=fp32, int8=int8)
     result.metrics.update(metrics)
     result.tables.update(tables)
     result.gates += gates
     return result
 
 
-def _int8(stage: Stage, state, ctx) -> ModelHandle:
+def _compared(task, fp32: dict, int8: dict, samples: int) -> dict:
+    """The stage's headline figures: the task's headline metric of the quantized model, of the float model that
+    entered the stage (``_fp32``), how much worse the first is in the metric's direction (``_drop``), and
+    ``eval_samples``."""
+    headline = task.headline
+    name = headline.name
+    return {name: int8[name], f"{name}_fp32": fp32[name], f"{name}_drop": headline.worsening(fp32[name], int8[name]),
+            "eval_samples": samples}
+
+
+def _int8(stage: Stage, state, ctx, calibration: Callable) -> ModelHandle:
     """The quantized model as an ``nncf`` handle whose float base is the model that entered quantization
     (checkpoints rebuild the quantizers on it; fp32/fp16 exports copy the trained weights into it).
 
@@ -133,9 +128,7 @@ def _int8(stage: Stage, state, ctx) -> ModelHandle:
     if snapped:
         ctx.reporter.info(f"{stage.id}: word-embedding table(s) {', '.join(snapped)} put on the int8 grid the export "
                           "stores them in (weight-only, per-row scales) and frozen")
-    quantized = quantize(state.model, _calibration(stage, state, ctx), ignore=cfg.ignore, preset=cfg.preset,
-                         batch_size=cfg.batch_size, activations=cfg.activations, ignore_loc=stage.loc("ignore"),
-                         model_type=cfg.model_type, smooth_quant=cfg.smooth_quant)
+    quantized = quantize(state.model, calibration(), cfg, ignore_loc=stage.loc("ignore"))
     smoothed = smoothed_inputs(quantized)
     if smoothed:
         ctx.reporter.info(f"{stage.id}: SmoothQuant (alpha {cfg.smooth_quant:g}) rescaled {smoothed} quantized Linear input(s) "
@@ -144,15 +137,13 @@ def _int8(stage: Stage, state, ctx) -> ModelHandle:
 
 
 def _check_model(stage: Stage, model: nn.Module, batch) -> list[str]:
-    """Before any stage of the run trains: NNCF can quantize ``model`` with this stage's settings
-    (``qat/nncf_preflight.py``), else a ConfigError on the stage naming the module and the `ignore` fix."""
+    """``Stage.check_model``, before any stage of the run trains: NNCF can quantize ``model`` with this stage's
+    settings (``qat/nncf_preflight.py``), else a ConfigError on the stage naming the module and the `ignore` fix."""
     if not stage.quantizes(stage.config):
         return []
     from .nncf_preflight import check_quantizable
 
-    cfg = stage.config
-    return check_quantizable(model, batch, ignore=cfg.ignore, preset=cfg.preset, loc=stage.loc(), model_type=cfg.model_type,
-                             smooth_quant=cfg.smooth_quant)
+    return check_quantizable(model, batch, stage.config, loc=stage.loc())
 
 
 class PtqStage(Stage[PtqConfig]):
@@ -177,17 +168,16 @@ class PtqStage(Stage[PtqConfig]):
 
     def run(self, state, ctx):
         # Both on the whole eval split (eval_samples says how many): these are the figures gates compare, and
-        # accuracy_fp32 is the model the fp32/fp16 artifacts are made from (the float base, untouched by PTQ's
+        # <headline>_fp32 is the model the fp32/fp16 artifacts are made from (the float base, untouched by PTQ's
         # bias correction).
         before = evaluate_model(state.model, state.data.eval, state.task, ctx.recipe.data.eval_batch_size, ctx.device,
                                 ctx.reporter, f"{self.id} fp32")
-        handle = _int8(self, state, ctx)
+        calibration = _calibration_of_run(self, state, ctx)
+        handle = _int8(self, state, ctx, calibration)
         after = evaluate_model(handle.module, state.data.eval, state.task, ctx.recipe.data.eval_batch_size, ctx.device,
                                ctx.reporter, f"{self.id} int8")
-        result = StageResult(metrics={"accuracy": after["accuracy"], "accuracy_fp32": before["accuracy"],
-                                      "accuracy_drop": before["accuracy"] - after["accuracy"], "eval_samples": len(state.data.eval)},
-                             handle=handle)
-        return _controlled(self, state, ctx, result, before, after)
+        result = StageResult(metrics=_compared(state.task, before, after, len(state.data.eval)), handle=handle)
+        return _controlled(self, state, ctx, result, before, after, calibration)
 
 
 class QatStage(Stage[QatConfig]):
@@ -199,6 +189,7 @@ class QatStage(Stage[QatConfig]):
     Config = QatConfig
     modifies_model = True
     needs_train_split = True
+    runs_under_ddp = True
     check_model = _check_model
 
     @classmethod
@@ -215,15 +206,16 @@ class QatStage(Stage[QatConfig]):
     def run(self, state, ctx):
         cfg = self.config
         teacher = frozen_copy(state.model) if cfg.distill else None
+        calibration = _calibration_of_run(self, state, ctx)
         rows = []
         entering = evaluate_model(state.model, state.data.eval, state.task, ctx.recipe.data.eval_batch_size, ctx.device,
                                   ctx.reporter, f"{self.id} fp32")
-        fp32 = entering["accuracy"]
-        rows.append({"phase": "entering", "precision": "fp32", "epochs": 0, "accuracy": fp32})
+        headline = state.task.headline_name
+        rows.append({"phase": "entering", "precision": "fp32", "epochs": 0, headline: entering[headline]})
         quantized = None  # the int8 phase's handle: later phases train its module; the pipeline installs it
         for i, phase in enumerate(cfg.schedule, 1):
             if phase.precision == "int8":
-                quantized = _int8(self, state, ctx)
+                quantized = _int8(self, state, ctx, calibration)
                 # Under torchrun every rank initialises the ranges from the same calibration set; rank 0's
                 # quantizer parameters and buffers are then broadcast, so the ranks start QAT identical.
                 distributed.sync_state(quantized.module)
@@ -232,18 +224,18 @@ class QatStage(Stage[QatConfig]):
             rounding = fp16_rounding(model) if phase.precision == "fp16" else contextlib.nullcontext()
             with rounding:
                 if phase.epochs:
-                    accuracy = self._train(model, state, ctx, teacher, settings, phase, f"{self.id} {phase.precision}")
+                    value = self._train(model, state, ctx, teacher, settings, phase, f"{self.id} {phase.precision}")
                 else:
-                    accuracy = evaluate_model(model, state.data.eval, state.task, ctx.recipe.data.eval_batch_size,
-                                              ctx.device, ctx.reporter, f"{self.id} {phase.precision}")["accuracy"]
-            rows.append({"phase": i, "precision": phase.precision, "epochs": phase.epochs, "accuracy": accuracy})
-        # Every phase's accuracy is measured on the whole eval split (fit evaluates its last epoch there).
-        metrics = {"accuracy": rows[-1]["accuracy"], "accuracy_fp32": fp32, "accuracy_drop": fp32 - rows[-1]["accuracy"],
-                   "eval_samples": len(state.data.eval)}
+                    value = evaluate_model(model, state.data.eval, state.task, ctx.recipe.data.eval_batch_size,
+                                           ctx.device, ctx.reporter, f"{self.id} {phase.precision}")[headline]
+            rows.append({"phase": i, "precision": phase.precision, "epochs": phase.epochs, headline: value})
+        # Every phase's metric is measured on the whole eval split (fit evaluates its last epoch there).
+        final = {headline: rows[-1][headline]}
+        metrics = _compared(state.task, entering, final, len(state.data.eval))
         for row in rows[1:]:
-            metrics[f"accuracy_{row['precision']}"] = row["accuracy"]
+            metrics[f"{headline}_{row['precision']}"] = row[headline]
         result = StageResult(metrics=metrics, tables={"phases": rows}, handle=quantized)
-        return _controlled(self, state, ctx, result, entering, {"accuracy": rows[-1]["accuracy"]})
+        return _controlled(self, state, ctx, result, entering, final, calibration)
 
     def _train(self, model: nn.Module, state, ctx, teacher, settings, phase, description) -> float:
         """Train ``model`` (the entering float module, or the int8 phase's quantized one) for one phase."""
@@ -274,4 +266,4 @@ class QatStage(Stage[QatConfig]):
                 distiller.close()
             for p in ranges:
                 p.requires_grad_(True)
-        return history[-1]["eval_accuracy"]
+        return history[-1][f"eval_{state.task.headline_name}"]

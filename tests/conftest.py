@@ -1,9 +1,12 @@
-"""Shared fixtures: the real data beside the checkout, and a small recipe writer."""
+"""Shared fixtures: the real data beside the checkout, and a small recipe writer; the `slow` marker applied by
+what a test does (it runs a recipe end to end)."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import pytest
 import torch
@@ -16,15 +19,89 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 
-# Module-scoped end-to-end runs (tens of seconds each on 2 cores): every test that reads one is marked
-# `slow`, so `make test-fast` (pytest -m "not slow") skips them; `make test` (CI) runs everything.
-SLOW_FIXTURES = {"quickstart", "qat_run", "depth_run"}
+# --------------------------------------------------------------------------- the `slow` marker
+# A test that runs a recipe end to end (run_recipe past its preflight, the CLI's `optimize` in-process or in a
+# subprocess) is `slow`: `make test-fast` (pytest -m "not slow") skips it, `make test` (CI) runs everything.
+# - A fixture that runs one says so with @runs_a_recipe (under @pytest.fixture): every test whose fixture
+#   closure holds it is marked slow at collection.
+# - A test that runs one itself carries @pytest.mark.slow.
+# The guard below enforces both: in a test not marked slow, a recipe run (or a subprocess running `optimize`)
+# fails the test, naming the mark it lacks, before any stage runs.
+
+F = TypeVar("F", bound=Callable)
+
+
+def runs_a_recipe(fixture: F) -> F:
+    """Mark a fixture function (below ``@pytest.fixture``) as one that runs a recipe: its tests become slow."""
+    fixture.runs_a_recipe = True  # type: ignore[attr-defined]
+    return fixture
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+        info = getattr(item, "_fixtureinfo", None)
+        defs = [d for ds in (info.name2fixturedefs.values() if info else ()) for d in ds]
+        if any(getattr(d.func, "runs_a_recipe", False) for d in defs):
             item.add_marker(pytest.mark.slow)
+
+
+_RUNNING: dict[str, pytest.Item | None] = {"item": None}
+_UNMARKED: dict[str, str] = {}  # node id → the recipe run it made unmarked (failed even if the test caught it)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    _RUNNING["item"] = item  # setup (module fixtures included), call and teardown of this test
+    try:
+        return (yield)
+    finally:
+        _RUNNING["item"] = None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    report = yield
+    if item.nodeid in _UNMARKED and call.when != "teardown" and not report.failed:
+        report.outcome, report.longrepr = "failed", _UNMARKED[item.nodeid]
+    return report
+
+
+def refuse_unless_slow(what: str) -> None:
+    """Fail the running test unless it is marked slow: it is about to run ``what`` (a recipe end to end)."""
+    item = _RUNNING["item"]
+    if item is None or item.get_closest_marker("slow") is not None:
+        return
+    _UNMARKED[item.nodeid] = (
+        f"{item.nodeid} runs {what} but is not marked slow, so `make test-fast` would run it: add "
+        "@pytest.mark.slow to the test, or @runs_a_recipe (tests/conftest.py) under the @pytest.fixture that runs it."
+    )
+    pytest.fail(_UNMARKED[item.nodeid], pytrace=False)
+
+
+def _guard_recipe_runs() -> None:
+    """Wrap the pipeline's run past preflight (lock, run folder, stages) and subprocesses running `optimize`."""
+    import pruneflow.pipeline as pipeline
+
+    run_locked = pipeline._run_locked
+
+    def guarded_run_locked(loaded, *args, **kwargs):
+        refuse_unless_slow(f"the recipe {loaded.recipe.name!r} end to end (pruneflow.pipeline.run_recipe)")
+        return run_locked(loaded, *args, **kwargs)
+
+    pipeline._run_locked = guarded_run_locked
+    popen_init = subprocess.Popen.__init__
+
+    def guarded_popen_init(self, args, *rest, **kwargs):
+        argv = [str(a) for a in args] if isinstance(args, (list, tuple)) else str(args).split()
+        if "optimize" in argv and any(a in ("cli", "pruneflow") or a.endswith("/pruneflow") for a in argv):
+            shown = " ".join([Path(argv[0]).name, *argv[1:]])
+            refuse_unless_slow(f"`{shown[:160]}` in a subprocess")
+        popen_init(self, args, *rest, **kwargs)
+
+    subprocess.Popen.__init__ = guarded_popen_init  # type: ignore[method-assign]
+
+
+_guard_recipe_runs()
 
 
 @pytest.fixture(scope="session")
@@ -106,6 +183,8 @@ def write_recipe(tmp_path):
 
 class EvalOnly:
     """The loop's tuner when `finetune` is null: the accuracy on a fixed batch, no training."""
+
+    metric = "accuracy"
 
     def __init__(self, x, y):
         self.x, self.y = x, y

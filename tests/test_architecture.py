@@ -1,8 +1,10 @@
-"""The shape of the house, checked from the source: no import circles, the core never imports a plugin,
-no function over 60 lines, no backslash continuations.
+"""The shape of the house, checked from the source: imports go down the layers of docs/architecture.md (its
+layer table is read from the doc, so the two cannot drift), no import circles, the core never imports a
+plugin, no function over 60 lines, no backslash continuations.
 
 Read with ``ast``/``tokenize`` (nothing is imported), so an import inside a function or under
-``TYPE_CHECKING`` counts as much as one at the top: a circle hidden in a function still tangles the layers.
+``TYPE_CHECKING`` counts as much as one at the top: a circle hidden in a function still tangles the layers,
+and an annotation naming a type from a layer above makes the lower layer's contract depend on it.
 Each ``KNOWN_*`` constant lists the offenders other branches of issue 11 are removing; it must match
 exactly (a fixed offender still listed fails too), and is emptied once those branches are merged.
 """
@@ -11,12 +13,14 @@ from __future__ import annotations
 
 import ast
 import io
+import re
 import tokenize
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+ARCHITECTURE_DOC = ROOT / "docs" / "architecture.md"
 PACKAGES = ("pruneflow", "qat", "calibrate")
 PLUGINS = ("qat", "calibrate", "nncf")  # what the core reaches only through entry points (or not at all)
 MAX_FUNCTION_LINES = 60
@@ -28,6 +32,8 @@ KNOWN_PLUGIN_IMPORTS: set[str] = set()
 # The one-round-loop branch of issue 11 splits these.
 KNOWN_LONG_FUNCTIONS: set[str] = set()
 KNOWN_BACKSLASH_FILES: set[str] = set()
+# Imports against the layer table of docs/architecture.md ("importer → imported"); issue 23 emptied it.
+KNOWN_WRONG_WAY: set[str] = set()
 
 
 def rel(path: Path) -> str:
@@ -42,17 +48,17 @@ def python_files(*tops: str) -> list[Path]:
     return files
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imported_names(path: Path) -> list[tuple[int, str]]:
+def imported_names(path: Path, root: Path = ROOT) -> list[tuple[int, str]]:
     """Every module an import statement names, absolute (relative ones resolved), with its line.
 
     ``from a import b`` yields both ``a`` and ``a.b``: ``b`` may be a submodule.
     """
-    module = module_name(path)
+    module = module_name(path, root)
     package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
     found = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -77,6 +83,126 @@ def import_graph() -> dict[str, set[str]]:
             if name and name != module:
                 graph[module].add(name)
     return graph
+
+
+def layer_table(doc: str) -> list[tuple[str, list[str]]]:
+    """The layer table of docs/architecture.md, top layer first: ``[(layer, [entry, ...]), ...]``.
+
+    The markdown table whose header starts ``| layer | modules |``; each entry is a backticked path from the
+    repository root: ``a/b.py`` names one file, ``a/b/`` every file under that folder.
+    """
+    lines = doc.splitlines()
+    header = next((i for i, line in enumerate(lines) if _cells(line)[:2] == ["layer", "modules"]), None)
+    assert header is not None, "no `| layer | modules |` table in docs/architecture.md"
+    rows = []
+    for line in lines[header + 2 :]:
+        if not line.startswith("|"):
+            break
+        cells = _cells(line)
+        rows.append((cells[0].strip("`*"), re.findall(r"`([^`]+)`", cells[1])))
+    return rows
+
+
+def _cells(line: str) -> list[str]:
+    return [cell.strip() for cell in line.strip().strip("|").split("|")] if line.startswith("|") else []
+
+
+def layers_of(table: list[tuple[str, list[str]]], files: list[Path], root: Path = ROOT) -> dict[str, list[int]]:
+    """Module → the level (0 = the bottom row of the table) of every row with an entry naming its file."""
+    bottom_first = list(reversed(table))
+    found = {}
+    for path in files:
+        name = path.relative_to(root).as_posix()
+        found[module_name(path, root)] = [
+            level for level, (_, entries) in enumerate(bottom_first)
+            if any(name == entry or (entry.endswith("/") and name.startswith(entry)) for entry in entries)
+        ]
+    return found
+
+
+def wrong_way_imports(table: list[tuple[str, list[str]]], files: list[Path], root: Path = ROOT) -> dict[str, list[str]]:
+    """``"importer → imported"`` → its ``file:line`` list, for every import of one of ``files`` from a layer
+    below the imported one (a name resolves to its longest prefix that is one of ``files``' modules)."""
+    levels = {module: found[0] for module, found in layers_of(table, files, root).items() if len(found) == 1}
+    paths = {module_name(path, root): path for path in files}
+    wrong: dict[str, list[str]] = {}
+    for module, path in paths.items():
+        for line, name in imported_names(path, root):
+            while name and name not in paths:
+                name = name.rpartition(".")[0]
+            where = f"{path.relative_to(root).as_posix()}:{line}"
+            if name in levels and module in levels and levels[name] > levels[module]:
+                if where not in wrong.setdefault(f"{module} → {name}", []):
+                    wrong[f"{module} → {name}"].append(where)
+    return wrong
+
+
+def test_the_layer_table_is_read_from_the_doc():
+    """Each row names its layer and files or folders that exist; cli.py on top, errors.py at the bottom."""
+    table = layer_table(ARCHITECTURE_DOC.read_text())
+    assert len(table) >= 2 and all(layer and entries for layer, entries in table), table
+    missing = [e for _, entries in table for e in entries if not (ROOT / e).exists() or e.endswith("/") != (ROOT / e).is_dir()]
+    assert not missing, f"layer table entries that name no file or folder: {missing}"
+    assert "cli.py" in table[0][1] and "pruneflow/errors.py" in table[-1][1]
+
+
+def test_every_module_is_in_exactly_one_layer():
+    found = layers_of(layer_table(ARCHITECTURE_DOC.read_text()), python_files(*PACKAGES, "cli.py"))
+    unplaced = sorted(m for m, levels in found.items() if not levels)
+    doubled = sorted(m for m, levels in found.items() if len(levels) > 1)
+    assert not unplaced and not doubled, (
+        f"modules in no layer: {unplaced}; in more than one: {doubled}. Place each in the layer table of "
+        "docs/architecture.md (## Layers)."
+    )
+
+
+def test_imports_go_down_the_layers():
+    """Each module imports only from its own layer or below (function-level and TYPE_CHECKING imports too)."""
+    wrong = wrong_way_imports(layer_table(ARCHITECTURE_DOC.read_text()), python_files(*PACKAGES, "cli.py"))
+    assert set(wrong) == KNOWN_WRONG_WAY, (
+        f"imports against the layer table of docs/architecture.md: {wrong}; known: {sorted(KNOWN_WRONG_WAY)}. "
+        "Move what is needed down a layer, or invert the dependency (the lower layer takes a callable or a "
+        "registry entry); drop a fixed one from KNOWN_WRONG_WAY."
+    )
+
+
+PLANTED_DOC = """
+| layer | modules | what |
+|---|---|---|
+| top | `app/` | the front |
+| bottom | `base.py`, `util/` | below everything |
+"""
+
+
+def test_the_layer_check_fails_on_a_planted_wrong_way_import(tmp_path):
+    """An import up the table is found wherever it hides: at the top, in a function, under TYPE_CHECKING."""
+    files = {
+        "app/__init__.py": "",
+        "app/main.py": "from base import thing\nfrom util.deep import other\n",
+        "base.py": "import app.main\n\ndef thing():\n    from app import main\n",
+        "util/__init__.py": "",
+        "util/deep.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from app.main import x\nfrom base import thing\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    table = layer_table(PLANTED_DOC)
+    assert table == [("top", ["app/"]), ("bottom", ["base.py", "util/"])]
+    found = wrong_way_imports(table, sorted(tmp_path.rglob("*.py")), tmp_path)
+    assert found == {"base → app.main": ["base.py:1", "base.py:4"], "base → app": ["base.py:4"],
+                     "util.deep → app.main": ["util/deep.py:3"]}
+
+
+def test_the_real_table_catches_a_kernel_module_importing_the_pipeline(tmp_path):
+    """The doc's own table, with a function-level import of the pipeline planted in errors.py."""
+    for name in ("pruneflow/__init__.py", "pruneflow/pipeline.py", "pruneflow/errors.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text((ROOT / name).read_text() if name != "pruneflow/pipeline.py" else "")
+    planted = tmp_path / "pruneflow" / "errors.py"
+    planted.write_text(planted.read_text() + "\n\ndef planted():\n    from .pipeline import run_recipe\n")
+    table = layer_table(ARCHITECTURE_DOC.read_text())
+    found = wrong_way_imports(table, sorted(tmp_path.rglob("*.py")), tmp_path)
+    assert list(found) == ["pruneflow.errors → pruneflow.pipeline"], found
 
 
 def circles(graph: dict[str, set[str]]) -> list[set[str]]:

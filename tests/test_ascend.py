@@ -332,6 +332,7 @@ def _ascend_recipe(target: dict, precisions=("fp32", "fp16"), **data) -> dict:
                 {"type": "export", "targets": ["onnx", target], "precisions": list(precisions), "latency": None}])
 
 
+@pytest.mark.slow
 def test_pipeline_prepares_one_bundle_per_precision_without_atc(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", os.defpath)
     assert shutil.which("atc") is None
@@ -377,6 +378,7 @@ def test_required_does_not_take_an_atc_outside_a_cann_toolkit(tmp_path, monkeypa
     assert not list((tmp_path / "runs").glob("*/stages/*"))
 
 
+@pytest.mark.slow
 def test_required_with_a_failing_atc_stops_the_export(tmp_path, monkeypatch):
     _stand_in_atc(tmp_path, monkeypatch, 'case "$*" in *--output=model*) echo "E19999: Inner Error!"; exit 1;; esac', toolkit=True)
     recipe = _ascend_recipe({"type": "ascend", "required": True}, precisions=("fp16",))
@@ -386,6 +388,7 @@ def test_required_with_a_failing_atc_stops_the_export(tmp_path, monkeypatch):
     assert status["status"] == "failed" and status["atc"]["cann_version"] == "8.0.0"
 
 
+@pytest.mark.slow
 def test_a_failing_atc_on_a_target_not_required_fails_a_build_gate_and_keeps_the_bundle(tmp_path, monkeypatch):
     """The vendor tool ran and refused: status failed, ATC's own message in a failed `ascend.fp16.build` gate
     (exit 1, as any gate), the bundle kept for whoever debugs it; the other artifacts are measured as usual."""
@@ -414,6 +417,7 @@ def _bert_recipe(tmp_path: Path, target: dict) -> dict:
 TEXT_INPUTS = ["input_ids", "attention_mask", "token_type_ids"]
 
 
+@pytest.mark.slow
 def test_a_tiny_bert_gets_a_static_opset_11_onnx_on_the_cann_list_and_one_atc_shape_per_input(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", os.defpath)
     _, result = run_recipe_dict(_bert_recipe(tmp_path, {"type": "ascend", "batch": 2}), tmp_path)
@@ -465,6 +469,7 @@ def test_a_stand_in_atc_gets_every_inputs_shape_on_its_command_line(tmp_path, mo
                                                  "--precision_mode=force_fp16")
 
 
+@pytest.mark.slow
 def test_aipp_on_a_text_model_is_refused_with_the_fix(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", os.defpath)
     _, result = run_recipe_dict(_bert_recipe(tmp_path, {"type": "ascend", "aipp": True}), tmp_path)

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import invoke, run_recipe_dict, tiny_recipe_dict
+from conftest import invoke, run_recipe_dict, runs_a_recipe, tiny_recipe_dict
 
 FAST = ["--runs", "5", "--warmup", "1", "--threads", "1"]
 
@@ -36,6 +36,7 @@ def no_train_run(folder: Path, name: str, width: int) -> Path:
 
 
 @pytest.fixture(scope="module")
+@runs_a_recipe
 def runs(tmp_path_factory) -> tuple[Path, Path]:
     tmp = tmp_path_factory.mktemp("bench")
     return no_train_run(tmp / "a", "narrow", 8), no_train_run(tmp / "b", "wide", 16)
@@ -82,14 +83,15 @@ def test_json_figures_are_consistent(ab_json):
         assert r["baseline_runtime"] == r["runtime_label"]  # the baseline ran on every runtime here
         assert r["speedup"] == pytest.approx(ref["p50_ms"] / r["p50_ms"])
         assert r["size_reduction"] == pytest.approx(sizes[ab_json["baseline"]]["size_bytes"] / r["size_bytes"])
-        assert r["accuracy_delta"] == pytest.approx(r["accuracy"] - ref["accuracy"])
+        assert r["metric"] == "accuracy" and r["metric_direction"] == "higher"  # the classification task's headline
+        assert r["metric_delta"] == pytest.approx(r["metric_value"] - ref["metric_value"])
         assert r["shape"] == [r["batch"], 1, 8, 8]
     # sizes on disk: an IR counts its .bin, and the wider model is bigger
     ir = sizes["narrow/openvino.fp32"]
     xml = Path(ir["path"])
     assert ir["size_bytes"] == xml.stat().st_size + xml.with_suffix(".bin").stat().st_size
     assert sizes["wide/onnx.fp32"]["size_bytes"] > sizes["narrow/onnx.fp32"]["size_bytes"]
-    assert all(v["accuracy"] is not None and "eval split of digits" in v["timed_on"] for v in ab_json["variants"])
+    assert all(v["metric_value"] is not None and "eval split of digits" in v["timed_on"] for v in ab_json["variants"])
 
 
 def test_openvino_default_and_forced_f32_are_both_reported_and_labelled(ab_json):
@@ -161,7 +163,7 @@ def test_prometheus_file_parses_and_holds_every_figure(ab_json):
     by_quantile = {labels["quantile"]: v for labels, v in latency if {**labels, "quantile": ""} == {**wanted, "quantile": ""}}
     assert by_quantile == {"0.5": row["p50_ms"], "0.9": row["p90_ms"], "0.99": row["p99_ms"]}
     names = {name for name, _, _ in samples}
-    assert {"pruneflow_throughput", "pruneflow_size_bytes", "pruneflow_accuracy", "pruneflow_speedup"} <= names
+    assert {"pruneflow_throughput", "pruneflow_size_bytes", "pruneflow_metric", "pruneflow_speedup"} <= names
     sizes = {(labels["model"], labels["variant"]): v for name, labels, v in samples if name == "pruneflow_size_bytes"}
     assert sizes[("wide", "onnx.fp16")] == next(v["size_bytes"] for v in ab_json["variants"] if v["name"] == "wide/onnx.fp16")
 
@@ -170,9 +172,9 @@ def test_prometheus_label_values_are_escaped():
     from pruneflow.benchmark.exposition import _sample, escape_label
 
     assert escape_label('a"b\\c\nd') == 'a\\"b\\\\c\\nd'
-    line = _sample("pruneflow_accuracy", {"model": 'run "x"\\y\nz', "variant": "onnx.fp32"}, 0.5)
-    text = f"# HELP pruneflow_accuracy a\n# TYPE pruneflow_accuracy gauge\n{line}\n"
-    assert parse_prometheus(text) == [("pruneflow_accuracy", {"model": 'run "x"\\y\nz', "variant": "onnx.fp32"}, 0.5)]
+    line = _sample("pruneflow_metric", {"model": 'run "x"\\y\nz', "variant": "onnx.fp32"}, 0.5)
+    text = f"# HELP pruneflow_metric a\n# TYPE pruneflow_metric gauge\n{line}\n"
+    assert parse_prometheus(text) == [("pruneflow_metric", {"model": 'run "x"\\y\nz', "variant": "onnx.fp32"}, 0.5)]
 
 
 # --------------------------------------------------------------------------- HTML in a real browser
@@ -280,9 +282,9 @@ def test_a_bare_artifact_is_timed_on_random_input_of_its_shape_and_one_in_a_run_
     data = json.loads(result.stdout)
     by_name = {v["name"]: v for v in data["variants"]}
     assert by_name[str(bare)]["timed_on"].startswith("random values, shape [B,1,8,8] float32")
-    assert by_name[str(bare)]["accuracy"] is None and by_name[str(bare)]["precision"] == "fp32"
-    in_run = by_name["narrow/openvino.fp16"]  # found in its run's manifest: label, accuracy and data
-    assert in_run["accuracy"] is not None and in_run["timed_on"].startswith("eval split of digits")
+    assert by_name[str(bare)]["metric_value"] is None and by_name[str(bare)]["precision"] == "fp32"
+    in_run = by_name["narrow/openvino.fp16"]  # found in its run's manifest: label, headline metric and data
+    assert in_run["metric_value"] is not None and in_run["timed_on"].startswith("eval split of digits")
     assert data["baseline"] == str(bare)
 
 
@@ -348,6 +350,7 @@ def test_two_runs_of_one_recipe_are_told_apart_by_their_folders(runs, tmp_path):
 
 
 @pytest.fixture(scope="module")
+@runs_a_recipe
 def int8_run(tmp_path_factory) -> Path:
     """A trained, post-training-quantized run exporting fp32 and int8 to onnx and openvino (NNCF: slow)."""
     tmp = tmp_path_factory.mktemp("bench-int8")
@@ -376,7 +379,7 @@ def test_int8_artifacts_of_a_quantized_run_are_compared_with_its_fp32_baseline(i
         assert row["speedup"] == pytest.approx(
             next(b["p50_ms"] for b in data["results"] if b["variant"] == data["baseline"]
                  and b["runtime_label"] == row["baseline_runtime"] and b["batch"] == row["batch"]) / row["p50_ms"])
-        assert abs(row["accuracy_delta"]) <= 0.1
+        assert abs(row["metric_delta"]) <= 0.1
     assert "batch 16 of int8: ratios against int8/onnx.fp32" in result.output  # one run: rows named by label
     assert "│ onnx.int8 " in result.output and "│ openvino.int8 " in result.output
 

@@ -16,6 +16,7 @@ pytest.importorskip("nncf")
 
 from calibrate.calibset import CalibrationSet  # noqa: E402
 from qat.nncf_quant import has_attention, quantize, resolve_model_type, strip_quantizers  # noqa: E402
+from qat.settings import NncfSettings  # noqa: E402
 
 VOCAB = 1000
 
@@ -49,7 +50,7 @@ def quantized_bert():
     """(float model, NNCF-quantized model, calibration inputs): PTQ with model_type auto."""
     model = _tiny_bert()
     x = _tokens()
-    return model, quantize(copy.deepcopy(model), CalibrationSet(x=x), batch_size=16), x
+    return model, quantize(copy.deepcopy(model), CalibrationSet(x=x), NncfSettings(batch_size=16)), x
 
 
 def _quantizer_names(model: nn.Module) -> list[str]:
@@ -169,7 +170,7 @@ def test_smooth_quant_evens_out_an_outlier_channel_and_survives_export_and_reloa
         ref = model(**held_out)
     snr = {}
     for alpha in (None, 0.95):
-        q = quantize(copy.deepcopy(model), CalibrationSet(x=x), batch_size=16, smooth_quant=alpha).eval()
+        q = quantize(copy.deepcopy(model), CalibrationSet(x=x), NncfSettings(batch_size=16, smooth_quant=alpha)).eval()
         scales = [m.scale for m in q.modules() if isinstance(m, SQMultiply)]
         assert bool(scales) == (alpha is not None)
         assert not any(s.requires_grad for s in scales), "QAT trains the weights and ranges, not the SmoothQuant scales"

@@ -177,6 +177,7 @@ def test_penultimate_features_are_the_classifier_inputs():
         assert np.allclose(feats, model.features(x).numpy(), atol=1e-6)
 
 
+@pytest.mark.slow
 def test_calibrate_stage_in_a_recipe_and_resume(tmp_path, write_recipe):
     from pruneflow.pipeline import run_recipe
 

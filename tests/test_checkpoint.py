@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from pruneflow.artifacts import Artifact, Manifest
-from pruneflow.checkpoint import FORMAT, FORMAT_V1, describe_structure, load_checkpoint, save_checkpoint
+from pruneflow.checkpoint import FORMAT, describe_structure, load_checkpoint, save_checkpoint
 from pruneflow.errors import InputError
 from pruneflow.handle import ModelHandle
 
@@ -75,7 +75,7 @@ def test_a_pickled_module_is_refused_and_runs_no_code_even_when_a_manifest_lists
     run_dir = tmp_path / "run"
     path = run_dir / "stages" / "02-prune" / "model.pt"
     path.parent.mkdir(parents=True)
-    torch.save({"format": FORMAT_V1, "state_dict": _model().state_dict(), "module": _model(out=2),
+    torch.save({"format": "pruneflow-checkpoint/1", "state_dict": _model().state_dict(), "module": _model(out=2),
                 "trap": _Trap(str(marker))}, path)
     manifest = Manifest(run_dir, "test")  # our own manifest, recording the file's exact sha256
     manifest.add_stage({"id": "prune"}, [Artifact.from_file(run_dir, path, kind="checkpoint", producer="prune")])
@@ -86,22 +86,40 @@ def test_a_pickled_module_is_refused_and_runs_no_code_even_when_a_manifest_lists
     assert not marker.exists()
 
 
-def test_checkpoints_of_the_previous_format_still_load(tmp_path):
-    """Run folders written before the model handle: a bare state_dict, or a state_dict with a structure."""
-    model = _model().eval()
-    torch.save({"format": FORMAT_V1, "state_dict": model.state_dict()}, tmp_path / "plain.pt")
-    fresh = _model(seed=1)
-    loaded = load_checkpoint(tmp_path / "plain.pt", into=fresh)
-    assert loaded.kind == "float" and loaded.module is fresh
-    x = torch.randn(5, 4)
-    assert torch.equal(loaded.module.eval()(x), model(x))
+def test_a_checkpoint_of_an_earlier_format_is_refused_with_the_fix(tmp_path):
+    """Only the current format is read (this young project keeps no reader for earlier ones)."""
     pruned = _model(out=2).eval()
-    torch.save({"format": FORMAT_V1, "state_dict": pruned.state_dict(), "structure": describe_structure(pruned)},
-               tmp_path / "pruned.pt")
-    loaded = load_checkpoint(tmp_path / "pruned.pt", into=_model(out=3))
-    assert loaded.module[0].out_features == 2 and torch.equal(loaded.module.eval()(x), pruned(x))
-    with pytest.raises(InputError, match=r"plain\.pt does not fit the model built from the recipe"):
-        load_checkpoint(tmp_path / "plain.pt", into=_model(out=5))
+    torch.save({"format": "pruneflow-checkpoint/1", "state_dict": pruned.state_dict(), "structure": describe_structure(pruned)},
+               tmp_path / "old.pt")
+    with pytest.raises(InputError, match=r"old\.pt is a pruneflow checkpoint of another format \(pruneflow-checkpoint/1\); "
+                                          f"this version reads {FORMAT}") as info:
+        load_checkpoint(tmp_path / "old.pt", into=_model(out=3))
+    assert "re-run the stage" in info.value.hint
+
+
+def test_a_module_class_is_rebuilt_only_when_registered(tmp_path):
+    """A checkpoint holding a module of another class than the recipe model's reloads when that class is
+    registered under ``registry.rebuildable_modules`` (by whoever puts it in models); otherwise it does not fit."""
+    from pruneflow import registry
+
+    class Gate(nn.Module):  # a third party's rewrite of the ReLU, with a plain attribute
+        def __init__(self, slope: float = 0.0):
+            super().__init__()
+            self.slope = slope
+
+        def forward(self, x):
+            return torch.where(x > 0, x, self.slope * x)
+
+    model = _model().eval()
+    model[1] = Gate(0.25)
+    save_checkpoint(ModelHandle(model), tmp_path / "m.pt")
+    with pytest.raises(InputError, match="module '1' is a ReLU, the checkpoint's a Gate"):
+        load_checkpoint(tmp_path / "m.pt", into=_model())
+    with registry.rebuildable_modules.registered("Gate", Gate):
+        loaded = load_checkpoint(tmp_path / "m.pt", into=_model(seed=1))
+    x = torch.randn(5, 4)
+    assert isinstance(loaded.module[1], Gate) and loaded.module[1].slope == 0.25
+    assert torch.equal(loaded.module.eval()(x), model(x))
 
 
 def test_files_that_are_not_pruneflow_checkpoints(tmp_path):

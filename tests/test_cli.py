@@ -22,7 +22,7 @@ from pruneflow import __version__, registry
 from pruneflow.errors import MissingDependencyError
 from pruneflow.recipe.models import recipe_model, target_union
 from pruneflow.stage import Stage, StageConfig, StageResult, Target, TargetConfig
-from conftest import invoke, write
+from conftest import invoke, runs_a_recipe, write
 
 # No forced colours (a CI variable could otherwise put ANSI codes between the words we look for).
 runner = CliRunner(env={"FORCE_COLOR": None, "COLUMNS": "200"})
@@ -124,6 +124,7 @@ def plugins():
 
 
 @pytest.fixture(scope="module")
+@runs_a_recipe
 def tiny_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny")
     recipe = write(root / "tiny.yaml", tiny())
@@ -166,6 +167,7 @@ def test_optimize_tiny_recipe_exits_0_and_writes_the_run(tiny_run):
     assert "PASSED" in (run_dir / "report.md").read_text()
 
 
+@pytest.mark.slow
 def test_optimize_prints_a_summary_without_json(tmp_path):
     recipe = write(tmp_path / "r.yaml", no_train())
     result = invoke("optimize", recipe, "--out", tmp_path / "runs")
@@ -225,6 +227,7 @@ def test_json_on_an_invalid_recipe(tmp_path):
 # --------------------------------------------------------------------------- exit 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "gates, args, failing",
     [
@@ -255,6 +258,7 @@ def test_a_failed_gate_exits_1_and_keeps_the_artifacts(tmp_path, gates, args, fa
     assert json.loads((run_dir / "metrics.json").read_text())["gates"] == payload["gates"]
 
 
+@pytest.mark.slow
 def test_a_failed_gate_is_reported_in_the_summary(tmp_path):
     recipe = write(tmp_path / "r.yaml", no_train())
     result = invoke("optimize", recipe, "--out", tmp_path / "runs", "--set", "gates.0.min=1.01")
@@ -366,6 +370,7 @@ def test_invalid_recipe_or_usage_exits_2(tmp_path, case, command):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_optimize_refuses_a_foreign_run_directory(tmp_path):
     recipe = write(tmp_path / "r.yaml", tiny())
     write(tmp_path / "runs" / "tiny" / "keep.txt", "not ours")
@@ -450,6 +455,7 @@ def make():
 '''
 
 
+@pytest.mark.slow
 def test_an_onnx_export_failure_is_a_failed_artifact_and_build_gate_exit_1(tmp_path):
     """One artifact that cannot be built never aborts the export stage (issue 15): a `failed` artifact with
     the error, a failed `onnx.fp32.build` gate, exit 1."""
@@ -472,6 +478,7 @@ def test_an_onnx_export_failure_is_a_failed_artifact_and_build_gate_exit_1(tmp_p
     assert not [p for p in (run_dir / "export" / "onnx").iterdir()]  # no half-written temporary left behind
 
 
+@pytest.mark.slow
 def test_a_failing_stage_exits_4_naming_it(tmp_path, plugins):
     recipe = write(tmp_path / "r.yaml", no_train(stages=[{"type": "evaluate"}, {"type": "fail_stage", "name": "breaker"}]))
     result = invoke("optimize", recipe, "--out", tmp_path / "runs", "--json")
@@ -488,6 +495,7 @@ def test_a_failing_stage_exits_4_naming_it(tmp_path, plugins):
 # --------------------------------------------------------------------------- exit 130
 
 
+@pytest.mark.slow
 def test_an_interrupted_run_exits_130_and_keeps_finished_stages(tmp_path, plugins):
     recipe = write(tmp_path / "r.yaml", no_train(stages=[{"type": "evaluate"}, {"type": "interrupt_stage"}]))
     result = invoke("optimize", recipe, "--out", tmp_path / "runs")
@@ -500,6 +508,7 @@ def test_an_interrupted_run_exits_130_and_keeps_finished_stages(tmp_path, plugin
     assert (run_dir / "stages" / "01-evaluate" / "stage.json").is_file()
 
 
+@pytest.mark.slow
 def test_an_interrupted_run_with_json_still_prints_one_object(tmp_path, plugins):
     recipe = write(tmp_path / "r.yaml", no_train(stages=[{"type": "interrupt_stage"}], gates=[]))
     result = invoke("optimize", recipe, "--out", tmp_path / "runs", "--json")
@@ -520,6 +529,7 @@ def test_traceback_only_with_verbose_for_an_invalid_recipe(tmp_path):
     assert "stages.0.epochs" in loud.stderr  # the message still follows the traceback
 
 
+@pytest.mark.slow
 def test_traceback_only_with_verbose_for_a_failing_stage(tmp_path, plugins):
     recipe = write(tmp_path / "r.yaml", no_train(stages=[{"type": "fail_stage"}], gates=[]))
     quiet = invoke("optimize", recipe, "--out", tmp_path / "runs")

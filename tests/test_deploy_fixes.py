@@ -21,10 +21,11 @@ from pruneflow.runtime import open_artifact
 from pruneflow.models import build_model
 from pruneflow.recipe import load_recipe
 
-from conftest import run_recipe_dict, tiny_recipe_dict
+from conftest import run_recipe_dict, runs_a_recipe, tiny_recipe_dict
 
 
 @pytest.fixture(scope="module")
+@runs_a_recipe
 def ptq_run(tmp_path_factory):
     """train → ptq → export onnx + openvino at fp32, fp16 and int8 (about 20 s on two cores)."""
     recipe = tiny_recipe_dict(name="deploy")
@@ -122,6 +123,7 @@ def test_every_ir_is_converted_from_the_onnx_targets_file_of_its_precision(ptq_r
 
 
 @pytest.fixture(scope="module")
+@runs_a_recipe
 def ir_only(tmp_path_factory):
     """train → evaluate → export openvino fp32 alone, static batch (so no ONNX from the onnx target to convert)."""
     recipe = tiny_recipe_dict(name="ir-only")
@@ -186,14 +188,17 @@ def test_resume_rebuilds_an_export_whose_bin_changed(ir_only):
     assert ir.verify(again.run_dir) and binary.read_bytes() != bytes(data)
 
 
-def test_a_record_of_the_previous_layout_still_verifies(tmp_path):
+def test_a_record_whose_files_leave_out_the_main_file_does_not_verify(tmp_path):
+    """Only the layout ``add_file`` writes is trusted (files: every file, the main one included; sha256: their
+    combined digest); anything else makes --resume run the stage again."""
     (tmp_path / "m.xml").write_text("<net/>")
     (tmp_path / "m.bin").write_bytes(b"\x00\x01")
-    old = {"path": "m.xml", "kind": "openvino", "producer": "export", "sha256": sha256_file(tmp_path / "m.xml"),
-           "files": {"m.bin": sha256_file(tmp_path / "m.bin")}, "precision": "fp32"}
-    assert Artifact.from_record(old).verify(tmp_path)
-    (tmp_path / "m.bin").write_bytes(b"\x00\x02")
-    assert not Artifact.from_record(old).verify(tmp_path)
+    other = {"path": "m.xml", "kind": "openvino", "producer": "export", "sha256": sha256_file(tmp_path / "m.xml"),
+             "files": {"m.bin": sha256_file(tmp_path / "m.bin")}, "precision": "fp32"}
+    assert not Artifact.from_record(other).verify(tmp_path)
+    artifact = Artifact.from_file(tmp_path, tmp_path / "m.xml", kind="openvino", producer="export", precision="fp32")
+    artifact.add_file(tmp_path, tmp_path / "m.bin")
+    assert Artifact.from_record(artifact.as_dict()).verify(tmp_path)
 
 
 # 4. one precision vocabulary ----------------------------------------------------------------------------
@@ -209,12 +214,15 @@ def test_a_quantized_checkpoint_is_labelled_int8_fakequant(ptq_run):
         ("int8", "fakequant"), ("int8", "cpu"), ("int8", "tensorrt"), ("int8", None)}
 
 
-def test_precision_values_outside_the_vocabulary_are_refused_and_old_records_upgraded():
+def test_precision_values_outside_the_vocabulary_are_refused_and_a_record_reads_back_as_written():
     with pytest.raises(ValueError, match="int8_tensorrt.*form"):
         Artifact(path="m.onnx", kind="onnx", producer="export", precision="int8_tensorrt")
-    old = Artifact.from_record({"path": "m.onnx", "kind": "onnx", "producer": "export", "precision": "int8_tensorrt",
-                                "target": "onnx", "no_longer_a_field": 1})
-    assert (old.precision, old.form, old.label) == ("int8", "tensorrt", "onnx.int8_tensorrt")
+    with pytest.raises(ValueError, match="int8_tensorrt.*form"):
+        Artifact.from_record({"path": "m.onnx", "kind": "onnx", "producer": "export", "precision": "int8_tensorrt"})
+    with pytest.raises(TypeError, match="no_longer_a_field"):
+        Artifact.from_record({"path": "m.onnx", "kind": "onnx", "producer": "export", "no_longer_a_field": 1})
+    written = Artifact(path="m.onnx", kind="onnx", producer="export", precision="int8", form="tensorrt", target="onnx")
+    assert Artifact.from_record(written.as_dict()) == written and written.label == "onnx.int8_tensorrt"
 
 
 # 5. deployment metadata ---------------------------------------------------------------------------------

@@ -158,6 +158,7 @@ def test_python_dash_m_pruneflow_is_the_cli():
     assert proc.returncode == 0 and proc.stdout.startswith("pruneflow ")
 
 
+@pytest.mark.slow
 def test_two_processes_train_and_prune_identically_and_rank_0_alone_writes(tmp_path):
     """`--nproc 2` (gloo): rank 1's checkpoints (train, prune with KD, NNCF QAT) equal rank 0's byte for byte (same
     structure, same weights, same quantizer ranges), the run folder holds each file once with an intact manifest,
@@ -190,6 +191,7 @@ def test_two_processes_train_and_prune_identically_and_rank_0_alone_writes(tmp_p
     assert not list(tmp_path.glob("runs/*.tmp*")) and sorted(p.name for p in (tmp_path / "runs").iterdir()) == [".ddp.lock", "ddp"]
 
 
+@pytest.mark.slow
 def test_a_failing_rank_ends_the_job_with_a_clear_error_not_a_hang(tmp_path):
     """Rank 1's model raises in its first training step: the launcher stops rank 0 too, exit non-zero, quickly."""
     factory = write(tmp_path / "flaky.py", (

@@ -155,6 +155,7 @@ def test_cpu_int8_onnx_path_stores_a_float_embedding_as_int8(tmp_path):
     from calibrate.calibset import CalibrationSet
     from pruneflow.export.onnx import export_int8_onnx
     from qat.nncf_quant import quantize, strip_quantizers
+    from qat.settings import NncfSettings
 
     class Bag(torch.nn.Module):
         def __init__(self):
@@ -167,7 +168,7 @@ def test_cpu_int8_onnx_path_stores_a_float_embedding_as_int8(tmp_path):
 
     torch.manual_seed(0)
     ids = torch.randint(0, 20000, (64, 12))
-    quantized = quantize(Bag().eval(), CalibrationSet(x=ids), batch_size=16, ignore=["emb"])
+    quantized = quantize(Bag().eval(), CalibrationSet(x=ids), NncfSettings(batch_size=16, ignore=["emb"]))
     stripped = strip_quantizers(quantized, ids[:2])
     cpu, trt = tmp_path / "model.int8.onnx", tmp_path / "model.int8.tensorrt.onnx"
     report = export_int8_onnx(stripped, ids[:2], cpu, form="cpu")

@@ -75,6 +75,7 @@ def one_json(stdout: str) -> dict:
     return json.loads(lines[0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ours", [False, True])
 def test_a_failed_stage_leaves_log_report_json_and_a_manifest_of_what_is_on_disk(tmp_path, boom, ours):
     recipe = write(tmp_path / "r.yaml", tiny_recipe_dict(stages=stages(["onnx"], ours)))
@@ -106,6 +107,7 @@ def test_a_failed_stage_leaves_log_report_json_and_a_manifest_of_what_is_on_disk
     assert metrics["stages"]["evaluate"]["accuracy"] == accuracy and metrics["failure"]["stage"] == "boom"
 
 
+@pytest.mark.slow
 def test_the_plain_console_names_the_report_after_a_failure(tmp_path, boom):
     recipe = write(tmp_path / "r.yaml", tiny_recipe_dict(stages=stages(["onnx"])))
     result = invoke("optimize", recipe, "--out", tmp_path / "runs", "-q")
@@ -113,6 +115,7 @@ def test_the_plain_console_names_the_report_after_a_failure(tmp_path, boom):
     assert "report.md" in result.stderr and "pruneflow.log" in result.stderr
 
 
+@pytest.mark.slow
 def test_a_failed_resume_rerun_keeps_no_file_of_the_earlier_run(tmp_path, boom):
     """Run 1 exports ONNX and OpenVINO; run 2 (--resume) exports ONNX only and then fails: the OpenVINO
     files of run 1 are gone, the ONNX file is run 2's, and the manifest lists exactly what is on disk."""
@@ -141,6 +144,7 @@ def test_a_failed_resume_rerun_keeps_no_file_of_the_earlier_run(tmp_path, boom):
     assert manifest["status"] == "complete" and "failure" not in manifest
 
 
+@pytest.mark.slow
 def test_a_failed_resume_lists_the_earlier_runs_files_it_did_not_reach(tmp_path, boom):
     """Run 2 (--resume) fails before the export stage of run 1: that stage's files stay (a later --resume may
     reuse them) and the manifest lists them as the earlier run's, apart from this run's."""

@@ -96,8 +96,9 @@ class TinyViT(nn.Module):
 def quantized(model: nn.Module, digits, ignore=None):
     from calibrate.calibset import CalibrationSet
     from qat.nncf_quant import quantize
+    from qat.settings import NncfSettings
 
-    return quantize(model, CalibrationSet(digits[0][:128]), ignore=ignore or [], batch_size=32,
+    return quantize(model, CalibrationSet(digits[0][:128]), NncfSettings(ignore=ignore or [], batch_size=32),
                     ignore_loc=("stages", 1, "ignore")).eval()
 
 
@@ -278,10 +279,12 @@ def test_preflight_names_an_unquantizable_module_before_training(tmp_path):
 
 def test_preflight_passes_and_reports_nothing_for_a_quantizable_model(digits):
     from qat.nncf_preflight import check_quantizable
+    from qat.settings import NncfSettings
 
-    assert check_quantizable(family("mobilenet_se")(), digits[0][:8], ignore=[], preset="performance", loc=("stages", 1)) == []
+    assert check_quantizable(family("mobilenet_se")(), digits[0][:8], NncfSettings(), loc=("stages", 1)) == []
 
 
+@pytest.mark.slow
 def test_one_failed_artifact_leaves_the_others_built(tmp_path):
     """`activations: auto` gives unsigned quantizers, which TensorRT's form cannot hold: that one artifact is
     `failed` with the reason and a failed build gate (exit 1); fp32 and the cpu INT8 form are built and measured."""

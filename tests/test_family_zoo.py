@@ -182,13 +182,14 @@ def test_nncf_preflight_takes_named_inputs():
 
     from families import lstm_text, two_input
     from qat.nncf_preflight import check_quantizable
+    from qat.settings import NncfSettings
 
     ids = torch.randint(1, 64, (4, 6))
     text = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    assert check_quantizable(lstm_text.build(vocab_size=64, embed_dim=8, hidden=8), text, ignore=[],
-                             preset="performance", loc=("stages", 2)) == []
+    assert check_quantizable(lstm_text.build(vocab_size=64, embed_dim=8, hidden=8), text, NncfSettings(),
+                             loc=("stages", 2)) == []
     both = {"image": torch.rand(4, 1, 8, 8), "meta": torch.randn(4, 4)}
-    assert check_quantizable(two_input.build(), both, ignore=[], preset="performance", loc=("stages", 2)) == []
+    assert check_quantizable(two_input.build(), both, NncfSettings(), loc=("stages", 2)) == []
 
 
 def test_channel_pruning_an_lstm_classifier_is_refused_before_training(tmp_path):
@@ -219,10 +220,11 @@ def test_a_quantizer_shared_by_a_concat_is_stripped_at_every_hook():
     from families import two_input
     from pruneflow.export.onnx import export_int8_onnx
     from qat.nncf_quant import quantize, strip_quantizers
+    from qat.settings import NncfSettings
 
     torch.manual_seed(0)
     x = {"image": torch.rand(32, 1, 8, 8), "meta": torch.randn(32, 4)}
-    q = quantize(two_input.build().eval(), CalibrationSet(x), ignore=[], batch_size=16, ignore_loc=("stages", 1, "ignore"))
+    q = quantize(two_input.build().eval(), CalibrationSet(x), NncfSettings(batch_size=16), ignore_loc=("stages", 1, "ignore"))
     hooks = list(get_hook_storage(q).named_hooks(remove_duplicate=False))
     assert len({id(m) for _, m in hooks}) < len(hooks)  # the layout under test: a quantizer in two hooks
     stripped = strip_quantizers(q, x)
@@ -254,12 +256,13 @@ def test_int8_export_keeps_the_tensors_an_if_branch_reads(form, tmp_path):
     from families import lstm_text
     from pruneflow.export.onnx import export_int8_onnx
     from qat.nncf_quant import quantize, strip_quantizers
+    from qat.settings import NncfSettings
 
     torch.manual_seed(0)
     ids = torch.randint(1, 64, (32, 6))
     mask = (torch.arange(6)[None] < torch.randint(2, 7, (32, 1))).long()
     x = {"input_ids": ids * mask, "attention_mask": mask}
-    q = quantize(lstm_text.build(vocab_size=64, embed_dim=8, hidden=8).eval(), CalibrationSet(x), ignore=[], batch_size=16,
+    q = quantize(lstm_text.build(vocab_size=64, embed_dim=8, hidden=8).eval(), CalibrationSet(x), NncfSettings(batch_size=16),
                  ignore_loc=("stages", 1, "ignore"))
     path = tmp_path / f"{form}.onnx"
     export_int8_onnx(strip_quantizers(q, x), {k: v[:2] for k, v in x.items()}, path, form=form)

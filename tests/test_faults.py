@@ -28,10 +28,10 @@ from pydantic import Field
 from cli import json_line
 from pruneflow import registry
 from pruneflow.artifacts import run_dir_lock
-from pruneflow.checkpoint import FORMAT, FORMAT_V1
+from pruneflow.checkpoint import FORMAT
 from pruneflow.recipe.models import recipe_model, target_union
 from pruneflow.stage import Stage, StageConfig, StageResult
-from conftest import invoke, tiny_train_recipe as tiny, write
+from conftest import invoke, runs_a_recipe, tiny_train_recipe as tiny, write
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -74,6 +74,7 @@ def cli_process(*args: object, **kwargs) -> subprocess.Popen:
 
 
 @pytest.fixture(scope="module")
+@runs_a_recipe
 def trained(tmp_path_factory):
     """One finished run with a checkpoint (train, evaluate); tests copy it."""
     root = tmp_path_factory.mktemp("trained")
@@ -123,7 +124,7 @@ def payloads(marker: Path) -> dict[str, object]:
                             "kind_payload": {"nncf_config": trap, "state_dict": state}},
         "v2-meta": {"format": FORMAT, "kind": "float", "structure": {}, "state_dict": state, "meta": {"m": trap},
                     "kind_payload": {}},
-        "v1-module": {"format": FORMAT_V1, "state_dict": state, "module": trap},
+        "v1-module": {"format": "pruneflow-checkpoint/1", "state_dict": state, "module": trap},
         "bare": trap,
     }
 
@@ -261,6 +262,7 @@ def wait_for(predicate, timeout: float, what: str) -> None:
 SLOW = {"type": "train", "name": "long", "epochs": 400, "batch_size": 32, "lr": 0.05}
 
 
+@pytest.mark.slow
 def test_sigterm_stops_like_ctrl_c_and_resume_picks_up(tmp_path):
     recipe = write(tmp_path / "r.yaml", tiny(stages=[{"type": "evaluate"}, SLOW]))
     run_dir = tmp_path / "runs" / "tiny"
@@ -304,6 +306,7 @@ def test_a_second_run_into_a_folder_in_use_exits_2_and_touches_nothing(run_copy,
     assert snapshot(run_copy) == before
 
 
+@pytest.mark.slow
 def test_a_lock_left_by_a_killed_run_is_taken_over_with_a_message(tmp_path):
     gone = subprocess.Popen([PYTHON, "-c", "pass"])
     gone.wait()
@@ -317,6 +320,7 @@ def test_a_lock_left_by_a_killed_run_is_taken_over_with_a_message(tmp_path):
     assert json.loads((tmp_path / "runs" / "tiny" / "manifest.json").read_text())["status"] == "complete"
 
 
+@pytest.mark.slow
 def test_two_concurrent_runs_one_completes_intact_the_other_is_refused(tmp_path):
     recipe = write(tmp_path / "r.yaml", tiny(stages=[{"type": "evaluate"}, {**SLOW, "epochs": 15}, {"type": "evaluate", "name": "after"}]))
     out = tmp_path / "runs"
@@ -503,6 +507,7 @@ def make(mode="print"):
 '''
 
 
+@pytest.mark.slow
 def test_user_code_printing_to_stdout_does_not_break_json(tmp_path):
     write(tmp_path / "factory.py", FACTORY)
     recipe = write(tmp_path / "r.yaml", tiny(model={"factory": "factory.py:make"}, stages=[{"type": "evaluate"}]))
@@ -528,6 +533,7 @@ def test_user_code_calling_sys_exit_is_an_error_with_json_never_a_silent_exit_0(
     assert not (tmp_path / "runs").exists()  # refused while loading the model: before any run folder
 
 
+@pytest.mark.slow
 def test_a_stage_calling_sys_exit_fails_with_exit_4_and_json(tmp_path, plugins):
     recipe = write(tmp_path / "r.yaml", tiny(stages=[{"type": "evaluate"}, {"type": "exit_stage"}]))
     result = invoke("optimize", recipe, "--out", tmp_path / "runs", "--json")
@@ -538,6 +544,7 @@ def test_a_stage_calling_sys_exit_fails_with_exit_4_and_json(tmp_path, plugins):
     assert manifest["status"] == "failed" and [s["id"] for s in manifest["stages"]] == ["evaluate"]
 
 
+@pytest.mark.slow
 def test_nan_and_infinite_metrics_are_null_in_strict_json(tmp_path, plugins):
     recipe = write(tmp_path / "r.yaml", tiny(stages=[{"type": "nan_stage"}]))
     result = invoke("optimize", recipe, "--out", tmp_path / "runs", "--json")

@@ -274,6 +274,7 @@ def test_garbage_in_is_refused_before_anything_is_written(tmp_path, name):
         assert_refused(invoke(*commands[1]), case.shows)  # --dry-run checks --out as well
 
 
+@pytest.mark.slow
 def test_an_earlier_run_in_the_folder_is_left_as_it_was(tmp_path):
     """Garbage in is refused before the run folder is replaced: the last good run stays whole."""
     recipe = write(tmp_path / "r.yaml", tiny(stages=[{"type": "evaluate"}]))
@@ -312,6 +313,7 @@ def test_calibrate_refuses_a_seed_numpy_cannot_take(tmp_path):
     assert not (tmp_path / "calib").exists()
 
 
+@pytest.mark.slow
 def test_disk_full_while_writing_a_checkpoint_leaves_no_half_written_file(tmp_path, monkeypatch):
     """ENOSPC raised by the atomic writer once some bytes landed: exit 4 naming the file, no model.pt nor its
     temporary, the manifest `failed`, and --resume continues once there is space."""

@@ -100,6 +100,7 @@ torch.save({"y": y, "kind": handle.kind, "shapes": shapes}, f"{out}/y.pt")
 """
 
 
+@pytest.mark.slow
 def test_a_third_party_stage_that_reshapes_the_model_writes_a_checkpoint_that_reloads_elsewhere(plugins, tmp_path):
     NarrowStage.made.clear()
     recipe = tiny_recipe_dict(name="narrowed")
@@ -122,6 +123,7 @@ def test_a_third_party_stage_that_reshapes_the_model_writes_a_checkpoint_that_re
     assert result.metrics["evaluate.params"] == sum(p.numel() for p in model.parameters())
 
 
+@pytest.mark.slow
 def test_no_module_carries_hidden_pruneflow_state_after_prune_and_qat(plugins, tmp_path):
     recipe = tiny_recipe_dict(name="hidden")
     recipe["stages"] = [

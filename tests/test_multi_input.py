@@ -222,6 +222,7 @@ def _check_artifacts(result, run: Path, names: dict[str, tuple[int, list]]) -> N
     assert record["input"]["names"] == list(names)
 
 
+@pytest.mark.slow
 def test_two_inputs_train_evaluate_and_export_to_onnx_and_openvino(tmp_path):
     recipe = _two_input_recipe(tmp_path, [
         {"type": "train", "epochs": 3, "batch_size": 32, "lr": 0.05},

@@ -10,10 +10,11 @@ from pruneflow.artifacts import Artifact, Manifest, atomic_path, sha256_file
 from pruneflow.pipeline import run_recipe
 from pruneflow.recipe import load_recipe
 
-from conftest import REPO
+from conftest import REPO, runs_a_recipe
 
 
 @pytest.fixture(scope="module")
+@runs_a_recipe
 def quickstart(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs")
     return run_recipe(load_recipe(REPO / "recipes" / "quickstart.yaml"), out=out)

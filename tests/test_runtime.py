@@ -19,7 +19,7 @@ from pruneflow.runtime import (Executor, RuntimeUnavailable, fresh_batch, host_i
 from pruneflow.runtime.tensorrt import TrtSession
 from pruneflow.zoo import digits_cnn
 
-from conftest import run_recipe_dict, tiny_recipe_dict
+from conftest import run_recipe_dict, runs_a_recipe, tiny_recipe_dict
 
 
 @pytest.fixture(scope="module")
@@ -211,6 +211,7 @@ def test_executor_wraps_any_callable():
 
 
 @pytest.fixture(scope="module")
+@runs_a_recipe
 def timed_run(tmp_path_factory):
     recipe = tiny_recipe_dict(name="timed")
     recipe["stages"][2] = {"type": "export", "targets": ["onnx", "openvino"], "precisions": ["fp32", "fp16"],
@@ -271,6 +272,7 @@ def test_host_is_recorded_beside_the_latency_figures(timed_run):
     assert "| openvino.fp32 | openvino/CPU (default:" in latency
 
 
+@pytest.mark.slow
 def test_size_gate_fails_through_the_cli_names_the_artifact_and_keeps_it(tmp_path):
     from typer.testing import CliRunner
 

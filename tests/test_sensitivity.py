@@ -109,7 +109,7 @@ def test_groups_and_ranking_put_the_outlier_layer_first(outlier_model):
     int8 = outputs(quantized, data.eval.x, Classification(), 64, "cpu")
     remove_group(quantized, ranked[0][1])
     fallen = outputs(quantized, data.eval.x, Classification(), 64, "cpu")
-    assert agreement(reference, fallen) > agreement(reference, int8)
+    assert agreement(reference, fallen, Classification()) > agreement(reference, int8, Classification())
     from nncf.torch.function_hook import get_hook_storage
 
     names = [n for n, _ in get_hook_storage(quantized).named_hooks()]
@@ -124,12 +124,13 @@ def _recipe(tmp_path, model, **control) -> dict:
         "model": {"factory": f"{__file__}:build", "checkpoint": str(checkpoint)},
         "data": {"format": "digits", "max_train_samples": 600, "max_eval_samples": 300},
         "stages": [
-            {"type": "ptq", "calibration_size": 256, "accuracy_control": control},
+            {"type": "ptq", "calibration_size": 256, "sensitivity": control},
             {"type": "export", "targets": ["onnx"], "precisions": ["fp32", "int8"], "latency": None},
         ],
     }
 
 
+@pytest.mark.slow
 def test_ptq_max_drop_falls_back_to_the_outlier_layer_and_exports_it_float(tmp_path, outlier_model):
     model, _ = outlier_model
     _, result = run_recipe_dict(_recipe(tmp_path, model, max_drop=0.02, max_fallback=3), tmp_path)
@@ -141,7 +142,7 @@ def test_ptq_max_drop_falls_back_to_the_outlier_layer_and_exports_it_float(tmp_p
     assert len(fallback) == 1 and m["fallback_layers"] == 1
     assert m["accuracy_drop"] <= 0.02 and m["accuracy"] == fallback[0]["metric_after"]
     assert stage.tables["quantization sensitivity"][0]["layer"] == "mid"
-    gate = next(g for g in result.gates if g.name == "ptq.accuracy_control")
+    gate = next(g for g in result.gates if g.name == "ptq.sensitivity")
     assert gate.passed and "kept float: mid" in gate.message
     assert result.exit_code == 0
 
@@ -167,15 +168,17 @@ def test_ptq_max_drop_falls_back_to_the_outlier_layer_and_exports_it_float(tmp_p
     assert "quantization sensitivity" in report and "quantization fallback" in report
 
 
+@pytest.mark.slow
 def test_budget_spent_fails_the_gate(tmp_path, outlier_model):
     model, _ = outlier_model
     _, result = run_recipe_dict(_recipe(tmp_path, model, max_drop=0.0, max_fallback=0), tmp_path)
-    gate = next(g for g in result.gates if g.name == "ptq.accuracy_control")
+    gate = next(g for g in result.gates if g.name == "ptq.sensitivity")
     assert not gate.passed and "max_fallback 0 spent" in gate.message
     assert result.exit_code == 1
     assert result.stages[0].tables["quantization fallback"] == []
 
 
+@pytest.mark.slow
 def test_unknown_metric_is_a_config_error(tmp_path, outlier_model):
     from pruneflow.errors import RecipeError
 
@@ -183,10 +186,11 @@ def test_unknown_metric_is_a_config_error(tmp_path, outlier_model):
     with pytest.raises(RecipeError) as info:
         run_recipe_dict(_recipe(tmp_path, model, max_drop=0.01, metric="f1"), tmp_path)
     text = str(info.value)
-    assert "accuracy_control.metric" in text and "'f1'" in text and "recipe.yaml:" in text
+    assert "sensitivity.metric" in text and "'f1'" in text and "recipe.yaml:" in text
     assert "accuracy" in str(info.value.hint)
 
 
+@pytest.mark.slow
 def test_qat_fallback_survives_the_checkpoint(tmp_path, outlier_model):
     """The qat stage runs the same control after its int8 phase; the fallen-back layer stays float in the
     NNCF checkpoint (its quantizers are gone from NNCF's config, not merely switched off)."""
@@ -199,7 +203,7 @@ def test_qat_fallback_survives_the_checkpoint(tmp_path, outlier_model):
     model, data = outlier_model
     recipe = _recipe(tmp_path, model, max_drop=0.02, alone_int8=False)
     recipe["stages"] = [{"type": "qat", "calibration_size": 256, "schedule": [{"precision": "int8", "epochs": 0}],
-                         "accuracy_control": {"max_drop": 0.02, "alone_int8": False}}]
+                         "sensitivity": {"max_drop": 0.02, "alone_int8": False}}]
     _, result = run_recipe_dict(recipe, tmp_path)
     stage = result.stages[0]
     assert [r["layer"] for r in stage.tables["quantization fallback"]] == ["mid"]
@@ -219,12 +223,13 @@ def test_bert_groups_name_real_modules():
     from pruneflow.zoo.hf import bert_classifier
     from qat.nncf_quant import quantize
     from qat.sensitivity import quantizer_groups
+    from qat.settings import NncfSettings
 
     model = bert_classifier(num_layers=2, hidden_size=64, num_heads=4, intermediate_size=128, seed=0).eval()
     ids = torch.randint(1, 30522, (32, 16), generator=torch.Generator().manual_seed(0))
     # NNCF's default (cnn) type: one input quantizer shared by query, key and value (the transformer type,
     # what `auto` picks for BERT, gives each projection its own, so each is its own group there)
-    quantized = quantize(copy.deepcopy(model), CalibrationSet(x=ids), batch_size=16, model_type="cnn")
+    quantized = quantize(copy.deepcopy(model), CalibrationSet(x=ids), NncfSettings(batch_size=16, model_type="cnn"))
     groups = quantizer_groups(quantized, ids[:1])
     modules = dict(model.named_modules())
     assert all(name in modules for g in groups for name in g.modules)

@@ -27,7 +27,7 @@ from pruneflow.export.qdq import check_convention
 from pruneflow.export.tensorrt import TensorRtConfig, TensorRtShapes, TensorRtTarget, toolchain_status
 from pruneflow.stages.measure import parity_metrics
 
-from conftest import run_recipe_dict, tiny_recipe_dict
+from conftest import run_recipe_dict, runs_a_recipe, tiny_recipe_dict
 
 POLYGRAPHY = Path(sys.executable).parent / "polygraphy"
 BUNDLE = ("build_engine.py", "build.sh", "README.md", "status.json")
@@ -41,6 +41,7 @@ def _tensorrt_artifacts(result) -> dict[str, dict]:
 
 
 @pytest.fixture(scope="module")
+@runs_a_recipe
 def float_run(tmp_path_factory):
     """Untrained digits_cnn exported to onnx and tensorrt at fp32 and fp16 (a few seconds)."""
     recipe = tiny_recipe_dict(name="trt_float", stages=[
@@ -113,6 +114,7 @@ def test_the_profile_is_validated():
     assert tensorrt_build.batch_shapes((-1, 3, 8, 8), "input", 1, 8, 32)["max"] == (32, 3, 8, 8)
 
 
+@pytest.mark.slow
 def test_a_static_batch_onnx_gets_a_batch_1_profile_and_refuses_another(tmp_path):
     stages = [{"type": "evaluate"},
               {"type": "export", "targets": [{"type": "onnx", "dynamic_batch": False}, "tensorrt"], "latency": None, "evaluate": False}]
@@ -281,6 +283,7 @@ def test_an_importable_tensorrt_without_a_cuda_device_is_still_only_prepared(fak
 
 
 @pytest.fixture(scope="module")
+@runs_a_recipe
 def int8_run(tmp_path_factory):
     """digits_cnn trained, calibrated, quantized by NNCF (ptq); onnx + tensorrt at fp32, fp16, int8; then a second
     export with the tensorrt target alone (it exports its own TensorRT-form ONNX)."""
@@ -370,7 +373,7 @@ def test_the_build_module_imports_only_the_standard_library_and_tensorrt():
 
 
 def test_an_engine_is_fed_batches_its_profile_accepts():
-    from pruneflow.export.tensorrt import _in_batches
+    from pruneflow.runtime.tensorrt import in_batches
 
     seen = []
 
@@ -378,12 +381,12 @@ def test_an_engine_is_fed_batches_its_profile_accepts():
         seen.append(len(x))
         return x * 2
 
-    out = _in_batches(run, np.arange(10, dtype=np.float32).reshape(10, 1), 4)
+    out = in_batches(run, np.arange(10, dtype=np.float32).reshape(10, 1), 4)
     assert seen == [4, 4, 2] and np.array_equal(out[:, 0], np.arange(10) * 2)
 
 
 def test_a_feed_of_named_inputs_is_sliced_and_cut_to_its_longest_row():
-    from pruneflow.export.tensorrt import _in_batches
+    from pruneflow.runtime.tensorrt import in_batches
 
     mask = np.zeros((5, 10), dtype=np.int64)
     for row, n in enumerate([3, 6, 2, 4, 1]):
@@ -395,7 +398,7 @@ def test_a_feed_of_named_inputs_is_sliced_and_cut_to_its_longest_row():
         seen.append({k: v.shape for k, v in x.items()})
         return x["attention_mask"].sum(1, keepdims=True)
 
-    out = _in_batches(run, feed, 2)
+    out = in_batches(run, feed, 2)
     assert seen == [{"input_ids": (2, 6), "attention_mask": (2, 6)}, {"input_ids": (2, 4), "attention_mask": (2, 4)},
                     {"input_ids": (1, 1), "attention_mask": (1, 1)}]
     assert out[:, 0].tolist() == [3, 6, 2, 4, 1]  # nothing a row holds was cut
@@ -429,6 +432,7 @@ TEXT_INPUTS = ["input_ids", "attention_mask", "token_type_ids"]
 
 
 @pytest.fixture(scope="module")
+@runs_a_recipe
 def bert_run(tmp_path_factory):
     """A tiny BERT (random init) exported to onnx + tensorrt with a configured sequence range, then to tensorrt
     alone with the default one (from data.max_length and the eval split's lengths)."""
@@ -561,6 +565,7 @@ def test_the_engine_executor_binds_each_named_input_with_its_own_shape_and_dtype
     assert session.max_batch() == 1 and out[:, 0].tolist() == [19.0, 9.0]
 
 
+@pytest.mark.slow
 def test_where_tensorrt_and_cuda_exist_the_engine_is_built_with_the_text_profile(tmp_path, fake_tensorrt, monkeypatch):
     """The built path, with the stand-in tensorrt and CUDA's presence mocked (neither exists here)."""
     import torch

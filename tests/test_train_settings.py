@@ -34,6 +34,7 @@ def test_freeze_refuses_a_pattern_that_matches_nothing(pattern, message):
         freeze_parameters(ZOO["digits_cnn"].factory(width=8), [pattern])
 
 
+@pytest.mark.slow
 def test_a_run_with_frozen_layers_leaves_them_as_they_were(tmp_path):
     recipe = tiny_train_recipe(seed=3)
     recipe["stages"][0].update(freeze=[r"features\.0\.0\.weight"], schedule="linear", warmup_epochs=0.5)

@@ -22,7 +22,8 @@ METRICS = {
     "pruneflow_speedup": "Baseline median latency / this variant's, same runtime and batch (pruneflow bench).",
     "pruneflow_benchmark_app_throughput": "Samples per second reported by OpenVINO's benchmark_app on the same IR.",
     "pruneflow_size_bytes": "Size on disk of the artifact with its companion files (pruneflow bench).",
-    "pruneflow_accuracy": "Accuracy on the eval split, from the run's manifest (pruneflow bench).",
+    "pruneflow_metric": "The run's headline metric on the eval split (label `metric` names it, `direction` says whether "
+                        "higher or lower is better), from the run's manifest (pruneflow bench).",
 }
 
 
@@ -41,7 +42,7 @@ def result_json(result: "BenchResult") -> dict[str, Any]:
     from .result import FORMAT
 
     variants = [{**v.as_dict(), "timed_on": result.inputs.get(v.name), "size_reduction": result.size_reduction(v),
-                 "accuracy_delta": result.accuracy_delta(v)} for v in result.variants]
+                 "metric_delta": result.metric_delta(v)} for v in result.variants]
     return strict({"format": FORMAT, "exit_code": 0, "host": result.host, "settings": result.settings.as_dict(),
                    "baseline": result.baseline.name, "benchmark_app": result.benchmark_app, "variants": variants,
                    "results": [row_json(row, result) for row in result.rows]})
@@ -57,8 +58,9 @@ def row_json(row: "Row", result: "BenchResult") -> dict[str, Any]:
             "runtime_label": lane.label, "precision_hint": lane.hint or ("default" if lane.runtime == "openvino" else None),
             "inference_precision": lane.inference_precision if lane.runtime == "openvino" else None,
             "batch": row.batch, "shape": row.shape, **figures, "size_bytes": variant.size_bytes,
-            "accuracy": variant.accuracy, "speedup": row.speedup, "baseline_runtime": row.baseline_runtime,
-            "size_reduction": result.size_reduction(variant), "accuracy_delta": result.accuracy_delta(variant),
+            "metric": variant.metric, "metric_value": variant.metric_value, "metric_direction": variant.metric_direction,
+            "speedup": row.speedup, "baseline_runtime": row.baseline_runtime,
+            "size_reduction": result.size_reduction(variant), "metric_delta": result.metric_delta(variant),
             "benchmark_app": row.benchmark_app, "error": row.error}
 
 
@@ -101,5 +103,5 @@ def _samples(result: "BenchResult") -> Iterator[tuple[str, dict[str, object], fl
         labels = {"model": v.model, "variant": v.label, "precision": v.precision or ""}
         if v.size_bytes is not None and v.status == "built":
             yield "pruneflow_size_bytes", labels, v.size_bytes
-        if v.accuracy is not None:
-            yield "pruneflow_accuracy", labels, v.accuracy
+        if v.metric_value is not None:
+            yield "pruneflow_metric", {**labels, "metric": v.metric, "direction": v.metric_direction or ""}, v.metric_value

@@ -1,7 +1,7 @@
 """The bench result as ONE self-contained HTML file: inline CSS and SVG charts drawn here (no script,
 no network), so it opens anywhere, from a CI artifact or an e-mail.
 
-Charts: accuracy against median latency, size per variant, latency per batch size (p50 bar, p99 tick);
+Charts: the headline metric against median latency, size per variant, latency per batch size (p50 bar, p99 tick);
 then the table and the host. Each variant keeps one colour (``PALETTE``) in every chart.
 """
 
@@ -40,7 +40,7 @@ def html_report(result: "BenchResult") -> str:
              "</head><body><h1>pruneflow bench</h1>",
              f"<p>Ratios against <b>{baseline}</b>; all timings interleaved in one loop per batch size.</p>",
              f'<p class="key">{key}</p>',
-             "<h2>Accuracy vs median latency</h2>", scatter_svg(result, colour),
+             f"<h2>{escape(result.metric_name())} vs median latency</h2>", scatter_svg(result, colour),
              "<h2>Size on disk per variant</h2>", size_svg(result, colour),
              "<h2>Latency per batch size (bar: p50, tick: p99)</h2>", *latency_svgs(result, colour),
              "<h2>All figures</h2>", table_html(result), "<h2>Host</h2>", host_html(result), "</body></html>"]
@@ -48,15 +48,15 @@ def html_report(result: "BenchResult") -> str:
 
 
 def scatter_svg(result: "BenchResult", colour: dict[str, str]) -> str:
-    """One marker per variant x runtime at the largest batch: median latency (x) against accuracy (y);
+    """One marker per variant x runtime at the largest batch: median latency (x) against the headline metric (y);
     colour names the variant, shape the runtime."""
     batch = max(result.settings.batches)
-    points = [r for r in result.rows if r.stats is not None and r.batch == batch and r.lane.variant.accuracy is not None]
+    points = [r for r in result.rows if r.stats is not None and r.batch == batch and r.lane.variant.metric_value is not None]
     if not points:
-        return '<p class="muted">No accuracy recorded (bare artifacts carry none): nothing to plot.</p>'
+        return '<p class="muted">No metric recorded (bare artifacts carry none): nothing to plot.</p>'
     height, left, bottom, top, right = 340, 70, 40, 20, 260
     xs = [r.stats.p50_ms for r in points if r.stats is not None]
-    ys = [float(r.lane.variant.accuracy or 0.0) for r in points]
+    ys = [float(r.lane.variant.metric_value or 0.0) for r in points]
     x_max = max(xs) * 1.1 or 1.0
     pad = max((max(ys) - min(ys)) * 0.15, 0.005)
     y_lo, y_hi = min(ys) - pad, max(ys) + pad
@@ -64,7 +64,7 @@ def scatter_svg(result: "BenchResult", colour: dict[str, str]) -> str:
     out = [_frame(height, left, bottom, top, right),
            _text(left, height - 22, "0"), _text(WIDTH - right - 40, height - 22, f"{x_max:.3g} ms"),
            _text(left + 4, height - 6, f"median latency at batch {batch} (ms)"),
-           _text(4, top + 10, f"{y_hi:.3f}"), _text(4, height - bottom, f"{y_lo:.3f}"), _text(4, top + 26, "accuracy")]
+           _text(4, top + 10, f"{y_hi:.3f}"), _text(4, height - bottom, f"{y_lo:.3f}"), _text(4, top + 26, escape(result.metric_name()))]
     for row, y in zip(points, ys):
         assert row.stats is not None
         cx = left + row.stats.p50_ms / x_max * (WIDTH - left - right)
@@ -130,13 +130,18 @@ def _latency_bars(rows: list["Row"], colour: dict[str, str]) -> str:
     return _svg(12 + len(rows) * (bar + 6), out)
 
 
-#: Columns of the side-by-side table (terminal and HTML); cells from ``table_cells``.
+#: Columns of the side-by-side table (terminal and HTML); cells from ``table_cells``; ``{metric}``: the headline's name.
 TABLE_HEAD = ("variant", "runtime", "batch", "p50 ms", "p90 ms", "p99 ms", "samples/s", "speed-up", "size", "size ÷",
-              "accuracy", "Δ acc pt", "benchmark_app /s", "note")
+              "{metric}", "Δ {metric}", "benchmark_app /s", "note")
+
+
+def table_head(result: "BenchResult") -> tuple[str, ...]:
+    """``TABLE_HEAD`` with the variants' headline metric named."""
+    return tuple(h.replace("{metric}", result.metric_name()) for h in TABLE_HEAD)
 
 
 def table_html(result: "BenchResult") -> str:
-    head = TABLE_HEAD
+    head = table_head(result)
     lines = ["<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>"]
     for row in result.rows:
         lines.append("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in table_cells(result, row)) + "</tr>")
@@ -150,12 +155,12 @@ def table_html(result: "BenchResult") -> str:
 def table_cells(result: "BenchResult", row: "Row") -> list[str]:
     """One row of the side-by-side table, formatted (shared by the terminal table and the HTML one)."""
     v, s = row.lane.variant, row.stats
-    delta = result.accuracy_delta(v)
+    delta = result.metric_delta(v)
     app = (row.benchmark_app or {}).get("throughput")
     timing = [f"{s.p50_ms:.3f}", f"{s.p90_ms:.3f}", f"{s.p99_ms:.3f}", f"{s.throughput:,.0f}"] if s else ["–"] * 4
     return [v.name, row.lane.label, str(row.batch), *timing, _ratio(row.speedup), human_bytes(v.size_bytes),
-            _ratio(result.size_reduction(v)), "–" if v.accuracy is None else f"{v.accuracy:.4f}",
-            "–" if delta is None else f"{delta * 100:+.2f}", "–" if app is None else f"{app:,.0f}",
+            _ratio(result.size_reduction(v)), "–" if v.metric_value is None else f"{v.metric_value:.4f}",
+            "–" if delta is None else f"{delta:+.4f}", "–" if app is None else f"{app:,.0f}",
             row.error or (row.benchmark_app or {}).get("error") or ""]
 
 

@@ -92,6 +92,7 @@ def _eval_split(run_dir: Path) -> Source | None:
 
     from ..data import load_data
     from ..recipe.models import DataSpec
+    from ..tasks import make_task
 
     recipe_file = run_dir / "recipe.resolved.yaml"
     if not recipe_file.is_file():
@@ -99,7 +100,7 @@ def _eval_split(run_dir: Path) -> Source | None:
     try:
         recipe = yaml.safe_load(recipe_file.read_text()) or {}
         spec = DataSpec.model_validate(recipe["data"])
-        bundle = load_data(spec, seed=int(recipe.get("seed", 0)), with_train=False)
+        bundle = load_data(spec, seed=int(recipe.get("seed", 0)), with_train=False, task=make_task(recipe.get("task")))
     except (PruneflowError, KeyError, ValueError, OSError) as exc:
         return Source(f"its recipe's data could not be loaded ({type(exc).__name__}: {str(exc).splitlines()[0]})")
     samples = as_numpy(bundle.eval.x)

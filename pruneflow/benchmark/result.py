@@ -28,8 +28,14 @@ class BenchResult:
         base, own = self.baseline.size_bytes, variant.size_bytes
         return base / own if base and own else None
 
-    def accuracy_delta(self, variant: Variant) -> float | None:
-        """Variant accuracy − baseline accuracy (fractions, from the runs' manifests)."""
-        if variant.accuracy is None or self.baseline.accuracy is None:
+    def metric_delta(self, variant: Variant) -> float | None:
+        """Variant's headline metric − the baseline's (from the runs' manifests); None unless both have the same one."""
+        base = self.baseline
+        if variant.metric_value is None or base.metric_value is None or variant.metric != base.metric:
             return None
-        return variant.accuracy - self.baseline.accuracy
+        return variant.metric_value - base.metric_value
+
+    def metric_name(self) -> str:
+        """The headline metric the variants carry (``metric`` when they carry several, or none)."""
+        names = {v.metric for v in self.variants if v.metric}
+        return names.pop() if len(names) == 1 else "metric"

@@ -2,7 +2,7 @@
 
 A run folder contributes every export artifact in its manifest (``built`` ones are timed, ``prepared``
 and ``failed`` ones are listed without figures); a bare ``.onnx``/``.xml`` file contributes itself, and
-borrows the manifest entry (label, accuracy, data) of the run it lies in, if any.
+borrows the manifest entry (label, the task's headline metric, data) of the run it lies in, if any.
 """
 
 from __future__ import annotations
@@ -44,7 +44,10 @@ class Variant:
     precision: str | None = None
     target: str | None = None
     size_bytes: int | None = None
-    accuracy: float | None = None
+    #: The run's headline metric (its task's, from the manifest): name, value, and "higher"/"lower" is better.
+    metric: str | None = None
+    metric_value: float | None = None
+    metric_direction: str | None = None
     run_dir: Path | None = None
     input: InputSpec | None = None
     notes: list[str] = field(default_factory=list)
@@ -64,7 +67,8 @@ class Variant:
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "model": self.model, "label": self.label, "status": self.status,
                 "path": str(self.path) if self.path else None, "precision": self.precision, "target": self.target,
-                "size_bytes": self.size_bytes, "accuracy": self.accuracy,
+                "size_bytes": self.size_bytes, "metric": self.metric, "metric_value": self.metric_value,
+                "metric_direction": self.metric_direction,
                 "run_dir": str(self.run_dir) if self.run_dir else None,
                 "input": None if self.input is None else {"name": self.input.name, "shape": list(self.input.shape),
                                                           "dtype": self.input.dtype},
@@ -90,7 +94,7 @@ def _from_run(run_dir: Path) -> list[Variant]:
                          hint="pass a run directory written by `pruneflow optimize` (OUT/NAME), or an .onnx/.xml file")
     manifest = _read_manifest(manifest_file)
     run_name = str(manifest.get("recipe") or run_dir.name)
-    found = [_from_entry(run_dir, run_name, entry) for entry in manifest.get("artifacts", [])
+    found = [_from_entry(run_dir, run_name, entry, manifest.get("task") or {}) for entry in manifest.get("artifacts", [])
              if entry.get("target") and entry.get("kind") != "checkpoint"]
     if not found:
         raise InputError(f"{run_dir}: the run's manifest lists no exported artifact",
@@ -108,13 +112,17 @@ def _read_manifest(path: Path) -> dict[str, Any]:
     return data
 
 
-def _from_entry(run_dir: Path, run_name: str, entry: dict[str, Any]) -> Variant:
+def _from_entry(run_dir: Path, run_name: str, entry: dict[str, Any], task: dict[str, Any]) -> Variant:
+    """A variant from its run's manifest entry; ``task``: the manifest's (``Task.summary``), naming the headline."""
     path = run_dir / entry["path"]
     label = _label(entry)
     status = str(entry.get("status", "built"))
+    metric = task.get("headline") or None
+    value = (entry.get("metrics") or {}).get(metric) if metric else None
     variant = Variant(name=f"{run_name}/{label}", model=run_name, label=label, path=path, status=status,
-                      precision=entry.get("precision"), target=entry.get("target"),
-                      accuracy=(entry.get("metrics") or {}).get("accuracy"), run_dir=run_dir,
+                      precision=entry.get("precision"), target=entry.get("target"), metric=metric,
+                      metric_value=value if isinstance(value, (int, float)) else None,
+                      metric_direction=(task.get("metrics") or {}).get(metric), run_dir=run_dir,
                       notes=list(entry.get("notes") or []))
     companions = [run_dir / rel for rel in (entry.get("files") or {})]
     variant.size_bytes = disk_size([path, *companions]) if path.is_file() else entry.get("size_bytes")
@@ -152,7 +160,7 @@ def _from_file(path: Path) -> Variant:
 
 
 def _owning_run(path: Path) -> Variant | None:
-    """The manifest entry of ``path`` when it lies inside a run folder (label, accuracy and data from the run)."""
+    """The manifest entry of ``path`` when it lies inside a run folder (label, headline metric and data from the run)."""
     resolved = path.resolve()
     for folder in resolved.parents:
         manifest = folder / "manifest.json"
@@ -162,7 +170,7 @@ def _owning_run(path: Path) -> Variant | None:
             entry = next((a for a in data.get("artifacts", []) if a.get("path") == rel), None)
             if entry is None:
                 return None
-            return _from_entry(folder, str(data.get("recipe") or folder.name), entry)
+            return _from_entry(folder, str(data.get("recipe") or folder.name), entry, data.get("task") or {})
     return None
 
 

@@ -346,3 +346,21 @@ def export_int8_onnx(stripped: torch.nn.Module, example: Inputs, path: Path, *, 
         onnx.save(model_proto, str(tmp_path))
         onnx.checker.check_model(str(tmp_path))
     return report
+
+
+def onnx_latency(model: torch.nn.Module, example: Inputs, samples: Inputs, batch_sizes: list[int],
+                 runs: int) -> dict[str, float]:
+    """Median onnxruntime latency (CPU, one thread) of ``model`` exported to a throw-away ONNX file, per batch
+    size, on fresh batches of ``samples``: ``{"latency_b32_median_ms": ...}``. What a stage reports for a
+    model before and after it changes it (the prune stage does)."""
+    from ..runtime import fresh_batch, open_artifact, time_interleaved
+
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "model.onnx"
+        export_onnx(copy.deepcopy(model).cpu(), to(example, "cpu"), path)
+        run = open_artifact(path, runtime="onnxruntime", device="cpu", threads=1)
+        for bs in batch_sizes:
+            stats = time_interleaved({"model": run}, fresh_batch(samples, bs), warmup=3, runs=runs)["model"]
+            out[f"latency_b{bs}_median_ms"] = stats.p50_ms
+    return out

@@ -210,28 +210,6 @@ class TensorRtTarget(Target[TensorRtConfig]):
         artifact.notes.append(f"build on the GPU machine: sh {artifact.path.rsplit('/', 1)[0]}/build.sh (see its README.md)")
         return artifact
 
-    def runner(self, path: Path, threads: int | None = None):
-        """An engine runs through the runtime layer where TensorRT can run it; a prepared bundle never runs."""
-        if Path(path).suffix != ".engine":
-            return None
-        from ..runtime import RuntimeUnavailable, open_artifact
-
-        try:
-            run = open_artifact(path, runtime="tensorrt", threads=threads)
-        except RuntimeUnavailable:
-            return None
-        sidecar = json.loads(Path(f"{path}.json").read_text())
-        limit = min(shape["max"][0] for shape in sidecar["profile"].values())
-        return lambda x: _in_batches(run, x, limit)
-
-
-def _in_batches(run, x, limit: int):
-    """Run ``x`` (an array or a feed of named arrays) in slices the engine's profile accepts (at most ``limit``
-    samples each; a text feed's slices cut to their longest row): ``runtime.tensorrt.in_batches``."""
-    from ..runtime.tensorrt import in_batches
-
-    return in_batches(run, x, limit)
-
 
 def default_sequence(state, ctx) -> TensorRtSequence:
     """The sequence range when the recipe sets none: min 1, max ``data.max_length``, opt the eval split's 90th percentile

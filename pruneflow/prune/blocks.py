@@ -124,9 +124,15 @@ def present(model: nn.Module, names: list[str]) -> list[str]:
     return [n for n in names if n in modules and not isinstance(modules[n], nn.Identity)]
 
 
+def removed_block() -> nn.Module:
+    """What stands where a block was removed (registered under ``pruneflow.rebuildable_modules``, so a
+    checkpoint of a model that lost blocks rebuilds it)."""
+    return nn.Identity()
+
+
 def remove_blocks(model: nn.Module, names: list[str]) -> None:
     for name in names:
-        _set(model, name, nn.Identity())
+        _set(model, name, removed_block())
 
 
 @torch.no_grad()
@@ -227,12 +233,12 @@ class BlockStrategy(Strategy):
         after, before = record.figures, self.before
         return {"round": record.index, "goal_kept": round(record.goal[self.metric] / before[self.metric], 4),
                 "blocks": after["blocks"], "removed": ", ".join(record.removed), "macs": after["macs"],
-                "params": after["params"], "macs_kept": after["macs"] / before["macs"], "accuracy": record.accuracy,
+                "params": after["params"], "macs_kept": after["macs"] / before["macs"], record.metric: record.value,
                 "seconds": record.seconds}
 
     def describe(self, record: Round) -> str:
         return (f"removed {len(record.removed)} block(s), {record.figures['macs'] / self.before['macs']:.1%} of MACs, "
-                f"accuracy {record.accuracy:.4f}")
+                f"{record.metric} {record.value:.4f}")
 
     def summary(self, after: dict[str, int]) -> dict[str, float | int]:
         return {"blocks_before": self.before["blocks"], "blocks_removed": self.before["blocks"] - after["blocks"]}

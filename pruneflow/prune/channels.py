@@ -8,13 +8,13 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ..bench import cpu_channel_block
+from ..runtime.host import cpu_channel_block
 from ..errors import ConfigError
 from ..evaluate import count_macs_params
 from .engine import (PruneOptions, auto_rounds, channel_table, layer_channels, layer_widths, measure, plan_step, prunable_layers,
                      resolve_ignored, search_ratio)
-from .fisher import fisher_diagonal, mean_gradients
-from .importance import hessian_saliency, magnitude_saliency, mixed_saliency, taylor_saliency
+from .criteria import criterion_for
+from .importance import ChannelEvidence
 from .rounds import Batches, Plan, Round, Strategy, linear_goal
 from .mha import attention_modules
 from .surgery import make_prunable
@@ -73,17 +73,9 @@ class ChannelStrategy(Strategy):
         return linear_goal(self.metric, self.before, self.keep, index, rounds)
 
     def score(self, batches: Callable[[], Batches]) -> dict[str, torch.Tensor]:
-        cfg, model = self.config, self.model
-        if cfg.importance == "magnitude":
-            return magnitude_saliency(model, cfg.magnitude_p)
-        sample = batches()
-        if cfg.importance == "taylor":
-            return taylor_saliency(model, mean_gradients(model, sample, self.loss))
-        fisher, grads = fisher_diagonal(model, sample, self.loss)
-        hessian = hessian_saliency(model, fisher)
-        if cfg.importance == "hessian":
-            return hessian
-        return mixed_saliency(hessian, taylor_saliency(model, grads), cfg.hessian_weight)
+        """Per-parameter saliency from the stage's criterion (``importance``; ``criteria.py``)."""
+        evidence = ChannelEvidence(self.model, batches, self.loss, self.config.magnitude_p)
+        return criterion_for(self.config).score(evidence)
 
     def plan(self, scores: dict[str, torch.Tensor], goal: dict[str, float]) -> Plan:
         cfg = self.config
@@ -105,11 +97,11 @@ class ChannelStrategy(Strategy):
         after, before = record.figures, self.before
         return {"round": record.index, "goal_kept": round(record.goal[self.metric] / before[self.metric], 4),
                 "ratio": round(record.plan["ratio"], 4), "channels": after["channels"], "macs": after["macs"],
-                "params": after["params"], "macs_kept": after["macs"] / before["macs"], "accuracy": record.accuracy,
+                "params": after["params"], "macs_kept": after["macs"] / before["macs"], record.metric: record.value,
                 "seconds": record.seconds}
 
     def describe(self, record: Round) -> str:
-        return f"{record.figures['macs'] / self.before['macs']:.1%} of MACs, accuracy {record.accuracy:.4f}"
+        return f"{record.figures['macs'] / self.before['macs']:.1%} of MACs, {record.metric} {record.value:.4f}"
 
     def summary(self, after: dict[str, int]) -> dict[str, float | int]:
         return {"channels_kept": after["channels"] / self.before["channels"], "shortcuts_rewritten": self.replaced}

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import AfterValidator, Discriminator, Field, Tag, field_validator, model_validator
 
 from ..distill import DistillSpec
 from ..recipe.models import ModelSpec
@@ -86,7 +86,20 @@ class PruneLatency(StrictModel):
     runs: int = Field(default=20, ge=1, description="Timed runs per batch size.")
 
 
-Importance = Literal["magnitude", "taylor", "hessian", "hessian+taylor"]
+def _registered_criterion(value: str) -> str:
+    """``importance`` names a registered pruning criterion (``pruneflow.criteria``; ``criteria.py``)."""
+    from .. import registry
+    from ..errors import PruneflowError
+
+    try:
+        registry.criteria.get(value)
+    except PruneflowError as exc:  # unknown (with the known names and a close match), or a plugin that fails to import
+        raise ValueError(exc.message) from None
+    return value
+
+
+#: A pruning criterion's registered name: built in `magnitude`, `taylor`, `hessian`, `hessian+taylor`.
+Importance = Annotated[str, AfterValidator(_registered_criterion)]
 
 
 class _PruneBase(StageConfig):
@@ -135,8 +148,9 @@ class ChannelPruneConfig(_ScoredPruneBase):
         default="auto", description="Prune-then-fine-tune rounds; `auto` removes about 10 % of channels a round."
     )
     importance: Importance = Field(
-        default="hessian", description="Channel importance: weight magnitude, first-order Taylor (|w·g|), Hessian (OBD, w²·Fisher), "
-        "or both mixed."
+        default="hessian", description="Channel importance, a registered pruning criterion: `magnitude` (weight magnitude), "
+        "`taylor` (first-order Taylor, |w·g|), `hessian` (OBD, w²·Fisher), `hessian+taylor` (both mixed), or a plugin's "
+        "(entry point `pruneflow.criteria`)."
     )
     allocation: Literal["global", "uniform"] = Field(
         default="global", description="`global` ranks channels across layers; `uniform` prunes every layer by the same ratio."
@@ -200,8 +214,9 @@ class HeadPruneConfig(_ScoredPruneBase):
         default="auto", description="Prune-then-fine-tune rounds; `auto`: about 10 % of the heads (or FFN neurons) a round."
     )
     importance: Importance = Field(
-        default="hessian", description="Unit importance: weight norms, first-order Taylor (|mean g| of a unit's mask), Hessian "
-        "(Fisher: mean g²), or both mixed."
+        default="hessian", description="Unit importance, a registered pruning criterion: `magnitude` (weight norms), `taylor` "
+        "(first-order Taylor, |mean g| of a unit's mask), `hessian` (Fisher: mean g²), `hessian+taylor` (both mixed), or a "
+        "plugin's (entry point `pruneflow.criteria`)."
     )
 
 

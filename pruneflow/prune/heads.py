@@ -11,6 +11,7 @@ from typing import Callable
 
 from ..errors import ConfigError
 from ..evaluate import count_macs_params
+from .criteria import criterion_for
 from .mha import convert_mha
 from .rounds import Batches, Plan, Round, Strategy
 from .transformer import attention_sites, ffn_sites, prune_heads, prune_neurons, select_lowest, unit_importance
@@ -56,7 +57,8 @@ class HeadStrategy(Strategy):
         return {unit: share * index / rounds for unit, share in (("heads", target.heads), ("ffn", target.ffn)) if share}
 
     def score(self, batches: Callable[[], Batches]):
-        return unit_importance(self.model, batches(), self.loss, self.config.importance, self.config.hessian_weight)
+        """Head and FFN-neuron scores from the stage's criterion (``importance``; ``criteria.py``)."""
+        return unit_importance(self.model, batches, self.loss, criterion_for(self.config))
 
     def plan(self, scores, goal: dict[str, float]) -> Plan:
         head_scores, ffn_scores = scores
@@ -83,11 +85,11 @@ class HeadStrategy(Strategy):
     def row(self, record: Round) -> dict:
         after = record.figures
         return {"round": record.index, "heads": after["heads"], "ffn_neurons": after["ffn_neurons"], "macs": after["macs"],
-                "params": after["params"], "accuracy": record.accuracy, "seconds": record.seconds}
+                "params": after["params"], record.metric: record.value, "seconds": record.seconds}
 
     def describe(self, record: Round) -> str:
         after = record.figures
-        return f"{after['heads']} heads, {after['ffn_neurons']} FFN neurons left, accuracy {record.accuracy:.4f}"
+        return f"{after['heads']} heads, {after['ffn_neurons']} FFN neurons left, {record.metric} {record.value:.4f}"
 
     def summary(self, after: dict[str, int]) -> dict[str, float | int]:
         return {"heads": after["heads"], "heads_before": self.total_heads,

@@ -1,14 +1,17 @@
 """Channel importance from per-parameter saliency tensors.
 
-torch-pruning scores a *group* of coupled channels (its DependencyGraph finds them); we keep its
-group reduction and normalisation, but read a saliency tensor per parameter instead of weights and
-``.grad`` directly:
+The saliency comes from the stage's criterion (``criteria.py``, named by ``importance``), reading a
+:class:`ChannelEvidence`. The built-in criteria:
 
 - ``magnitude``: |w|^p
 - ``taylor``:    |w · g|, g the mean gradient over the importance batches (Molchanov et al. 2019)
 - ``hessian``:   w² · F, F the diagonal empirical Fisher, i.e. the mean of per-sample squared
                  gradients, as Optimal Brain Damage's Hessian estimate (LeCun et al. 1989)
 - ``hessian+taylor``: both, each normalised, mixed by ``hessian_weight``
+
+torch-pruning scores a *group* of coupled channels (its DependencyGraph finds them); we keep its
+group reduction and normalisation, but read a saliency tensor per parameter instead of weights and
+``.grad`` directly.
 
 How groups compare in a global ranking (``ranking``):
 - ``relative`` (torch-pruning's default): a group's summed scores are divided by their mean, so a
@@ -29,9 +32,13 @@ and its per-sample backward loop is slow. We compute per-sample gradients with `
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 
+from .criteria import Evidence, Scores
+from .fisher import fisher_diagonal, mean_gradients
 from .surgery import ChannelEmbedConv
 from .tp_adapter import GroupImportance, Member
 
@@ -141,6 +148,42 @@ def _normalised(sal: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {n: t / mean for n, t in sal.items()}
 
 
-def mixed_saliency(hessian: dict[str, torch.Tensor], taylor: dict[str, torch.Tensor], hessian_weight: float) -> dict[str, torch.Tensor]:
-    h, t = _normalised(hessian), _normalised(taylor)
-    return {n: hessian_weight * h[n] + (1 - hessian_weight) * t[n] for n in h if n in t}
+class ChannelEvidence(Evidence):
+    """What a criterion reads for channel pruning: per-parameter tensors keyed by parameter name.
+
+    ``batches()`` samples the round's importance batches (once, when a term first needs them). The mean
+    gradient comes from the Fisher's per-sample pass when that ran first (it computes both), else from one
+    backward pass a batch."""
+
+    def __init__(self, model: nn.Module, batches: Callable[[], list], loss: Callable, magnitude_p: int = 2):
+        self.model, self._batches, self.loss, self.p = model, batches, loss, magnitude_p
+        self._sample: list | None = None
+        self._gradient: Scores | None = None
+        self._fisher: Scores | None = None
+
+    def _sampled(self) -> list:
+        if self._sample is None:
+            self._sample = self._batches()
+        return self._sample
+
+    def magnitude(self) -> Scores:
+        return magnitude_saliency(self.model, self.p)
+
+    def weights(self) -> Scores:
+        return {n: p.detach() for n, p in self.model.named_parameters()}
+
+    def gradient(self) -> Scores:
+        if self._gradient is None:
+            self._gradient = mean_gradients(self.model, self._sampled(), self.loss)
+        return self._gradient
+
+    def fisher(self) -> Scores:
+        if self._fisher is None:
+            self._fisher, grads = fisher_diagonal(self.model, self._sampled(), self.loss)
+            if self._gradient is None:
+                self._gradient = grads
+        return self._fisher
+
+    def mixed(self, first: Scores, second: Scores, weight: float) -> Scores:
+        a, b = _normalised(first), _normalised(second)
+        return {n: weight * a[n] + (1 - weight) * b[n] for n in a if n in b}

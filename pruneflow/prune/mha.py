@@ -50,6 +50,12 @@ class HeadAttention(nn.Module):
         self.out_proj = nn.Linear(inner, embed_dim, bias=bias)
         self.register_buffer("head_index", torch.arange(num_heads), persistent=True)
 
+    @classmethod
+    def blank(cls) -> "HeadAttention":
+        """One whose sizes a checkpoint sets (registered under ``pruneflow.rebuildable_modules``): an
+        ``nn.MultiheadAttention`` that lost heads."""
+        return cls(1, 1, 1)
+
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_padding_mask: torch.Tensor | None = None,
                 need_weights: bool = True, attn_mask: torch.Tensor | None = None, average_attn_weights: bool = True,
                 is_causal: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:

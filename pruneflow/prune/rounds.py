@@ -40,14 +40,15 @@ StepCallback = Callable[[int, int], None]
 @dataclass(frozen=True)
 class Round:
     """What one round did: its ``goal`` (per figure, the value aimed at), what it ``removed`` (unit name →
-    score for blocks, a count per kind of unit for channels and transformers), the ``accuracy`` after its
-    fine-tune, the ``figures`` measured after it (macs, params and the strategy's own counts), the
+    score for blocks, a count per kind of unit for channels and transformers), the task's headline ``metric``
+    and its ``value`` after the round's fine-tune, the ``figures`` measured after it (macs, params and the strategy's own counts), the
     strategy's ``plan`` figures (e.g. the channel ratio searched) and its wall time in ``seconds``."""
 
     index: int
     goal: dict[str, float]
     removed: dict[str, float]
-    accuracy: float
+    metric: str
+    value: float
     figures: dict[str, int]
     seconds: float
     plan: dict[str, float] = field(default_factory=dict)
@@ -95,7 +96,7 @@ class Strategy(ABC):
         it as it enters the stage: at least ``macs`` and ``params``."""
 
     def prepare(self) -> None:
-        """Rewrite or record what the rounds need; runs after the baseline accuracy and latency."""
+        """Rewrite or record what the rounds need; runs after the baseline metric and latency."""
 
     @abstractmethod
     def rounds(self) -> int:
@@ -171,19 +172,29 @@ class Tuner:
         """Fine-tune (with KD) at this round's LR, or just evaluate; the next round's LR decays."""
         cfg = self.config
         if cfg.finetune and cfg.finetune.epochs:
-            accuracy = self.finetune(model, cfg.finetune.model_copy(update={"lr": self.lr}),
-                                     f"{self.label} round {index}/{rounds}", on_step_end)
+            value = self.finetune(model, cfg.finetune.model_copy(update={"lr": self.lr}),
+                                  f"{self.label} round {index}/{rounds}", on_step_end)
             self.lr *= cfg.lr_decay
-            return accuracy
-        return evaluate_model(model, self.state.data.eval, self.state.task, self.ctx.recipe.data.eval_batch_size,
-                              self.ctx.device, self.ctx.reporter, f"{self.label} round {index}")["accuracy"]
+            return value
+        return self.evaluate(model, f"{self.label} round {index}")
 
-    def final(self, model: nn.Module, accuracy: float) -> float:
-        """The accuracy after the final fine-tune, when the recipe asks for one (else ``accuracy``)."""
+    @property
+    def metric(self) -> str:
+        """The name of the figure ``after_round`` returns: the task's headline metric."""
+        return self.state.task.headline_name
+
+    def evaluate(self, model: nn.Module, description: str) -> float:
+        """The task's headline metric of ``model`` on the eval split."""
+        state, ctx = self.state, self.ctx
+        return evaluate_model(model, state.data.eval, state.task, ctx.recipe.data.eval_batch_size, ctx.device,
+                              ctx.reporter, description)[state.task.headline_name]
+
+    def final(self, model: nn.Module, value: float) -> float:
+        """The headline metric after the final fine-tune, when the recipe asks for one (else ``value``)."""
         settings = self.config.final_finetune
         if settings and settings.epochs:
             return self.finetune(model, settings, f"{self.label} final fine-tune")
-        return accuracy
+        return value
 
     def finetune(self, model: nn.Module, settings: FinetuneSettings, description: str,
                  on_step_end: StepCallback | None = None) -> float:
@@ -197,7 +208,7 @@ class Tuner:
         finally:
             if distiller:
                 distiller.close()
-        return history[-1]["eval_accuracy"]
+        return history[-1][f"eval_{state.task.headline_name}"]
 
 
 def run_round(strategy: Strategy, tuner: Tuner, sample: Callable[[int], Batches], index: int, rounds: int) -> tuple[Round, float]:
@@ -212,13 +223,13 @@ def run_round(strategy: Strategy, tuner: Tuner, sample: Callable[[int], Batches]
     scoring = time.perf_counter() - t0
     plan = strategy.plan(scores, goal)
     removed = plan.apply() if plan.on_step_end is None else {}
-    accuracy = tuner.after_round(strategy.model, index, rounds, plan.on_step_end)
+    value = tuner.after_round(strategy.model, index, rounds, plan.on_step_end)
     if plan.on_step_end is not None:
         removed = plan.apply()  # faded to zero during the fine-tune: the removal changes no output
     with distributed.peers_guard(f"prune round {index}"):
         distributed.check_same_structure(strategy.model, f"prune round {index}")
     figures = strategy.measure()
-    record = Round(index, goal, removed, accuracy, figures, round(time.perf_counter() - start, 1), plan.figures)
+    record = Round(index, goal, removed, tuner.metric, value, figures, round(time.perf_counter() - start, 1), plan.figures)
     return record, scoring
 
 

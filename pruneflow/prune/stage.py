@@ -1,14 +1,14 @@
 """`prune`: progressive structured pruning with distillation fine-tuning between rounds.
 
 The stage picks the strategy for the config's granularity (channels, blocks, or transformer heads and
-FFN neurons), runs the one round loop (``rounds.py``) and reports what is common to all three: accuracy
-and MACs/params before and after, onnxruntime latency before and after, the rounds table.
+FFN neurons), runs the one round loop (``rounds.py``) and reports what is common to all three: the task's
+headline metric and MACs/params before and after, onnxruntime latency before and after, the rounds table.
 """
 
 from __future__ import annotations
 
 from .. import distributed
-from ..bench import onnx_latency
+from ..export.onnx import onnx_latency
 from ..evaluate import evaluate_model
 from ..errors import ConfigError
 from ..stage import Stage, StageResult
@@ -33,11 +33,24 @@ class PruneStage(Stage[AnyPruneConfig]):
     Config = ChannelPruneConfig  # the default variant; the recipe validates against config_model()
     modifies_model = True
     needs_train_split = True
+    runs_under_ddp = True
 
     @classmethod
     def config_model(cls):
         """The union of the granularity variants, told apart by `granularity` (see ``config.py``)."""
         return PruneConfig
+
+    def strategy(self, model, example, loss, config: AnyPruneConfig | None = None) -> Strategy:
+        """The round-loop strategy of the config's granularity on ``model`` (``config``: another variant of this
+        stage's settings, e.g. doctor's with a quick criterion)."""
+        cfg = config or self.config
+        return _STRATEGIES[type(cfg)](cfg, model, example, loss, self.loc)
+
+    def doctor(self, state, ctx):
+        """`pruneflow doctor`: one real round on a copy and one batch (``prune/doctor.py``)."""
+        from .doctor import prune_checks
+
+        return prune_checks(self, state, ctx)
 
     def check_model(self, model, batch) -> list[str]:
         """Before any stage of the run trains: channel pruning has a layer to prune (else exit 2 here, not
@@ -54,10 +67,11 @@ class PruneStage(Stage[AnyPruneConfig]):
         cfg = self.config
         model, example, data = state.model, state.example_input, state.data
         latency = cfg.latency if distributed.is_main() else None  # other ranks would disturb rank 0's timing
-        strategy = _STRATEGIES[type(cfg)](cfg, model, example, state.task.loss, self.loc)
+        strategy = self.strategy(model, example, state.task.loss)
         entering = strategy.entering()
-        accuracy_before = evaluate_model(model, data.eval, state.task, ctx.recipe.data.eval_batch_size, ctx.device,
-                                         ctx.reporter, f"{self.id} baseline")["accuracy"]
+        headline = state.task.headline_name
+        before = evaluate_model(model, data.eval, state.task, ctx.recipe.data.eval_batch_size, ctx.device,
+                                ctx.reporter, f"{self.id} baseline")[headline]
         latency_before = onnx_latency(model, example, data.eval.x, latency.batch_sizes, latency.runs) if latency else {}
         strategy.prepare()
         tuner = Tuner(cfg, state, ctx, self.id, self.loc("distill"))
@@ -67,10 +81,10 @@ class PruneStage(Stage[AnyPruneConfig]):
             return importance_batches(data, batches, cfg.importance_batch_size, ctx.seed * 1000 + index, ctx.device)
 
         records, importance_seconds = run_rounds(strategy, tuner, sample, ctx.reporter, self.id)
-        final = tuner.final(model, records[-1].accuracy if records else accuracy_before)
+        final = tuner.final(model, records[-1].value if records else before)
         after = strategy.measure()
         metrics: dict[str, float | int | str] = {
-            "accuracy": final, "accuracy_before": accuracy_before,
+            headline: final, f"{headline}_before": before,
             "macs": after["macs"], "params": after["params"],
             "macs_before": entering["macs"], "params_before": entering["params"],
             "macs_reduction": entering["macs"] / after["macs"], "params_reduction": entering["params"] / after["params"],

@@ -28,6 +28,11 @@ class ChannelEmbedConv(nn.Conv2d):
                 self.weight[pad + i, i, 0, 0] = 1.0
         self.weight.requires_grad_(False)
 
+    @classmethod
+    def blank(cls) -> "ChannelEmbedConv":
+        """One whose sizes and stride a checkpoint sets (registered under ``pruneflow.rebuildable_modules``)."""
+        return cls(1, 0, 1)
+
 
 def make_prunable(model: nn.Module, example: Inputs) -> int:
     """Replace every ChannelPadShortcut in place; returns how many were replaced."""

@@ -8,8 +8,9 @@ projection, then update ``num_attention_heads`` and ``all_head_size``. FFN neuro
 into the equivalent :class:`~pruneflow.prune.mha.HeadAttention` (see ``mha.py``), whose heads are sites too.
 
 Importance uses per-sample *masks*: the head outputs (and FFN activations) are multiplied by a
-(batch, units) tensor of ones, so one backward pass yields every sample's gradient for every unit:
-Taylor |mean g|, Hessian (Fisher) mean g², magnitude the units' weight norms.
+(batch, units) tensor of ones, so one backward pass yields every sample's gradient for every unit
+(:class:`UnitEvidence`, read by the stage's criterion, ``criteria.py``): Taylor |mean g|, Hessian (Fisher)
+mean g², magnitude the units' weight norms.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Callable, Iterable, Iterator
 import torch
 from torch import nn
 
+from .criteria import Criterion, Evidence, Scores
 from .mha import HeadAttention, prune_attention_heads
 from ..inputs import Inputs, call
 
@@ -192,15 +194,46 @@ def _activation_module(model: nn.Module, site: FfnSite) -> nn.Module:
     return getattr(parent, "intermediate")
 
 
-def unit_importance(model: nn.Module, batches: "Iterable[tuple[Inputs, torch.Tensor]]",
-                    loss_fn: Callable[[object, torch.Tensor], torch.Tensor], criterion: str,
-                    hessian_weight: float = 0.5) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """Scores for every head and FFN neuron (higher = more important), keyed by site name."""
-    heads = {s.name: s for s in attention_sites(model)}
-    ffns = {s.name: s for s in ffn_sites(model)}
-    if criterion == "magnitude":
-        return ({n: _head_norms(s) for n, s in heads.items()},
-                {n: s.up.weight.detach().pow(2).sum(1) + s.down.weight.detach().pow(2).sum(0) for n, s in ffns.items()})
+class UnitEvidence(Evidence):
+    """What a criterion reads for heads and FFN neurons: one score per unit, keyed by site name. A unit's
+    "weight" is its mask (ones), so a criterion's |w·g| or w²·F is the mask's |g| or F. The gradient and the
+    Fisher come from one masked pass over ``batches`` (made when a term first needs it)."""
+
+    def __init__(self, model: nn.Module, batches: "Callable[[], Iterable[tuple[Inputs, torch.Tensor]]]",
+                 loss_fn: Callable[[object, torch.Tensor], torch.Tensor]):
+        self.model, self._batches, self.loss_fn = model, batches, loss_fn
+        self._moments: tuple[Scores, Scores] | None = None
+
+    def magnitude(self) -> Scores:
+        heads = {s.name: _head_norms(s) for s in attention_sites(self.model)}
+        return {**heads, **{s.name: s.up.weight.detach().pow(2).sum(1) + s.down.weight.detach().pow(2).sum(0)
+                            for s in ffn_sites(self.model)}}
+
+    def weights(self) -> Scores:
+        heads = {s.name: torch.ones(s.heads, dtype=s.query.weight.dtype, device=s.query.weight.device)
+                 for s in attention_sites(self.model)}
+        return {**heads, **{s.name: torch.ones(s.neurons, dtype=s.up.weight.dtype, device=s.up.weight.device)
+                            for s in ffn_sites(self.model)}}
+
+    def gradient(self) -> Scores:
+        return self._masked()[0]
+
+    def fisher(self) -> Scores:
+        return self._masked()[1]
+
+    def mixed(self, first: Scores, second: Scores, weight: float) -> Scores:
+        a, b = _mean(first), _mean(second)
+        return {n: weight * first[n] / a + (1 - weight) * second[n] / b for n in first if n in second}
+
+    def _masked(self) -> tuple[Scores, Scores]:
+        """Every unit's mean mask gradient and mean squared per-sample mask gradient."""
+        if self._moments is None:
+            self._moments = _mask_moments(self.model, self._batches(), self.loss_fn)
+        return self._moments
+
+
+def _mask_moments(model: nn.Module, batches: "Iterable[tuple[Inputs, torch.Tensor]]",
+                  loss_fn: Callable[[object, torch.Tensor], torch.Tensor]) -> tuple[Scores, Scores]:
     was = model.training
     model.eval()
     grad_sum: dict[str, torch.Tensor] = {}
@@ -219,15 +252,17 @@ def unit_importance(model: nn.Module, batches: "Iterable[tuple[Inputs, torch.Ten
         count += len(y)
     model.zero_grad(set_to_none=True)
     model.train(was)
-    taylor = {n: (g / count).abs() for n, g in grad_sum.items()}
-    fisher = {n: s / count for n, s in sq_sum.items()}
-    if criterion == "taylor":
-        scores = taylor
-    elif criterion == "hessian":
-        scores = fisher
-    else:
-        scores = {n: hessian_weight * fisher[n] / _mean(fisher) + (1 - hessian_weight) * taylor[n] / _mean(taylor) for n in fisher}
-    return {n: scores[n] for n in heads}, {n: scores[n] for n in ffns}
+    return {n: g / count for n, g in grad_sum.items()}, {n: s / count for n, s in sq_sum.items()}
+
+
+def unit_importance(model: nn.Module, batches: "Iterable[tuple[Inputs, torch.Tensor]] | Callable[[], Iterable]",
+                    loss_fn: Callable[[object, torch.Tensor], torch.Tensor],
+                    criterion: Criterion) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Scores for every head and FFN neuron by ``criterion`` (higher = more important), keyed by site name.
+    ``batches``: the importance batches, or a function sampling them (called only when the criterion needs them)."""
+    sample = batches if callable(batches) else (lambda: batches)
+    scores = criterion.score(UnitEvidence(model, sample, loss_fn))
+    return ({s.name: scores[s.name] for s in attention_sites(model)}, {s.name: scores[s.name] for s in ffn_sites(model)})
 
 
 def _mean(d: dict[str, torch.Tensor]) -> float:

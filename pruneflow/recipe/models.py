@@ -6,6 +6,7 @@ The stage list is a discriminated union over the registered stage types, built w
 
 from __future__ import annotations
 
+import difflib
 import functools
 import math
 from types import GenericAlias
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, Sequence, U
 from pydantic import Field, create_model, field_validator, model_validator
 
 from .. import registry
-from ..config import StageConfig, StrictModel
+from ..config import StageConfig, StrictModel, TaskConfig
 
 NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
 #: Longest run or stage name: it becomes a folder name (OUT/NAME, stages/NN-NAME), and file systems stop at 255 bytes.
@@ -157,13 +158,17 @@ class DataSpec(StrictModel):
 
 class GateSpec(StrictModel):
     metric: str = Field(
-        description="Metric to check: `STAGE.METRIC` (e.g. `evaluate.accuracy`) or `TARGET.PRECISION.METRIC` "
-        "(e.g. `onnx.fp32.accuracy`)."
+        description="Metric to check: `STAGE.METRIC` (e.g. `evaluate.accuracy`, the classification task's headline) or "
+        "`TARGET.PRECISION.METRIC` (e.g. `onnx.fp32.accuracy`); `pruneflow optimize --json` lists what a run produced."
     )
     min: float | None = Field(default=None, description="Fail when the metric is below this.")
     max: float | None = Field(default=None, description="Fail when the metric is above this.")
     baseline: str | None = Field(default=None, description="Another metric to compare with (for `max_drop`).")
-    max_drop: float | None = Field(default=None, ge=0, description="Fail when baseline - metric exceeds this.")
+    max_drop: float | None = Field(
+        default=None, ge=0,
+        description="Fail when the metric is worse than `baseline` by more than this, in the metric's own direction: "
+        "baseline - metric for a metric where higher is better (accuracy), metric - baseline where lower is better "
+        "(a loss, an error; the task names each metric's direction).")
 
     @model_validator(mode="after")
     def _bounds(self) -> "GateSpec":
@@ -172,6 +177,11 @@ class GateSpec(StrictModel):
         if (self.max_drop is None) != (self.baseline is None):
             raise ValueError("`max_drop` and `baseline` go together")
         return self
+
+
+def _DEFAULT_TASK() -> Any:
+    """The recipe's default ``task``, as written in a recipe (validated into the classification task's Config)."""
+    return {"type": "classification"}
 
 
 class RecipeBase(StrictModel):
@@ -185,10 +195,28 @@ class RecipeBase(StrictModel):
     seed: int = Field(default=0, ge=0, le=SEED_MAX, description="Seed for data splits, initialisation and training.")
     device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="`auto` uses CUDA when available.")
     threads: int | None = Field(default=None, gt=0, description="torch CPU threads (default: torch's own choice).")
-    task: Literal["classification"] = Field(default="classification", description="What the model does; sets loss and metric.")
+    task: TaskConfig = Field(
+        default_factory=_DEFAULT_TASK,  # validated into the task's Config
+        description="What the model does, which sets its loss, metrics (each with its direction), label checks, parity and "
+        "distillation: a registered task's name (`classification`), or `{type: NAME, ...}` with the task's options.",
+    )
     model: ModelSpec = Field(description="The model to optimize.")
     data: DataSpec = Field(description="Training and evaluation data.")
     gates: list[GateSpec] = Field(default_factory=list, description="Quality gates; a failed one makes the exit code 1.")
+    @field_validator("task", mode="before")
+    @classmethod
+    def _task_name(cls, value: Any) -> Any:
+        """`task: NAME` stands for `{type: NAME}`; the name must be a registered task's."""
+        value = {"type": value} if isinstance(value, str) else value
+        name = value.get("type") if isinstance(value, dict) else None
+        if isinstance(name, str) and name not in registry.tasks.names():
+            known = registry.tasks.names()
+            close = difflib.get_close_matches(name, known, n=1)
+            raise ValueError(f"unknown task {name!r}; {f'did you mean {close[0]!r}? ' if close else ''}known tasks: "
+                             f"{', '.join(known)} (a task from another package is registered under the `pruneflow.tasks` "
+                             "entry point group)")
+        return value
+
     if TYPE_CHECKING:
         # The field itself is added by recipe_model(), typed as the union of the registered stage
         # configs (known only at run time); the type checker sees what every member of it is.
@@ -230,13 +258,20 @@ def target_union() -> Any:
 
 
 @functools.cache
+def task_union() -> Any:
+    return _union([cls.Config for cls in registry.tasks.all().values()], "tasks")
+
+
+@functools.cache
 def recipe_model() -> type[RecipeBase]:
-    """The Recipe model with the stage union over every registered stage."""
+    """The Recipe model with the stage union over every registered stage, and the task union over every task."""
     stages = _union([stage_config_model(cls) for cls in registry.stages.all().values()], "stages")
     model = create_model(
         "Recipe",
         __base__=RecipeBase,
         stages=(list_of(stages), Field(min_length=1, description="Stages run in order on one model.")),
+        task=(task_union(), Field(default_factory=_DEFAULT_TASK,
+                                  description=RecipeBase.model_fields["task"].description)),
     )
     return model
 

@@ -106,6 +106,17 @@ def render() -> str:
         for sub in [sub for model in variants for sub in _nested(model, seen)]:
             if not issubclass(sub, TargetConfig):  # targets get their own section
                 out += [f"#### {sub.__name__}", "", *_table(sub), ""]
+    out += ["## Tasks", "", "Selected by the recipe's `task`: a name (`task: classification`) or a mapping with options "
+            "(`task: {type: NAME, output: logits}`). A task sets the loss, the metrics and their direction (which way a "
+            "gate's `max_drop` counts), the label checks, what parity between torch and an artifact means, and distillation.", ""]
+    for name in registry.tasks.names():
+        task = registry.tasks.get(name)
+        model = task.Config
+        metrics = ", ".join(f"`{m.name}` ({'higher' if m.higher_is_better else 'lower'} is better)" for m in task.metrics)
+        out += [f"### `{name}`", "", (model.model_fields["type"].description or ""), "",
+                f"Metrics: {metrics}; headline: `{task.headline_name}`. Parity: `{task.agreement.name}` "
+                f"({'higher' if task.agreement.higher_is_better else 'lower'} is better).", "",
+                *_table(model, ("type",)), ""]
     out += ["## Export targets", "", "Written in an export stage's `targets` list as a name or a mapping with options.", ""]
     for name in registry.targets.names():
         model = registry.targets.get(name).Config

@@ -1,4 +1,4 @@
-"""`evaluate`: accuracy, MACs and parameters of the current torch model."""
+"""`evaluate`: the task's metrics (classification: accuracy and loss), MACs and parameters of the current torch model."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pydantic import Field
 from ..errors import ConfigError
 from ..evaluate import count_macs_params, evaluate_model
 from ..recipe.rules import has_train_split
-from ..stage import Stage, StageConfig, StageResult
+from ..stage import Check, Stage, StageConfig, StageResult
 
 
 class EvaluateConfig(StageConfig):
@@ -30,6 +30,13 @@ class EvaluateStage(Stage[EvaluateConfig]):
         if config.split == "train" and not has_train_split(recipe.data):
             yield ConfigError(("stages", index, "split"), "the recipe's data has no train split", value="train",
                               hint="measure `split: eval`, or give the data a `path` (split by eval_fraction) or a `train` source")
+
+    def doctor(self, state, ctx) -> list[Check]:
+        """`pruneflow doctor`: the model evaluated on the one eval batch doctor holds."""
+        assert state.data is not None
+        result = evaluate_model(state.model, state.data.eval, state.task, device=ctx.device)
+        return [Check("evaluate one batch", "ok", f"{state.task.describe(result)} on {len(state.data.eval)} eval samples "
+                      "(doctor trains nothing: the figure is not the run's)")]
 
     def run(self, state, ctx):
         split = state.data.eval if self.config.split == "eval" else state.data.train

@@ -1,7 +1,8 @@
 """`export`: write the model for each target and precision, then measure every artifact.
 
 Each artifact is checked in its own runtime right after it is built: parity against the torch model it
-came from (max abs diff, cosine similarity, top-1 agreement) and accuracy on the eval split. Once every
+came from (max abs diff, cosine similarity and the task's agreement figure: top-1 agreement for classes) and
+the task's metrics on the eval split. Once every
 artifact of the stage exists, all of them are timed together, interleaved, per batch size
 (``measure.py``), and the stage's gates (speed-up against fp32, size on disk) are checked.
 """
@@ -25,7 +26,8 @@ from ..recipe.models import list_of, normalise_target_list, target_union
 from ..recipe.rules import quantized_before
 from ..runtime import host_info
 from ..stage import Stage, StageConfig, StageResult, StrictModel, Target
-from .measure import (Opened, ParityLimits, batched, default_limits, open_for, parity_gate, parity_metrics, reference_logits,
+from ..tasks import Task
+from .measure import (Opened, ParityLimits, batched, default_limits, open_for, parity_gate, parity_metrics, reference_outputs,
                       runtime_advice, time_all)
 
 __all__ = ["ExportConfig", "ExportStage", "failed_artifact", "parity_metrics"]
@@ -39,14 +41,24 @@ class ParitySpec(StrictModel):
     min_cosine: float | None = Field(default=None, ge=0, le=1, description="Smallest allowed mean per-sample cosine similarity of outputs (of the whole arrays for one or two outputs per "
                                       "sample; default: 0.9999 fp32, 0.999 fp16, 0.99 int8; an OpenVINO artifact run in the plugin's default "
                                       "bf16 is held to at most 0.999, an INT8 one to 0.989: both errors add).")
-    min_top1_agreement: float | None = Field(default=None, ge=0, le=1, description="Smallest allowed share of equal top-1 predictions (default: 0.99 fp32, 0.98 fp16, 0.95 int8; "
-                                             "in OpenVINO's default bf16 at most 0.98, 0.93 for INT8).")
+    agreement: float | None = Field(
+        default=None, ge=0,
+        description="Limit on the task's agreement figure between torch's outputs and the artifact's (its `agreement`: "
+        "classification's is the share of equal top-1 predictions, a minimum; default: 0.99 fp32, 0.98 fp16, 0.95 int8, "
+        "in OpenVINO's default bf16 at most 0.98, 0.93 for INT8). A minimum where the figure's higher is better, a maximum "
+        "where lower is.")
+    min_top1_agreement: float | None = Field(default=None, ge=0, le=1, description="Classification's name for `agreement`: "
+                                             "the smallest allowed share of equal top-1 predictions.")
 
-    def limits(self, precision: str, computed_in: str | None = None) -> ParityLimits:
+    def limits(self, precision: str, computed_in: str | None = None, task: Task | None = None) -> ParityLimits:
         """Limits for an artifact's precision, run with inference precision ``computed_in`` (OpenVINO's
-        ``bf16`` default, say; see ``measure.default_limits``); a value set in the recipe wins."""
-        default = default_limits(precision, computed_in)
-        return default._replace(**self.model_dump(include=set(ParityLimits._fields), exclude_none=True))
+        ``bf16`` default, say; see ``measure.default_limits``), on ``task``'s outputs; a value set in the recipe wins."""
+        default = default_limits(precision, computed_in, task)
+        set_here = self.model_dump(include={"max_abs_diff", "min_cosine"}, exclude_none=True)
+        agreement = self.agreement if self.agreement is not None else self.min_top1_agreement
+        if agreement is not None:
+            set_here["agreement"] = agreement
+        return default._replace(**set_here)
 
 
 class LatencySpec(StrictModel):
@@ -67,7 +79,8 @@ class ExportConfig(StageConfig):
         description="Numeric precisions to write. `int8` needs a `ptq` stage, or a `qat` stage ending in int8, before export; "
         "its artifacts hold that stage's quantization parameters and are compared with the quantized torch model.",
     )
-    evaluate: bool = Field(default=True, description="Measure each artifact's accuracy on the eval split in its own runtime.")
+    evaluate: bool = Field(default=True, description="Measure each artifact's task metrics (classification: accuracy) on the eval "
+                           "split in its own runtime.")
     parity: ParitySpec = Field(default_factory=ParitySpec, description="Torch-vs-artifact parity check and its limits.")
     latency: LatencySpec | None = Field(
         default_factory=LatencySpec,
@@ -114,7 +127,8 @@ class ExportStage(Stage[ExportConfig]):
             targets=(list_of(target_union()), Field(min_length=1, description=ExportConfig.model_fields["targets"].description)),
         )
 
-    def _targets(self) -> list[tuple[str, Target]]:
+    def make_targets(self) -> list[tuple[str, Target]]:
+        """``(name, target)`` for each target of the stage, built from its settings, in the order they run."""
         made = [(t.type, registry.targets.get(t.type)(t)) for t in self.config.targets]
         order = {n: i for i, (n, _) in enumerate(made)}
         # Targets that consume another target's artifact (e.g. OpenVINO from ONNX) come after it.
@@ -166,10 +180,16 @@ class ExportStage(Stage[ExportConfig]):
                 yield ConfigError((*loc, "batch_sizes", i), f"batch size {bs} is not timed by this stage", value=bs,
                                   hint=f"add it to latency.batch_sizes ({', '.join(map(str, timed)) or 'none'})")
 
+    def doctor(self, state, ctx) -> list:
+        """`pruneflow doctor`: every target and precision built for real and run on one batch (``export_doctor.py``)."""
+        from .export_doctor import export_checks
+
+        return export_checks(self, state, ctx)
+
     def preflight(self, ctx) -> list[str]:
         """Each target's toolchain (what it writes was checked with the recipe, see ``recipe_rules``)."""
         notes = []
-        for _, target in self._targets():
+        for _, target in self.make_targets():
             notes += target.preflight()
         return notes
 
@@ -177,7 +197,7 @@ class ExportStage(Stage[ExportConfig]):
         cfg = self.config
         result = StageResult()
         opened: list[Opened] = []
-        for name, target in self._targets():
+        for name, target in self.make_targets():
             # export/<target>/ for the usual single export stage; a second one gets export/<its id>/<target>/.
             out_dir = ctx.run_dir / "export" / (name if self.id == "export" else f"{self.id}/{name}")
             out_dir.mkdir(parents=True, exist_ok=True)
@@ -224,7 +244,7 @@ class ExportStage(Stage[ExportConfig]):
         return artifacts
 
     def _check(self, artifact: Artifact, target: Target, state, ctx) -> tuple[Opened, list[GateResult]]:
-        """Parity against torch and accuracy, in every way the artifact is run (see ``measure.Opened``)."""
+        """Parity against torch and the task's metrics, in every way the artifact is run (see ``measure.Opened``)."""
         cfg = self.config
         path = ctx.run_dir / artifact.path
         static = not getattr(target.config, "dynamic_batch", True)
@@ -234,24 +254,24 @@ class ExportStage(Stage[ExportConfig]):
         x = trim(take(state.data.eval.x, slice(0, cfg.parity.samples)))
         # fp32/fp16 artifacts come from the float view of the model, int8 ones from the quantized model itself.
         source = state.model if artifact.precision == "int8" else state.handle.float_module()
-        ref = reference_logits(source, x, state.task)
+        ref = reference_outputs(source, x, state.task)
         gates = []
         for suffix, executor in checks.items():
             run = batched(executor, static)
             got = np.asarray(run(as_numpy(x)), dtype=np.float32)
-            parity = parity_metrics(ref, got)
+            parity = parity_metrics(ref, got, state.task)
             artifact.metrics.update({f"{k}{suffix}": v for k, v in parity.items()})
             artifact.metrics[f"runtime{suffix}"] = executor.label
             computed_in = executor.info.get("inference_precision")
             if computed_in:
                 artifact.metrics[f"inference_precision{suffix}"] = computed_in
-            limits = cfg.parity.limits(artifact.precision or "fp32", computed_in)
+            limits = cfg.parity.limits(artifact.precision or "fp32", computed_in, state.task)
             gates.append(parity_gate(artifact, suffix, executor, parity, bool(np.isfinite(got).all()), limits))
             if cfg.evaluate:
                 measured = evaluate_runtime(run, state.data.eval, state.task, ctx.recipe.data.eval_batch_size,
                                             ctx.reporter, description=f"{artifact.label} eval ({executor.label})")
-                artifact.metrics[f"accuracy{suffix}"] = measured["accuracy"]
-        advice = runtime_advice(artifact)
+                artifact.metrics.update({f"{m.name}{suffix}": measured[m.name] for m in state.task.metrics})
+        advice = runtime_advice(artifact, state.task)
         if advice:
             artifact.notes.append(advice)
         timed = open_for(artifact, target, path, cfg.latency.threads) if cfg.latency else {}

@@ -1,12 +1,12 @@
 """What the export stage measures on each artifact, through the runtime layer (``pruneflow.runtime``).
 
-Checks (parity against torch, accuracy) run per artifact right after it is built; latency runs once
+Checks (parity against torch, the task's metrics) run per artifact right after it is built; latency runs once
 every artifact of the stage exists, all of them interleaved per batch size, so load on a shared machine
 hits them alike and the ratios between them hold.
 
 An OpenVINO artifact runs twice: with the plugin's default inference precision (what a user gets: bf16
 on CPUs with AVX-512 BF16 or AMX) and with f32 forced (the file's own arithmetic). Metrics of the default
-carry the plain names (``accuracy``, ``latency_b1_median_ms``), those of forced f32 the suffix ``_f32``;
+carry the plain names (the task's metrics, ``latency_b1_median_ms``), those of forced f32 the suffix ``_f32``;
 where the default already is f32 only the plain ones exist.
 """
 
@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, NamedTuple
 import numpy as np
 import torch
 
-from ..errors import ExportError
 from ..gates import GateResult
 from ..inputs import Inputs, call, to
+from ..tasks import Classification, Metric, Task
 from ..runtime import Executor, LatencyStats, RuntimeUnavailable, fresh_batch, open_artifact, runtimes_for, time_interleaved
 
 if TYPE_CHECKING:
@@ -34,52 +34,63 @@ F32 = "_f32"
 
 
 class ParityLimits(NamedTuple):
-    """One precision's parity limits (``max_abs_diff`` None: no limit on the largest difference)."""
+    """One precision's parity limits: on the largest difference (None: no limit), the cosine, and the task's
+    agreement figure (``Task.agreement``: a minimum where higher is better, a maximum where lower is; None: none)."""
 
     max_abs_diff: float | None
     min_cosine: float
-    min_top1_agreement: float
+    agreement: float | None = None
+    metric: Metric = Metric("cosine", perfect=1.0)
 
     def looser(self, other: "ParityLimits") -> "ParityLimits":
         """Each limit the looser of the two (an artifact computed in a lower precision than it stores)."""
         diff = None if self.max_abs_diff is None or other.max_abs_diff is None else max(self.max_abs_diff, other.max_abs_diff)
-        return ParityLimits(diff, min(self.min_cosine, other.min_cosine), min(self.min_top1_agreement, other.min_top1_agreement))
+        agree = None if self.agreement is None or other.agreement is None else self.metric.looser(self.agreement, other.agreement)
+        return self._replace(max_abs_diff=diff, min_cosine=min(self.min_cosine, other.min_cosine), agreement=agree)
 
     def compounded(self, other: "ParityLimits") -> "ParityLimits":
         """The limits of two approximations applied together (an INT8 model whose float parts a runtime
-        computes in bf16): their budgets add (cosine and top-1 shortfalls, largest differences)."""
+        computes in bf16): their budgets add (cosine and agreement shortfalls, largest differences)."""
         diff = None if self.max_abs_diff is None or other.max_abs_diff is None else self.max_abs_diff + other.max_abs_diff
-        return ParityLimits(diff, round(self.min_cosine + other.min_cosine - 1, 10),
-                            round(self.min_top1_agreement + other.min_top1_agreement - 1, 10))
+        agree = None if self.agreement is None or other.agreement is None else self.metric.compounded(self.agreement, other.agreement)
+        return self._replace(max_abs_diff=diff, min_cosine=round(self.min_cosine + other.min_cosine - 1, 10), agreement=agree)
 
 
-# Per-precision parity limits; a recipe value overrides them for every precision.
+# Per-precision limits on the largest difference and the cosine; the task adds its agreement figure's
+# (``Task.agreement_limits``, same keys); a recipe value overrides them for every precision.
 PARITY_DEFAULTS = {
-    "fp32": ParityLimits(max_abs_diff=1e-3, min_cosine=0.9999, min_top1_agreement=0.99),
-    "fp16": ParityLimits(max_abs_diff=5e-2, min_cosine=0.999, min_top1_agreement=0.98),
+    "fp32": ParityLimits(max_abs_diff=1e-3, min_cosine=0.9999),
+    "fp16": ParityLimits(max_abs_diff=5e-2, min_cosine=0.999),
     # INT8 runtimes round at different points than torch's fake quantization (integer accumulation,
-    # requantization), and a flipped level early in a deep net moves logits: no max-diff limit by default.
-    "int8": ParityLimits(max_abs_diff=None, min_cosine=0.99, min_top1_agreement=0.95),
+    # requantization), and a flipped level early in a deep net moves outputs: no max-diff limit by default.
+    "int8": ParityLimits(max_abs_diff=None, min_cosine=0.99),
     # What a runtime computing in bf16 (OpenVINO's CPU default with AVX-512 BF16/AMX) can hold to: 8 bits of
-    # mantissa against fp16's 11, so no max-diff limit (logits of 10-20 move by ~0.1), fp16's cosine and top-1.
-    "bf16": ParityLimits(max_abs_diff=None, min_cosine=0.999, min_top1_agreement=0.98),
+    # mantissa against fp16's 11, so no max-diff limit (logits of 10-20 move by ~0.1), fp16's cosine.
+    "bf16": ParityLimits(max_abs_diff=None, min_cosine=0.999),
 }
 
 #: OpenVINO's inference precision names → the PARITY_DEFAULTS entry its arithmetic is held to.
 COMPUTED_IN = {"bf16": "bf16", "f16": "fp16"}
 
 
-def default_limits(precision: str, computed_in: str | None = None) -> ParityLimits:
+def default_limits(precision: str, computed_in: str | None = None, task: Task | None = None) -> ParityLimits:
     """The default limits of an artifact of ``precision`` run with inference precision ``computed_in``
-    (OpenVINO's ``bf16``/``f16``/``f32``; None: the runtime computes in the artifact's own precision)."""
-    limits = PARITY_DEFAULTS.get(precision, PARITY_DEFAULTS["fp32"])
+    (OpenVINO's ``bf16``/``f16``/``f32``; None: the runtime computes in the artifact's own precision), for
+    ``task``'s outputs (default: classification)."""
+    task = task or Classification()
+
+    def of(name: str) -> ParityLimits:
+        return PARITY_DEFAULTS.get(name, PARITY_DEFAULTS["fp32"])._replace(
+            agreement=task.agreement_limits.get(name, task.agreement_limits.get("fp32")), metric=task.agreement)
+
+    limits = of(precision)
     lower = COMPUTED_IN.get(computed_in or "")
     if not lower:
         return limits
     # An fp32/fp16 artifact computed in bf16 has bf16's error alone; an INT8 one has both its own and bf16's in
     # its float parts (LayerNorm, Softmax, GELU of a transformer): MiniLM-L6 QAT on SST-2 moved 5 % of near-tie
     # predictions in OpenVINO's bf16 default (1.9 % with f32 forced), its FP32 IR none.
-    return limits.compounded(PARITY_DEFAULTS[lower]) if precision == "int8" else limits.looser(PARITY_DEFAULTS[lower])
+    return limits.compounded(of(lower)) if precision == "int8" else limits.looser(of(lower))
 
 
 @dataclass
@@ -126,33 +137,18 @@ def batched(run: Callable[[Any], np.ndarray], static: bool) -> Callable[[Any], n
     return one_by_one
 
 
-def reference_logits(model: torch.nn.Module, x: "Inputs", task) -> np.ndarray:
+def reference_outputs(model: torch.nn.Module, x: "Inputs", task: Task) -> np.ndarray:
+    """What the task reads of ``model``'s output on ``x`` (``Task.output``), as float32 numpy."""
     device = next(model.parameters()).device
     with torch.no_grad():
         model.eval()
-        return task.logits(call(model, to(x, device))).float().cpu().numpy()
+        return task.output(call(model, to(x, device))).float().cpu().numpy()
 
 
-def parity_metrics(ref: np.ndarray, got: np.ndarray) -> dict[str, float]:
-    """Max abs diff, cosine similarity and top-1 agreement of two logit arrays.
-
-    Cosine is the mean per-sample cosine, except for outputs of one or two values per sample (a binary
-    classifier): there a sample's cosine is +-1 by the signs alone, so a near-tie flipped by rounding counts
-    -1 (what top-1 agreement already counts) and the cosine of the whole arrays is taken instead."""
-    if ref.shape != got.shape:
-        raise ExportError(f"the artifact's output shape {got.shape} differs from torch's {ref.shape}")
-    a = ref.reshape(len(ref), -1).astype(np.float64)
-    b = got.reshape(len(got), -1).astype(np.float64)
-    if a.shape[1] <= 2:
-        cosine = float((a * b).sum() / max(float(np.linalg.norm(a) * np.linalg.norm(b)), 1e-12))
-    else:
-        cosine = float(((a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)).mean())
-    return {
-        "max_abs_diff": float(np.abs(a - b).max()),
-        "cosine": cosine,
-        "top1_agreement": float((a.argmax(1) == b.argmax(1)).mean()),
-        "parity_samples": int(len(a)),
-    }
+def parity_metrics(ref: np.ndarray, got: np.ndarray, task: Task | None = None) -> dict[str, float]:
+    """Max abs diff, cosine similarity and the task's agreement figure (``Task.agree``; default: classification's
+    top-1 agreement) of two output arrays."""
+    return (task or Classification()).agree(ref, got)
 
 
 def parity_gate(artifact: "Artifact", suffix: str, executor: Executor, parity: dict[str, float], finite: bool,
@@ -164,26 +160,32 @@ def parity_gate(artifact: "Artifact", suffix: str, executor: Executor, parity: d
         problems.append(f"max abs diff {parity['max_abs_diff']:.3g} > {limits.max_abs_diff:.10g}")
     if parity["cosine"] < limits.min_cosine:
         problems.append(f"cosine {parity['cosine']:.6f} < min_cosine {limits.min_cosine:.10g}")
-    if parity["top1_agreement"] < limits.min_top1_agreement:
-        problems.append(f"top-1 agreement {parity['top1_agreement']:.4f} < min_top1_agreement {limits.min_top1_agreement:.10g}")
+    metric = limits.metric
+    shown = metric.name.replace("_", " ")
+    if limits.agreement is not None and metric.name != "cosine" and not metric.at_least_as_good(parity[metric.name], limits.agreement):
+        problems.append(f"{shown} {parity[metric.name]:.4f} {'<' if metric.higher_is_better else '>'} "
+                        f"{metric.bound_word()} {limits.agreement:.10g}")
     ran = executor.label
+    agreed = f", {shown} {parity[metric.name]:.4f}" if metric.name in parity and metric.name != "cosine" else ""
     detail = "; ".join(problems) if problems else (
-        f"max abs diff {parity['max_abs_diff']:.2e}, cosine {parity['cosine']:.6f}, top-1 agreement {parity['top1_agreement']:.4f}")
+        f"max abs diff {parity['max_abs_diff']:.2e}, cosine {parity['cosine']:.6f}{agreed}")
     gate = GateResult(f"{artifact.label}.parity{suffix}", not problems, f"{artifact.path} in {ran}: {detail}", parity["cosine"])
     if problems:
         artifact.notes.append(f"parity check failed ({ran}): " + "; ".join(problems))
     return gate
 
 
-def runtime_advice(artifact: "Artifact") -> str | None:
+def runtime_advice(artifact: "Artifact", task: Task) -> str | None:
     """A note for an artifact whose deployment record says how to compile it (an OpenVINO INT8 IR: f32),
     with what was measured both ways here; None when it was not checked both ways."""
     m, hint = artifact.metrics, ((artifact.deployment or {}).get("runtime") or {}).get("openvino")
-    if not hint or f"top1_agreement{F32}" not in m:
+    agreement, headline = task.agreement.name, task.headline_name
+    if not hint or f"{agreement}{F32}" not in m:
         return None
-    ways = [f"top-1 agreement with the quantized torch model {m[f'top1_agreement{F32}']:.2%} vs {m['top1_agreement']:.2%}"]
-    if m.get(f"accuracy{F32}") is not None and m.get("accuracy") is not None:
-        ways.append(f"accuracy {m[f'accuracy{F32}']:.2%} vs {m['accuracy']:.2%}")
+    ways = [f"{agreement.replace('_', ' ')} with the quantized torch model {m[f'{agreement}{F32}']:.2%} vs {m[agreement]:.2%}"]
+    if m.get(f"{headline}{F32}") is not None and m.get(headline) is not None:
+        fmt = task.headline.format
+        ways.append(f"{headline} {fmt(m[f'{headline}{F32}'])} vs {fmt(m[headline])}")
     settings = ", ".join(f"{k}={v}" for k, v in hint.items())
     return (f"deploy with {settings} (its deployment record's runtime): here {'; '.join(ways)} "
             f"with the runtime's default ({m.get('inference_precision', 'default')})")

@@ -8,7 +8,7 @@ from typing import Callable
 from torch import nn
 
 from .digits import digits_cnn
-from .hf import bert_classifier
+from .hf import bert_classifier, bert_classifier_with_new_parameters
 from .resnet_cifar import resnet20, resnet32, resnet44, resnet56
 
 
@@ -17,6 +17,9 @@ class ZooEntry:
     factory: Callable[..., nn.Module]
     input_shape: tuple[int, ...] | None  # None: taken from the data
     description: str
+    #: What the run builds with, when the model may come with newly initialised parameters: the factory's
+    #: arguments in, ``(model, names of the parameters no pretrained weights set)`` out (``models.build_model_with_new_parameters``).
+    build: Callable[..., tuple[nn.Module, list[str]]] | None = None
 
 
 ZOO: dict[str, ZooEntry] = {
@@ -25,7 +28,8 @@ ZOO: dict[str, ZooEntry] = {
     "resnet32": ZooEntry(resnet32, (3, 32, 32), "CIFAR ResNet-32, option-A shortcuts (0.46 M params)"),
     "resnet44": ZooEntry(resnet44, (3, 32, 32), "CIFAR ResNet-44, option-A shortcuts (0.66 M params)"),
     "resnet56": ZooEntry(resnet56, (3, 32, 32), "CIFAR ResNet-56, option-A shortcuts (0.85 M params)"),
-    "bert_classifier": ZooEntry(bert_classifier, None, "BERT-style classifier from a local folder or a config (needs transformers)"),
+    "bert_classifier": ZooEntry(bert_classifier, None, "BERT-style classifier from a local folder or a config (needs transformers)",
+                                bert_classifier_with_new_parameters),
 }
 
 __all__ = ["ZOO", "ZooEntry", "bert_classifier", "digits_cnn", "resnet20", "resnet32", "resnet44", "resnet56"]

@@ -29,12 +29,10 @@ class SequenceClassifier(nn.Module):
     """``forward(input_ids, attention_mask, token_type_ids=None) -> logits``. Without a mask, padding
     (``pad_id``) is masked out of attention (token ids alone, as older artifacts took them)."""
 
-    def __init__(self, model: nn.Module, pad_id: int = 0, new_parameters: list[str] | None = None):
+    def __init__(self, model: nn.Module, pad_id: int = 0):
         super().__init__()
         self.model = model
         self.pad_id = pad_id
-        #: Parameters the pretrained folder did not hold (the new classifier head): randomly initialised.
-        self.new_parameters = list(new_parameters or [])
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -48,6 +46,17 @@ def bert_classifier(folder: str | None = None, num_labels: int = 2, vocab_size: 
                     num_layers: int = 2, num_heads: int = 4, intermediate_size: int = 512, max_positions: int = 512,
                     pad_id: int = 0, seed: int | None = None) -> SequenceClassifier:
     """A BERT classifier: from ``folder`` (local files only) or a fresh config (random init)."""
+    return bert_classifier_with_new_parameters(folder, num_labels, vocab_size, hidden_size, num_layers, num_heads,
+                                               intermediate_size, max_positions, pad_id, seed)[0]
+
+
+def bert_classifier_with_new_parameters(
+        folder: str | None = None, num_labels: int = 2, vocab_size: int = 30522, hidden_size: int = 128, num_layers: int = 2,
+        num_heads: int = 4, intermediate_size: int = 512, max_positions: int = 512, pad_id: int = 0,
+        seed: int | None = None) -> tuple[SequenceClassifier, list[str]]:
+    """``bert_classifier`` (the zoo's builder), and the names of the parameters the pretrained folder did not hold
+    (the new classifier head, randomly initialised; none without a folder). Returned beside the model, never
+    stored on it."""
     tf = _transformers()
     if seed is not None:
         torch.manual_seed(seed)
@@ -58,14 +67,14 @@ def bert_classifier(folder: str | None = None, num_labels: int = 2, vocab_size: 
                 folder, local_files_only=True, attn_implementation="eager", output_loading_info=True)
         except Exception as exc:  # noqa: BLE001
             raise InputError(f"model.kwargs.folder: could not load a model from {folder}: {type(exc).__name__}: {exc}") from exc
-        return SequenceClassifier(model, pad_id, new_parameters=sorted(f"model.{k}" for k in info.get("missing_keys", [])))
+        return SequenceClassifier(model, pad_id), sorted(f"model.{k}" for k in info.get("missing_keys", []))
     else:
         config = tf.BertConfig(vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_layers,
                                num_attention_heads=num_heads, intermediate_size=intermediate_size,
                                max_position_embeddings=max_positions, num_labels=num_labels)
         config._attn_implementation = "eager"
         model = tf.BertForSequenceClassification(config)
-    return SequenceClassifier(model, pad_id)
+    return SequenceClassifier(model, pad_id), []
 
 
 def save_pretrained_folder(module: nn.Module, folder: Path) -> str | None:

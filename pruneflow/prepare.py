@@ -1,0 +1,125 @@
+"""What a run does before its first stage, and `pruneflow doctor` and `validate` too: the stages planned from the
+recipe, the machine checked (``preflight``: --out, the factory, files, toolchains), the data and the model loaded
+and checked together (``load_inputs``). Nothing here writes.
+
+    stages = plan_stages(loaded)
+    notes = preflight(loaded, stages, out="runs")
+    inputs = load_inputs(loaded, stages, reporter)   # data, model, device, example, task
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import registry
+from .context import Reporter
+from .errors import ConfigError, InputError
+from .inputs import Inputs, take, trim
+from .recipe import LoadedRecipe
+from .recipe.rules import stage_ids
+from .stage import Stage
+from .tasks import Task
+
+
+def plan_stages(loaded: LoadedRecipe) -> list[Stage]:
+    """Instantiate every stage with its id (its `name`, else its type, numbered when repeated).
+
+    The ids are unique: ``load_recipe`` rejected a recipe that names two stages alike (``recipe/rules.py``).
+    """
+    stages: list[Stage] = []
+    for index, (cfg, stage_id) in enumerate(zip(loaded.recipe.stages, stage_ids(loaded.recipe.stages))):
+        stage = registry.stages.get(cfg.type)(cfg, stage_id, index)
+        stage.before = tuple(stages)
+        stages.append(stage)
+    return stages
+
+
+def preflight(loaded: LoadedRecipe, stages: list[Stage], out: str | Path | None = None) -> list[str]:
+    """Checks that need neither model nor data but the machine: --out, factory import, files, toolchains.
+
+    Returns notes; a ConfigError (a file the recipe names is absent) comes out located, FILE:LINE.
+    """
+    from .preflight import check_out_dir
+
+    recipe = loaded.recipe
+    if out is not None:
+        check_out_dir(Path(out), recipe.name)
+    check_factory(loaded)
+    with loaded.locating():
+        files = [("model", "checkpoint")] + [("data", name) for name in ("path", "train", "eval")]
+        for section, name in files:
+            value = getattr(getattr(recipe, section), name)
+            if value and not (Path(value).is_file() if name == "checkpoint" else Path(value).exists()):
+                raise ConfigError((section, name), f"file not found: {value}",
+                                  hint="a relative path is relative to the recipe file that sets it")
+        notes = []
+        for stage in stages:
+            notes += stage.preflight(None)
+    return notes
+
+
+def check_factory(loaded: LoadedRecipe) -> None:
+    """``model.factory`` names a zoo model or a callable that imports (a ``file.py`` is imported, nothing is
+    built): for `validate` and ``--dry-run``, a located recipe error (FILE:LINE  model.factory), exit 2."""
+    import difflib
+
+    from .models import resolve_factory
+    from .zoo import ZOO
+
+    factory = loaded.recipe.model.factory
+    with loaded.locating():
+        try:
+            resolve_factory(factory)
+        except InputError as exc:
+            close = difflib.get_close_matches(factory, list(ZOO), n=1) if ":" not in factory else []
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            message = exc.message.removeprefix(f"model.factory {factory!r}").lstrip(": ")
+            raise ConfigError(("model", "factory"), message, value=factory, hint=hint + (exc.hint or "")) from exc
+
+
+class RunInputs:
+    """What a run starts from, loaded and checked before anything is written: data, model, device, example."""
+
+    def __init__(self, data: Any, model: torch.nn.Module, device: str, example: "Inputs", task: "Task",
+                 new_parameters: list[str] | None = None):
+        self.data, self.model, self.device, self.example, self.task = data, model, device, example, task
+        #: Parameters no pretrained weights set (a new classifier head; ``models.build_model_with_new_parameters``).
+        self.new_parameters = list(new_parameters or [])
+
+
+def load_inputs(loaded: LoadedRecipe, stages: list[Stage], reporter: Reporter) -> RunInputs:
+    """Load the data and build the model, then check them together (``preflight.py``); raise before any write."""
+    from .data import load_data
+    from .models import build_model_with_new_parameters, input_shape_for
+    from .preflight import PREFLIGHT_BATCH, check_model_on_batch, check_shape_matches_data
+    from .tasks import make_task
+
+    recipe = loaded.recipe
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if recipe.device == "auto" else recipe.device
+    if device == "cuda" and not torch.cuda.is_available():
+        raise InputError("device: cuda was requested but torch sees no CUDA device", hint="set device: auto or cpu")
+    if recipe.threads:
+        torch.set_num_threads(recipe.threads)
+    torch.manual_seed(recipe.seed)
+    reporter.info(f"loading data ({recipe.data.format})")
+    task = make_task(recipe.task)
+    data = load_data(recipe.data, recipe.seed, with_train=any(s.needs_train_split for s in stages), task=task)
+    labels = {"eval": data.eval.y} if data.train is None else {"train": data.train.y, "eval": data.eval.y}
+    task.check_targets(labels, data, recipe.data.label_column)
+    model, new_parameters = build_model_with_new_parameters(recipe.model)
+    shape = input_shape_for(recipe.model, data.input_shape)
+    check_shape_matches_data(shape, data.input_shape, explicit=recipe.model.input_shape is not None)
+    preflight_batch = take(data.eval.x, slice(0, PREFLIGHT_BATCH))
+    output = check_model_on_batch(model, preflight_batch, recipe.model.factory, task.output)
+    task.check_output(output, data.eval.y[:PREFLIGHT_BATCH], data, recipe.model.factory)
+    for stage in stages:  # each stage's checks on the model itself (qat/ptq: NNCF can quantize it), before any training
+        for note in stage.check_model(model, preflight_batch):
+            reporter.info(f"{stage.id}: {note}")
+    if isinstance(data.eval.x, dict):  # several inputs: the first real sample (text cut to its own length)
+        example: Inputs = trim(take(data.eval.x, slice(0, 1)))
+    else:
+        example = torch.zeros((1,) + tuple(shape), dtype=data.eval.x.dtype)
+    return RunInputs(data, model, device, example, task, new_parameters)

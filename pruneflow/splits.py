@@ -1,0 +1,85 @@
+"""The data a run holds in memory: a ``Split`` (inputs and targets) and the ``DataBundle`` of a recipe's splits.
+
+Kernel records, like ``Artifact``: ``RunState`` carries a ``DataBundle`` and every stage reads it, while
+loading one from a source (``load_data``) is a service in ``data.py``. Augmentation is written in torch on
+whole batches: datasets' own transforms run per sample in Python and would dominate CPU time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+
+from .errors import InputError
+from .inputs import Inputs, lengths, take, trim
+from .recipe.models import AugmentSpec
+
+
+@dataclass
+class Split:
+    """Preprocessed inputs and integer labels of one split. ``x`` is one float32 tensor, or forward's
+    parameter names mapped to tensors (text: ``input_ids``, ``attention_mask``[, ``token_type_ids``])."""
+
+    x: Inputs
+    y: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def batches(self, batch_size: int, by_length: bool = False) -> Iterator[tuple[Inputs, torch.Tensor]]:
+        """Batches in order (``by_length``: text sorted by length first, which pads less; every sample
+        still comes once). Text batches are cut to their longest row."""
+        n = lengths(self.x) if by_length else None
+        order = torch.argsort(n, stable=True) if n is not None else None
+        for start in range(0, len(self), batch_size):
+            idx = order[start : start + batch_size] if order is not None else slice(start, start + batch_size)
+            yield trim(take(self.x, idx)), self.y[idx]
+
+
+@dataclass
+class DataBundle:
+    train: Split | None
+    eval: Split
+    num_classes: int
+    input_shape: tuple[int, ...]
+    class_names: list[str] | None = None
+    augment: AugmentSpec = field(default_factory=AugmentSpec)
+    #: Per-channel value that raw zero pixels map to after normalisation (the crop padding fill).
+    pad_value: torch.Tensor | None = None
+    description: str = ""
+
+    def train_batches(self, batch_size: int, generator: torch.Generator, augment: bool = True):
+        """Shuffled, augmented training batches (one epoch)."""
+        if self.train is None:
+            raise InputError("this recipe's data has no training split", hint="set data.path or data.train")
+        order = torch.randperm(len(self.train), generator=generator)
+        for start in range(0, len(order), batch_size):
+            idx = order[start : start + batch_size]
+            x, y = trim(take(self.train.x, idx)), self.train.y[idx]
+            if augment and isinstance(x, torch.Tensor):
+                x = apply_augment(x, self.augment, generator, self.pad_value)
+            yield x, y
+
+
+def apply_augment(x: torch.Tensor, spec: AugmentSpec, gen: torch.Generator, pad_value: torch.Tensor | None) -> torch.Tensor:
+    """Random crop after padding, and horizontal flip, on a whole NCHW batch at once."""
+    if x.dim() != 4:
+        return x
+    b, c, h, w = x.shape
+    if spec.crop_padding:
+        p = spec.crop_padding
+        padded = x.new_empty(b, c, h + 2 * p, w + 2 * p)
+        padded[:] = (pad_value if pad_value is not None else torch.zeros(c)).view(1, c, 1, 1)
+        padded[:, :, p : p + h, p : p + w] = x
+        oy = torch.randint(0, 2 * p + 1, (b,), generator=gen)
+        ox = torch.randint(0, 2 * p + 1, (b,), generator=gen)
+        rows = (oy[:, None] + torch.arange(h))[:, :, None]  # B,H,1
+        cols = (ox[:, None] + torch.arange(w))[:, None, :]  # B,1,W
+        x = padded.permute(0, 2, 3, 1)[torch.arange(b)[:, None, None], rows, cols].permute(0, 3, 1, 2).contiguous()
+    if spec.hflip:
+        flip = torch.rand(b, generator=gen) < 0.5
+        x = x.clone() if not spec.crop_padding else x
+        x[flip] = x[flip].flip(-1)
+    return x
