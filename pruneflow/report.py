@@ -55,6 +55,7 @@ def artifact_rows(result: "RunResult") -> list[dict]:
     """One row per artifact: status, size, the task's headline metric in its runtime, parity (largest difference
     and the task's agreement figure) and latency."""
     headline, agreement = result.headline, str(result.task.get("agreement", ""))
+    agreement_column = str(result.task.get("agreement_label") or agreement.replace("_", " "))
     rows = []
     for a in result.artifacts:
         m = a.metrics
@@ -64,15 +65,12 @@ def artifact_rows(result: "RunResult") -> list[dict]:
             "size": human_bytes(a.size_bytes),
             headline: m.get(headline),
             "max abs diff": m.get("max_abs_diff"),
-            AGREEMENT_COLUMNS.get(agreement, agreement.replace("_", " ")): m.get(agreement),
+            agreement_column: m.get(agreement),
             "lat b1 ms": m.get("latency_b1_median_ms"),
             "lat b32 ms": m.get("latency_b32_median_ms"),
         })
     return rows
 
-
-#: Short column names of agreement figures (others are shown by name).
-AGREEMENT_COLUMNS = {"top1_agreement": "top-1 agree"}
 
 #: How a status reads in tables: a prepared artifact is never mistaken for one that exists.
 STATUS_WORDS = {"prepared": "prepared, not built", "failed": "FAILED"}
@@ -215,7 +213,7 @@ def render_markdown(result: "RunResult", loaded: "LoadedRecipe", data: "DataBund
         "## Artifacts",
         "",
         f"`{headline.name}` is measured in each artifact's own runtime on the eval split; parity compares its outputs "
-        f"with the torch model it came from ({task.agreement.name.replace('_', ' ')}, {task.agreement.direction}); latency is the median of timed runs (threads: "
+        f"with the torch model it came from ({task.agreement.shown}, {task.agreement.direction}); latency is the median of timed runs (threads: "
         + (", ".join(sorted({str(a.metrics["latency_threads"] or "runtime default") for a in result.artifacts
                              if "latency_threads" in a.metrics})) or "not timed") + ").",
         "",

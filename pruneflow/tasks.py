@@ -48,6 +48,12 @@ class Metric:
     #: The best value it can take (1.0 for a share of agreeing predictions, 0.0 for an error); None: unbounded.
     perfect: float | None = None
     description: str = ""
+    #: How messages and tables name it (default: the name with spaces).
+    label: str = ""
+
+    @property
+    def shown(self) -> str:
+        return self.label or self.name.replace("_", " ")
 
     @property
     def direction(self) -> str:
@@ -192,7 +198,7 @@ class Task:
         metric's direction, its agreement figure; what ``bench`` and the report read to judge without the task."""
         return {"type": self.name, "headline": self.headline_name,
                 "metrics": {m.name: "higher" if m.higher_is_better else "lower" for m in self.metrics},
-                "agreement": self.agreement.name}
+                "agreement": self.agreement.name, "agreement_label": self.agreement.shown}
 
     def data_summary(self, data: Any) -> str:
         """A few words on the labels, for the report's data line (classification: the class count)."""
@@ -245,7 +251,8 @@ class Classification(Task):
     metrics = (Metric("accuracy", perfect=1.0, description="share of samples whose top-1 class is the label"),
                Metric("loss", higher_is_better=False, description="mean cross-entropy"))
     headline_name = "accuracy"
-    agreement = Metric("top1_agreement", perfect=1.0, description="share of samples with the same top-1 class")
+    agreement = Metric("top1_agreement", perfect=1.0, description="share of samples with the same top-1 class",
+                       label="top-1 agreement")
     agreement_limits = {"fp32": 0.99, "fp16": 0.98, "int8": 0.95, "bf16": 0.98}
     stratify = True
 

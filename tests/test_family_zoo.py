@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import invoke, write
+from pruneflow.stages.measure import default_limits
 
 pytest.importorskip("nncf")
 pytest.importorskip("onnxruntime")
@@ -110,7 +111,10 @@ def _runtime_figures(artifacts: dict, expected: set[str], accuracy: float) -> di
             int8 = ".int8" in path
             cosine, top1, acc = a[f"cosine{suffix}"], a[f"top1_agreement{suffix}"], a[f"accuracy{suffix}"]
             assert cosine > (0.98 if int8 or not suffix else 0.9999), (path, suffix, cosine)
-            assert top1 >= (0.95 if int8 or not suffix else 1.0), (path, suffix, top1)
+            # int8: its parity limit as the runtime computed it (OpenVINO's bf16 default on CPUs with AVX-512 BF16
+            # or AMX adds bf16's budget to int8's: 0.93, not 0.95; mobilenet_se read 0.945 on an AMD EPYC with it)
+            floor = default_limits("int8", a.get(f"inference_precision{suffix}")).agreement if int8 else None
+            assert top1 >= (floor if floor is not None else 1.0 if suffix else 0.95), (path, suffix, top1)
             assert abs(acc - accuracy) <= 0.05, (path, suffix, acc, accuracy)
             figures[path + suffix] = (round(cosine, 4), round(top1, 3), round(acc, 3), a.get("ops_float", 0))
     return figures

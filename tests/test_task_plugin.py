@@ -94,7 +94,7 @@ def test_the_entry_point_task_runs_the_whole_recipe_and_is_judged_in_its_own_met
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     assert out["task"] == {"type": "regression", "headline": "mse", "metrics": {"mse": "lower", "mae": "lower"},
-                           "agreement": "relative_error"}
+                           "agreement": "relative_error", "agreement_label": "relative error"}
     stages = {s["name"]: s["metrics"] for s in out["stages"]}
     assert stages["train"]["mse"] < 0.05 and "train_mse" in stages["train"]  # the net learnt the function
     assert {"mse_before", "mse"} <= set(stages["prune"]) and stages["prune"]["macs_reduction"] > 1.5

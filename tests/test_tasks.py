@@ -122,7 +122,8 @@ def test_recipe_task_takes_a_name_or_a_mapping_and_refuses_an_unknown_one_at_its
 def test_task_summary_is_what_runs_record():
     summary = Classification().summary()
     assert summary == {"type": "classification", "headline": "accuracy",
-                       "metrics": {"accuracy": "higher", "loss": "lower"}, "agreement": "top1_agreement"}
+                       "metrics": {"accuracy": "higher", "loss": "lower"}, "agreement": "top1_agreement",
+                       "agreement_label": "top-1 agreement"}
 
 
 def _code_mentions(word: str) -> list[str]:

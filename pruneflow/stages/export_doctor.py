@@ -71,6 +71,6 @@ def artifact_check(artifact: Artifact, state, ctx) -> Check:
         want = state.task.output(call(module.eval(), to(x, ctx.device))).float().cpu().numpy()
     task = state.task
     agree = float(task.agree(want, got.reshape(want.shape).astype(np.float32))[task.agreement.name])
-    shown = task.agreement.name.replace("_", " ")
+    shown = task.agreement.shown
     return Check(artifact.label, "ok", f"built and run: {shown} with the torch model {agree:.3f} on {len(x)} samples"
                  f"{'; ' + notes if notes else ''}", figures={task.agreement.name: agree, "samples": len(x)})

@@ -161,7 +161,7 @@ def parity_gate(artifact: "Artifact", suffix: str, executor: Executor, parity: d
     if parity["cosine"] < limits.min_cosine:
         problems.append(f"cosine {parity['cosine']:.6f} < min_cosine {limits.min_cosine:.10g}")
     metric = limits.metric
-    shown = metric.name.replace("_", " ")
+    shown = metric.shown
     if limits.agreement is not None and metric.name != "cosine" and not metric.at_least_as_good(parity[metric.name], limits.agreement):
         problems.append(f"{shown} {parity[metric.name]:.4f} {'<' if metric.higher_is_better else '>'} "
                         f"{metric.bound_word()} {limits.agreement:.10g}")
@@ -182,7 +182,7 @@ def runtime_advice(artifact: "Artifact", task: Task) -> str | None:
     agreement, headline = task.agreement.name, task.headline_name
     if not hint or f"{agreement}{F32}" not in m:
         return None
-    ways = [f"{agreement.replace('_', ' ')} with the quantized torch model {m[f'{agreement}{F32}']:.2%} vs {m[agreement]:.2%}"]
+    ways = [f"{task.agreement.shown} with the quantized torch model {m[f'{agreement}{F32}']:.2%} vs {m[agreement]:.2%}"]
     if m.get(f"{headline}{F32}") is not None and m.get(headline) is not None:
         fmt = task.headline.format
         ways.append(f"{headline} {fmt(m[f'{headline}{F32}'])} vs {fmt(m[headline])}")
