@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from .errors import ExportError
 
@@ -37,6 +37,10 @@ class ModelHandle:
     kind: str = "float"
     float_base: "nn.Module | None" = None
     meta: dict[str, Any] = field(default_factory=dict)
+    #: Wraps each module the exports take (``float_module``/``int8_module``) so that it returns what the task reads
+    #: of the model's output (``tasks.ReadOutput``): set by the export stage for a model returning a tuple, a dict
+    #: or an HF-style output, so every artifact has the task's one output. Never checkpointed.
+    reader: "Callable[[nn.Module], nn.Module] | None" = field(default=None, compare=False)
 
     def evolve(self, **changes: Any) -> "ModelHandle":
         """A copy with ``changes`` applied (the handle itself is immutable)."""
@@ -56,7 +60,8 @@ class ModelHandle:
     def float_module(self) -> "nn.Module":
         """The floating-point model fp32/fp16 artifacts and MAC counts are made from (for a quantized kind, the
         model that entered quantization)."""
-        return self.behaviour.float_module(self)
+        module = self.behaviour.float_module(self)
+        return self.reader(module) if self.reader else module
 
     @property
     def precision(self) -> str:
@@ -70,7 +75,8 @@ class ModelHandle:
 
     def int8_module(self, example: "torch.Tensor") -> "nn.Module":
         """A plain torch module whose ONNX export holds QuantizeLinear/DequantizeLinear pairs."""
-        return self.behaviour.int8_module(self, example)
+        module = self.behaviour.int8_module(self, example)
+        return self.reader(module) if self.reader else module
 
     def to(self, device: str) -> "ModelHandle":
         """Move the module and its float base (in place, like ``nn.Module.to``), so both views run on ``device``."""

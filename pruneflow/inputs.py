@@ -37,7 +37,11 @@ def names(batch: Inputs) -> list[str]:
 
 
 def forward_names(model: nn.Module) -> list[str] | None:
-    """The names of forward's parameters (None when it takes ``**kwargs`` or cannot be read)."""
+    """The names of forward's parameters (None when it takes ``**kwargs`` or cannot be read); a wrapper that
+    reads a part of a model's output (``tasks.ReadOutput``) takes what the model takes."""
+    inner = getattr(model, "reads", None)
+    while isinstance(inner, nn.Module):
+        model, inner = inner, getattr(inner, "reads", None)
     try:
         params = inspect.signature(model.forward).parameters.values()
     except (TypeError, ValueError):

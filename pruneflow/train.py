@@ -125,6 +125,12 @@ def fit(model: nn.Module, data: DataBundle, task: Task, s: TrainSettings, ctx: R
             loss_sum, seen, figures = loop.epoch(net, batches, advance)
             distributed.sync_state(model, *extra_modules, average_buffers=True)
             loss_sum, seen, figures = _summed(loss_sum, seen, figures)
+        if epoch == 1 and loss_sum == 0.0:
+            raise InputError(
+                f"{description}: the training loss is exactly 0 on every batch of the first epoch, so nothing is learnt "
+                "and every figure after it would describe an untrained model",
+                hint="check the label column (constant labels?) and which part of the model's output the task reads "
+                "(task.output)")
         headline = task.headline_name
         row = {"epoch": epoch, "train_loss": loss_sum / seen,
                f"train_{headline}": task.compute(figures)[headline], "lr": opt.param_groups[0]["lr"]}

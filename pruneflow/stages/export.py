@@ -9,11 +9,13 @@ artifact of the stage exists, all of them are timed together, interleaved, per b
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+import torch
 from pydantic import Field, create_model, field_validator
 
 from .. import registry
@@ -21,12 +23,12 @@ from ..artifacts import Artifact
 from ..errors import ConfigError, ExportError, InputError, MissingDependencyError, PruneflowError
 from ..evaluate import evaluate_runtime
 from ..gates import ArtifactGates, GateResult, artifact_gates
-from ..inputs import as_numpy, take, trim
+from ..inputs import as_numpy, call, take, trim
 from ..recipe.models import list_of, normalise_target_list, target_union
 from ..recipe.rules import quantized_before
 from ..runtime import host_info
 from ..stage import Stage, StageConfig, StageResult, StrictModel, Target
-from ..tasks import Task
+from ..tasks import ReadOutput, Task
 from .measure import (Opened, ParityLimits, batched, default_limits, open_for, parity_gate, parity_metrics, reference_outputs,
                       runtime_advice, time_all)
 
@@ -197,6 +199,7 @@ class ExportStage(Stage[ExportConfig]):
         cfg = self.config
         result = StageResult()
         opened: list[Opened] = []
+        state = reading_view(state)
         for name, target in self.make_targets():
             # export/<target>/ for the usual single export stage; a second one gets export/<its id>/<target>/.
             out_dir = ctx.run_dir / "export" / (name if self.id == "export" else f"{self.id}/{name}")
@@ -289,6 +292,19 @@ class ExportStage(Stage[ExportConfig]):
                  progress=lambda description, total: ctx.reporter.progress(f"{self.id}: {description}", total=total))
         for o in opened:
             o.artifact.metrics["latency_threads"] = lat.threads or 0
+
+
+def reading_view(state):
+    """``state`` as the targets see it: when the model returns more than one tensor (a tuple, a dict, an HF-style
+    output), its handle gives modules that return what the task reads (``tasks.ReadOutput``), so each artifact
+    has the task's one output; ``state`` itself otherwise."""
+    module = state.handle.float_module()
+    with torch.no_grad():
+        out = call(module.eval(), take(state.example_input, slice(0, 1)))
+    if isinstance(out, torch.Tensor):
+        return state
+    task = state.task
+    return dataclasses.replace(state, handle=state.handle.evolve(reader=lambda m: ReadOutput(m, task)))
 
 
 def failed_artifact(run_dir: Path, out_dir: Path, target: str, precision: str, error: PruneflowError,

@@ -182,7 +182,8 @@ def runtime_advice(artifact: "Artifact", task: Task) -> str | None:
     agreement, headline = task.agreement.name, task.headline_name
     if not hint or f"{agreement}{F32}" not in m:
         return None
-    ways = [f"{task.agreement.shown} with the quantized torch model {m[f'{agreement}{F32}']:.2%} vs {m[agreement]:.2%}"]
+    agree = task.agreement.format
+    ways = [f"{task.agreement.shown} with the quantized torch model {agree(m[f'{agreement}{F32}'])} vs {agree(m[agreement])}"]
     if m.get(f"{headline}{F32}") is not None and m.get(headline) is not None:
         fmt = task.headline.format
         ways.append(f"{headline} {fmt(m[f'{headline}{F32}'])} vs {fmt(m[headline])}")

@@ -27,16 +27,16 @@ gates, report.md, bench) reads the task, so a new task is one file and a registr
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import Field
+from torch import nn
 
-from . import registry
-from .config import TaskConfig
-from .errors import InputError
+from .. import registry
+from ..config import TaskConfig
+from ..errors import ConfigError, InputError
 
 
 @dataclass(frozen=True)
@@ -155,6 +155,8 @@ class Task:
         """The tensor this task reads from a model's output: ``config.output`` names it (a key or attribute,
         or a tuple index); by default the output itself, its ``logits``, or its first element."""
         key = self.config.output
+        if isinstance(out, torch.Tensor):  # already the part read (an artifact's output, a ReadOutput's)
+            return out
         try:
             if key is None:
                 return _default_output(out)
@@ -162,10 +164,13 @@ class Task:
                 return _tensor(out[key])
             return _tensor(out[key] if isinstance(out, Mapping) else getattr(out, key))
         except (KeyError, IndexError, AttributeError, TypeError) as exc:
-            raise InputError(
-                f"task.output {key!r}: cannot read it from a model output of type {type(out).__name__} ({exc})",
-                hint="set task.output to the key, attribute or tuple index of the tensor the task reads",
-            ) from exc
+            what = f"a model output of type {type(out).__name__}" + (f" with keys {', '.join(map(str, out))}"
+                                                                     if isinstance(out, Mapping) else "")
+            message = f"cannot read {'a tensor' if key is None else repr(key)} from {what} ({exc})"
+            hint = "set task.output to the key, attribute or tuple index of the tensor the task reads"
+            if key is None:
+                raise InputError(f"task.output: {message}", hint=hint) from exc
+            raise ConfigError(("task", "output"), message, value=key, hint=hint) from exc
 
     def logits(self, out: Any) -> torch.Tensor:
         """``output``, under the name the classification code knew it by."""
@@ -231,97 +236,8 @@ class Task:
     def agree(self, ref: np.ndarray, got: np.ndarray) -> dict[str, float]:
         """How far ``got`` (an artifact's outputs) agrees with ``ref`` (torch's) on the same samples: the largest
         difference, the cosine and this task's ``agreement`` figure."""
-        a, b = _rows(ref, got)
-        return {**_closeness(a, b), "parity_samples": int(len(a))}
-
-
-# ---------------------------------------------------------------------------- classification
-
-
-class ClassificationConfig(TaskConfig):
-    type: Literal["classification"] = Field(default="classification", description="One class per sample (class ids 0..K-1); "
-                                            "judged by accuracy.")
-
-
-class Classification(Task):
-    """Class ids 0..K-1, one logit per class: cross-entropy; accuracy (top-1), the headline, and loss;
-    parity is top-1 agreement; distillation matches the softened class distributions (Hinton et al. 2015)."""
-
-    Config = ClassificationConfig
-    metrics = (Metric("accuracy", perfect=1.0, description="share of samples whose top-1 class is the label"),
-               Metric("loss", higher_is_better=False, description="mean cross-entropy"))
-    headline_name = "accuracy"
-    agreement = Metric("top1_agreement", perfect=1.0, description="share of samples with the same top-1 class",
-                       label="top-1 agreement")
-    agreement_limits = {"fp32": 0.99, "fp16": 0.98, "int8": 0.95, "bf16": 0.98}
-    stratify = True
-
-    def __init__(self, config: TaskConfig | None = None, label_smoothing: float = 0.0):
-        super().__init__(config)
-        self.label_smoothing = label_smoothing
-
-    def loss(self, out, target):
-        return F.cross_entropy(self.output(out), target, label_smoothing=self.label_smoothing)
-
-    def for_training(self, label_smoothing: float) -> Task:
-        if not label_smoothing:
-            return self
-        return Classification(self.config, label_smoothing)
-
-    def distill_loss(self, student, teacher, temperature):
-        """KL(teacher_T || student_T) × T², so gradients keep their scale across temperatures."""
-        t = temperature
-        return F.kl_div(F.log_softmax(student / t, -1), F.log_softmax(teacher / t, -1),
-                        reduction="batchmean", log_target=True) * (t * t)
-
-    def update(self, state, output, target):
-        logits = output.detach().float()
-        state.add(correct=int((logits.argmax(-1) == target).sum()),
-                  loss=float(F.cross_entropy(logits, target, reduction="sum")))
-        state.count += int(target.numel())
-
-    def compute(self, state):
-        n = max(state.count, 1)
-        return {"accuracy": state.sums.get("correct", 0.0) / n, "loss": state.sums.get("loss", 0.0) / n, "samples": state.count}
-
-    def data_summary(self, data):
-        return f"{data.num_classes} classes"
-
-    def read_targets(self, values, column):
-        if not np.issubdtype(values.dtype, np.integer) or (len(values) and values.min() < 0):
-            raise InputError(
-                f"data.label_column {column!r} must hold integer class ids 0..K-1 (found {values.dtype})",
-                hint="map class names to ids first, or use imagefolder, which does it; a continuous target "
-                "needs another task (`task: {type: NAME}`)",
-            )
-        return values.astype(np.int64)
-
-    def check_targets(self, targets, data, column):
-        """Every label of every split must be a class id below the data's class count (the number of class
-        names when given)."""
-        super().check_targets(targets, data, column)
-        num_classes, class_names = data.num_classes, data.class_names
-        for role, y in targets.items():
-            top = int(y.max())
-            if top >= num_classes:
-                named = f"{len(class_names)} class names" if class_names else f"{num_classes} classes"
-                raise InputError(
-                    f"data.label_column {column!r}: the {role} split has label {top} "
-                    f"({int((y >= num_classes).sum())} samples at or above {num_classes}), but the data gives {named} "
-                    f"(ids 0..{num_classes - 1})",
-                    hint="list one class name per label id (class_names in the npz, or a ClassLabel feature), or fix the labels",
-                )
-
-    def check_output(self, output, targets, data, factory):
-        if output.dim() == 2 and output.shape[1] < data.num_classes:
-            raise InputError(
-                f"the model from {factory!r} gives {output.shape[1]} outputs a sample but the data has {data.num_classes} classes",
-                hint="build the model with one output per class (model.kwargs, e.g. num_classes), or fix the labels",
-            )
-
-    def agree(self, ref, got):
-        a, b = _rows(ref, got)
-        return {**_closeness(a, b), "top1_agreement": float((a.argmax(1) == b.argmax(1)).mean()), "parity_samples": int(len(a))}
+        a, b = output_rows(ref, got)
+        return {**closeness(a, b), "parity_samples": int(len(a))}
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -359,15 +275,30 @@ def _default_output(out: Any) -> torch.Tensor:
     raise TypeError(f"cannot read a tensor from a model output of type {type(out).__name__}")
 
 
-def _rows(ref: np.ndarray, got: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    from .errors import ExportError
+class ReadOutput(nn.Module):
+    """``model`` returning only what ``task`` reads of its output: what an export traces when the model returns
+    a tuple, a dict or an HF-style output, so every artifact has one output, the task's. ``forward`` takes what
+    the model's forward takes (``inputs.forward_names`` reads the model's own signature through ``reads``)."""
+
+    def __init__(self, model: nn.Module, task: "Task"):
+        super().__init__()
+        self.reads = model
+        self.task = task
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self.task.output(self.reads(*args, **kwargs))
+
+
+def output_rows(ref: np.ndarray, got: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Two executors' outputs as (samples, values) float64 arrays; outputs of different shapes are an ExportError."""
+    from ..errors import ExportError
 
     if ref.shape != got.shape:
         raise ExportError(f"the artifact's output shape {got.shape} differs from torch's {ref.shape}")
     return ref.reshape(len(ref), -1).astype(np.float64), got.reshape(len(got), -1).astype(np.float64)
 
 
-def _closeness(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
+def closeness(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
     """Max abs diff and cosine similarity of two (samples, values) arrays.
 
     Cosine is the mean per-sample cosine, except for outputs of one or two values per sample (a binary
