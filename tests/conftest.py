@@ -3,6 +3,7 @@ what a test does (it runs a recipe end to end)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 from pathlib import Path
@@ -102,6 +103,25 @@ def _guard_recipe_runs() -> None:
 
 
 _guard_recipe_runs()
+
+
+@contextlib.contextmanager
+def stages_registered(**stages):
+    """Test stages registered through the public API for the ``with`` block; the recipe model is rebuilt around them."""
+    from pruneflow import registry
+    from pruneflow.recipe.models import recipe_model, target_union
+
+    recipe_model.cache_clear()
+    target_union.cache_clear()
+    with contextlib.ExitStack() as stack:
+        for name, stage in stages.items():
+            stack.enter_context(registry.stages.registered(name, stage))
+        recipe_model.cache_clear()
+        try:
+            yield
+        finally:
+            recipe_model.cache_clear()
+    recipe_model.cache_clear()
 
 
 @pytest.fixture(scope="session")

@@ -16,10 +16,9 @@ from torch import nn
 from pruneflow import registry
 from pruneflow.errors import ExportError
 from pruneflow.handle import ModelHandle
-from pruneflow.recipe.models import recipe_model, target_union
 from pruneflow.stage import Stage, StageConfig, StageResult
 
-from conftest import REPO, run_recipe_dict, tiny_recipe_dict
+from conftest import REPO, run_recipe_dict, stages_registered, tiny_recipe_dict
 
 
 class NarrowConfig(StageConfig):
@@ -71,15 +70,8 @@ class ProbeStage(Stage):
 @pytest.fixture
 def plugins():
     """The test stages registered through the public API; the recipe model is rebuilt around them."""
-    recipe_model.cache_clear()
-    target_union.cache_clear()
-    with registry.stages.registered("narrow", NarrowStage), registry.stages.registered("probe", ProbeStage):
-        recipe_model.cache_clear()
-        try:
-            yield
-        finally:
-            recipe_model.cache_clear()
-    recipe_model.cache_clear()
+    with stages_registered(narrow=NarrowStage, probe=ProbeStage):
+        yield
 
 
 LOAD_IN_A_FRESH_PROCESS = """

@@ -20,10 +20,9 @@ from torch import nn
 
 from pruneflow import registry
 from pruneflow.errors import ConfigError, PruneflowError
-from pruneflow.recipe.models import recipe_model, target_union
 from pruneflow.stage import Check, Stage, StageConfig, StageResult
 
-from conftest import tiny_recipe_dict, write
+from conftest import stages_registered, tiny_recipe_dict, write
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The library, the plugins and the CLI; registry.py holds the registries themselves.
@@ -36,8 +35,7 @@ KIND_ATTRIBUTES = {"type", "importance", "criterion", "stage_type"}
 def _kind_names() -> set[str]:
     """Criteria and tasks: names that mean nothing else, so comparing anything with one is a switch on it. (Stage
     type names double as split names and stage ids, ``split == "train"``: they are caught through ``.type``.)"""
-    tasks = getattr(registry, "tasks", None)
-    return set(registry.criteria.names()) | (set(tasks.names()) if tasks is not None else set())
+    return set(registry.criteria.names()) | set(registry.tasks.names())
 
 
 def _strings(node: ast.AST) -> list[str] | None:
@@ -203,15 +201,8 @@ class WatchStage(Stage[WatchConfig]):
 
 @pytest.fixture
 def watch():
-    recipe_model.cache_clear()
-    target_union.cache_clear()
-    with registry.stages.registered("watch", WatchStage):
-        recipe_model.cache_clear()
-        try:
-            yield
-        finally:
-            recipe_model.cache_clear()
-    recipe_model.cache_clear()
+    with stages_registered(watch=WatchStage):
+        yield
 
 
 def test_the_ranks_follow_the_stage_class_that_declares_ddp(watch, tmp_path):
