@@ -53,7 +53,8 @@ def md_table(rows: list[dict], columns: list[str] | None = None) -> str:
 
 def artifact_rows(result: "RunResult") -> list[dict]:
     """One row per artifact: status, size, the task's headline metric in its runtime, parity (largest difference
-    and the task's agreement figure) and latency."""
+    and the task's agreement figure with the torch model it came from; an INT8 one's with the float model too)
+    and latency."""
     headline, agreement = result.headline, str(result.task.get("agreement", ""))
     agreement_column = str(result.task.get("agreement_label") or agreement.replace("_", " "))
     rows = []
@@ -66,6 +67,7 @@ def artifact_rows(result: "RunResult") -> list[dict]:
             headline: m.get(headline),
             "max abs diff": m.get("max_abs_diff"),
             agreement_column: m.get(agreement),
+            f"{agreement_column} vs fp32": m.get(f"{agreement}_fp32"),
             "lat b1 ms": m.get("latency_b1_median_ms"),
             "lat b32 ms": m.get("latency_b32_median_ms"),
         })

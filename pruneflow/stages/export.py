@@ -1,8 +1,8 @@
 """`export`: write the model for each target and precision, then measure every artifact.
 
 Each artifact is checked in its own runtime right after it is built: parity against the torch model it
-came from (max abs diff, cosine similarity and the task's agreement figure: top-1 agreement for classes) and
-the task's metrics on the eval split. Once every
+came from (max abs diff, cosine similarity and the task's agreement figure: top-1 agreement for classes; an
+INT8 artifact's agreement with the float model too, ``<agreement>_fp32``) and the task's metrics on the eval split. Once every
 artifact of the stage exists, all of them are timed together, interleaved, per batch size
 (``measure.py``), and the stage's gates (speed-up against fp32, size on disk) are checked.
 """
@@ -258,12 +258,19 @@ class ExportStage(Stage[ExportConfig]):
         # fp32/fp16 artifacts come from the float view of the model, int8 ones from the quantized model itself.
         source = state.model if artifact.precision == "int8" else state.handle.float_module()
         ref = reference_outputs(source, x, state.task)
+        # An INT8 artifact is also held against the float model, in the task's agreement figure: matching the
+        # quantized torch model exactly says nothing of what quantization did (a ranker's predicted CTR can drift
+        # while its AUC holds).
+        float_ref = reference_outputs(state.handle.float_module(), x, state.task) if artifact.precision == "int8" else None
+        agreement = state.task.agreement.name
         gates = []
         for suffix, executor in checks.items():
             run = batched(executor, static)
             got = np.asarray(run(as_numpy(x)), dtype=np.float32)
             parity = parity_metrics(ref, got, state.task)
             artifact.metrics.update({f"{k}{suffix}": v for k, v in parity.items()})
+            if float_ref is not None:
+                artifact.metrics[f"{agreement}_fp32{suffix}"] = parity_metrics(float_ref, got, state.task)[agreement]
             artifact.metrics[f"runtime{suffix}"] = executor.label
             computed_in = executor.info.get("inference_precision")
             if computed_in:
