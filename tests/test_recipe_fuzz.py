@@ -290,3 +290,12 @@ def test_a_set_of_any_plain_value_into_kwargs_lands_exactly_there(folder, key, v
         assert node_count(value) > MAX_NODES or depth(value) + 3 > MAX_DEPTH, loaded
         return
     assert loaded.recipe.model.kwargs == {"width": 8, key: value}
+
+
+
+@pytest.mark.parametrize("value", ["\xa0", "\u2003", "\u3000x"])
+def test_a_set_value_of_unicode_white_space_is_that_text(folder, value):
+    """Found by the fuzzing above: `--set description=<NBSP>` became null (str.strip takes U+00A0; YAML reads it as text)."""
+    loaded = load_text(folder, VALID, [f"description={yaml_scalar(value)}"])
+    assert not isinstance(loaded, PruneflowError), loaded
+    assert loaded.recipe.description == value

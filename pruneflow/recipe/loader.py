@@ -150,7 +150,9 @@ def _parse_override(item: str) -> tuple[list[str], Any]:
         raise UsageError(f"--set {item!r}: `extends` is read before --set applies",
                          hint="edit the recipe's `extends:` line, or --set the values themselves")
     try:
-        _, value = parse_yaml(raw) if raw.strip() else (None, None)
+        # empty (or YAML's own white space alone) is null; str.strip would also take U+00A0 and kin, which YAML
+        # reads as text (`--set description=<NBSP>` is that string)
+        _, value = parse_yaml(raw) if raw.strip(" \t\r\n") else (None, None)
     except YamlRefused as exc:
         raise UsageError(f"--set {item!r}: the value has {exc.title} ({exc.message})", hint=exc.hint) from None
     except yaml.YAMLError:
