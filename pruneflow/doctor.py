@@ -5,8 +5,8 @@ Loads the data and the model as a run does (the same checks: a refused input is 
 stage's own (train: one step; evaluate: one batch; prune: one real round of the recipe's strategy on a copy, in
 prune/doctor.py; qat/ptq: NNCF on one batch, in qat/doctor.py; export: every target and precision built for real
 into a temporary folder and run in its runtime, in stages/export_doctor.py). Each stage hands the next the model
-it would leave (pruned by one round, quantized), so the export is tried on the model that will reach it. The result is a table: stage or target, check, ok / will skip / will fail, why
-and the fix::
+it would leave (pruned by one round, quantized), so the export is tried on the model that will reach it. The
+result is a table: stage or target, check, ok / will skip / will fail, why and the fix::
 
     report = run_doctor(load_recipe("recipe.yaml"))
     report.exit_code  # 0: everything will work; 1: something will fail
