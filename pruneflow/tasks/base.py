@@ -172,10 +172,6 @@ class Task:
                 raise InputError(f"task.output: {message}", hint=hint) from exc
             raise ConfigError(("task", "output"), message, value=key, hint=hint) from exc
 
-    def logits(self, out: Any) -> torch.Tensor:
-        """``output``, under the name the classification code knew it by."""
-        return self.output(out)
-
     # ---------------------------------------------------------------- training
 
     def loss(self, out: Any, target: torch.Tensor) -> torch.Tensor:  # pragma: no cover - each task's own
