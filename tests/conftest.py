@@ -105,6 +105,21 @@ def _guard_recipe_runs() -> None:
 _guard_recipe_runs()
 
 
+def optimize_json(recipe: dict, folder: Path) -> tuple[dict, dict[str, dict], dict[str, dict]]:
+    """Run ``recipe`` with `pruneflow optimize --json` (written to FOLDER/recipe.yaml, run into FOLDER/runs); it
+    must exit 0. Returns the --json object, each stage's metrics by stage name, each exported artifact's metrics
+    by file name (``model.int8.onnx``)."""
+    import json
+
+    (folder / "recipe.yaml").write_text(json.dumps(recipe))
+    result = invoke("optimize", folder / "recipe.yaml", "--out", folder / "runs", "--json")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    stages = {s["name"]: s["metrics"] for s in out["stages"]}
+    artifacts = {a["path"].rsplit("/", 1)[-1]: a["metrics"] for a in out["artifacts"] if a["target"]}
+    return out, stages, artifacts
+
+
 @contextlib.contextmanager
 def stages_registered(**stages):
     """Test stages registered through the public API for the ``with`` block; the recipe model is rebuilt around them."""

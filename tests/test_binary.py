@@ -3,13 +3,12 @@ parity, and a ranker-shaped model through train → ptq → export in onnxruntim
 
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import invoke
+from conftest import optimize_json
 from pruneflow.errors import InputError
 from pruneflow.tasks import MetricState, make_task
 from pruneflow.tasks.binary import auc, calibration_error
@@ -117,14 +116,10 @@ def test_a_dict_returning_ranker_trains_quantizes_and_exports_judged_by_auc_and_
             {"metric": "onnx.int8.log_loss", "baseline": "onnx.fp32.log_loss", "max_drop": 0.01},
         ],
     }
-    (tmp_path / "recipe.yaml").write_text(json.dumps(recipe))
-    result = invoke("optimize", tmp_path / "recipe.yaml", "--out", tmp_path / "runs", "--json")
-    assert result.exit_code == 0, result.output
-    out = json.loads(result.stdout)
+    out, stages, artifacts = optimize_json(recipe, tmp_path)
     assert out["task"]["headline"] == "auc" and out["task"]["agreement"] == "probability_diff"
-    train = next(s["metrics"] for s in out["stages"] if s["name"] == "train")
+    train = stages["train"]
     assert train["auc"] > 0.75
-    artifacts = {a["path"].rsplit("/", 1)[-1]: a["metrics"] for a in out["artifacts"]}
     fp32 = artifacts["model.fp32.onnx"]
     assert fp32["auc"] == pytest.approx(train["auc"], abs=1e-6) and fp32["probability_diff"] < 1e-5
     for name in ("model.int8.onnx", "model.int8.xml"):

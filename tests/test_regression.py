@@ -3,13 +3,12 @@ regressor through train → prune → ptq → export with its INT8 MSE against t
 
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import invoke
+from conftest import optimize_json
 from pruneflow.errors import InputError
 from pruneflow.tasks import MetricState, make_task
 
@@ -63,13 +62,8 @@ def test_a_regressor_prunes_quantizes_and_exports_with_int8_mse_close_to_fp32(tm
         ],
         "gates": [{"metric": "onnx.int8.mse", "baseline": "onnx.fp32.mse", "max_drop": 0.01}],
     }
-    (tmp_path / "recipe.yaml").write_text(json.dumps(recipe))
-    result = invoke("optimize", tmp_path / "recipe.yaml", "--out", tmp_path / "runs", "--json")
-    assert result.exit_code == 0, result.output
-    out = json.loads(result.stdout)
-    stages = {s["name"]: s["metrics"] for s in out["stages"]}
+    out, stages, artifacts = optimize_json(recipe, tmp_path)
     assert stages["train"]["mse"] < 0.1 and stages["prune"]["macs_reduction"] > 1.4
-    artifacts = {a["path"].rsplit("/", 1)[-1]: a["metrics"] for a in out["artifacts"] if a["target"]}
     fp32 = artifacts["model.fp32.onnx"]
     assert fp32["relative_error"] < 1e-4 and fp32["r2"] > 0.8
     for name in ("model.int8.onnx", "model.int8.xml"):

@@ -232,7 +232,7 @@ def fold_constants(model):
 def to_fp16(src: Path, dst: Path, metadata: "tuple[dict, str] | None" = None) -> None:
     """FP16 weights and compute with FP32 inputs and outputs (onnxruntime's float16 converter).
 
-    On a CPU this checks accuracy; FP16 speed belongs to GPUs (onnxruntime's CPU kernels upcast).
+    On a CPU this checks the task's metrics; FP16 speed belongs to GPUs (onnxruntime's CPU kernels upcast).
     """
     onnx = require("onnx", "pip install onnx", "FP16 ONNX")
     from onnxruntime.transformers.float16 import convert_float_to_float16

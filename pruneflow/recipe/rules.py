@@ -91,7 +91,7 @@ def _gate_metrics(recipe: RecipeBase) -> Iterator[ConfigError]:
 
 def _metric_prefixes(recipe: RecipeBase) -> list[str]:
     """What a gate's metric may start with (``pruneflow.pipeline.flat_metrics``): a stage id, or, for
-    the stage with id ``export``, one of its targets (``onnx.fp32.accuracy``)."""
+    the stage with id ``export``, one of its targets (``onnx.fp32.<metric>``)."""
     ids = stage_ids(recipe.stages)
     prefixes = list(ids)
     if "export" in ids:
