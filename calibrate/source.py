@@ -53,18 +53,25 @@ def calibrate_source(source: Path, out: Path, *, size: int, strategy: str, by: s
     if source.resolve() == out.resolve() or out.resolve() in source.resolve().parents:
         raise InputError("--out must not contain SOURCE", hint="write the calibration set somewhere else")
     fmt = fmt or guess_format(source)
-    model = None
+    model, schema = None, None
     if recipe is not None:
         from pruneflow.models import build_model
         from pruneflow.recipe import load_recipe
 
         loaded = load_recipe(recipe)
         spec = loaded.recipe.data
-        model = build_model(loaded.recipe.model)
+        model_spec = loaded.recipe.model
+        if spec.features is not None:  # tabular: the recipe's vocabularies and statistics, fitted on its training split
+            from pruneflow.data import load_data
+            from pruneflow.models import with_data_kwargs
+
+            schema = load_data(spec, loaded.recipe.seed).tabular
+            model_spec = with_data_kwargs(model_spec, schema)[0]
+        model = build_model(model_spec)
     else:
         spec = DataSpec(format="npz", eval=str(source))
     update = {k: v for k, v in (("input_column", input_column), ("label_column", label_column)) if v}
-    split, ds = load_inputs(spec.model_copy(update=update), fmt, str(source), "SOURCE")
+    split, ds = load_inputs(spec.model_copy(update=update), fmt, str(source), "SOURCE", schema=schema)
     groups = None
     if strategy == "stratified" and by == "length":  # token-count buckets of tokenized text (sampling.length_buckets)
         try:

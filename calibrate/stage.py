@@ -97,7 +97,8 @@ class CalibrateStage(Stage[CalibrateConfig]):
 
             update = {k: v for k, v in (("input_column", cfg.source.input_column), ("label_column", cfg.source.label_column)) if v}
             spec = ctx.recipe.data.model_copy(update=update)
-            split, ds = load_inputs(spec, cfg.source.format, cfg.source.path, key_path(self.loc("source", "path")))
+            split, ds = load_inputs(spec, cfg.source.format, cfg.source.path, key_path(self.loc("source", "path")),
+                                    schema=state.data.tabular if state.data is not None else None)
             where = cfg.source.path
             if cfg.strategy == "stratified" and cfg.by not in ("label", "length", spec.label_column):
                 if cfg.by not in ds.column_names:

@@ -21,6 +21,7 @@ from .preflight import check_finite_inputs
 from .recipe.models import DataSpec
 
 # Split and DataBundle are kernel records (splits.py, carried by RunState); re-exported where they were always found.
+from .tabular import TabularSchema
 from .splits import DataBundle as DataBundle, Split as Split, apply_augment as apply_augment
 from .tasks import Classification, Task
 
@@ -47,7 +48,7 @@ def load_data(spec: DataSpec, seed: int = 0, with_train: bool = True, task: "Tas
     task = task or Classification()
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity_error()
-    train_ds, eval_ds, class_names, where = _sources(spec, seed, with_train, task)
+    train_ds, eval_ds, class_names, where = _sources(spec, seed, with_train or spec.features is not None, task)
     label = _label_column(eval_ds, spec)
     if class_names is None:
         feature = eval_ds.features.get(label)
@@ -57,8 +58,9 @@ def load_data(spec: DataSpec, seed: int = 0, with_train: bool = True, task: "Tas
     if spec.max_eval_samples:
         eval_ds = _subsample(eval_ds, spec.max_eval_samples, label, seed, task)
 
-    eval_split = _to_split(eval_ds, spec, "eval", task=task)
-    train_split = _to_split(train_ds, spec, "train", task=task) if train_ds is not None else None
+    schema = _fit_tabular(train_ds, spec, where) if spec.features is not None else None
+    eval_split = _to_split(eval_ds, spec, "eval", task=task, schema=schema)
+    train_split = _to_split(train_ds, spec, "train", task=task, schema=schema) if train_ds is not None and (with_train or not spec.train) else None
     pad_value = None
     if spec.mean is not None:
         pad_value = -torch.tensor(spec.mean) / torch.tensor(spec.std)
@@ -70,8 +72,34 @@ def load_data(spec: DataSpec, seed: int = 0, with_train: bool = True, task: "Tas
         class_names=class_names,
         augment=spec.augment,
         pad_value=pad_value,
-        description=f"{spec.format}: {where}",
+        description=f"{spec.format}: {where}" + (f" ({schema.describe()})" if schema is not None else ""),
+        tabular=schema,
     )
+
+
+def _fit_tabular(train_ds, spec: DataSpec, where: str) -> TabularSchema:
+    """The vocabularies and statistics of ``data.features``, from the training split only."""
+    if train_ds is None:
+        raise InputError("data.features: the vocabularies and normalisation come from the training split, and this "
+                         "data section has none", hint="give data.path (split by eval_fraction) or data.train beside data.eval")
+    return TabularSchema.fit(_feature_columns(train_ds, spec, where), spec.features, where)  # type: ignore[arg-type]
+
+
+def _feature_columns(ds, spec: DataSpec, where: str) -> dict[str, np.ndarray]:
+    """The columns ``data.features`` names, as numpy arrays (text stays text)."""
+    features = spec.features
+    assert features is not None
+    wanted = features.categorical + features.numeric
+    missing = [c for c in wanted if c not in ds.column_names]
+    if missing:
+        import difflib
+
+        near = {c: difflib.get_close_matches(c, ds.column_names, n=1) for c in missing}
+        guesses = ", ".join(f"{c!r} -> {n[0]!r}?" for c, n in near.items() if n)
+        raise InputError(f"data.features: no column {', '.join(map(repr, missing))} in {where}; its columns are "
+                         f"{', '.join(ds.column_names)}", hint=f"did you mean {guesses}" if guesses else "fix the column names")
+    table = ds.select_columns(wanted).to_pandas()
+    return {c: table[c].to_numpy() for c in wanted}
 
 
 def _sources(spec: DataSpec, seed: int, with_train: bool, task: Task):
@@ -255,13 +283,23 @@ def _input_columns(ds, spec: DataSpec, label: str) -> list[str]:
 _NUMERIC = {"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32", "float64", "bool"}
 
 
-def _as_class_label(ds, label: str):
+def _stratified(ds, label: str, task: "Task"):
+    """``ds`` and the name of a ClassLabel column to stratify by: the label itself when it is one, else a
+    ``__stratum__`` column of the task's reading of it (text labels of a binary task become 0/1 there)."""
     import datasets
 
     if isinstance(ds.features[label], datasets.ClassLabel):
-        return ds
-    values = Classification().read_targets(np.asarray(ds.with_format("numpy")[label]), label)
-    return ds.cast_column(label, datasets.ClassLabel(num_classes=int(values.max()) + 1))
+        return ds, label
+    raw = np.asarray(ds.with_format("numpy")[label])
+    values = task.read_targets(raw, label).astype(np.int64)
+    column = datasets.ClassLabel(num_classes=int(values.max()) + 1)
+    if raw.dtype.kind in "iu":  # integer class ids: the label itself becomes the ClassLabel (its names "0", "1", ...)
+        return ds.cast_column(label, column), label
+    return ds.add_column(STRATUM, values.tolist(), feature=column), STRATUM
+
+
+#: The column ``_stratified`` adds (and the split drops again).
+STRATUM = "__stratum__"
 
 
 def _check_finite(ds, spec: DataSpec, source: str) -> None:
@@ -292,12 +330,16 @@ def _split(ds, spec: DataSpec, seed: int, task: "Task"):
     if not task.stratify:
         parts = ds.train_test_split(test_size=spec.eval_fraction, seed=seed)
         return parts["train"], parts["test"]
-    ds = _as_class_label(ds, label)
+    ds, stratum = _stratified(ds, label, task)
     try:
-        parts = ds.train_test_split(test_size=spec.eval_fraction, stratify_by_column=label, seed=seed)
+        parts = ds.train_test_split(test_size=spec.eval_fraction, stratify_by_column=stratum, seed=seed)
     except ValueError:  # too few samples per class to stratify
         parts = ds.train_test_split(test_size=spec.eval_fraction, seed=seed)
-    return parts["train"], parts["test"]
+    return _unstratified(parts["train"]), _unstratified(parts["test"])
+
+
+def _unstratified(ds):
+    return ds.remove_columns(STRATUM) if STRATUM in ds.column_names else ds
 
 
 def _subsample(ds, n: int, label: str, seed: int, task: "Task"):
@@ -305,18 +347,19 @@ def _subsample(ds, n: int, label: str, seed: int, task: "Task"):
         return ds
     if not task.stratify:
         return ds.shuffle(seed=seed).select(range(n))
-    ds = _as_class_label(ds, label)
+    ds, stratum = _stratified(ds, label, task)
     try:
-        return ds.train_test_split(train_size=n, stratify_by_column=label, seed=seed)["train"]
+        return _unstratified(ds.train_test_split(train_size=n, stratify_by_column=stratum, seed=seed)["train"])
     except ValueError:
-        return ds.shuffle(seed=seed).select(range(n))
+        return _unstratified(ds.shuffle(seed=seed).select(range(n)))
 
 
-def load_inputs(spec: DataSpec, fmt: str, path: str, field_name: str):
+def load_inputs(spec: DataSpec, fmt: str, path: str, field_name: str, schema: TabularSchema | None = None):
     """Read one more source (e.g. inputs logged in production) with the recipe's preprocessing.
 
     Labels are optional: ``Split.y`` is -1 where the source has no label column. Returns the split
-    and the underlying ``datasets.Dataset`` (for other columns, e.g. to stratify by).
+    and the underlying ``datasets.Dataset`` (for other columns, e.g. to stratify by). ``schema``: the run's
+    tabular vocabularies and statistics (``DataBundle.tabular``), applied unchanged.
     """
     import datasets
 
@@ -324,10 +367,11 @@ def load_inputs(spec: DataSpec, fmt: str, path: str, field_name: str):
     loaded, _ = _load_source("json" if fmt == "jsonl" else fmt, path, field_name)
     ds = datasets.concatenate_datasets(list(loaded)) if isinstance(loaded, tuple) else loaded
     _check_finite(ds, spec, path)
-    return _to_split(ds, spec, field_name, require_label=False), ds
+    return _to_split(ds, spec, field_name, require_label=False, schema=schema), ds
 
 
-def _to_split(ds, spec: DataSpec, role: str, require_label: bool = True, task: "Task | None" = None) -> Split:
+def _to_split(ds, spec: DataSpec, role: str, require_label: bool = True, task: "Task | None" = None,
+              schema: TabularSchema | None = None) -> Split:
     import datasets
 
     if require_label or any(n in ds.column_names for n in (spec.label_column,) + LABEL_FALLBACKS):
@@ -337,6 +381,12 @@ def _to_split(ds, spec: DataSpec, role: str, require_label: bool = True, task: "
         label, y = "", np.full(len(ds), -1, dtype=np.int64)
     if spec.tokenizer:
         return Split(_tokenize(ds, _input_columns(ds, spec, label), spec), torch.from_numpy(y))
+    if spec.features is not None and schema is None:  # pragma: no cover - every caller passes the run's schema
+        raise InputError(f"{role}: tabular data needs the vocabularies fitted on the recipe's training split")
+    if schema is not None:
+        if not len(ds):
+            raise InputError(f"data: the {role} split is empty", hint="use more data or a smaller eval_fraction")
+        return Split(schema.encode(_feature_columns(ds, spec, role)), torch.from_numpy(y))
     columns = _input_columns(ds, spec, label)
     if isinstance(spec.input_column, dict):
         return Split(_named_inputs(ds, spec, role), torch.from_numpy(y))

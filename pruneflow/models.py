@@ -76,6 +76,28 @@ def _import_file(path: Path, factory: str):
     return module
 
 
+#: Factory arguments that tabular data fills in (``data.features``) when the factory takes them and ``model.kwargs``
+#: does not set them: the tables' row counts follow from the vocabularies, which only the data knows.
+DATA_KWARGS = ("cardinalities", "num_dense")
+
+
+def with_data_kwargs(spec: ModelSpec, schema: Any) -> tuple[ModelSpec, dict[str, Any]]:
+    """``spec`` with ``cardinalities`` (each categorical field's table rows) and ``num_dense`` (numeric fields)
+    taken from tabular data's ``schema`` (``tabular.TabularSchema``), where the factory takes them and the recipe
+    does not give them; and what was filled in."""
+    import inspect as pyinspect
+
+    entry = ZOO.get(spec.factory)
+    fn = entry.factory if entry is not None else resolve_factory(spec.factory)
+    try:
+        params = pyinspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return spec, {}
+    values = {"cardinalities": schema.cardinalities, "num_dense": len(schema.numeric)}
+    filled = {k: values[k] for k in DATA_KWARGS if k in params and k not in spec.kwargs}
+    return spec.model_copy(update={"kwargs": {**spec.kwargs, **filled}}), filled
+
+
 def build_model(spec: ModelSpec) -> nn.Module:
     """Build the model a recipe describes and load its checkpoint, if any."""
     return build_model_with_new_parameters(spec)[0]

@@ -93,7 +93,7 @@ class RunInputs:
 def load_inputs(loaded: LoadedRecipe, stages: list[Stage], reporter: Reporter) -> RunInputs:
     """Load the data and build the model, then check them together (``preflight.py``); raise before any write."""
     from .data import load_data
-    from .models import build_model_with_new_parameters, input_shape_for
+    from .models import build_model_with_new_parameters, input_shape_for, with_data_kwargs
     from .preflight import PREFLIGHT_BATCH, check_model_on_batch, check_shape_matches_data
     from .tasks import make_task
 
@@ -109,7 +109,12 @@ def load_inputs(loaded: LoadedRecipe, stages: list[Stage], reporter: Reporter) -
     data = load_data(recipe.data, recipe.seed, with_train=any(s.needs_train_split for s in stages), task=task)
     labels = {"eval": data.eval.y} if data.train is None else {"train": data.train.y, "eval": data.eval.y}
     task.check_targets(labels, data, recipe.data.label_column)
-    model, new_parameters = build_model_with_new_parameters(recipe.model)
+    model_spec = recipe.model
+    if data.tabular is not None:
+        model_spec, filled = with_data_kwargs(model_spec, data.tabular)
+        if filled:
+            reporter.info("model.kwargs from data.features: " + ", ".join(f"{k}={v}" for k, v in filled.items()))
+    model, new_parameters = build_model_with_new_parameters(model_spec)
     shape = input_shape_for(recipe.model, data.input_shape)
     check_shape_matches_data(shape, data.input_shape, explicit=recipe.model.input_shape is not None)
     preflight_batch = take(data.eval.x, slice(0, PREFLIGHT_BATCH))

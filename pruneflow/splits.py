@@ -8,13 +8,16 @@ whole batches: datasets' own transforms run per sample in Python and would domin
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import torch
 
 from .errors import InputError
 from .inputs import Inputs, lengths, take, trim
 from .recipe.models import AugmentSpec
+
+if TYPE_CHECKING:
+    from .tabular import TabularSchema
 
 
 @dataclass
@@ -49,6 +52,8 @@ class DataBundle:
     #: Per-channel value that raw zero pixels map to after normalisation (the crop padding fill).
     pad_value: torch.Tensor | None = None
     description: str = ""
+    #: Tabular click data: the fitted vocabularies and statistics (``tabular.TabularSchema``), else None.
+    tabular: "TabularSchema | None" = None
 
     def train_batches(self, batch_size: int, generator: torch.Generator, augment: bool = True):
         """Shuffled, augmented training batches (one epoch)."""

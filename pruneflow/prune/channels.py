@@ -3,7 +3,7 @@ torch-pruning's grouped removal, at once or faded out during the fine-tune (``fa
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from torch import nn
@@ -18,18 +18,25 @@ from .importance import ChannelEvidence
 from .rounds import Batches, Plan, Round, Strategy, linear_goal
 from .mha import attention_modules
 from .surgery import make_prunable
+from .tp_adapter import embedding_coupled
+
+if TYPE_CHECKING:
+    from ..inputs import Inputs
 
 
 #: Weighted modules channel pruning never counts as having prunable outputs (they follow their producer).
 _FOLLOWERS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.LayerNorm, nn.GroupNorm)
 
 
-def check_prunable(model: nn.Module, ignore: list[str] | None, loc: Callable[..., tuple]) -> tuple[str, ...]:
-    """The modules kept whole (``ignore``, default the classifier, and attention); a ConfigError on the stage
+def check_prunable(model: nn.Module, ignore: list[str] | None, loc: Callable[..., tuple],
+                   example: "Inputs | None" = None) -> tuple[str, ...]:
+    """The modules kept whole (``ignore``, default the classifier, attention, and embedding tables with the
+    layers tied to their columns: ``embedding_coupled``, given an ``example`` input); a ConfigError on the stage
     when no Conv/Linear is left to prune, naming the model's other weighted modules (an LSTM text classifier
     has only its classifier: issue 15). The pipeline calls this before any training (``PruneStage.check_model``)."""
     attention = attention_modules(model)
-    ignored = tuple(dict.fromkeys(resolve_ignored(model, ignore, loc("ignore")) + tuple(attention)))
+    tables = embedding_coupled(model, example) if example is not None and not attention else []
+    ignored = tuple(dict.fromkeys(resolve_ignored(model, ignore, loc("ignore")) + tuple(attention) + tuple(tables)))
     if prunable_layers(model, ignored):
         return ignored
     others = [f"{n} ({type(m).__name__})" for n, m in model.named_modules()
@@ -61,7 +68,7 @@ class ChannelStrategy(Strategy):
         self.replaced = make_prunable(model, self.example)
         # Attention is kept whole here: torch-pruning would cut its heads (issue 15); `granularity: heads` removes them.
         self.attention = attention_modules(model)
-        self.ignored = check_prunable(model, cfg.ignore, self.loc)
+        self.ignored = check_prunable(model, cfg.ignore, self.loc, self.example)
         self.opts = PruneOptions(cfg.allocation, cfg.max_layer_ratio, cfg.round_to, self.ignored, cfg.ranking, layer_widths(model))
         self.before = measure(model, self.example, self.ignored)
         self.channels_before = layer_channels(model)

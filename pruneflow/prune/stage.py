@@ -60,14 +60,14 @@ class PruneStage(Stage[AnyPruneConfig]):
                 resolve_ignored(model, self.config.ignore, self.loc("ignore"))
             except ConfigError:
                 return []  # an `ignore` entry matching nothing is reported where it was (the stage, doctor's table)
-            check_prunable(model, self.config.ignore, self.loc)
+            check_prunable(model, self.config.ignore, self.loc, batch)
         return []
 
     def run(self, state, ctx) -> StageResult:
         cfg = self.config
         model, example, data = state.model, state.example_input, state.data
         latency = cfg.latency if distributed.is_main() else None  # other ranks would disturb rank 0's timing
-        strategy = self.strategy(model, example, state.task.loss)
+        strategy = self.strategy(model, example, state.task.importance_loss)
         entering = strategy.entering()
         headline = state.task.headline_name
         before = evaluate_model(model, data.eval, state.task, ctx.recipe.data.eval_batch_size, ctx.device,

@@ -184,3 +184,48 @@ def count_ops_as(cls: type[nn.Module], hook) -> None:
     from torch_pruning.utils import op_counter
 
     op_counter.MODULES_MAPPING[cls] = hook
+
+
+def embedding_coupled(model: nn.Module, example: "Inputs") -> list[str]:
+    """Names of the embedding tables and of the Conv/Linear layers whose output channels are tied to a table's
+    columns (added to, multiplied with or concatenated beside its rows: a DeepFM's dense projection, a DLRM's
+    bottom MLP output): channel pruning keeps them whole.
+
+    Pruning a table's width is its own granularity (rows, per-field dimension), not an output channel of a
+    layer. And torch-pruning's group search, which follows each channel index through every concat, slice and
+    stack, did not finish in minutes on an 8-field DeepFM from such a root (``get_pruning_group`` on a table:
+    index mappings through the stacked, sliced rows keep re-adding the same nodes). Plain reachability over the
+    same dependency graph (each node and handler once) is linear, so it is what decides here.
+    """
+    from .. import inputs as model_inputs
+
+    tables = [m for m in model.modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag))]
+    if not tables:
+        return []
+    graph = tp.DependencyGraph().build_dependency(model, example_inputs=model_inputs.bind(model, example))
+    names = {m: n for n, m in model.named_modules()}
+    coupled = [names[t] for t in tables]
+    for name, module in model.named_modules():
+        if isinstance(module, (nn.Linear, nn.Conv1d, nn.Conv2d)) and module in graph.module2node:
+            node = graph.module2node[module]
+            if _reaches(graph, node, graph.get_pruner_of_module(module).prune_out_channels, set(tables)):
+                coupled.append(name)
+    return coupled
+
+
+def _reaches(graph: tp.DependencyGraph, start, handler, targets: set[nn.Module]) -> bool:
+    """Whether pruning ``start``'s output channels triggers a pruning of any module in ``targets``."""
+    seen = {(start, handler)}
+    stack = [(start, handler)]
+    while stack:
+        node, fn = stack.pop()
+        for dep in node.dependencies:
+            if not dep.is_triggered_by(fn):
+                continue
+            if dep.target.module in targets:
+                return True
+            key = (dep.target, dep.handler)
+            if key not in seen:
+                seen.add(key)
+                stack.append(key)
+    return False

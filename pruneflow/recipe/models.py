@@ -78,6 +78,44 @@ class AugmentSpec(StrictModel):
     hflip: bool = Field(default=False, description="Random horizontal flip with probability 0.5.")
 
 
+class FeaturesSpec(StrictModel):
+    """Tabular click data (``pruneflow/tabular.py``): the columns a ranker reads, and how they become its inputs."""
+
+    categorical: list[str] = Field(
+        default_factory=list,
+        description="Columns of categorical values (ids, words): each becomes one int64 id of the `ids` input [B, F], "
+        "looked up in a vocabulary built from the training split (id 0: a value outside it).")
+    numeric: list[str] = Field(
+        default_factory=list,
+        description="Columns of numbers: each becomes one float of the `dense` input [B, D], standardised with the "
+        "training split's mean and standard deviation (a missing value becomes the mean).")
+    min_count: int = Field(default=1, ge=1, description="A categorical value enters its vocabulary when the training split "
+                           "holds it at least this many times; rarer values share the out-of-vocabulary id 0.")
+    log1p: list[str] = Field(default_factory=list, description="Numeric columns taken as sign(x)*log1p(|x|) before "
+                             "standardising (heavy-tailed counts, amounts).")
+    hash_buckets: dict[str, int] = Field(
+        default_factory=dict,
+        description="Categorical columns hashed into this many ids instead of a vocabulary (`{user_id: 1000000}`): an "
+        "integer value modulo the count, text by 64-bit FNV-1a; for id spaces too large to list.")
+
+    @model_validator(mode="after")
+    def _columns(self) -> "FeaturesSpec":
+        if not self.categorical and not self.numeric:
+            raise ValueError("name at least one column in `categorical` or `numeric`")
+        named = self.categorical + self.numeric
+        twice = sorted({c for c in named if named.count(c) > 1})
+        if twice:
+            raise ValueError(f"column(s) {twice} named more than once: each is categorical or numeric, once")
+        for key, within, kind in (("log1p", self.numeric, "numeric"), ("hash_buckets", self.categorical, "categorical")):
+            stray = [c for c in getattr(self, key) if c not in within]
+            if stray:
+                raise ValueError(f"`{key}` names {stray}, which are not among the {kind} columns {within}")
+        small = {c: n for c, n in self.hash_buckets.items() if n < 2}
+        if small:
+            raise ValueError(f"hash_buckets {small}: a field needs at least 2 buckets")
+        return self
+
+
 class DataSpec(StrictModel):
     format: Literal["digits", "npz", "csv", "json", "parquet", "imagefolder", "disk"] = Field(
         description="Where samples come from: `digits` (scikit-learn's bundled 8x8 digits), `npz` (named numpy arrays), "
@@ -118,10 +156,16 @@ class DataSpec(StrictModel):
     max_train_samples: int | None = Field(default=None, gt=0, description="Use at most this many training samples (seeded, stratified).")
     max_eval_samples: int | None = Field(default=None, gt=0, description="Use at most this many evaluation samples (seeded, stratified).")
     eval_batch_size: int = Field(default=256, gt=0, description="Batch size for evaluation.")
+    features: FeaturesSpec | None = Field(
+        default=None,
+        description="Tabular click data: `{categorical: [...], numeric: [...]}` columns fed to the model as `ids` "
+        "(int64 [B, F], per-field vocabularies from the training split) and `dense` (float32 [B, D], standardised); "
+        "the fitted vocabularies and statistics go into every artifact's deployment record.")
 
     @model_validator(mode="after")
     def _sources(self) -> "DataSpec":
         self._normalisation()
+        self._tabular()
         if self.format == "digits":
             if self.path or self.train or self.eval:
                 raise ValueError("the built-in `digits` format takes no path, train or eval")
@@ -147,6 +191,19 @@ class DataSpec(StrictModel):
         if mean is not None and any(not math.isfinite(m) for m in mean):
             raise ValueError("every mean value must be a finite number (the data's per-channel mean)")
         return mean
+
+    def _tabular(self) -> None:
+        if self.features is None:
+            return
+        if self.format in ("digits", "imagefolder"):
+            raise ValueError(f"`features` describes table columns; format {self.format!r} holds none (use csv, json, "
+                             "parquet, npz or disk)")
+        clash = [key for key in ("tokenizer", "input_column", "mean", "std") if getattr(self, key) is not None]
+        if clash:
+            raise ValueError(f"`features` builds the model's inputs itself; drop {', '.join(clash)}")
+        if self.label_column in self.features.categorical + self.features.numeric:
+            raise ValueError(f"the label column {self.label_column!r} is also named in `features`: a model fed its own "
+                             "label learns nothing")
 
     def _normalisation(self) -> None:
         """For every format (the built-in digits too): mean and std come together, one of each per channel."""

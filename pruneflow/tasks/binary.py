@@ -31,6 +31,10 @@ class BinaryConfig(TaskConfig):
     type: Literal["binary"] = Field(default="binary", description="A yes/no per sample (a click): one logit, or two class "
                                     "scores; labels 0/1; judged by AUC, log loss, calibration and the mean predicted rate.")
     bins: int = Field(default=10, ge=2, le=1000, description="Equal-width probability bins of `calibration_error`.")
+    positive: str | None = Field(
+        default=None, min_length=1,
+        description="The label value that counts as 1 when the label column holds text (e.g. `\">50K\"`, `click`); every "
+        "other value counts as 0. Surrounding spaces are ignored. Not needed for 0/1 labels.")
 
 
 def logit(output: torch.Tensor) -> torch.Tensor:
@@ -115,11 +119,27 @@ class Binary(Task):
 
     def read_targets(self, values, column):
         flat = np.asarray(values).reshape(len(values))
+        if flat.dtype.kind in "OUS":
+            return self._text_targets(flat, column)
         if flat.dtype.kind not in "biuf" or not np.isin(flat, (0, 1)).all():
             shown = ", ".join(map(str, np.unique(flat)[:5]))
             raise InputError(f"data.label_column {column!r} must hold 0/1 labels for the binary task (found {shown})",
                              hint="map the positive outcome (a click) to 1 and every other to 0")
         return flat.astype(np.float32)
+
+    def _text_targets(self, flat: np.ndarray, column: str) -> np.ndarray:
+        """Text labels (``<=50K``/``>50K``, ``click``/``no``): 1 where the value is ``positive``, else 0."""
+        text = np.char.strip(flat.astype(str))
+        found = ", ".join(repr(v) for v in np.unique(text)[:5])
+        if self.config.positive is None:
+            raise InputError(f"data.label_column {column!r} holds text ({found}): the binary task needs to know which "
+                             "value is the positive outcome",
+                             hint="set task: {type: binary, positive: VALUE}, VALUE being one of those")
+        positive = self.config.positive.strip()
+        if not (text == positive).any():
+            raise InputError(f"task.positive {positive!r} never occurs in data.label_column {column!r} (values: {found})",
+                             hint="set task.positive to the value that marks a positive (a click)")
+        return (text == positive).astype(np.float32)
 
     def check_targets(self, targets, data, column):
         """0/1 labels with both outcomes in every split: AUC and log loss of a constant label mean nothing."""

@@ -11,6 +11,7 @@ from .digits import digits_cnn
 from .hf import bert_classifier, bert_classifier_with_new_parameters
 from .fcn import tiny_fcn
 from .mlp import mlp
+from .ranker import deepfm, dlrm
 from .resnet_cifar import resnet20, resnet32, resnet44, resnet56
 
 
@@ -31,9 +32,13 @@ ZOO: dict[str, ZooEntry] = {
     "resnet44": ZooEntry(resnet44, (3, 32, 32), "CIFAR ResNet-44, option-A shortcuts (0.66 M params)"),
     "resnet56": ZooEntry(resnet56, (3, 32, 32), "CIFAR ResNet-56, option-A shortcuts (0.85 M params)"),
     "mlp": ZooEntry(mlp, None, "Multilayer perceptron for feature vectors (in_features, hidden, layers, out_features)"),
+    "deepfm": ZooEntry(deepfm, None, "DeepFM click ranker: ids [B, F] through embedding tables + dense [B, D] -> one logit "
+                       "(cardinalities and num_dense come from data.features)"),
+    "dlrm": ZooEntry(dlrm, None, "DLRM click ranker: bottom MLP, pairwise dot products, top MLP (cardinalities and "
+                     "num_dense come from data.features)"),
     "tiny_fcn": ZooEntry(tiny_fcn, None, "Tiny fully convolutional net for masks (in_channels, num_classes, width)"),
     "bert_classifier": ZooEntry(bert_classifier, None, "BERT-style classifier from a local folder or a config (needs transformers)",
                                 bert_classifier_with_new_parameters),
 }
 
-__all__ = ["ZOO", "ZooEntry", "bert_classifier", "digits_cnn", "mlp", "tiny_fcn", "resnet20", "resnet32", "resnet44", "resnet56"]
+__all__ = ["ZOO", "ZooEntry", "bert_classifier", "deepfm", "digits_cnn", "dlrm", "mlp", "tiny_fcn", "resnet20", "resnet32", "resnet44", "resnet56"]

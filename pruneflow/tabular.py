@@ -1,0 +1,189 @@
+"""Tabular click data: categorical and numeric columns turned into a ranker's two inputs.
+
+``data.features: {categorical: [...], numeric: [...]}`` makes a source's rows (csv, json, parquet, npz,
+a ``save_to_disk`` folder) into
+
+- ``ids``: int64 ``[B, F]``, one id per categorical field, looked up in that field's vocabulary: the values
+  the *training* split holds at least ``min_count`` times, most frequent first, from id 1; id 0 is the
+  out-of-vocabulary row (a value never seen in training, or too rare). A field in ``hash_buckets`` has no
+  vocabulary: its id is ``hash(value) mod N`` (an integer value is its own hash; text is hashed with 64-bit
+  FNV-1a over its UTF-8 bytes), the way id tables of 10^6 rows and more are kept.
+- ``dense``: float32 ``[B, D]``, one value per numeric field: ``log1p`` first where asked (sign kept:
+  ``sign(x) * log1p(|x|)``, for heavy-tailed counts), a missing value replaced by the training mean, then
+  standardised with the training mean and standard deviation.
+
+Everything fitted (vocabularies, buckets, means, deviations) is in :meth:`TabularSchema.record`, which goes
+into the deployment record of every artifact (ONNX metadata, IR rt_info): a server rebuilds the inputs from
+it alone. Written by hand: torchrec and NVTabular do this for their own pipelines, and neither is a
+dependency here; pandas (under ``datasets``) does the counting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from .errors import InputError
+from .recipe.models import FeaturesSpec
+
+#: The forward parameters (and artifact input names) of a tabular model.
+IDS, DENSE = "ids", "dense"
+#: The id of a value outside a field's vocabulary.
+OOV = 0
+_FNV_OFFSET, _FNV_PRIME = 0xCBF29CE484222325, 0x100000001B3
+
+
+@dataclass
+class CategoricalField:
+    name: str
+    vocabulary: list[str] = field(default_factory=list)  # id i + 1 is vocabulary[i]
+    buckets: int | None = None  # hashed: ids 0..buckets-1, no vocabulary
+    train_values: int = 0  # distinct values in the training split (before min_count)
+
+    @property
+    def size(self) -> int:
+        """The rows this field's table needs."""
+        return self.buckets if self.buckets is not None else len(self.vocabulary) + 1
+
+    def encode(self, values: np.ndarray) -> np.ndarray:
+        if self.buckets is not None:
+            return hashed(values, self.buckets)
+        index = {v: i + 1 for i, v in enumerate(self.vocabulary)}
+        text = _text(values)
+        return np.fromiter((index.get(v, OOV) for v in text), dtype=np.int64, count=len(text))
+
+
+@dataclass
+class NumericField:
+    name: str
+    mean: float
+    std: float
+    log1p: bool = False
+
+    def encode(self, values: np.ndarray) -> np.ndarray:
+        x = _numbers(values, self.name)
+        if self.log1p:
+            x = np.sign(x) * np.log1p(np.abs(x))
+        x = np.where(np.isnan(x), self.mean, x)
+        return ((x - self.mean) / self.std).astype(np.float32)
+
+
+@dataclass
+class TabularSchema:
+    categorical: list[CategoricalField]
+    numeric: list[NumericField]
+    min_count: int = 1
+
+    @classmethod
+    def fit(cls, columns: dict[str, np.ndarray], spec: FeaturesSpec, source: str) -> "TabularSchema":
+        """Vocabularies and normalisation from the training split's columns (``source`` names it in errors)."""
+        cats = []
+        for name in spec.categorical:
+            values = columns[name]
+            if name in spec.hash_buckets:
+                cats.append(CategoricalField(name, buckets=spec.hash_buckets[name], train_values=len(np.unique(_text(values)))))
+                continue
+            cats.append(_vocabulary(name, values, spec.min_count))
+        nums = []
+        for name in spec.numeric:
+            x = _numbers(columns[name], name, source)
+            if spec_log := name in spec.log1p:
+                x = np.sign(x) * np.log1p(np.abs(x))
+            seen = x[~np.isnan(x)]
+            if not len(seen):
+                raise InputError(f"data.features.numeric: column {name!r} of {source} holds no numbers in the training split",
+                                 hint="drop it from data.features.numeric")
+            std = float(seen.std())
+            nums.append(NumericField(name, float(seen.mean()), std if std > 0 else 1.0, spec_log))
+        return cls(cats, nums, spec.min_count)
+
+    @property
+    def cardinalities(self) -> list[int]:
+        return [f.size for f in self.categorical]
+
+    def encode(self, columns: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        """The model inputs of rows given as columns: ``ids`` and/or ``dense``."""
+        out: dict[str, torch.Tensor] = {}
+        if self.categorical:
+            out[IDS] = torch.from_numpy(np.stack([f.encode(columns[f.name]) for f in self.categorical], axis=1))
+        if self.numeric:
+            out[DENSE] = torch.from_numpy(np.stack([f.encode(columns[f.name]) for f in self.numeric], axis=1))
+        return out
+
+    def oov_rates(self, columns: dict[str, np.ndarray]) -> dict[str, float]:
+        """Per vocabulary field, the share of these rows that fall on the out-of-vocabulary id."""
+        return {f.name: float((f.encode(columns[f.name]) == OOV).mean()) for f in self.categorical if f.buckets is None}
+
+    def record(self) -> dict[str, Any]:
+        """How a server rebuilds the inputs (the deployment record's ``preprocessing``)."""
+        return {
+            "tabular": {
+                IDS: [{"field": f.name, "vocabulary": f.vocabulary, "oov_id": OOV} if f.buckets is None
+                      else {"field": f.name, "hash_buckets": f.buckets} for f in self.categorical],
+                DENSE: [{"field": f.name, "log1p": f.log1p, "mean": f.mean, "std": f.std} for f in self.numeric],
+            },
+            "steps": f"{IDS}[:, i] = 1 + the value's index in field i's vocabulary (a value outside it: {OOV}); a hashed "
+                     "field: int(value) mod hash_buckets for an integer, else 64-bit FNV-1a of its UTF-8 text mod "
+                     f"hash_buckets. {DENSE}[:, j] = (x - mean) / std, x = sign(v) * log1p(|v|) where log1p, a missing "
+                     "value taken as mean. Text values are compared with surrounding spaces removed.",
+        }
+
+    def describe(self) -> str:
+        parts = []
+        if self.categorical:
+            rows = sum(self.cardinalities)
+            parts.append(f"{len(self.categorical)} categorical field(s), {rows:,} table rows (min_count {self.min_count})")
+        if self.numeric:
+            parts.append(f"{len(self.numeric)} numeric")
+        return ", ".join(parts)
+
+
+def _vocabulary(name: str, values: np.ndarray, min_count: int) -> CategoricalField:
+    import pandas as pd
+
+    counts = pd.Series(_text(values)).value_counts(sort=False)
+    kept = counts[counts >= min_count]
+    # most frequent first, ties by value: the same training data always gives the same ids
+    order = sorted(kept.items(), key=lambda kv: (-int(kv[1]), kv[0]))
+    return CategoricalField(name, [v for v, _ in order], train_values=len(counts))
+
+
+def _text(values: np.ndarray) -> np.ndarray:
+    """A categorical column as stripped text (an integer 7 and the text "7" are the same value; missing is "")."""
+    arr = np.asarray(values)
+    if arr.dtype.kind in "iub":
+        return arr.astype(np.int64).astype(str)
+    if arr.dtype.kind == "f":
+        whole = np.where(np.isnan(arr), 0, arr)
+        text = np.where(whole == np.round(whole), np.round(whole).astype(np.int64).astype(str), arr.astype(str))
+        return np.where(np.isnan(arr), "", text)
+    return np.char.strip(np.array(["" if v is None else str(v) for v in arr], dtype=str))
+
+
+def _numbers(values: np.ndarray, name: str, source: str = "the data") -> np.ndarray:
+    arr = np.asarray(values)
+    if arr.dtype.kind in "iubf":
+        return arr.astype(np.float64)
+    try:
+        return np.array([np.nan if v is None or str(v).strip() in ("", "?") else float(v) for v in arr], dtype=np.float64)
+    except ValueError as exc:
+        raise InputError(f"data.features.numeric: column {name!r} of {source} holds text ({exc})",
+                         hint="move it to data.features.categorical") from exc
+
+
+def hashed(values: np.ndarray, buckets: int) -> np.ndarray:
+    """The hashed ids of a column (see the module docstring): integers modulo ``buckets``, text by FNV-1a 64."""
+    arr = np.asarray(values)
+    if arr.dtype.kind in "iu":
+        return np.mod(arr.astype(np.int64), buckets)
+    return np.fromiter((fnv1a(v) % buckets for v in _text(arr)), dtype=np.int64, count=len(arr))
+
+
+def fnv1a(text: str) -> int:
+    h = _FNV_OFFSET
+    for byte in text.encode():
+        h = ((h ^ byte) * _FNV_PRIME) & 0xFFFFFFFFFFFFFFFF
+    return h
