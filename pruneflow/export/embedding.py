@@ -30,12 +30,16 @@ import numpy as np
 
 Layout = Literal["dequantize_table", "gather_rows"]
 
-#: A Gather table is quantized when it holds at least this many bytes (float32) ... 256 KiB takes a BERT's
-#: position table too (512 x 384 floats, 0.79 MB): 4 % of a pruned INT8 MiniLM-L6, the share that separated
-#: its 4.97x from 5x smaller; a token-type table (2 rows) stays float, its scales would cost as much.
+#: ``quantize_embeddings`` with ``on_grid=False`` (a bare ONNX, no quantization stage before it) takes a Gather
+#: table of at least this many bytes (float32) ... 256 KiB takes a BERT's position table too (512 x 384 floats).
 MIN_BYTES = 262_144
 #: ... or at least this share of all initializer bytes (a small text model's table).
 MIN_SHARE = 0.25
+#: The quantization stages put on the int8 grid every table of at least this many bytes (``snap_embedding_tables``):
+#: int8 rows and a float scale a row are smaller than float rows from 2 columns on, so every table that is
+#: not tiny shrinks (a ranker's 8 fields of 3-43 rows x 17 columns included); the export then stores exactly
+#: the tables it finds on that grid (``on_grid``).
+MIN_SNAP_BYTES = 1024
 
 
 @dataclass
@@ -61,21 +65,22 @@ def quantize_rows(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q, scale
 
 
-def snap_embedding_tables(model, *, min_bytes: int = MIN_BYTES, min_share: float = MIN_SHARE) -> list[str]:
-    """Put each ``nn.Embedding`` table that the INT8 export stores in int8 onto that grid, in place
-    (``quantize_rows`` and back), and freeze it; returns the tables' names.
+def snap_embedding_tables(model, *, min_bytes: int = MIN_SNAP_BYTES, min_share: float = MIN_SHARE) -> list[str]:
+    """Put each ``nn.Embedding``/``nn.EmbeddingBag`` table the INT8 export is to store in int8 onto that grid, in
+    place (``quantize_rows`` and back), and freeze it; returns the tables' names.
 
     The qat and ptq stages call it before inserting quantizers, so the quantized torch model they train and
-    measure reads the rows the artifact will read: the export's ``quantize_embeddings`` then reproduces
-    them exactly. Without it, rounding the table at export (0.7 % of a row's norm on MiniLM-L6) changed 4 %
+    measure reads the rows the artifact will read: the export's ``quantize_embeddings(on_grid=True)`` finds
+    exactly these tables (their rows are on a per-row int8 grid) and reproduces them without a further
+    rounding. Without it, rounding the table at export (0.7 % of a row's norm on MiniLM-L6) changed 4 %
     of the SST-2 dev predictions of a QAT model against the torch model it was exported from (an FP32 model
     changed none): an INT8 transformer's coarse activation grids amplify any change of its input. Frozen
     because the rounding happens once; trained further, the table would leave its grid again.
 
-    The selection is ``quantize_embeddings``'s rule estimated on the torch model: float32 tables of at least
-    ``min_bytes`` or of ``min_share`` of the INT8 model's bytes (weights of two or more dimensions counted
-    at one byte, other tables and vectors at four); a table also used elsewhere (tied) is left alone, as the
-    export leaves it. Snapping a table the export then keeps in float costs nothing: it holds the same values.
+    Selected: float32 tables of 2 columns or more (a width-1 table's scale would cost as much as its value)
+    holding at least ``min_bytes`` or ``min_share`` of the INT8 model's bytes (weights of two or more
+    dimensions counted at one byte, other tables and vectors at four); a table also used elsewhere (a tied
+    output projection) is left alone, as the export leaves it.
     """
     import torch
     from torch import nn
@@ -83,14 +88,15 @@ def snap_embedding_tables(model, *, min_bytes: int = MIN_BYTES, min_share: float
     uses: dict[int, int] = {}
     for _, p in model.named_parameters(remove_duplicate=False):
         uses[id(p)] = uses.get(id(p), 0) + 1
-    embeddings = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Embedding)]
+    embeddings = [(n, m) for n, m in model.named_modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag))]
     tables = {id(m.weight) for _, m in embeddings}
     total = sum(p.numel() * (4 if p.dim() < 2 or id(p) in tables else 1) for p in model.parameters())
     snapped = []
     for name, module in embeddings:
         weight = module.weight
         size = weight.numel() * 4
-        if weight.dtype != torch.float32 or uses[id(weight)] > 1 or (size < min_bytes and size / max(total, 1) < min_share):
+        if (weight.dtype != torch.float32 or uses[id(weight)] > 1 or weight.shape[1] < 2
+                or (size < min_bytes and size / max(total, 1) < min_share)):
             continue
         q, scale = quantize_rows(weight.detach().cpu().numpy())
         with torch.no_grad():
@@ -100,8 +106,18 @@ def snap_embedding_tables(model, *, min_bytes: int = MIN_BYTES, min_share: float
     return snapped
 
 
-def _candidates(model, min_bytes: int, min_share: float) -> list[str]:
-    """Names of float32 rank-2 initializers read only as the data of axis-0 Gathers, big enough to quantize."""
+def on_int8_grid(table: np.ndarray) -> bool:
+    """Whether every row of ``table`` is exactly ``q * scale`` with ``q`` int8 and ``scale = max|row| / 127``
+    (what ``snap_embedding_tables`` leaves; a trained float table practically never is)."""
+    q, scale = quantize_rows(table)
+    # within a thousandth of a step, not exactly: re-deriving the scale from a snapped row's max may move it by
+    # an ulp; a float table's values sit anywhere within half a step of the grid
+    return bool(np.all(np.abs(q.astype(np.float32) * scale[:, None] - table) <= 1e-3 * scale[:, None]))
+
+
+def _candidates(model, min_bytes: int, min_share: float, on_grid: bool = False) -> list[str]:
+    """Names of float32 rank-2 initializers read only as the data of axis-0 Gathers, big enough to quantize
+    (``on_grid``: those whose rows are on the int8 grid instead, whatever their size)."""
     from onnx import TensorProto, numpy_helper
 
     inits = {t.name: t for t in model.graph.initializer}
@@ -119,7 +135,11 @@ def _candidates(model, min_bytes: int, min_share: float) -> list[str]:
             continue
         gathers = all(n.op_type == "Gather" and k == 0 and _axis(n) == 0 for n, k in uses)
         size = int(np.prod(t.dims)) * 4
-        if gathers and (size >= min_bytes or size / total >= min_share):
+        if not gathers or t.dims[1] < 2:
+            continue
+        if on_grid and on_int8_grid(numpy_helper.to_array(t)):
+            found.append(name)
+        elif not on_grid and (size >= min_bytes or size / total >= min_share):
             found.append(name)
     return found
 
@@ -129,15 +149,17 @@ def _axis(node) -> int:
 
 
 def quantize_embeddings(model, *, layout: Layout = "gather_rows", min_bytes: int = MIN_BYTES,
-                        min_share: float = MIN_SHARE) -> EmbeddingReport:
+                        min_share: float = MIN_SHARE, on_grid: bool = False) -> EmbeddingReport:
     """Store each large Gather table of the ONNX ``model`` (a ModelProto, changed in place) as int8 with
-    per-row scales. Tables also read by anything but an axis-0 Gather's data input (a tied output
-    projection) are left alone. Needs opset >= 13 (per-axis DequantizeLinear)."""
+    per-row scales; ``on_grid``: each table already on that grid (``snap_embedding_tables``: what the INT8
+    export of a quantized model does), whatever its size. Tables also read by anything but an axis-0 Gather's
+    data input (a tied output projection), and width-1 tables, are left alone. Needs opset >= 13
+    (per-axis DequantizeLinear)."""
     from onnx import helper, numpy_helper
 
     report = EmbeddingReport()
     graph = model.graph
-    for name in _candidates(model, min_bytes, min_share):
+    for name in _candidates(model, min_bytes, min_share, on_grid):
         init = next(t for t in graph.initializer if t.name == name)
         table = numpy_helper.to_array(init).astype(np.float32)
         q, scale = quantize_rows(table)

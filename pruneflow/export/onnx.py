@@ -326,8 +326,8 @@ def export_int8_onnx(stripped: torch.nn.Module, example: Inputs, path: Path, *, 
     report = convert(model_proto, form)
     model_proto = fold_constants(model_proto)
     soften_mask_fill(model_proto)  # finfo.min attention-mask fill -> -60: onnxruntime's exp is 6x slower on it
-    if form == "cpu":  # word-embedding tables in int8 (weight-only, per-row scales): pruneflow/export/embedding.py
-        report.notes += quantize_embeddings(model_proto).notes()
+    if form == "cpu":  # embedding tables the quantization stage snapped, in int8 (weight-only, per-row scales): export/embedding.py
+        report.notes += quantize_embeddings(model_proto, on_grid=True).notes()
     if metadata is not None:
         stamp_onnx(model_proto, metadata, "int8")
     problems = check_convention(model_proto, form)
