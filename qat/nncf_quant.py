@@ -141,7 +141,13 @@ def has_attention(model: nn.Module) -> bool:
 
 def resolve_model_type(model: nn.Module, model_type: str) -> str:
     """``auto`` → ``transformer`` for a text transformer (attention, ``has_attention``, over token embeddings,
-    ``nn.Embedding``), else ``cnn``.
+    ``nn.Embedding``) and for a ranker (embedding tables and no convolution), else ``cnn``.
+
+    For a ranker, NNCF's transformer type is what it says of the ops: only Linear/MatMul inputs quantized, the
+    elementwise interactions kept float. Under ``cnn`` a DeepFM's factorisation-machine term, a difference of
+    two squared sums, was computed from per-tensor int8 grids: on UCI Adult (recipes/adult-ctr.yaml) the mean
+    predicted CTR moved by 0.0082 against the FP32 model (|pCTR - rate| 0.0004 -> 0.0086) while AUC moved
+    0.0003; under ``transformer`` it moved 0.0001 and AUC 0.0001.
 
     A vision transformer stays ``cnn``: under NNCF's transformer type its pre-norm residual stream is left
     unquantized, and TensorRT's explicit-quantization convention refuses a residual Add with one float input
@@ -150,8 +156,9 @@ def resolve_model_type(model: nn.Module, model_type: str) -> str:
     """
     if model_type != "auto":
         return model_type
-    tokens = any(isinstance(m, nn.Embedding) for m in model.modules())
-    return "transformer" if tokens and has_attention(model) else "cnn"
+    tokens = any(isinstance(m, (nn.Embedding, nn.EmbeddingBag)) for m in model.modules())
+    convolutions = any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())
+    return "transformer" if tokens and (has_attention(model) or not convolutions) else "cnn"
 
 
 def quantize(model: nn.Module, calib: CalibrationSet, settings: NncfSettings | None = None, *,

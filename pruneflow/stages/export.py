@@ -280,7 +280,8 @@ class ExportStage(Stage[ExportConfig]):
             if cfg.evaluate:
                 measured = evaluate_runtime(run, state.data.eval, state.task, ctx.recipe.data.eval_batch_size,
                                             ctx.reporter, description=f"{artifact.label} eval ({executor.label})")
-                artifact.metrics.update({f"{m.name}{suffix}": measured[m.name] for m in state.task.metrics})
+                names = [m.name for m in state.task.metrics] + [f for f in state.task.figures if f in measured]
+                artifact.metrics.update({f"{name}{suffix}": measured[name] for name in names})
         advice = runtime_advice(artifact, state.task)
         if advice:
             artifact.notes.append(advice)

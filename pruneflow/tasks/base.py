@@ -124,6 +124,9 @@ class Task:
     agreement_limits: ClassVar[Mapping[str, float]] = {"fp32": 0.9999, "fp16": 0.999, "int8": 0.99, "bf16": 0.999}
     #: Labels can be stratified by (class ids); a continuous target cannot.
     stratify: ClassVar[bool] = False
+    #: Figures ``compute`` returns beside the metrics, with no better direction, that each artifact reports too
+    #: (binary: the mean predicted CTR, which a quantized ranker can move while its AUC holds).
+    figures: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, config: TaskConfig | None = None):
         self.config = config if config is not None else self.Config.model_validate({})

@@ -86,6 +86,7 @@ class Binary(Task):
                        description="mean absolute difference of the predicted probabilities")
     agreement_limits = {"fp32": 1e-4, "fp16": 2e-3, "int8": 0.01, "bf16": 5e-3}
     stratify = True  # 0/1 labels split and subsample like two classes
+    figures = ("mean_pctr", "positive_rate")
 
     def loss(self, out, target):
         return F.binary_cross_entropy_with_logits(logit(self.output(out)).float(), target.float())
@@ -130,7 +131,7 @@ class Binary(Task):
     def _text_targets(self, flat: np.ndarray, column: str) -> np.ndarray:
         """Text labels (``<=50K``/``>50K``, ``click``/``no``): 1 where the value is ``positive``, else 0."""
         text = np.char.strip(flat.astype(str))
-        found = ", ".join(repr(v) for v in np.unique(text)[:5])
+        found = ", ".join(repr(str(v)) for v in np.unique(text)[:5])
         if self.config.positive is None:
             raise InputError(f"data.label_column {column!r} holds text ({found}): the binary task needs to know which "
                              "value is the positive outcome",
