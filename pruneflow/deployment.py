@@ -70,7 +70,7 @@ def deployment_record(state: "RunState", ctx: "RunContext", *, dynamic_batch: bo
     return {
         "format": FORMAT,
         "input": record_in,
-        "output": {"name": OUTPUT_NAME, "shape": [batch, *map(int, out.shape[1:])], "dtype": "float32"},
+        "output": {"name": state.task.output_name, "shape": [batch, *map(int, out.shape[1:])], "dtype": "float32"},
         "preprocessing": state.data.tabular.record() if state.data.tabular is not None else preprocessing(spec),
         "labels": list(state.data.class_names) if state.data.class_names else None,
     }

@@ -195,6 +195,7 @@ def test_ranker_artifact_has_named_inputs_int8_tables_and_its_vocabularies(ranke
     path = next(folder / "runs" / "ranker" / a["path"] for a in out["artifacts"] if a["path"].endswith("model.int8.onnx"))
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     assert [i.name for i in session.get_inputs()] == ["ids", "dense"]
+    assert [o.name for o in session.get_outputs()] == ["logit"]  # named after what the binary task reads
     proto = onnx.load(str(path))
     int8_tables = [t for t in proto.graph.initializer if t.name.endswith("_int8") and t.data_type == onnx.TensorProto.INT8]
     assert len(int8_tables) >= 2  # user_id and item_id tables at least, one scale a row

@@ -59,7 +59,7 @@ class OnnxTarget(Target[OnnxConfig]):
             return [self._int8_or_failed(stripped, state, ctx, out_dir, form, record) for form in dict.fromkeys(cfg.int8_forms)]
         # fp32/fp16: the float model that entered quantization, when a ptq/qat stage ran (handle.float_module).
         export = functools.partial(export_onnx, state.handle.float_module(), state.example_input, opset=cfg.opset,
-                                   dynamic_batch=cfg.dynamic_batch, exporter=cfg.exporter)
+                                   dynamic_batch=cfg.dynamic_batch, exporter=cfg.exporter, output_name=state.task.output_name)
         if precision == "fp16":
             with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
                 export(Path(tmp) / "fp32.onnx")
@@ -119,32 +119,34 @@ class _Keyed(torch.nn.Module):
         return self.model(**dict(zip(self.names, args)))
 
 
-def _traced(model: torch.nn.Module, example: Inputs, dynamic_batch: bool):
+def _traced(model: torch.nn.Module, example: Inputs, dynamic_batch: bool, output: str = OUTPUT_NAME):
     """(module, args, input names, dynamic axes) to export: one tensor named ``input``, or forward's parameters
     in forward's order, their batch axis dynamic and, for int64 token inputs, their sequence axis too.
     A fresh batch of 2: a sliced example or batch 1 can fix the batch dimension in the graph; a static
     graph is exported for batch 1 (the measuring step then feeds it one sample at a time)."""
     x = bind(model, fresh(example, 2 if dynamic_batch else 1))
     if isinstance(x, torch.Tensor):
-        axes = {INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}} if dynamic_batch else None
+        axes = {INPUT_NAME: {0: "batch"}, output: {0: "batch"}} if dynamic_batch else None
         return model, (x,), [INPUT_NAME], axes
     names = list(x)
     axes = {n: ({0: "batch"} if dynamic_batch else {}) | ({1: "sequence"} if is_token(x[n]) else {}) for n in names}
     axes = {n: a for n, a in axes.items() if a}
     if dynamic_batch:
-        axes[OUTPUT_NAME] = {0: "batch"}
+        axes[output] = {0: "batch"}
     return _Keyed(model, names), tuple(x.values()), names, axes or None
 
 
 def export_onnx(model: torch.nn.Module, example: Inputs, path: Path, *, opset: int = 17,
                 dynamic_batch: bool = True, exporter: str = "legacy", fold: bool = True,
-                metadata: "tuple[dict, str] | None" = None) -> None:
-    """Export atomically (input ``input``, or forward's parameter names for several; output ``logits``), fold what is computed from constants
+                metadata: "tuple[dict, str] | None" = None, output_name: str | None = None) -> None:
+    """Export atomically (input ``input``, or forward's parameter names for several; output ``output_name``, default
+    the name ``metadata``'s record gives it (the task's: ``Task.output_name``), else ``logits``), fold what is computed from constants
     (``fold``), write ``metadata`` (deployment record, precision) into the file, then validate with
     onnx.checker. A model that will not trace raises ExportError."""
     onnx = require("onnx", "pip install onnx", "ONNX export")
     model = copy.deepcopy(model).cpu().eval()  # the live model may be on a GPU and still in use
-    traced, args, names, axes = _traced(model, example, dynamic_batch)
+    output = output_name or (metadata[0]["output"]["name"] if metadata is not None else OUTPUT_NAME)
+    traced, args, names, axes = _traced(model, example, dynamic_batch, output)
     with atomic_path(path) as tmp:
         try:
             with warnings.catch_warnings(), no_attention_fastpath():
@@ -154,12 +156,12 @@ def export_onnx(model: torch.nn.Module, example: Inputs, path: Path, *, opset: i
                     dims = {0: torch.export.Dim("batch")} if dynamic_batch else None
                     shapes = ({"x": dims} if traced is model else {"args": tuple(dims for _ in args)}) if dims else None
                     program = torch.onnx.export(traced, args, dynamo=True, opset_version=opset, dynamic_shapes=shapes,
-                                                input_names=names, output_names=[OUTPUT_NAME])
+                                                input_names=names, output_names=[output])
                     assert program is not None  # None only from the legacy exporter (dynamo=False)
                     program.save(str(tmp), external_data=False)
                 else:
                     torch.onnx.export(traced, args, str(tmp), dynamo=False, opset_version=opset,
-                                      input_names=names, output_names=[OUTPUT_NAME], dynamic_axes=axes)
+                                      input_names=names, output_names=[output], dynamic_axes=axes)
         except Exception as exc:  # noqa: BLE001 - torch raises many types when a model will not trace
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ExportError(
@@ -312,7 +314,7 @@ def _integer_ops_record(artifact: Artifact, path: Path) -> None:
 
 
 def export_int8_onnx(stripped: torch.nn.Module, example: Inputs, path: Path, *, form: "Form", opset: int = 17,
-                     dynamic_batch: bool = True, metadata: dict | None = None) -> "PassReport":
+                     dynamic_batch: bool = True, metadata: dict | None = None, output_name: str | None = None) -> "PassReport":
     """Export a model stripped to torch's fake-quant ops (``handle.int8_module(example)``), convert it to
     ``form``, fold what is computed from constants (Q/DQ kept) and write the deployment ``metadata``."""
     from .embedding import quantize_embeddings
@@ -321,7 +323,9 @@ def export_int8_onnx(stripped: torch.nn.Module, example: Inputs, path: Path, *, 
     onnx = require("onnx", "pip install onnx", "INT8 ONNX export")
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         raw = Path(tmp) / "qdq.onnx"
-        export_onnx(stripped, to(example, "cpu"), raw, opset=max(opset, 13), dynamic_batch=dynamic_batch, fold=False)
+        output = output_name or (metadata["output"]["name"] if metadata is not None else None)
+        export_onnx(stripped, to(example, "cpu"), raw, opset=max(opset, 13), dynamic_batch=dynamic_batch, fold=False,
+                    output_name=output)
         model_proto = onnx.load(str(raw))
     report = convert(model_proto, form)
     model_proto = fold_constants(model_proto)

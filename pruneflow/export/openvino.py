@@ -86,9 +86,11 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
         path = tmp / f"{precision}.onnx"
         example = to(state.example_input, "cpu")
         if precision == "int8":
-            export_int8_onnx(state.handle.int8_module(example), example, path, form="cpu", dynamic_batch=self.config.dynamic_batch)
+            export_int8_onnx(state.handle.int8_module(example), example, path, form="cpu", dynamic_batch=self.config.dynamic_batch,
+                             output_name=state.task.output_name)
         else:
-            export_onnx(state.handle.float_module(), example, path, dynamic_batch=self.config.dynamic_batch)
+            export_onnx(state.handle.float_module(), example, path, dynamic_batch=self.config.dynamic_batch,
+                        output_name=state.task.output_name)
         return path
 
 

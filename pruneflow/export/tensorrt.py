@@ -139,14 +139,15 @@ class TensorRtTarget(Target[TensorRtConfig]):
         path = tmp / SOURCE_NAMES[precision]
         example = to(state.example_input, "cpu")
         if precision == "int8":
-            report = export_int8_onnx(state.handle.int8_module(example), example, path, form="tensorrt")
+            report = export_int8_onnx(state.handle.int8_module(example), example, path, form="tensorrt",
+                                      output_name=state.task.output_name)
             for note in report.notes:
                 ctx.reporter.info(f"tensorrt int8: {note}")
         elif precision == "fp16":
-            export_onnx(state.handle.float_module(), example, tmp / "fp32.onnx")
+            export_onnx(state.handle.float_module(), example, tmp / "fp32.onnx", output_name=state.task.output_name)
             to_fp16(tmp / "fp32.onnx", path)
         else:
-            export_onnx(state.handle.float_module(), example, path)
+            export_onnx(state.handle.float_module(), example, path, output_name=state.task.output_name)
         return path, None
 
     def _check_profile(self, source: Path, sequence: TensorRtSequence) -> dict:

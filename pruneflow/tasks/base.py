@@ -124,6 +124,8 @@ class Task:
     agreement_limits: ClassVar[Mapping[str, float]] = {"fp32": 0.9999, "fp16": 0.999, "int8": 0.99, "bf16": 0.999}
     #: Labels can be stratified by (class ids); a continuous target cannot.
     stratify: ClassVar[bool] = False
+    #: The output's name in every artifact when ``output`` names no part of it (a model returning a tensor).
+    default_output_name: ClassVar[str] = "logits"
     #: Figures ``compute`` returns beside the metrics, with no better direction, that each artifact reports too
     #: (binary: the mean predicted CTR, which a quantized ranker can move while its AUC holds).
     figures: ClassVar[tuple[str, ...]] = ()
@@ -153,6 +155,13 @@ class Task:
         return Metric(leaf)
 
     # ---------------------------------------------------------------- reading outputs
+
+    @property
+    def output_name(self) -> str:
+        """The name every artifact gives the output: the part the task reads (``output: logits``), else the
+        task's own (binary ``logit``, regression ``prediction``; classification ``logits``)."""
+        part = self.config.output
+        return part if isinstance(part, str) and part.isidentifier() else self.default_output_name
 
     def output(self, out: Any) -> torch.Tensor:
         """The tensor this task reads from a model's output: ``config.output`` names it (a key or attribute,

@@ -87,6 +87,7 @@ class Binary(Task):
     agreement_limits = {"fp32": 1e-4, "fp16": 2e-3, "int8": 0.01, "bf16": 5e-3}
     stratify = True  # 0/1 labels split and subsample like two classes
     figures = ("mean_pctr", "positive_rate")
+    default_output_name = "logit"
 
     def loss(self, out, target):
         return F.binary_cross_entropy_with_logits(logit(self.output(out)).float(), target.float())

@@ -32,6 +32,7 @@ def _aligned(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 class Regression(Task):
+    default_output_name = "prediction"
     Config = RegressionConfig
     metrics = (Metric("mse", higher_is_better=False, perfect=0.0, description="mean squared error"),
                Metric("mae", higher_is_better=False, perfect=0.0, description="mean absolute error"),
