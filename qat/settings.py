@@ -31,7 +31,14 @@ class NncfSettings(StrictModel):
         default="auto", description="NNCF's model type. `transformer`: Linear inputs and the attention score MatMul quantized; "
         "LayerNorm, Softmax, GELU, the context MatMul and embedding lookups kept float (the word-embedding table is stored "
         "int8 weight-only at export); `cnn`: NNCF's default; `auto`: `transformer` for text transformers (attention over token "
-        "embeddings: BERT), `cnn` otherwise (a ViT too: its TensorRT INT8 form needs the cnn type's residual quantizers).")
+        "embeddings: BERT; and rankers: embedding tables, no convolution), `cnn` otherwise (a ViT too: its TensorRT INT8 "
+        "form needs the cnn type's residual quantizers).")
+    table_bits: Literal[8, 4] = Field(
+        default=8, description="Embedding tables (every `nn.Embedding`/`EmbeddingBag` of 2+ columns and 1 KiB+) are stored "
+        "weight-only with one scale per row: `8` (int8, -127..127: about 3.9x smaller than float32 for wide rows) or `4` "
+        "(int4, -7..7, two values a byte: about 7x; coarser, so check the metric). The quantized model is measured "
+        "with the rounded tables, and the CPU INT8 ONNX and OpenVINO IR store them so (standard operators only); the "
+        "TensorRT form keeps them float.")
     smooth_quant: float | None = Field(
         default=SMOOTH_QUANT, ge=0, le=1, description="SmoothQuant's alpha for `model_type: transformer` (NNCF's default, 0.95): "
         "before ranges are set, per-channel scales move the activation outliers of each quantized Linear input (BERT's "

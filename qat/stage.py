@@ -124,10 +124,10 @@ def _int8(stage: Stage, state, ctx, calibration: Callable) -> ModelHandle:
     (``snap_embedding_tables``), so the quantized model measured here is the one the artifacts compute."""
     cfg = stage.config
     base = copy.deepcopy(state.model).eval()  # NNCF adds its hooks in place
-    snapped = snap_embedding_tables(state.model)
+    snapped = snap_embedding_tables(state.model, bits=cfg.table_bits)
     if snapped:
-        ctx.reporter.info(f"{stage.id}: word-embedding table(s) {', '.join(snapped)} put on the int8 grid the export "
-                          "stores them in (weight-only, per-row scales) and frozen")
+        ctx.reporter.info(f"{stage.id}: embedding table(s) {', '.join(snapped)} put on the int{cfg.table_bits} grid the "
+                          "export stores them in (weight-only, per-row scales) and frozen")
     quantized = quantize(state.model, calibration(), cfg, ignore_loc=stage.loc("ignore"))
     smoothed = smoothed_inputs(quantized)
     if smoothed:

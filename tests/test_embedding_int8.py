@@ -123,7 +123,8 @@ def test_snapped_tables_are_the_ones_the_export_stores_and_it_stores_them_exactl
     model, ids, _ = tiny_bert
     snapped_model = copy.deepcopy(model)
     names = snap_embedding_tables(snapped_model)
-    assert names == ["model.bert.embeddings.word_embeddings.weight"]  # not the 512x64 position or 2x64 type tables
+    # every table of 2+ columns and 1 KiB+: the word and the 512x64 position tables, not the 2x64 token-type one
+    assert names == ["model.bert.embeddings.word_embeddings.weight", "model.bert.embeddings.position_embeddings.weight"]
     table = snapped_model.model.bert.embeddings.word_embeddings.weight
     assert not table.requires_grad  # frozen: trained further it would leave its grid
     before = model.model.bert.embeddings.word_embeddings.weight.detach()
@@ -132,8 +133,8 @@ def test_snapped_tables_are_the_ones_the_export_stores_and_it_stores_them_exactl
     path = tmp_path / "snapped.onnx"
     export_onnx(snapped_model, ids, path)
     proto = onnx.load(str(path))
-    report = quantize_embeddings(proto)
-    assert len(report.tables) == 1 and report.tables[0]["max_abs_error"] < 1e-6  # the same values, to float rounding
+    report = quantize_embeddings(proto, on_grid=True)  # what the INT8 export does: exactly the snapped tables
+    assert len(report.tables) == 2 and max(t["max_abs_error"] for t in report.tables) < 1e-6  # the same values
     # a tied table (also an output projection) is left alone, as the export leaves it
     tied = torch.nn.Sequential(torch.nn.Embedding(8000, 64), torch.nn.Linear(64, 8000))
     tied[1].weight = tied[0].weight
@@ -151,7 +152,10 @@ def test_rows_round_symmetrically_per_row():
 
 
 def test_cpu_int8_onnx_path_stores_a_float_embedding_as_int8(tmp_path):
-    """The onnx target's INT8 path (export_int8_onnx, CPU form): an embedding NNCF left float is stored int8."""
+    """The onnx target's INT8 path (export_int8_onnx, CPU form): an embedding NNCF left float, snapped by the
+    quantization stage, is stored int8; one left off its grid stays float (rounding it there would change the
+    model the stage measured)."""
+    from pruneflow.export.embedding import snap_embedding_tables
     from calibrate.calibset import CalibrationSet
     from pruneflow.export.onnx import export_int8_onnx
     from qat.nncf_quant import quantize, strip_quantizers
@@ -168,7 +172,12 @@ def test_cpu_int8_onnx_path_stores_a_float_embedding_as_int8(tmp_path):
 
     torch.manual_seed(0)
     ids = torch.randint(0, 20000, (64, 12))
-    quantized = quantize(Bag().eval(), CalibrationSet(x=ids), NncfSettings(batch_size=16, ignore=["emb"]))
+    model = Bag().eval()
+    unsnapped = strip_quantizers(quantize(copy.deepcopy(model), CalibrationSet(x=ids), NncfSettings(batch_size=16)), ids[:2])
+    notes = export_int8_onnx(unsnapped, ids[:2], tmp_path / "unsnapped.onnx", form="cpu").notes
+    assert not any("stored int8" in n for n in notes)
+    assert snap_embedding_tables(model) == ["emb.weight"]  # what the qat and ptq stages do first
+    quantized = quantize(model, CalibrationSet(x=ids), NncfSettings(batch_size=16, ignore=["emb"]))
     stripped = strip_quantizers(quantized, ids[:2])
     cpu, trt = tmp_path / "model.int8.onnx", tmp_path / "model.int8.tensorrt.onnx"
     report = export_int8_onnx(stripped, ids[:2], cpu, form="cpu")

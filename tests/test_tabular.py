@@ -152,6 +152,39 @@ def test_snapped_tables_are_exactly_what_the_int8_onnx_stores(tmp_path):
         assert np.allclose(got, model(**x).numpy(), atol=1e-5)
 
 
+def test_int4_tables_run_in_onnxruntime_and_openvino_as_the_snapped_model_computes(tmp_path):
+    """Two values a byte, unpacked with standard operators: both runtimes compute the torch model with int4 tables."""
+    import onnx
+    import onnxruntime as ort
+    import openvino as ov
+
+    from pruneflow.export.embedding import pack_int4, quantize_embeddings, quantize_rows, snap_embedding_tables
+    from pruneflow.export.onnx import export_onnx
+
+    q = np.array([[-7, 7, 0], [3, -2, 5]], np.int8)
+    packed = pack_int4(q)  # columns 0-1 low nibbles, column 2 (and a zero pad) high
+    assert packed.shape == (2, 2) and (packed & 15).tolist() == [[1, 15], [11, 6]] and (packed >> 4).tolist() == [[8, 8], [13, 8]]
+    model = dlrm([40, 3000], num_dense=3, embedding_dim=9, hidden=16).eval()  # odd width: the pad column is cut off
+    assert snap_embedding_tables(model, bits=4) == ["tables.0.weight", "tables.1.weight"]
+    levels = np.unique(quantize_rows(model.tables[1].weight.detach().numpy(), 4)[0])
+    assert levels.min() >= -7 and levels.max() <= 7
+    x = {"ids": torch.tensor([[1, 2999], [39, 0], [0, 17]]), "dense": torch.randn(3, 3)}
+    export_onnx(model, x, tmp_path / "m.onnx")
+    proto = onnx.load(str(tmp_path / "m.onnx"))
+    report = quantize_embeddings(proto, on_grid=True)
+    assert [t["bits"] for t in report.tables] == [4, 4]
+    big = next(t for t in report.tables if t["shape"][0] == 3000)
+    assert big["bytes_after"] == 3000 * (5 + 4) and big["bytes_before"] == 3000 * 36  # 9 floats: 5 bytes and a scale
+    onnx.save(proto, str(tmp_path / "q.onnx"))
+    feed = {k: v.numpy() for k, v in x.items()}
+    with torch.no_grad():
+        want = model(**x).numpy()
+    got = ort.InferenceSession(str(tmp_path / "q.onnx"), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    assert np.allclose(got, want, atol=1e-5)
+    compiled = ov.Core().compile_model(str(tmp_path / "q.onnx"), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    assert np.allclose(compiled(feed)[0], want, atol=1e-5)
+
+
 @pytest.fixture(scope="module")
 @runs_a_recipe
 def ranker_run(tmp_path_factory):

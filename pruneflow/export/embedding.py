@@ -51,21 +51,26 @@ class EmbeddingReport:
         return sum(t["bytes_before"] - t["bytes_after"] for t in self.tables)
 
     def notes(self) -> list[str]:
-        return [f"embedding {t['name']} {t['shape'][0]}x{t['shape'][1]} stored int8 with per-row scales ({t['layout']}): "
+        return [f"embedding {t['name']} {t['shape'][0]}x{t['shape'][1]} stored int{t['bits']} with per-row scales ({t['layout']}): "
                 f"{t['bytes_before'] / 1e6:.2f} MB -> {t['bytes_after'] / 1e6:.2f} MB, max abs rounding error "
                 f"{t['max_abs_error']:.3g}" for t in self.tables]
 
 
-def quantize_rows(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric int8 per row: ``q = round(table / scale)`` in [-127, 127], ``scale = max|row| / 127`` (1.0
-    for an all-zero row, which then stays exactly zero)."""
+def quantize_rows(table: np.ndarray, bits: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric per row: ``q = round(table / scale)`` in [-L, L], ``scale = max|row| / L``, L = 127 for 8 bits and
+    7 for 4 (1.0 for an all-zero row, which then stays exactly zero); ``q`` as int8 either way."""
+    levels = LEVELS[bits]
     amax = np.abs(table).max(axis=1)
-    scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
-    q = np.clip(np.rint(table / scale[:, None]), -127, 127).astype(np.int8)
+    scale = np.where(amax > 0, amax / float(levels), 1.0).astype(np.float32)
+    q = np.clip(np.rint(table / scale[:, None]), -levels, levels).astype(np.int8)
     return q, scale
 
 
-def snap_embedding_tables(model, *, min_bytes: int = MIN_SNAP_BYTES, min_share: float = MIN_SHARE) -> list[str]:
+#: The largest magnitude of a row's values, per bit width (symmetric: -L..L, zero exact).
+LEVELS = {8: 127, 4: 7}
+
+
+def snap_embedding_tables(model, *, min_bytes: int = MIN_SNAP_BYTES, min_share: float = MIN_SHARE, bits: int = 8) -> list[str]:
     """Put each ``nn.Embedding``/``nn.EmbeddingBag`` table the INT8 export is to store in int8 onto that grid, in
     place (``quantize_rows`` and back), and freeze it; returns the tables' names.
 
@@ -98,7 +103,7 @@ def snap_embedding_tables(model, *, min_bytes: int = MIN_SNAP_BYTES, min_share: 
         if (weight.dtype != torch.float32 or uses[id(weight)] > 1 or weight.shape[1] < 2
                 or (size < min_bytes and size / max(total, 1) < min_share)):
             continue
-        q, scale = quantize_rows(weight.detach().cpu().numpy())
+        q, scale = quantize_rows(weight.detach().cpu().numpy(), bits)
         with torch.no_grad():
             weight.copy_(torch.from_numpy(q.astype(np.float32) * scale[:, None]))
         weight.requires_grad_(False)
@@ -106,18 +111,23 @@ def snap_embedding_tables(model, *, min_bytes: int = MIN_SNAP_BYTES, min_share: 
     return snapped
 
 
-def on_int8_grid(table: np.ndarray) -> bool:
-    """Whether every row of ``table`` is exactly ``q * scale`` with ``q`` int8 and ``scale = max|row| / 127``
-    (what ``snap_embedding_tables`` leaves; a trained float table practically never is)."""
-    q, scale = quantize_rows(table)
+def grid_bits(table: np.ndarray) -> int | None:
+    """4 or 8 when every row of ``table`` is ``q * scale`` with ``scale = max|row| / L`` (L = 7 or 127: what
+    ``snap_embedding_tables`` leaves), else None (a trained float table practically never is)."""
+    return next((bits for bits in (4, 8) if on_grid(table, bits)), None)
+
+
+def on_grid(table: np.ndarray, bits: int = 8) -> bool:
+    """Whether every row of ``table`` is exactly ``q * scale``, ``q`` in -L..L and ``scale = max|row| / L``."""
+    q, scale = quantize_rows(table, bits)
     # within a thousandth of a step, not exactly: re-deriving the scale from a snapped row's max may move it by
     # an ulp; a float table's values sit anywhere within half a step of the grid
     return bool(np.all(np.abs(q.astype(np.float32) * scale[:, None] - table) <= 1e-3 * scale[:, None]))
 
 
-def _candidates(model, min_bytes: int, min_share: float, on_grid: bool = False) -> list[str]:
-    """Names of float32 rank-2 initializers read only as the data of axis-0 Gathers, big enough to quantize
-    (``on_grid``: those whose rows are on the int8 grid instead, whatever their size)."""
+def _candidates(model, min_bytes: int, min_share: float, snapped: bool = False) -> dict[str, int]:
+    """Float32 rank-2 initializers read only as the data of axis-0 Gathers, big enough to quantize, with the bits
+    to store them in: 8 (``snapped``: those whose rows are on an int8 or int4 grid instead, whatever their size)."""
     from onnx import TensorProto, numpy_helper
 
     inits = {t.name: t for t in model.graph.initializer}
@@ -128,7 +138,7 @@ def _candidates(model, min_bytes: int, min_share: float, on_grid: bool = False) 
             if name in inits:
                 readers.setdefault(name, []).append((node, k))
     graph_outputs = {o.name for o in model.graph.output}
-    found = []
+    found: dict[str, int] = {}
     for name, uses in readers.items():
         t = inits[name]
         if t.data_type != TensorProto.FLOAT or len(t.dims) != 2 or name in graph_outputs:
@@ -137,10 +147,9 @@ def _candidates(model, min_bytes: int, min_share: float, on_grid: bool = False) 
         size = int(np.prod(t.dims)) * 4
         if not gathers or t.dims[1] < 2:
             continue
-        if on_grid and on_int8_grid(numpy_helper.to_array(t)):
-            found.append(name)
-        elif not on_grid and (size >= min_bytes or size / total >= min_share):
-            found.append(name)
+        bits = grid_bits(numpy_helper.to_array(t)) if snapped else (8 if size >= min_bytes or size / total >= min_share else None)
+        if bits is not None:
+            found[name] = bits
     return found
 
 
@@ -154,30 +163,86 @@ def quantize_embeddings(model, *, layout: Layout = "gather_rows", min_bytes: int
     per-row scales; ``on_grid``: each table already on that grid (``snap_embedding_tables``: what the INT8
     export of a quantized model does), whatever its size. Tables also read by anything but an axis-0 Gather's
     data input (a tied output projection), and width-1 tables, are left alone. Needs opset >= 13
-    (per-axis DequantizeLinear)."""
-    from onnx import helper, numpy_helper
+    (per-axis DequantizeLinear). A table snapped to the int4 grid (``snap_embedding_tables(bits=4)``) is stored
+    packed two values a byte (``pack_int4``)."""
+    from onnx import numpy_helper
 
     report = EmbeddingReport()
     graph = model.graph
-    for name in _candidates(model, min_bytes, min_share, on_grid):
+    for name, bits in _candidates(model, min_bytes, min_share, on_grid).items():
         init = next(t for t in graph.initializer if t.name == name)
         table = numpy_helper.to_array(init).astype(np.float32)
-        q, scale = quantize_rows(table)
+        q, scale = quantize_rows(table, bits)
         graph.initializer.remove(init)
-        new_inits = [numpy_helper.from_array(q, f"{name}_int8"), numpy_helper.from_array(scale, f"{name}_scale")]
-        if layout == "dequantize_table":
-            new_inits.append(numpy_helper.from_array(np.zeros(len(scale), np.int8), f"{name}_zero_point"))
-            dq = helper.make_node("DequantizeLinear", [f"{name}_int8", f"{name}_scale", f"{name}_zero_point"], [name],
-                                  name=f"{name}_DequantizeLinear", axis=0)
-            _insert_before_first_reader(graph, name, [dq])
-        else:
-            _gather_rows(graph, name)
+        new_inits = _rewrite(graph, name, q, scale, layout if bits == 8 else "int4")
         graph.initializer.extend(new_inits)
         after = sum(numpy_helper.to_array(t).nbytes for t in new_inits)
         error = float(np.abs(q.astype(np.float32) * scale[:, None] - table).max())
-        report.tables.append({"name": name, "shape": list(table.shape), "layout": layout, "bytes_before": table.nbytes,
-                              "bytes_after": after, "max_abs_error": error})
+        report.tables.append({"name": name, "shape": list(table.shape), "layout": layout if bits == 8 else "int4",
+                              "bits": bits, "bytes_before": table.nbytes, "bytes_after": after, "max_abs_error": error})
     return report
+
+
+def _rewrite(graph, name: str, q: np.ndarray, scale: np.ndarray, layout: str) -> list:
+    """Replace the reads of table ``name`` by reads of its quantized rows ``q`` and ``scale``; the new initializers."""
+    from onnx import helper, numpy_helper
+
+    if layout == "int4":
+        _gather_int4_rows(graph, name, q.shape[1])
+        return [numpy_helper.from_array(pack_int4(q), f"{name}_int4"), numpy_helper.from_array(scale, f"{name}_scale")]
+    new_inits = [numpy_helper.from_array(q, f"{name}_int8"), numpy_helper.from_array(scale, f"{name}_scale")]
+    if layout == "dequantize_table":
+        new_inits.append(numpy_helper.from_array(np.zeros(len(scale), np.int8), f"{name}_zero_point"))
+        dq = helper.make_node("DequantizeLinear", [f"{name}_int8", f"{name}_scale", f"{name}_zero_point"], [name],
+                              name=f"{name}_DequantizeLinear", axis=0)
+        _insert_before_first_reader(graph, name, [dq])
+    else:
+        _gather_rows(graph, name)
+    return new_inits
+
+
+def pack_int4(q: np.ndarray) -> np.ndarray:
+    """Two int4 values (-7..7) a byte: column j in the low nibble, column j + ceil(W/2) in the high one, each +8
+    (so 1..15). Split by halves, not by neighbours, so unpacking is a Concat of the two nibbles with no Reshape."""
+    half = (q.shape[1] + 1) // 2
+    padded = np.zeros((q.shape[0], 2 * half), np.int16)
+    padded[:, : q.shape[1]] = q
+    return ((padded[:, :half] + 8) | ((padded[:, half:] + 8) << 4)).astype(np.uint8)
+
+
+def _gather_int4_rows(graph, name: str, width: int) -> None:
+    """Rewrite every ``Gather(name, ids)`` as a gather of packed int4 rows, unpacked with float arithmetic
+    (``hi = floor(b / 16)``, ``lo = b - 16 hi``: Cast, Mul, Floor, Sub, Concat, Slice, all standard ONNX that
+    onnxruntime and OpenVINO run; no BitShift/BitwiseAnd, whose uint8 support differs), minus 8, times the row's scale.
+    Written by hand: ONNX's INT4 type needs opset 21 and onnxruntime reads it through DequantizeLinear of the
+    whole table, the layout that made a ranker 9.9x slower at batch 1."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    consts = {f"{name}_sixteenth": np.array(1 / 16, np.float32), f"{name}_sixteen": np.array(16, np.float32),
+              f"{name}_eight": np.array(8, np.float32), f"{name}_last_axis": np.array([-1], np.int64),
+              f"{name}_zero": np.array([0], np.int64), f"{name}_width": np.array([width], np.int64)}
+    graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in consts.items())
+    for i, node in enumerate([n for n in graph.node if n.op_type == "Gather" and n.input[0] == name]):
+        out, ids, t = node.output[0], node.input[1], f"{name}_{i}"
+        new = [
+            helper.make_node("Gather", [f"{name}_int4", ids], [f"{t}_packed"], name=f"{t}_GatherRows", axis=0),
+            helper.make_node("Cast", [f"{t}_packed"], [f"{t}_bytes"], name=f"{t}_Cast", to=TensorProto.FLOAT),
+            helper.make_node("Mul", [f"{t}_bytes", f"{name}_sixteenth"], [f"{t}_hi_frac"], name=f"{t}_Shift"),
+            helper.make_node("Floor", [f"{t}_hi_frac"], [f"{t}_hi"], name=f"{t}_Floor"),
+            helper.make_node("Mul", [f"{t}_hi", f"{name}_sixteen"], [f"{t}_hi16"], name=f"{t}_Back"),
+            helper.make_node("Sub", [f"{t}_bytes", f"{t}_hi16"], [f"{t}_lo"], name=f"{t}_Low"),
+            helper.make_node("Concat", [f"{t}_lo", f"{t}_hi"], [f"{t}_both"], name=f"{t}_Concat", axis=-1),
+            helper.make_node("Slice", [f"{t}_both", f"{name}_zero", f"{name}_width", f"{name}_last_axis"], [f"{t}_cols"],
+                             name=f"{t}_Slice"),
+            helper.make_node("Sub", [f"{t}_cols", f"{name}_eight"], [f"{t}_rows"], name=f"{t}_Center"),
+            helper.make_node("Gather", [f"{name}_scale", ids], [f"{t}_row_scale"], name=f"{t}_GatherScales", axis=0),
+            helper.make_node("Unsqueeze", [f"{t}_row_scale", f"{name}_last_axis"], [f"{t}_row_scale_1"], name=f"{t}_Unsqueeze"),
+            helper.make_node("Mul", [f"{t}_rows", f"{t}_row_scale_1"], [out], name=f"{t}_Mul"),
+        ]
+        index = list(graph.node).index(node)
+        graph.node.remove(node)
+        for offset, n in enumerate(new):
+            graph.node.insert(index + offset, n)
 
 
 def _insert_before_first_reader(graph, name: str, nodes: list) -> None:
