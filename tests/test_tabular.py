@@ -235,3 +235,7 @@ def test_ranker_artifact_has_named_inputs_int8_tables_and_its_vocabularies(ranke
     record = read_onnx(str(path))
     fields = [f["field"] for f in record["preprocessing"]["tabular"]["ids"]]
     assert fields == FEATURES["categorical"] and record["input"]["names"] == ["ids", "dense"]
+    metrics = next(a["metrics"] for a in out["artifacts"] if a["path"].endswith("model.int8.onnx"))
+    fp32 = next(a["metrics"] for a in out["artifacts"] if a["path"].endswith("model.fp32.onnx"))
+    assert 0 < metrics["table_bytes"] < fp32["table_bytes"] / 3  # tables vs MLP, before and after
+    assert 0 < metrics["other_bytes"] < fp32["other_bytes"]

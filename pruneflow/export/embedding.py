@@ -271,3 +271,16 @@ def _gather_rows(graph, name: str) -> None:
         graph.node.remove(node)
         for offset, n in enumerate(new):
             graph.node.insert(index + offset, n)
+
+
+def component_bytes(model) -> dict[str, int]:
+    """Bytes of an ONNX ``model``'s initializers by component: ``table_bytes``, what Gathers read rows of (embedding
+    tables, float or int8/int4 with their per-row scales), and ``other_bytes`` (the MLP, attention, norms...)."""
+    from onnx import numpy_helper
+
+    inits = {t.name: t for t in model.graph.initializer}
+    tables = {n.input[0] for n in model.graph.node if n.op_type == "Gather" and n.input[0] in inits
+              and len(inits[n.input[0]].dims) >= 1 and int(np.prod(inits[n.input[0]].dims)) > 64}
+    sizes = {name: numpy_helper.to_array(t).nbytes for name, t in inits.items()}
+    in_tables = sum(v for k, v in sizes.items() if k in tables)
+    return {"table_bytes": in_tables, "other_bytes": sum(sizes.values()) - in_tables}

@@ -68,6 +68,7 @@ class OnnxTarget(Target[OnnxConfig]):
             export(path, metadata=(record, "fp32"))
         artifact = Artifact.from_file(ctx.run_dir, path, kind="onnx", producer="export", target="onnx", precision=precision,
                                       deployment=record)
+        _component_bytes(artifact, path)
         if state.handle.quantized:
             artifact.notes.append("the float model that entered quantization (the float base of the quantized checkpoint), "
                                   "not the quantized model's float weights")
@@ -95,6 +96,7 @@ class OnnxTarget(Target[OnnxConfig]):
                                       precision="int8", form=form, deployment=record)
         artifact.metrics.update(weights_int8=report.weights_folded, batchnorms_folded=report.batchnorms_folded,
                                 ops_float=len(report.float_ops))
+        _component_bytes(artifact, path)
         artifact.notes += report.notes
         if form == "cpu":
             _check_runs_in_openvino(path, state.example_input)
@@ -134,6 +136,16 @@ def _traced(model: torch.nn.Module, example: Inputs, dynamic_batch: bool, output
     if dynamic_batch:
         axes[output] = {0: "batch"}
     return _Keyed(model, names), tuple(x.values()), names, axes or None
+
+
+def _component_bytes(artifact: Artifact, path: Path) -> None:
+    """``table_bytes``/``other_bytes`` on a model with embedding tables (a ranker's are most of its bytes)."""
+    from .embedding import component_bytes
+
+    onnx = require("onnx", "pip install onnx", "ONNX export")
+    parts = component_bytes(onnx.load(str(path)))
+    if parts["table_bytes"]:
+        artifact.metrics.update(parts)
 
 
 def export_onnx(model: torch.nn.Module, example: Inputs, path: Path, *, opset: int = 17,
