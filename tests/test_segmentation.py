@@ -88,3 +88,32 @@ def test_a_tiny_fcn_prunes_quantizes_and_exports_with_int8_miou_close_to_fp32(tm
         assert artifacts[name]["miou"] >= fp32["miou"] - 0.01, (name, artifacts[name]["miou"], fp32["miou"])
         assert artifacts[name]["pixel_agreement_fp32"] > 0.97, name
     print({n: round(m["miou"], 4) for n, m in artifacts.items()})  # pytest -s
+
+
+@pytest.mark.slow
+def test_a_unet_with_transposed_convolutions_exports_both_int8_onnx_forms(tmp_path):
+    """A ConvTranspose2d's per-channel weight scales sit on axis 1 (its output channels): both INT8 ONNX forms meet
+    their convention (they failed it when axis 0 was required of every weight) and keep mIoU in onnxruntime.
+
+    OpenVINO 2026.4 computes this model's INT8 IR wrongly (cosine 0.77 to the quantized model, from the first float
+    Conv after a Concat of a ConvTranspose output and a quantized skip), with or without int8 ConvTranspose weights;
+    the export's parity gate refuses that IR (exit 1), so it is not built here."""
+    images, masks = _shapes(320, 24, np.random.default_rng(1))
+    np.savez(tmp_path / "shapes.npz", images=images, masks=masks)
+    recipe = {
+        "name": "unet", "seed": 0, "device": "cpu", "task": "segmentation",
+        "model": {"factory": "tiny_unet", "kwargs": {"in_channels": 3, "num_classes": 3, "width": 8}},
+        "data": {"format": "npz", "path": "shapes.npz", "label_column": "masks", "eval_fraction": 0.25},
+        "stages": [
+            {"type": "train", "epochs": 6, "batch_size": 32, "optimizer": "adamw", "lr": 0.01, "augment": False},
+            {"type": "ptq", "calibration_size": 128},
+            {"type": "export", "targets": ["onnx"], "precisions": ["fp32", "int8"], "latency": None},
+        ],
+    }
+    out, stages, artifacts = optimize_json(recipe, tmp_path)
+    built = {a["path"].rsplit("/", 1)[-1] for a in out["artifacts"] if a["status"] == "built"}
+    assert {"model.int8.onnx", "model.int8.tensorrt.onnx"} <= built
+    fp32 = artifacts["model.fp32.onnx"]["miou"]
+    assert stages["train"]["miou"] > 0.5
+    for name in ("model.int8.onnx", "model.int8.tensorrt.onnx"):
+        assert artifacts[name]["miou"] >= fp32 - 0.01, (name, artifacts[name]["miou"], fp32)

@@ -748,8 +748,12 @@ def _quantizer_problems(graph: _Graph, node, form: Form) -> list[str]:
     if node.input[0] in graph.inits:  # a weight
         if zp.dtype != np.int8 or np.any(zp != 0):
             problems.append(f"{node.name}: weight zero point must be int8 0")
-        if scale.size > 1 and _attr(node, "axis", 1) != 0:
-            problems.append(f"{node.name}: per-channel weight scales must be on axis 0")
+        # the output-channel axis: 0 for Conv/Gemm weights, 1 for ConvTranspose's ([C_in, C_out/groups, kH, kW]),
+        # where NNCF puts them and where TensorRT reads a deconvolution's per-channel scales
+        readers = {n.op_type for o in node.output for n in graph.consumers.get(o, [])}
+        axis = 1 if readers == {"ConvTranspose"} else 0
+        if scale.size > 1 and _attr(node, "axis", 1) != axis:
+            problems.append(f"{node.name}: per-channel weight scales must be on axis {axis} (output channels)")
         return problems
     if scale.size != 1 and (form == "tensorrt" or _attr(node, "axis", 1) != 1):
         problems.append(f"{node.name}: activation scale must be per-tensor" + ("" if form == "tensorrt" else " or per channel (axis 1)"))

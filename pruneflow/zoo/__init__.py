@@ -9,7 +9,7 @@ from torch import nn
 
 from .digits import digits_cnn
 from .hf import bert_classifier, bert_classifier_with_new_parameters
-from .fcn import tiny_fcn
+from .fcn import tiny_fcn, tiny_unet
 from .mlp import mlp
 from .ranker import deepfm, dlrm
 from .resnet_cifar import resnet20, resnet32, resnet44, resnet56
@@ -36,9 +36,11 @@ ZOO: dict[str, ZooEntry] = {
                        "(cardinalities and num_dense come from data.features)"),
     "dlrm": ZooEntry(dlrm, None, "DLRM click ranker: bottom MLP, pairwise dot products, top MLP (cardinalities and "
                      "num_dense come from data.features)"),
+    "tiny_unet": ZooEntry(tiny_unet, None, "Tiny U-Net for masks: ConvTranspose upsampling, skip connections (in_channels, "
+                          "num_classes, width)"),
     "tiny_fcn": ZooEntry(tiny_fcn, None, "Tiny fully convolutional net for masks (in_channels, num_classes, width)"),
     "bert_classifier": ZooEntry(bert_classifier, None, "BERT-style classifier from a local folder or a config (needs transformers)",
                                 bert_classifier_with_new_parameters),
 }
 
-__all__ = ["ZOO", "ZooEntry", "bert_classifier", "deepfm", "digits_cnn", "dlrm", "mlp", "tiny_fcn", "resnet20", "resnet32", "resnet44", "resnet56"]
+__all__ = ["ZOO", "ZooEntry", "bert_classifier", "deepfm", "digits_cnn", "dlrm", "mlp", "tiny_fcn", "tiny_unet", "resnet20", "resnet32", "resnet44", "resnet56"]
