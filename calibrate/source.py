@@ -29,6 +29,21 @@ def guess_format(source: Path) -> str:
     return fmt
 
 
+def _recipe_model(recipe: Path):
+    """The model, data section and tabular schema (vocabularies fitted on its training split, else None) of a recipe."""
+    from pruneflow.models import build_model, with_data_kwargs
+    from pruneflow.recipe import load_recipe
+
+    loaded = load_recipe(recipe)
+    spec, model_spec, schema = loaded.recipe.data, loaded.recipe.model, None
+    if spec.features is not None:
+        from pruneflow.data import load_data
+
+        schema = load_data(spec, loaded.recipe.seed).tabular
+        model_spec = with_data_kwargs(model_spec, schema)[0]
+    return build_model(model_spec), spec, schema
+
+
 def calibrate_source(source: Path, out: Path, *, size: int, strategy: str, by: str = "label", seed: int = 0,
                      recipe: Path | None = None, fmt: str | None = None, input_column: str | None = None,
                      label_column: str | None = None, amct: bool = False,
@@ -53,23 +68,7 @@ def calibrate_source(source: Path, out: Path, *, size: int, strategy: str, by: s
     if source.resolve() == out.resolve() or out.resolve() in source.resolve().parents:
         raise InputError("--out must not contain SOURCE", hint="write the calibration set somewhere else")
     fmt = fmt or guess_format(source)
-    model, schema = None, None
-    if recipe is not None:
-        from pruneflow.models import build_model
-        from pruneflow.recipe import load_recipe
-
-        loaded = load_recipe(recipe)
-        spec = loaded.recipe.data
-        model_spec = loaded.recipe.model
-        if spec.features is not None:  # tabular: the recipe's vocabularies and statistics, fitted on its training split
-            from pruneflow.data import load_data
-            from pruneflow.models import with_data_kwargs
-
-            schema = load_data(spec, loaded.recipe.seed).tabular
-            model_spec = with_data_kwargs(model_spec, schema)[0]
-        model = build_model(model_spec)
-    else:
-        spec = DataSpec(format="npz", eval=str(source))
+    model, spec, schema = _recipe_model(recipe) if recipe is not None else (None, DataSpec(format="npz", eval=str(source)), None)
     update = {k: v for k, v in (("input_column", input_column), ("label_column", label_column)) if v}
     split, ds = load_inputs(spec.model_copy(update=update), fmt, str(source), "SOURCE", schema=schema)
     groups = None

@@ -47,10 +47,15 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 @pytest.fixture(scope="module")
 def quantized_bert():
-    """(float model, NNCF-quantized model, calibration inputs): PTQ with model_type auto."""
+    """(float model, NNCF-quantized model, calibration inputs): PTQ with model_type auto, its embedding tables
+    snapped onto their int8 rows first, as the qat and ptq stages do (the INT8 export stores the snapped ones)."""
+    from pruneflow.export.embedding import snap_embedding_tables
+
     model = _tiny_bert()
     x = _tokens()
-    return model, quantize(copy.deepcopy(model), CalibrationSet(x=x), NncfSettings(batch_size=16)), x
+    snapped = copy.deepcopy(model)
+    snap_embedding_tables(snapped)
+    return model, quantize(snapped, CalibrationSet(x=x), NncfSettings(batch_size=16)), x
 
 
 def _quantizer_names(model: nn.Module) -> list[str]:

@@ -206,7 +206,8 @@ def test_channel_pruning_an_lstm_classifier_is_refused_before_training(tmp_path)
     assert result.exit_code == 2, result.output
     text = " ".join(result.output.split())
     assert "stages.1" in text and "channel pruning finds nothing to prune" in text
-    assert "fc (Linear)" in text and "embed (Embedding), rnn (LSTM)" in text and "remove this prune stage" in text
+    # kept whole: the classifier and the embedding table (tables are not channels); not pruned by channels: the LSTM
+    assert "fc (Linear), embed (Embedding)" in text and "modules (rnn (LSTM))" in text and "remove this prune stage" in text
     assert not (tmp_path / "runs" / "lstm_text" / "stages").exists()  # refused before the train stage ran
 
 
