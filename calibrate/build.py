@@ -74,7 +74,9 @@ def build_calibration_set(split: Split, *, size: int, strategy: str, seed: int, 
         feats = features(x) if features else torch.cat([t.float().flatten(1) for t in as_mapping(x).values()], 1).numpy()
         chosen = select_diverse(feats, size, seed)
     idx = torch.as_tensor(chosen)
-    labels = y[idx] if (y >= 0).any() else None
+    # One label a sample is kept (its histogram, the set's `label` column); targets of another shape (an embedding
+    # task's reference vectors, masks) are not: the set's consumers feed inputs alone.
+    labels = y[idx] if y.dim() == 1 and (y >= 0).any() else None
     info = dict(meta or {})
     info.update(strategy=strategy, seed=seed, size=size, duplicates_removed=int(duplicates),
                 indices=[int(i) for i in keep[chosen]])

@@ -82,8 +82,8 @@ def run_doctor(loaded: LoadedRecipe, reporter: Reporter | None = None) -> Doctor
     check_factory(loaded)
     rows = _toolchain_rows(loaded, stages, preflight)
     reporter.info("doctor: loading the data and the model")
-    with loaded.locating():
-        inputs = load_inputs(loaded, stages, reporter)
+    with loaded.locating():  # it tries one batch: reference targets (an embedding task's) for that batch alone
+        inputs = load_inputs(loaded, stages, reporter, probe_rows=DOCTOR_BATCH)
     rows.append(DoctorRow("model", "forward on one batch", "ok",
                           f"{loaded.recipe.model.factory} on a batch of {min(DOCTOR_BATCH, len(inputs.data.eval))} eval samples "
                           f"{_shapes(inputs.data.eval.x)}"))

@@ -11,7 +11,7 @@ from torch import nn
 
 from .context import Reporter
 from .data import Split
-from .inputs import Inputs, as_numpy, bind, call, forward_names, to
+from .inputs import Inputs, as_numpy, bind, call, forward_names, lengths, to
 from .tasks import MetricState, Task
 
 
@@ -30,6 +30,27 @@ def evaluate_model(model: nn.Module, split: Split, task: Task, batch_size: int =
             advance(len(y))
     model.train(was_training)
     return task.compute(state)
+
+
+@torch.no_grad()
+def model_outputs(model: nn.Module, split: Split, task: Task, batch_size: int = 256, device: str = "cpu",
+                  reporter: Reporter | None = None, description: str = "outputs") -> torch.Tensor:
+    """What ``task`` reads of ``model``'s output on every row of ``split``, in the split's order (float32, on the CPU).
+    Batches are those ``evaluate_model`` runs (text sorted by length, each cut to its longest row), so a model
+    evaluated against these outputs meets them batch for batch."""
+    was_training = model.training
+    model.eval()
+    n = lengths(split.x)
+    order = torch.argsort(n, stable=True) if n is not None else torch.arange(len(split))
+    parts = []
+    with (reporter or Reporter()).progress(description, total=len(split)) as advance:
+        for x, _ in split.batches(batch_size, by_length=True):
+            parts.append(task.output(call(model, to(x, device))).float().cpu())
+            advance(len(parts[-1]))
+    model.train(was_training)
+    outputs = torch.empty((len(split), *parts[0].shape[1:]), dtype=torch.float32)
+    outputs[order] = torch.cat(parts)
+    return outputs
 
 
 def evaluate_runtime(run: "Callable[[Any], np.ndarray] | str | Path", split: Split, task: Task, batch_size: int = 256,

@@ -19,6 +19,7 @@ from .context import Reporter
 from .errors import ConfigError, InputError
 from .inputs import Inputs, take, trim
 from .recipe import LoadedRecipe
+from .recipe.models import RecipeBase
 from .recipe.rules import stage_ids
 from .stage import Stage
 from .tasks import Task
@@ -90,8 +91,10 @@ class RunInputs:
         self.new_parameters = list(new_parameters or [])
 
 
-def load_inputs(loaded: LoadedRecipe, stages: list[Stage], reporter: Reporter) -> RunInputs:
-    """Load the data and build the model, then check them together (``preflight.py``); raise before any write."""
+def load_inputs(loaded: LoadedRecipe, stages: list[Stage], reporter: Reporter, probe_rows: int | None = None) -> RunInputs:
+    """Load the data and build the model, then check them together (``preflight.py``); raise before any write.
+    ``probe_rows`` (doctor, which tries one batch): a task whose targets are the model's outputs gets them for that
+    many rows of each split, and the splits keep only those."""
     from .data import load_data
     from .models import build_model_with_new_parameters, input_shape_for, with_data_kwargs
     from .preflight import PREFLIGHT_BATCH, check_model_on_batch, check_shape_matches_data
@@ -123,8 +126,32 @@ def load_inputs(loaded: LoadedRecipe, stages: list[Stage], reporter: Reporter) -
     for stage in stages:  # each stage's checks on the model itself (qat/ptq: NNCF can quantize it), before any training
         for note in stage.check_model(model, preflight_batch):
             reporter.info(f"{stage.id}: {note}")
+    if task.targets_from_model:
+        reference_targets(data, model, task, device, recipe, reporter, probe_rows)
     if isinstance(data.eval.x, dict):  # several inputs: the first real sample (text cut to its own length)
         example: Inputs = trim(take(data.eval.x, slice(0, 1)))
     else:
         example = torch.zeros((1,) + tuple(shape), dtype=data.eval.x.dtype)
     return RunInputs(data, model, device, example, task, new_parameters)
+
+
+def reference_targets(data: Any, model: torch.nn.Module, task: "Task", device: str, recipe: "RecipeBase",
+                      reporter: Reporter, rows: int | None = None) -> None:
+    """Set every split's targets to the outputs of the model the recipe gives, for a task that judges a model against
+    them (``Task.targets_from_model``: an embedding model's vectors). Run here, once, before any stage changes the
+    model: pruning, distillation, quantization and every artifact are then measured against the original, whichever
+    stage a ``--resume`` starts from. ``rows``: only the first rows of each split (doctor)."""
+    from .evaluate import model_outputs
+    from .splits import Split
+
+    model.to(device)
+    for role in ("train", "eval"):
+        split = getattr(data, role)
+        if split is None:
+            continue
+        if rows is not None:
+            split = Split(take(split.x, slice(0, rows)), split.y[:rows])
+            setattr(data, role, split)
+        reporter.info(f"reference targets: the outputs of {recipe.model.factory} on the {len(split)} rows of the {role} split")
+        outputs = model_outputs(model, split, task, recipe.data.eval_batch_size, device, reporter, f"reference {role}")
+        split.y = task.reference_targets(outputs, role, recipe.model.factory)

@@ -35,7 +35,7 @@ def prune_checks(stage, state, ctx) -> list[Check]:
     scored = getattr(cfg, "importance", None)  # blocks are scored by their measured loss, without a criterion
     if scored is not None and registry.criteria.get(scored).slow:
         cfg = cfg.model_copy(update={"importance": STAND_IN})
-    strategy = stage.strategy(model, example, state.task.loss, cfg)
+    strategy = stage.strategy(model, example, state.task.importance_loss, cfg)
     before = strategy.entering()
     strategy.prepare()
     split = state.data.train if state.data.train is not None else state.data.eval

@@ -8,7 +8,9 @@ an export target. It owns everything that depends on what the model does:
 - ``metrics``: each a ``Metric`` with a name and a direction (higher or lower is better); ``headline`` is
   the one tables, logs and default gates show; ``update``/``compute`` measure them over batches;
 - ``read_targets`` (labels as the data gives them) and ``check_targets``/``check_output`` (labels against
-  the model's output, before any training);
+  the model's output, before any training); a task whose targets are the given model's own outputs (an
+  embedding model's vectors: ``targets_from_model``) gets them once, before any stage, through
+  ``reference_targets``;
 - ``agree(ref, got)``: what parity means between two executors' outputs, with ``agreement`` its figure
   and ``agreement_limits`` its default limit per precision.
 
@@ -129,6 +131,10 @@ class Task:
     #: Figures ``compute`` returns beside the metrics, with no better direction, that each artifact reports too
     #: (binary: the mean predicted CTR, which a quantized ranker can move while its AUC holds).
     figures: ClassVar[tuple[str, ...]] = ()
+    #: The targets are the outputs of the model the recipe gives (its reference), computed once over every split
+    #: before any stage changes the model (``prepare.load_inputs``), not the data's labels: what an embedding model
+    #: is judged against is the vectors it gave before it was pruned and quantized, and no label column holds them.
+    targets_from_model: ClassVar[bool] = False
 
     def __init__(self, config: TaskConfig | None = None):
         self.config = config if config is not None else self.Config.model_validate({})
@@ -189,6 +195,12 @@ class Task:
     def loss(self, out: Any, target: torch.Tensor) -> torch.Tensor:  # pragma: no cover - each task's own
         raise NotImplementedError
 
+    def importance_loss(self, out: Any, target: torch.Tensor) -> torch.Tensor:
+        """The loss whose gradients (Taylor, Hessian) or measured increase (blocks) rank what pruning removes.
+        Default: ``loss``. A task whose targets are the model's own outputs overrides it: there the loss of the
+        unpruned model is at its minimum, every gradient is zero and every unit would score alike."""
+        return self.loss(out, target)
+
     def distill_loss(self, student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
         """The KD term between a student's and a teacher's outputs (``output`` of each). Default: mean squared
         difference; a task with class scores matches softened distributions instead."""
@@ -238,6 +250,12 @@ class Task:
 
     def check_output(self, output: torch.Tensor, targets: torch.Tensor, data: Any, factory: str) -> None:
         """The model's output (``output`` of one real batch) fits the labels; raises ``InputError``."""
+
+    def reference_targets(self, outputs: torch.Tensor, role: str, factory: str) -> torch.Tensor:
+        """A split's targets made from the reference model's outputs on it (``output`` of every row, in the split's
+        order), for a task with ``targets_from_model``; raises ``InputError`` where nothing could be judged against
+        them (``role``: the split, ``factory``: the model, for the message)."""
+        return outputs
 
     # ---------------------------------------------------------------- agreement between executors
 

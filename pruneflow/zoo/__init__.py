@@ -8,7 +8,7 @@ from typing import Callable
 from torch import nn
 
 from .digits import digits_cnn
-from .hf import bert_classifier, bert_classifier_with_new_parameters
+from .hf import bert_classifier, bert_classifier_with_new_parameters, bert_embedder
 from .fcn import tiny_fcn, tiny_unet
 from .mlp import mlp
 from .ranker import deepfm, dlrm
@@ -41,6 +41,8 @@ ZOO: dict[str, ZooEntry] = {
     "tiny_fcn": ZooEntry(tiny_fcn, None, "Tiny fully convolutional net for masks (in_channels, num_classes, width)"),
     "bert_classifier": ZooEntry(bert_classifier, None, "BERT-style classifier from a local folder or a config (needs transformers)",
                                 bert_classifier_with_new_parameters),
+    "bert_embedder": ZooEntry(bert_embedder, None, "BERT sentence encoder, mean-pooled and L2-normalised (a local folder such as "
+                              "MiniLM-L6, or a config; needs transformers): for task: embedding"),
 }
 
-__all__ = ["ZOO", "ZooEntry", "bert_classifier", "deepfm", "digits_cnn", "dlrm", "mlp", "tiny_fcn", "tiny_unet", "resnet20", "resnet32", "resnet44", "resnet56"]
+__all__ = ["ZOO", "ZooEntry", "bert_classifier", "bert_embedder", "deepfm", "digits_cnn", "dlrm", "mlp", "tiny_fcn", "tiny_unet", "resnet20", "resnet32", "resnet44", "resnet56"]

@@ -1,6 +1,7 @@
-"""BERT-style sequence classifiers from `transformers`: built from a config in code, or loaded from
-a local folder (never from a hub). Wrapped so the model takes the tokenizer's int64 tensors by name
-(``input_ids``, ``attention_mask``, ``token_type_ids``; what deployments feed) and returns logits."""
+"""BERT-style sequence classifiers and sentence encoders from `transformers`: built from a config in code, or loaded
+from a local folder (never from a hub). Wrapped so the model takes the tokenizer's int64 tensors by name
+(``input_ids``, ``attention_mask``, ``token_type_ids``; what deployments feed) and returns logits (a classifier) or one
+normalised vector a sentence (an embedder)."""
 
 from __future__ import annotations
 
@@ -75,6 +76,53 @@ def bert_classifier_with_new_parameters(
         config._attn_implementation = "eager"
         model = tf.BertForSequenceClassification(config)
     return SequenceClassifier(model, pad_id), []
+
+
+class SentenceEmbedder(nn.Module):
+    """``forward(input_ids, attention_mask, token_type_ids=None) -> [B, H]``: the encoder's last hidden states averaged
+    over the tokens the attention mask keeps, L2-normalised: how sentence-transformers' all-MiniLM-L6-v2 (the
+    shared MiniLM-L6 folder's upstream) makes a sentence vector, so cosine and dot product rank alike. Without a
+    mask, padding (``pad_id``) is left out, as ``SequenceClassifier`` does."""
+
+    def __init__(self, model: nn.Module, pad_id: int = 0, normalize: bool = True):
+        super().__init__()
+        self.model = model
+        self.pad_id = pad_id
+        self.normalize = normalize
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        input_ids = input_ids.long()
+        mask = (input_ids != self.pad_id).long() if attention_mask is None else attention_mask.long()
+        types = None if token_type_ids is None else token_type_ids.long()
+        hidden = self.model(input_ids=input_ids, attention_mask=mask, token_type_ids=types).last_hidden_state
+        keep = mask.unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * keep).sum(1) / keep.sum(1).clamp_min(1.0)
+        return nn.functional.normalize(pooled, p=2.0, dim=-1) if self.normalize else pooled
+
+
+def bert_embedder(folder: str | None = None, vocab_size: int = 30522, hidden_size: int = 128, num_layers: int = 2,
+                  num_heads: int = 4, intermediate_size: int = 512, max_positions: int = 512, pad_id: int = 0,
+                  normalize: bool = True, seed: int | None = None) -> SentenceEmbedder:
+    """A BERT sentence encoder (mean-pooled, normalised; ``SentenceEmbedder``) from ``folder`` (a ``BertModel`` folder,
+    local files only: the shared MiniLM-L6) or a fresh config (random init, for tests). The pooler layer is left out:
+    a mean-pooled embedding never reads it, and unread parameters would still be pruned, quantized and exported."""
+    tf = _transformers()
+    if seed is not None:
+        torch.manual_seed(seed)
+    if folder:
+        try:
+            encoder = tf.AutoModel.from_pretrained(folder, local_files_only=True, attn_implementation="eager",
+                                                   add_pooling_layer=False)
+        except Exception as exc:  # noqa: BLE001
+            raise InputError(f"model.kwargs.folder: could not load a model from {folder}: {type(exc).__name__}: {exc}") from exc
+    else:
+        config = tf.BertConfig(vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_layers,
+                               num_attention_heads=num_heads, intermediate_size=intermediate_size,
+                               max_position_embeddings=max_positions)
+        config._attn_implementation = "eager"  # exportable with the legacy exporter, exact under head masks
+        encoder = tf.BertModel(config, add_pooling_layer=False)
+    return SentenceEmbedder(encoder, pad_id, normalize)
 
 
 def save_pretrained_folder(module: nn.Module, folder: Path) -> str | None:
