@@ -142,7 +142,7 @@ class TabularSchema:
 
 
 def _vocabulary(name: str, values: np.ndarray, min_count: int) -> CategoricalField:
-    import pandas as pd
+    import pandas as pd  # type: ignore[import-untyped]
 
     counts = pd.Series(_text(values)).value_counts(sort=False)
     kept = counts[counts >= min_count]

@@ -237,5 +237,5 @@ def test_ranker_artifact_has_named_inputs_int8_tables_and_its_vocabularies(ranke
     assert fields == FEATURES["categorical"] and record["input"]["names"] == ["ids", "dense"]
     metrics = next(a["metrics"] for a in out["artifacts"] if a["path"].endswith("model.int8.onnx"))
     fp32 = next(a["metrics"] for a in out["artifacts"] if a["path"].endswith("model.fp32.onnx"))
-    assert 0 < metrics["table_bytes"] < fp32["table_bytes"] / 3  # tables vs MLP, before and after
+    assert 0 < metrics["table_bytes"] < fp32["table_bytes"] / 2  # 9-wide rows: 36 bytes -> 9 + a 4-byte scale
     assert 0 < metrics["other_bytes"] < fp32["other_bytes"]

@@ -218,7 +218,7 @@ def _gather_int4_rows(graph, name: str, width: int) -> None:
     whole table, the layout that made a ranker 9.9x slower at batch 1."""
     from onnx import TensorProto, helper, numpy_helper
 
-    consts = {f"{name}_sixteenth": np.array(1 / 16, np.float32), f"{name}_sixteen": np.array(16, np.float32),
+    consts: dict[str, np.ndarray] = {f"{name}_sixteenth": np.array(1 / 16, np.float32), f"{name}_sixteen": np.array(16, np.float32),
               f"{name}_eight": np.array(8, np.float32), f"{name}_last_axis": np.array([-1], np.int64),
               f"{name}_zero": np.array([0], np.int64), f"{name}_width": np.array([width], np.int64)}
     graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in consts.items())

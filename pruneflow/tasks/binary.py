@@ -133,11 +133,12 @@ class Binary(Task):
         """Text labels (``<=50K``/``>50K``, ``click``/``no``): 1 where the value is ``positive``, else 0."""
         text = np.char.strip(flat.astype(str))
         found = ", ".join(repr(str(v)) for v in np.unique(text)[:5])
-        if self.config.positive is None:
+        positive = self.config.positive  # type: ignore[attr-defined]  # a BinaryConfig
+        if positive is None:
             raise InputError(f"data.label_column {column!r} holds text ({found}): the binary task needs to know which "
                              "value is the positive outcome",
                              hint="set task: {type: binary, positive: VALUE}, VALUE being one of those")
-        positive = self.config.positive.strip()
+        positive = positive.strip()
         if not (text == positive).any():
             raise InputError(f"task.positive {positive!r} never occurs in data.label_column {column!r} (values: {found})",
                              hint="set task.positive to the value that marks a positive (a click)")

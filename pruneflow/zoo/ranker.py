@@ -43,14 +43,16 @@ class Ranker(nn.Module):
         self.interaction, self.num_fields, self.num_dense, self.dim = interaction, len(cardinalities), num_dense, embedding_dim
         width = embedding_dim + (1 if interaction == "fm" else 0)  # fm: column 0 is the first-order weight
         if tables == "shared":
-            self.tables = nn.ModuleList([nn.Embedding(sum(cardinalities), width)])
+            made = [nn.Embedding(sum(cardinalities), width)]
             starts = torch.tensor([0] + list(cardinalities[:-1])).cumsum(0)
         else:
-            self.tables = nn.ModuleList([nn.Embedding(int(c), width) for c in cardinalities])
+            made = [nn.Embedding(int(c), width) for c in cardinalities]
             starts = torch.zeros(len(cardinalities), dtype=torch.long)
-        self.register_buffer("offsets", starts.long(), persistent=False)
-        for table in self.tables:
+        for table in made:
             nn.init.normal_(table.weight, std=0.01)
+        self.tables = nn.ModuleList(made)
+        self.offsets: torch.Tensor
+        self.register_buffer("offsets", starts.long(), persistent=False)
         vectors = self.num_fields + (1 if num_dense else 0)
         if interaction == "fm":
             self.dense_vector = nn.Linear(num_dense, embedding_dim) if num_dense else None
@@ -61,6 +63,8 @@ class Ranker(nn.Module):
             pairs = vectors * (vectors - 1) // 2
             self.top = _mlp(pairs + (embedding_dim if num_dense else 0), hidden, layers, 1, dropout)
             rows, cols = torch.triu_indices(vectors, vectors, offset=1)
+            self.pair_rows: torch.Tensor
+            self.pair_cols: torch.Tensor
             self.register_buffer("pair_rows", rows, persistent=False)
             self.register_buffer("pair_cols", cols, persistent=False)
 
