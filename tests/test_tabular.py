@@ -239,3 +239,23 @@ def test_ranker_artifact_has_named_inputs_int8_tables_and_its_vocabularies(ranke
     fp32 = next(a["metrics"] for a in out["artifacts"] if a["path"].endswith("model.fp32.onnx"))
     assert 0 < metrics["table_bytes"] < fp32["table_bytes"] / 2  # 9-wide rows: 36 bytes -> 9 + a 4-byte scale
     assert 0 < metrics["other_bytes"] < fp32["other_bytes"]
+
+
+def test_doctor_tries_every_stage_of_a_ranker_recipe(tmp_path):
+    """doctor's dependency-graph check starts from no table (its group search never finished from a DeepFM's)."""
+    import json as _json
+
+    from conftest import invoke
+
+    train, eval_ = _log_csv(tmp_path, rows=600)
+    recipe = {
+        "name": "ranker", "model": {"factory": "deepfm", "kwargs": {"embedding_dim": 8, "hidden": 16}},
+        "task": {"type": "binary", "positive": "yes"},
+        "data": {"format": "csv", "train": train, "eval": eval_, "label_column": "clicked", "features": FEATURES},
+        "stages": [{"type": "prune", "target": {"ratio": 0.25}}, {"type": "ptq"},
+                   {"type": "export", "targets": ["onnx"], "precisions": ["int8"], "latency": None}],
+    }
+    (tmp_path / "r.yaml").write_text(_json.dumps(recipe))
+    result = invoke("doctor", tmp_path / "r.yaml")
+    assert result.exit_code == 0, result.output
+    assert "coupled channel groups" in result.output and "everything will work" in result.output

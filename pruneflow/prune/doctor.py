@@ -18,6 +18,7 @@ from ..errors import PruneflowError
 from ..handle import ModelHandle
 from ..inputs import Inputs, call, to
 from ..stage import Check
+from .tp_adapter import embedding_coupled
 
 #: The criterion doctor's trial round scores with when the recipe's is slow (``Criterion.slow``).
 STAND_IN = "taylor"
@@ -70,8 +71,12 @@ def coupling_rows(model: torch.nn.Module, example: Inputs) -> list[Check]:
                  for n, m in model.named_modules()
                  if n and (isinstance(m, torch.nn.MultiheadAttention) or hasattr(m, "num_attention_heads"))]
     try:
-        graph = tp.DependencyGraph().build_dependency(copy.deepcopy(model).eval(), example_inputs=example)
-        groups = list(graph.get_all_groups(root_module_types=[torch.nn.Conv2d, torch.nn.Conv1d, torch.nn.Linear]))
+        traced = copy.deepcopy(model).eval()
+        graph = tp.DependencyGraph().build_dependency(traced, example_inputs=example)
+        # tables and the layers tied to their columns are never channel roots (the stage keeps them whole, and
+        # torch-pruning's group search from them does not finish on a DeepFM: tp_adapter.embedding_coupled)
+        kept = [traced.get_submodule(n) for n in embedding_coupled(traced, example)]
+        groups = list(graph.get_all_groups(ignored_layers=kept, root_module_types=[torch.nn.Conv2d, torch.nn.Conv1d, torch.nn.Linear]))
     except Exception as exc:  # noqa: BLE001 - torch-pruning traces the forward pass
         return [Check.failed("torch-pruning dependency graph", exc, "a forward pass torch-pruning cannot trace cannot be pruned; "
                              "`ignore` the module that fails or drop the prune stage")]
