@@ -26,6 +26,15 @@ def _transformers():
     return transformers
 
 
+def token_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, token_type_ids: torch.Tensor | None,
+                 pad_id: int) -> dict[str, torch.Tensor | None]:
+    """A BERT's keyword inputs as int64; without a mask, padding (``pad_id``) is masked out."""
+    input_ids = input_ids.long()
+    mask = (input_ids != pad_id).long() if attention_mask is None else attention_mask.long()
+    return {"input_ids": input_ids, "attention_mask": mask,
+            "token_type_ids": None if token_type_ids is None else token_type_ids.long()}
+
+
 class SequenceClassifier(nn.Module):
     """``forward(input_ids, attention_mask, token_type_ids=None) -> logits``. Without a mask, padding
     (``pad_id``) is masked out of attention (token ids alone, as older artifacts took them)."""
@@ -37,10 +46,7 @@ class SequenceClassifier(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        input_ids = input_ids.long()
-        mask = (input_ids != self.pad_id).long() if attention_mask is None else attention_mask.long()
-        types = None if token_type_ids is None else token_type_ids.long()
-        return self.model(input_ids=input_ids, attention_mask=mask, token_type_ids=types).logits
+        return self.model(**token_inputs(input_ids, attention_mask, token_type_ids, self.pad_id)).logits
 
 
 def bert_classifier(folder: str | None = None, num_labels: int = 2, vocab_size: int = 30522, hidden_size: int = 128,
@@ -92,10 +98,10 @@ class SentenceEmbedder(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        input_ids = input_ids.long()
-        mask = (input_ids != self.pad_id).long() if attention_mask is None else attention_mask.long()
-        types = None if token_type_ids is None else token_type_ids.long()
-        hidden = self.model(input_ids=input_ids, attention_mask=mask, token_type_ids=types).last_hidden_state
+        inputs = token_inputs(input_ids, attention_mask, token_type_ids, self.pad_id)
+        mask = inputs["attention_mask"]
+        assert mask is not None  # token_inputs always makes one
+        hidden = self.model(**inputs).last_hidden_state
         keep = mask.unsqueeze(-1).to(hidden.dtype)
         pooled = (hidden * keep).sum(1) / keep.sum(1).clamp_min(1.0)
         return nn.functional.normalize(pooled, p=2.0, dim=-1) if self.normalize else pooled
