@@ -90,14 +90,15 @@ class TabularSchema:
         nums = []
         for name in spec.numeric:
             x = _numbers(columns[name], name, source)
-            if spec_log := name in spec.log1p:
+            log = name in spec.log1p
+            if log:
                 x = np.sign(x) * np.log1p(np.abs(x))
             seen = x[~np.isnan(x)]
             if not len(seen):
                 raise InputError(f"data.features.numeric: column {name!r} of {source} holds no numbers in the training split",
                                  hint="drop it from data.features.numeric")
             std = float(seen.std())
-            nums.append(NumericField(name, float(seen.mean()), std if std > 0 else 1.0, spec_log))
+            nums.append(NumericField(name, float(seen.mean()), std if std > 0 else 1.0, log))
         return cls(cats, nums, spec.min_count)
 
     @property
