@@ -222,3 +222,18 @@ def test_calibrate_command_on_production_logs(tmp_path):
     column = runner.invoke(app, ["calibrate", str(tmp_path / "req.jsonl"), "--out", str(tmp_path / "f"),
                                  "--strategy", "stratified", "--by", "region"])
     assert column.exit_code == 2 and "no column 'region'" in column.stderr
+
+
+def test_diverse_picks_from_a_bounded_pool_of_a_large_source(monkeypatch):
+    """k-center costs samples x size: a large source is first cut to a seeded random pool (calibrate.build.DIVERSE_POOL)."""
+    import calibrate.build as build
+    from pruneflow.splits import Split
+
+    monkeypatch.setattr(build, "DIVERSE_POOL", 300)
+    x = torch.randn(2000, 4)
+    seen = []
+    out = build.build_calibration_set(Split(x, torch.zeros(2000, dtype=torch.long)), size=20, strategy="diverse", seed=0,
+                                      features=lambda batch: seen.append(len(batch)) or batch.numpy())
+    assert seen == [300] and len(out) == 20  # features of the pool only
+    again = build.build_calibration_set(Split(x, torch.zeros(2000, dtype=torch.long)), size=20, strategy="diverse", seed=0)
+    assert again.meta["indices"] == out.meta["indices"]  # the pool is seeded: the same set each time
