@@ -49,7 +49,9 @@ def load_data(spec: DataSpec, seed: int = 0, with_train: bool = True, task: "Tas
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity_error()
     train_ds, eval_ds, class_names, where = _sources(spec, seed, with_train or spec.features is not None, task)
-    label = _label_column(eval_ds, spec)
+    # a task whose targets are the reference model's outputs (embedding) needs no label column
+    labelled = not task.targets_from_model or any(n in eval_ds.column_names for n in (spec.label_column,) + LABEL_FALLBACKS)
+    label = _label_column(eval_ds, spec) if labelled else ""
     if class_names is None:
         feature = eval_ds.features.get(label)
         class_names = list(feature.names) if hasattr(feature, "names") else None
@@ -59,8 +61,8 @@ def load_data(spec: DataSpec, seed: int = 0, with_train: bool = True, task: "Tas
         eval_ds = _subsample(eval_ds, spec.max_eval_samples, label, seed, task)
 
     schema = _fit_tabular(train_ds, spec, where) if spec.features is not None else None
-    eval_split = _to_split(eval_ds, spec, "eval", task=task, schema=schema)
-    train_split = _to_split(train_ds, spec, "train", task=task, schema=schema) if train_ds is not None and (with_train or not spec.train) else None
+    eval_split = _to_split(eval_ds, spec, "eval", require_label=labelled, task=task, schema=schema)
+    train_split = _to_split(train_ds, spec, "train", require_label=labelled, task=task, schema=schema) if train_ds is not None and (with_train or not spec.train) else None
     pad_value = None
     if spec.mean is not None:
         pad_value = -torch.tensor(spec.mean) / torch.tensor(spec.std)
@@ -325,11 +327,10 @@ def _split(ds, spec: DataSpec, seed: int, task: "Task"):
                           f"{len(ds)} sample(s) split by eval_fraction {spec.eval_fraction} leave 0 for training "
                           f"({n_eval} for evaluation)", value=spec.eval_fraction,
                           hint="use more data (at least 2 samples), or give data.train and data.eval separately")
-    label = _label_column(ds, spec)
     if not task.stratify:
         parts = ds.train_test_split(test_size=spec.eval_fraction, seed=seed)
         return parts["train"], parts["test"]
-    ds, stratum = _stratified(ds, label, task)
+    ds, stratum = _stratified(ds, _label_column(ds, spec), task)
     try:
         parts = ds.train_test_split(test_size=spec.eval_fraction, stratify_by_column=stratum, seed=seed)
     except ValueError:  # too few samples per class to stratify

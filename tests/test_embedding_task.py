@@ -257,11 +257,12 @@ def test_the_shared_minilm_embeds_paraphrases_closer_than_unrelated_sentences():
     assert float(v[0] @ v[1]) > float(v[0] @ v[2]) + 0.2
 
 
-def write_corpus(folder, n: int) -> dict:
+def write_corpus(folder, n: int, labelled: bool = True) -> dict:
     """A corpus of ``n`` sentences with a constant label column (which this task ignores; classification refuses
-    it), a WordPiece vocab of its words, and the data section of a recipe reading them."""
+    it) or none, a WordPiece vocab of its words, and the data section of a recipe reading them."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "corpus.json").write_text(json.dumps([{"sentence": s, "label": 0} for s in sentences(n)]))
+    rows = [{"sentence": s, "label": 0} if labelled else {"sentence": s} for s in sentences(n)]
+    (folder / "corpus.json").write_text(json.dumps(rows))
     (folder / "vocab.txt").write_text("\n".join(VOCAB + WORDS) + "\n")
     return {"format": "json", "path": str(folder / "corpus.json"), "input_column": "sentence",
             "tokenizer": str(folder / "vocab.txt"), "max_length": 16, "eval_fraction": 0.25, "eval_batch_size": 16}
@@ -269,7 +270,8 @@ def write_corpus(folder, n: int) -> dict:
 
 def test_the_reference_targets_are_the_given_models_vectors_row_by_row(tmp_path):
     """load_inputs runs the model the recipe gives over every split, once, before any stage: each row's target is
-    that model's vector of the row, whatever order the length-sorted batches ran in."""
+    that model's vector of the row, whatever order the length-sorted batches ran in. The corpus has no label
+    column: this task needs none."""
     pytest.importorskip("transformers")
     from pruneflow.context import Reporter
     from pruneflow.inputs import take, trim
@@ -280,7 +282,7 @@ def test_the_reference_targets_are_the_given_models_vectors_row_by_row(tmp_path)
               "model": {"factory": "bert_embedder", "kwargs": {"vocab_size": len(VOCAB) + len(WORDS), "hidden_size": 32,
                                                                "num_layers": 2, "num_heads": 4, "intermediate_size": 64,
                                                                "max_positions": 32, "seed": 0}},
-              "data": write_corpus(tmp_path, 40), "stages": [{"type": "train", "epochs": 1}]}
+              "data": write_corpus(tmp_path, 40, labelled=False), "stages": [{"type": "train", "epochs": 1}]}
     (tmp_path / "recipe.yaml").write_text(json.dumps(recipe))
     loaded = load_recipe(tmp_path / "recipe.yaml")
     inputs = load_inputs(loaded, plan_stages(loaded), Reporter())

@@ -5,7 +5,7 @@ What an embedding model's owner asks of a pruned or quantized copy is that it st
 original put it, and that retrieval over those vectors still returns the same neighbours. There is no label to
 hold that: the targets are the reference model's own outputs (``targets_from_model``), computed once over every
 split by ``prepare.load_inputs`` from the model the recipe gives (its checkpoint or pretrained folder), before any
-stage runs; the data's label column is read (``data.load_data`` asks for one) and its values ignored.
+stage runs; the data needs no label column (one that is there is ignored).
 
 Outputs ``[B, D]``. Metrics: ``ref_cosine`` (the headline: each row's cosine to its reference vector, averaged),
 ``recall@k`` (for every eval row, the share of its k nearest neighbours among the other eval rows, by cosine, that
@@ -41,7 +41,7 @@ class EmbeddingConfig(TaskConfig):
     type: Literal["embedding"] = Field(
         default="embedding", description="A vector per sample (a sentence or user embedding), judged against the vectors of "
         "the model the recipe gives, computed before any stage: mean cosine to them, and recall@k of each eval row's "
-        "nearest neighbours. The data's label column is read but its values mean nothing here.")
+        "nearest neighbours. The data needs no label column (one that is there is ignored).")
     k: int = Field(default=10, ge=1, le=1000, description="Neighbours of `recall@k` (the metric is named after it: `recall@10`); "
                    "at most the eval rows less one are counted.")
     loss: Literal["cosine", "mse"] = Field(
