@@ -60,9 +60,10 @@ def load_data(spec: DataSpec, seed: int = 0, with_train: bool = True, task: "Tas
     if spec.max_eval_samples:
         eval_ds = _subsample(eval_ds, spec.max_eval_samples, label, seed, task)
 
-    schema = _fit_tabular(train_ds, spec, where) if spec.features is not None else None
+    schema, train_columns = _fit_tabular(train_ds, spec, where) if spec.features is not None else (None, None)
     eval_split = _to_split(eval_ds, spec, "eval", require_label=labelled, task=task, schema=schema)
-    train_split = _to_split(train_ds, spec, "train", require_label=labelled, task=task, schema=schema) if train_ds is not None and (with_train or not spec.train) else None
+    train_split = _to_split(train_ds, spec, "train", require_label=labelled, task=task, schema=schema,
+                            table=train_columns) if train_ds is not None and (with_train or not spec.train) else None
     pad_value = None
     if spec.mean is not None:
         pad_value = -torch.tensor(spec.mean) / torch.tensor(spec.std)
@@ -79,12 +80,14 @@ def load_data(spec: DataSpec, seed: int = 0, with_train: bool = True, task: "Tas
     )
 
 
-def _fit_tabular(train_ds, spec: DataSpec, where: str) -> TabularSchema:
-    """The vocabularies and statistics of ``data.features``, from the training split only."""
+def _fit_tabular(train_ds, spec: DataSpec, where: str) -> tuple[TabularSchema, dict[str, np.ndarray]]:
+    """The vocabularies and statistics of ``data.features``, from the training split only, and that split's
+    columns they were fitted on (encoded from, not read again)."""
     if train_ds is None:
         raise InputError("data.features: the vocabularies and normalisation come from the training split, and this "
                          "data section has none", hint="give data.path (split by eval_fraction) or data.train beside data.eval")
-    return TabularSchema.fit(_feature_columns(train_ds, spec, where), spec.features, where)  # type: ignore[arg-type]
+    columns = _feature_columns(train_ds, spec, where)
+    return TabularSchema.fit(columns, spec.features, where), columns  # type: ignore[arg-type]
 
 
 def _feature_columns(ds, spec: DataSpec, where: str) -> dict[str, np.ndarray]:
@@ -371,7 +374,7 @@ def load_inputs(spec: DataSpec, fmt: str, path: str, field_name: str, schema: Ta
 
 
 def _to_split(ds, spec: DataSpec, role: str, require_label: bool = True, task: "Task | None" = None,
-              schema: TabularSchema | None = None) -> Split:
+              schema: TabularSchema | None = None, table: dict[str, np.ndarray] | None = None) -> Split:
     import datasets
 
     if require_label or any(n in ds.column_names for n in (spec.label_column,) + LABEL_FALLBACKS):
@@ -386,7 +389,7 @@ def _to_split(ds, spec: DataSpec, role: str, require_label: bool = True, task: "
     if schema is not None:
         if not len(ds):
             raise InputError(f"data: the {role} split is empty", hint="use more data or a smaller eval_fraction")
-        return Split(schema.encode(_feature_columns(ds, spec, role)), torch.from_numpy(y))
+        return Split(schema.encode(table if table is not None else _feature_columns(ds, spec, role)), torch.from_numpy(y))
     columns = _input_columns(ds, spec, label)
     if isinstance(spec.input_column, dict):
         return Split(_named_inputs(ds, spec, role), torch.from_numpy(y))
