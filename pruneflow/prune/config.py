@@ -23,6 +23,7 @@ from ..train import FinetuneSettings
 
 _UNIT_KEYS = ("heads", "ffn")
 _SHARE_KEYS = ("ratio", "macs", "params")
+_TABLE_KEYS = ("rows", "dims")
 
 
 def _refuse(data: Any, keys: tuple[str, ...], message: str) -> Any:
@@ -220,9 +221,51 @@ class HeadPruneConfig(_ScoredPruneBase):
     )
 
 
+class TableTarget(StrictModel):
+    """Embedding tables: the share of their rows to merge and/or of their stored columns to remove."""
+
+    rows: float | None = Field(default=None, gt=0, lt=1, description="Share of the tables' rows merged into one row per "
+                               "table (the least read first; rows training never read always go).")
+    dims: float | None = Field(default=None, gt=0, lt=1, description="Share of the tables' stored columns removed (a "
+                               "weighted SVD per table; the model still reads the full width).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_shares(cls, data: Any) -> Any:
+        return _refuse(data, _SHARE_KEYS + _UNIT_KEYS, "tables take rows/dims targets (ratio, macs, params, heads and ffn "
+                       "belong to the channels, blocks and heads granularities)")
+
+    @model_validator(mode="after")
+    def _some(self) -> "TableTarget":
+        if self.rows is None and self.dims is None:
+            raise ValueError("give rows and/or dims")
+        return self
+
+
+class TablePruneConfig(_PruneBase):
+    """`granularity: tables`: embedding tables lose rows (merged into one row per table) and stored width."""
+
+    granularity: Literal["tables"] = Field(
+        description="`tables`: embedding tables (nn.Embedding of at least `min_rows` rows) lose their least-read rows, merged "
+        "into one row per table (its read-weighted mean; ids keep their values, an int32 index maps them), and stored "
+        "columns by a read-weighted SVD (a projection restores the width the model reads). Rows are ranked by how often "
+        "the training split reads them; rows it never reads always go. The MLP is left to a `channels` stage."
+    )
+    target: TableTarget = Field(description="What to remove: {rows: 0.6, dims: 0.5} (shares of the tables' rows and columns).")
+    rounds: int | Literal["auto"] = Field(default="auto", description="Prune-then-fine-tune rounds; `auto`: one.")
+    importance_batches: int | None = Field(
+        default=None, ge=1, description="Rows are ranked by reads over this many batches of `importance_batch_size` "
+        "training samples; default: the whole training split."
+    )
+    min_rows: int = Field(default=1000, ge=2, description="Tables with fewer rows are left whole (each row of a small "
+                          "vocabulary is a category; factoring a small table adds bytes).")
+    ignore: list[str] | None = Field(default=None, description="Table names or regexes left whole.")
+
+
 def granularity(value: Any) -> str:
-    """The variant a prune stage's mapping validates as: its ``granularity``, else ``heads`` for a heads/ffn
-    target (transformer recipes written before granularity had that value), else ``channels``.
+    """The variant a prune stage's mapping validates as: its ``granularity``, else ``tables`` for a rows/dims
+    target, ``heads`` for a heads/ffn target (transformer recipes written before granularity had that value),
+    else ``channels``.
 
     Named for the key it reads: pydantic's error for an unknown value names it (``granularity()``).
     """
@@ -232,12 +275,14 @@ def granularity(value: Any) -> str:
     if given is not None:
         return given
     target = value.get("target")
+    if isinstance(target, dict) and any(k in target for k in _TABLE_KEYS):
+        return "tables"
     return "heads" if isinstance(target, dict) and any(k in target for k in _UNIT_KEYS) else "channels"
 
 
 PruneConfig = Annotated[
     Union[Annotated[ChannelPruneConfig, Tag("channels")], Annotated[BlockPruneConfig, Tag("blocks")],
-          Annotated[HeadPruneConfig, Tag("heads")]],
+          Annotated[HeadPruneConfig, Tag("heads")], Annotated[TablePruneConfig, Tag("tables")]],
     Discriminator(granularity),
 ]
-AnyPruneConfig = Union[ChannelPruneConfig, BlockPruneConfig, HeadPruneConfig]
+AnyPruneConfig = Union[ChannelPruneConfig, BlockPruneConfig, HeadPruneConfig, TablePruneConfig]

@@ -77,8 +77,10 @@ class Strategy(ABC):
     #: True for the strategy that prunes transformers (heads/FFN): the model's kind must match.
     for_transformers: ClassVar[bool] = False
 
-    def __init__(self, config: Any, model: nn.Module, example: Inputs, loss: Callable, loc: Callable[..., tuple]):
+    def __init__(self, config: Any, model: nn.Module, example: Inputs, loss: Callable, loc: Callable[..., tuple],
+                 data: Any = None):
         self.config, self.model, self.example, self.loss, self.loc = config, model, example, loss, loc
+        self.data = data  # the run's DataBundle, for a strategy that reads the whole training split (tables)
 
     def check_kind(self) -> None:
         """Transformers are pruned by heads and FFN neurons, other models by channels or blocks."""

@@ -15,17 +15,19 @@ from ..stage import Stage, StageResult
 from .blocks import BlockStrategy
 from .channels import ChannelStrategy, check_prunable
 from .engine import resolve_ignored
-from .config import AnyPruneConfig, BlockPruneConfig, ChannelPruneConfig, HeadPruneConfig, PruneConfig
+from .config import AnyPruneConfig, BlockPruneConfig, ChannelPruneConfig, HeadPruneConfig, PruneConfig, TablePruneConfig
 from .heads import HeadStrategy
+from .tables import TableStrategy
 from .rounds import Strategy, Tuner, importance_batches, run_rounds
 
 # Re-exported: the variants are the stage's config (a recipe's `granularity` picks one).
-__all__ = ["PruneStage", "PruneConfig", "ChannelPruneConfig", "BlockPruneConfig", "HeadPruneConfig"]
+__all__ = ["PruneStage", "PruneConfig", "ChannelPruneConfig", "BlockPruneConfig", "HeadPruneConfig", "TablePruneConfig"]
 
 _STRATEGIES: dict[type, type[Strategy]] = {
     ChannelPruneConfig: ChannelStrategy,
     BlockPruneConfig: BlockStrategy,
     HeadPruneConfig: HeadStrategy,
+    TablePruneConfig: TableStrategy,
 }
 
 
@@ -40,11 +42,12 @@ class PruneStage(Stage[AnyPruneConfig]):
         """The union of the granularity variants, told apart by `granularity` (see ``config.py``)."""
         return PruneConfig
 
-    def strategy(self, model, example, loss, config: AnyPruneConfig | None = None) -> Strategy:
+    def strategy(self, model, example, loss, config: AnyPruneConfig | None = None, data=None) -> Strategy:
         """The round-loop strategy of the config's granularity on ``model`` (``config``: another variant of this
-        stage's settings, e.g. doctor's with a quick criterion)."""
+        stage's settings, e.g. doctor's with a quick criterion; ``data``: the run's splits, for a strategy that
+        reads the whole training split)."""
         cfg = config or self.config
-        return _STRATEGIES[type(cfg)](cfg, model, example, loss, self.loc)
+        return _STRATEGIES[type(cfg)](cfg, model, example, loss, self.loc, data)
 
     def doctor(self, state, ctx):
         """`pruneflow doctor`: one real round on a copy and one batch (``prune/doctor.py``)."""
@@ -67,7 +70,7 @@ class PruneStage(Stage[AnyPruneConfig]):
         cfg = self.config
         model, example, data = state.model, state.example_input, state.data
         latency = cfg.latency if distributed.is_main() else None  # other ranks would disturb rank 0's timing
-        strategy = self.strategy(model, example, state.task.importance_loss)
+        strategy = self.strategy(model, example, state.task.importance_loss, data=data)
         entering = strategy.entering()
         headline = state.task.headline_name
         before = evaluate_model(model, data.eval, state.task, ctx.recipe.data.eval_batch_size, ctx.device,
