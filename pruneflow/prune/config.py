@@ -246,10 +246,11 @@ class TablePruneConfig(_PruneBase):
     """`granularity: tables`: embedding tables lose rows (merged into one row per table) and stored width."""
 
     granularity: Literal["tables"] = Field(
-        description="`tables`: embedding tables (nn.Embedding of at least `min_rows` rows) lose their least-read rows, merged "
+        default="tables", description="`tables`: embedding tables (nn.Embedding of at least `min_rows` rows) lose their least-read rows, merged "
         "into one row per table (its read-weighted mean; ids keep their values, an int32 index maps them), and stored "
         "columns by a read-weighted SVD (a projection restores the width the model reads). Rows are ranked by how often "
-        "the training split reads them; rows it never reads always go. The MLP is left to a `channels` stage."
+        "the training split reads them; rows it never reads always go. The MLP is left to a `channels` stage. The default "
+        "when the target names rows or dims."
     )
     target: TableTarget = Field(description="What to remove: {rows: 0.6, dims: 0.5} (shares of the tables' rows and columns).")
     rounds: int | Literal["auto"] = Field(default="auto", description="Prune-then-fine-tune rounds; `auto`: one.")

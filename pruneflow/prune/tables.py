@@ -170,15 +170,27 @@ def rows_to_remove(modules: dict[str, nn.Embedding], counts: dict[str, torch.Ten
 
 @torch.no_grad()
 def merge_rows(module: nn.Embedding, merged: np.ndarray, reads: torch.Tensor) -> tuple[CompactEmbedding, torch.Tensor]:
-    """``module`` with the ``merged`` rows (a mask over its stored rows) replaced by one row, row 0: their
-    read-weighted mean (with a compacted table's merged row among them); returns it and its rows' read counts."""
+    """``module`` with the ``merged`` rows (a mask over its stored rows) replaced by one row, row 0; returns it and
+    its rows' read counts.
+
+    The merged row is the mean of the merged rows training never read, where there are any: the vector the model
+    reads for an id it knows nothing of, on which its mean prediction is calibrated. Else (a compacted table's
+    merged row is among them) their read-weighted mean. Not the read-weighted mean of all: a rarely read row is
+    skewed toward the majority label (AdamW moves a row by about the LR a step whatever the gradient's size, so
+    a row read a few times moves with its labels' signs, mostly negative at a 21 % click rate); their mean, read
+    by every merged id, lowered a DeepFM's mean pCTR from 0.207 to 0.190 at a click rate of 0.210 (the never-read
+    rows' mean: 0.209)."""
     weight = module.weight.detach()
     gone = torch.from_numpy(merged).to(weight.device)
     if isinstance(module, CompactEmbedding):
         gone[0] = True  # the old merged row joins the new one
     w = reads.to(weight.device, weight.dtype)[gone]
     rows = weight[gone]
-    mean = (w[:, None] * rows).sum(0) / w.sum() if float(w.sum()) > 0 else rows.mean(0)
+    unread = w == 0
+    if bool(unread.any()):  # what the model reads for an id training never showed it, the rows it is calibrated on
+        mean = rows[unread].mean(0)
+    else:
+        mean = (w[:, None] * rows).sum(0) / w.sum()
     keep = (~gone).nonzero().flatten()
     mapping = torch.zeros(module.num_embeddings, dtype=torch.long, device=weight.device)
     mapping[keep] = torch.arange(1, len(keep) + 1, device=weight.device)

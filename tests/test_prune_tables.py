@@ -1,0 +1,160 @@
+"""Embedding-table pruning (`granularity: tables`, pruneflow/prune/tables.py): rows merged, widths cut by SVD."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from pydantic import TypeAdapter, ValidationError
+
+from conftest import optimize_json, runs_a_recipe
+from pruneflow.checkpoint import load_checkpoint, save_checkpoint
+from pruneflow.clicklog import generate
+from pruneflow.handle import ModelHandle
+from pruneflow.prune.config import PruneConfig, TablePruneConfig
+from pruneflow.prune.tables import (CompactEmbedding, allocate_ranks, candidate_tables, count_reads, factor, merge_rows,
+                                    rows_to_remove, spectrum)
+from pruneflow.zoo.ranker import deepfm
+
+
+def _ranker() -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    torch.manual_seed(0)
+    model = deepfm([3000, 400, 7], num_dense=2, embedding_dim=8, hidden=16).eval()
+    ids = torch.stack([torch.randint(0, 1000, (2000,)), torch.randint(0, 400, (2000,)), torch.randint(0, 7, (2000,))], 1)
+    return model, {"ids": ids, "dense": torch.randn(2000, 2)}
+
+
+def test_reads_are_counted_per_stored_row_as_the_model_reads_them():
+    model, x = _ranker()
+    assert candidate_tables(model, 300) == ["tables.0", "tables.1"]  # the 7-row table is a small vocabulary
+    counts = count_reads(model, ["tables.0", "tables.1"], x, "cpu", batch=512)
+    assert counts["tables.0"].sum() == 2000 and int((counts["tables.0"][1000:] > 0).sum()) == 0
+    assert torch.equal(counts["tables.1"], torch.bincount(x["ids"][:, 1], minlength=400).double())
+
+
+def test_merged_rows_become_one_read_weighted_row_and_kept_ids_read_what_they_did():
+    model, x = _ranker()
+    table = model.tables[0]
+    reads = count_reads(model, ["tables.0"], x, "cpu")["tables.0"]
+    masks = rows_to_remove({"tables.0": table}, {"tables.0": reads}, 2500)
+    merged = masks["tables.0"]
+    assert merged.sum() == 2500 and merged[reads.numpy() == 0].all()  # never-read rows go first, and always
+    compact, new_reads = merge_rows(table, merged, reads)
+    assert compact.num_embeddings == 501 and compact.source_rows == 3000 and new_reads.sum() == reads.sum()
+    ids = torch.arange(3000)
+    kept = torch.from_numpy(~merged)
+    assert torch.equal(compact(ids[kept]), table(ids[kept]))  # a kept id reads its own row
+    # Every merged id reads the mean of the rows never read: what the model read for an id it never saw.
+    want = table.weight[reads == 0].mean(0)
+    assert torch.allclose(compact(ids[torch.from_numpy(merged)]), want.expand(2500, -1), atol=1e-6)
+    # A second merge keeps the first merged row among what it merges (row 0 is never a candidate itself); with
+    # every row read, the merged row is the read-weighted mean.
+    again = rows_to_remove({"t": compact}, {"t": new_reads}, 100)["t"]
+    assert not again[0] and again.sum() == 100
+    twice, _ = merge_rows(compact, again, new_reads)
+    assert twice.num_embeddings == 401 and twice.index.max() == 400
+    gone = torch.from_numpy(again)
+    gone[0] = True
+    w = new_reads[gone].float()
+    want = (w[:, None] * compact.weight[gone]).sum(0) / w.sum()
+    assert torch.allclose(twice.weight[0], want, atol=1e-6)
+
+
+def test_widths_are_cut_by_a_read_weighted_svd_that_keeps_the_width_the_model_reads():
+    model, x = _ranker()
+    table = model.tables[0]
+    reads = count_reads(model, ["tables.0"], x, "cpu")["tables.0"]
+    spec = spectrum(table, reads)
+    assert np.isclose(spec.share.sum(), 1) and (np.diff(spec.share) <= 1e-12).all()
+    full = factor(table, spec, 9)
+    assert torch.allclose(full.dense(), table.weight, atol=1e-5)  # all directions: the same table
+    cut = factor(table, spec, 4)
+    assert cut(torch.tensor([0, 5])).shape == (2, 9) and cut.weight.shape == (3000, 4) and cut.projected
+    err = (cut.dense() - table.weight).pow(2).sum(1)
+    read = reads > 0
+    assert err[read].mean() < err[~read].mean()  # the rows read count, the rows never read do not
+    # Ranks are allocated across tables by each direction's share of its table's energy.
+    flat = spectrum(model.tables[1], torch.ones(400))
+    peaked = type(spec)(spec.basis, np.array([0.9] + [0.1 / 8] * 8))
+    ranks = allocate_ranks({"a": peaked, "b": flat}, {"a": 9, "b": 9}, 10)
+    assert sum(ranks.values()) == 10 and ranks["a"] < ranks["b"] and min(ranks.values()) >= 1
+
+
+def test_a_pruned_table_survives_a_checkpoint(tmp_path):
+    model, x = _ranker()
+    reads = count_reads(model, ["tables.0"], x, "cpu")["tables.0"]
+    compact, new_reads = merge_rows(model.tables[0], rows_to_remove({"t": model.tables[0]}, {"t": reads}, 2000)["t"], reads)
+    model.tables[0] = factor(compact, spectrum(compact, new_reads), 3)
+    model.tables[1] = merge_rows(model.tables[1], np.arange(400) >= 300, torch.ones(400))[0]  # rows only: no projection
+    save_checkpoint(ModelHandle(model), tmp_path / "m.pt")
+    loaded = load_checkpoint(tmp_path / "m.pt", into=_ranker()[0]).module
+    assert isinstance(loaded.tables[0], CompactEmbedding) and loaded.tables[0].projected
+    assert not loaded.tables[1].projected and loaded.tables[1].num_embeddings == 301
+    with torch.no_grad():
+        assert torch.equal(loaded(**x), model(**x))
+
+
+def test_a_rows_or_dims_target_is_the_tables_granularity():
+    adapter = TypeAdapter(PruneConfig)
+    cfg = adapter.validate_python({"type": "prune", "target": {"rows": 0.5}})
+    assert isinstance(cfg, TablePruneConfig) and cfg.rounds == "auto" and cfg.min_rows == 1000
+    with pytest.raises(ValidationError, match="rows/dims"):
+        adapter.validate_python({"type": "prune", "granularity": "tables", "target": {"rows": 0.5, "ratio": 0.3}})
+    with pytest.raises(ValidationError, match="rows and/or dims"):
+        adapter.validate_python({"type": "prune", "granularity": "tables", "target": {}})
+    with pytest.raises(ValidationError, match="fade"):
+        adapter.validate_python({"type": "prune", "target": {"dims": 0.5}, "fade": 0.5})
+
+
+def _log(folder, rows: int) -> tuple[str, str]:
+    cols = generate(rows, users=20_000, items=2_000, categories=12, seed=0)
+    cols.pop("planted_logit")
+    frame = pd.DataFrame(cols)
+    cut = int(rows * 0.85)
+    frame[:cut].to_parquet(folder / "train.parquet")
+    frame[cut:].to_parquet(folder / "eval.parquet")
+    return str(folder / "train.parquet"), str(folder / "eval.parquet")
+
+
+@pytest.fixture(scope="module")
+@runs_a_recipe
+def tables_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tables")
+    train, eval_ = _log(folder, 30_000)
+    recipe = {
+        "name": "tables", "seed": 0, "device": "cpu",
+        "model": {"factory": "deepfm", "kwargs": {"embedding_dim": 16, "hidden": 32}},
+        "task": "binary",
+        "data": {"format": "parquet", "train": train, "eval": eval_, "label_column": "clicked",
+                 "features": {"categorical": ["user_id", "item_id", "category", "device", "hour"],
+                              "numeric": ["price", "item_age_days", "user_activity"], "log1p": ["price"],
+                              "hash_buckets": {"user_id": 20_000, "item_id": 2_000}}},
+        "stages": [
+            {"type": "train", "epochs": 3, "batch_size": 512, "optimizer": "adamw", "lr": 0.01},
+            {"type": "export", "name": "reference", "targets": ["onnx"], "precisions": ["fp32"], "latency": None},
+            {"type": "prune", "target": {"rows": 0.6, "dims": 0.5}, "latency": None,
+             "finetune": {"epochs": 1, "batch_size": 512, "optimizer": "adamw", "lr": 0.002}},
+            {"type": "calibrate", "size": 512},
+            {"type": "ptq"},
+            {"type": "export", "targets": ["onnx", "openvino"], "precisions": ["int8"], "latency": None},
+        ],
+    }
+    return (folder,) + optimize_json(recipe, folder)
+
+
+def test_table_pruning_end_to_end_shrinks_the_tables_and_keeps_auc(tables_run):
+    folder, out, stages, artifacts = tables_run
+    prune = stages["prune"]
+    assert prune["rows_before"] == 22_000 and prune["rows"] <= 0.4 * 22_000 + 2  # one merged row per table
+    assert prune["columns_before"] == 34 and prune["columns"] == 17
+    assert prune["rows_never_read"] > 0 and prune["table_reduction"] > 3
+    reference = next(a["metrics"] for a in out["artifacts"] if a["path"].endswith("reference/onnx/model.fp32.onnx"))
+    assert reference["auc"] > 0.6  # the planted rule is learnt
+    for name in ("model.int8.onnx", "model.int8.xml"):
+        assert abs(artifacts[name]["auc"] - reference["auc"]) < 0.01, name
+        assert abs(artifacts[name]["mean_pctr"] - reference["mean_pctr"]) < 0.01, name
+    # 40 % of the rows at half width, int8 with a scale a row, and an int32 index entry per id: 7.4x here
+    assert artifacts["model.int8.onnx"]["table_bytes"] < reference["table_bytes"] / 6
+    report = (folder / "runs" / "tables" / "report.md").read_text()
+    assert "embedding_tables" in report and "never_read" in report
