@@ -158,3 +158,26 @@ def test_table_pruning_end_to_end_shrinks_the_tables_and_keeps_auc(tables_run):
     assert artifacts["model.int8.onnx"]["table_bytes"] < reference["table_bytes"] / 6
     report = (folder / "runs" / "tables" / "report.md").read_text()
     assert "embedding_tables" in report and "never_read" in report
+
+
+def test_doctor_tries_table_pruning_and_refuses_a_model_without_a_large_table(tmp_path):
+    import json
+
+    from conftest import invoke
+
+    train, eval_ = _log(tmp_path, 3000)
+    recipe = {
+        "name": "tables", "model": {"factory": "deepfm", "kwargs": {"embedding_dim": 8, "hidden": 16}}, "task": "binary",
+        "data": {"format": "parquet", "train": train, "eval": eval_, "label_column": "clicked",
+                 "features": {"categorical": ["user_id", "item_id", "device"], "numeric": ["price"],
+                              "hash_buckets": {"user_id": 20_000, "item_id": 2_000}}},
+        "stages": [{"type": "prune", "target": {"rows": 0.5, "dims": 0.5}}, {"type": "ptq"},
+                   {"type": "export", "targets": ["onnx"], "precisions": ["int8"], "latency": None}],
+    }
+    (tmp_path / "r.yaml").write_text(json.dumps(recipe))
+    result = invoke("doctor", tmp_path / "r.yaml")
+    assert result.exit_code == 0, result.output
+    recipe["stages"][0]["min_rows"] = 50_000
+    (tmp_path / "r.yaml").write_text(json.dumps(recipe))
+    result = invoke("doctor", tmp_path / "r.yaml")
+    assert result.exit_code != 0 and "min_rows" in result.output and "tables.0 (20000 rows)" in result.output

@@ -92,6 +92,16 @@ def candidate_tables(model: nn.Module, min_rows: int, ignored: tuple[str, ...] =
     return out
 
 
+def tables_of(model: nn.Module, names: list[str]) -> dict[str, nn.Embedding]:
+    """The named tables of ``model`` (each an ``nn.Embedding``, compacted or not)."""
+    out = {}
+    for name in names:
+        module = model.get_submodule(name)
+        assert isinstance(module, nn.Embedding)  # candidate_tables chose it, and compaction keeps the class
+        out[name] = module
+    return out
+
+
 def source_rows(module: nn.Embedding) -> int:
     return module.source_rows if isinstance(module, CompactEmbedding) else module.num_embeddings
 
@@ -116,7 +126,7 @@ def table_bytes(module: nn.Embedding) -> int:
 @torch.no_grad()
 def count_reads(model: nn.Module, names: list[str], x: Inputs, device: str, batch: int = COUNT_BATCH) -> dict[str, torch.Tensor]:
     """How often each stored row of each named table is read when ``model`` runs over ``x`` (eval mode)."""
-    modules = {n: model.get_submodule(n) for n in names}
+    modules = tables_of(model, names)
     counts = {n: torch.zeros(m.num_embeddings, dtype=torch.float64) for n, m in modules.items()}
 
     def hook(name: str) -> Callable:
@@ -278,7 +288,7 @@ class TableStrategy(Strategy):
         return tuple(out)
 
     def _tables(self) -> dict[str, nn.Embedding]:
-        return {n: self.model.get_submodule(n) for n in self.names}
+        return tables_of(self.model, self.names)
 
     def rounds(self) -> int:
         return 1 if self.config.rounds == "auto" else self.config.rounds
