@@ -473,7 +473,7 @@ def test_the_prune_variants_suggest_their_own_keys_and_name_a_bad_granularity(wr
     assert "fade" not in issues["stages.1.round"].message  # the blocks variant's keys, not the channel variant's
     bad = issues["stages.2.granularity"]
     assert (bad.value, bad.line) == ("layers", _line(path, "granularity: layers"))
-    assert bad.message == "unknown granularity. Known: channels, blocks, heads"
+    assert bad.message == "unknown granularity. Known: channels, blocks, heads, tables"
     assert "need `granularity: heads`" in issues["stages.3.target"].message
     assert "target ratio 0.95 cannot be reached" in issues["stages.4.max_layer_ratio"].message
 
