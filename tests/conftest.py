@@ -248,3 +248,9 @@ def _has_vnni() -> bool:
 #: fails, exit 1), as it should; the form per host is issue 25's. Expected to fail on such hosts only.
 xfail_without_vnni = pytest.mark.xfail(not _has_vnni(), raises=AssertionError, strict=False,
                                        reason="INT8 cpu form saturates u8s8 kernels on x86 without VNNI (issue 25)")
+
+
+def forced_f32(metrics: dict, key: str):
+    """An OpenVINO figure with f32 forced: ``key + "_f32"`` where the run measured that lane beside the default
+    (a CPU whose default is bf16), else ``key`` (the default is f32 already: one lane)."""
+    return metrics[key + "_f32"] if key + "_f32" in metrics else metrics[key]

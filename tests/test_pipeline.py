@@ -10,7 +10,7 @@ from pruneflow.artifacts import Artifact, Manifest, atomic_path, sha256_file
 from pruneflow.pipeline import run_recipe
 from pruneflow.recipe import load_recipe
 
-from conftest import REPO, runs_a_recipe
+from conftest import REPO, runs_a_recipe, forced_f32
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,7 @@ def test_quickstart_meets_its_acceptance_figures(quickstart):
     for label in ("onnx.int8", "onnx.int8_tensorrt", "openvino.int8"):
         ratio = r.metrics[f"{label.split('.')[0]}.fp32.latency_b32_median_ms"] / r.metrics[f"{label}.latency_b32_median_ms"]
         assert r.metrics[f"{label}.speedup_b32"] == pytest.approx(ratio)
-    assert r.metrics["openvino.int8.inference_precision"] and r.metrics["openvino.int8.accuracy_f32"] >= 0.9
+    assert r.metrics["openvino.int8.inference_precision"] and forced_f32(r.metrics, "openvino.int8.accuracy") >= 0.9
 
 
 def test_quickstart_manifest_records_true_hashes_and_lineage(quickstart):
