@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from conftest import xfail_without_vnni
 import torch
 from torch import nn
 
@@ -164,6 +166,7 @@ def test_densenet_ignore_fc_exports_both_int8_forms(digits, tmp_path):
 
 
 @pytest.mark.slow  # ~40 s of CPU: a few training steps, NNCF, two exports, two runtimes
+@xfail_without_vnni
 def test_mobilenet_se_sequential_top_and_per_channel_activations(digits, tmp_path):
     """An nn.Sequential top module quantizes (it used to fail with NNCF's HookStorage error); NNCF puts
     per-channel activation quantizers before the depthwise convs and keeps the SE convs float; both forms export."""
@@ -209,6 +212,7 @@ def test_ignore_entries_with_dots_match_and_unknown_ones_are_refused(digits):
 
 
 @pytest.mark.slow  # ~40 s of CPU: a few training steps, NNCF, two exports, two runtimes
+@xfail_without_vnni
 def test_vit_attention_int8_both_forms_agree_with_quantized_torch(digits, tmp_path):
     """nn.MultiheadAttention ViT: NNCF quantizes the projections and leaves the score/context MatMuls of two
     activations in float (recorded in the notes); both forms agree with the quantized torch model >= 0.98."""
@@ -308,6 +312,7 @@ def test_one_failed_artifact_leaves_the_others_built(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["mobilenet_se", "densenet"])
+@xfail_without_vnni
 def test_family_through_calibrate_qat_and_ptq_to_onnx_and_openvino(name, tmp_path):
     """The whole path a user runs: calibrate -> qat (fp16, int8) -> export ONNX + OpenVINO fp32/int8, then
     the same with ptq; every artifact built, parity and accuracy measured in each runtime."""
