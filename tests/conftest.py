@@ -230,26 +230,6 @@ class EvalOnly:
         return float((model(self.x).argmax(-1) == self.y).float().mean())
 
 
-def _has_vnni() -> bool:
-    """Whether this x86 CPU has an int8 dot product without 16-bit pair sums (VNNI, AMX), or is not x86."""
-    import platform
-
-    from pruneflow.runtime.host import _cpuinfo
-
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return True
-    return bool(_cpuinfo()[1] & {"avx512_vnni", "avx_vnni", "amx_int8"})
-
-
-#: Known defect on x86 CPUs without VNNI: onnxruntime fuses the cpu form's signed (zero point 128) input into
-#: QGemm/MatMulInteger u8s8 kernels whose 16-bit pair sums saturate (an AVX2 EPYC, tests/test_regression.py's
-#: MLP: max error 0.71 to the unoptimised graph, 0.008 with session.x64quantprecision=1; keeping that input
-#: int8 does not help, onnxruntime converts S8 activations to U8 there). The run refuses the artifact (parity
-#: fails, exit 1), as it should; the form per host is issue 25's. Expected to fail on such hosts only.
-xfail_without_vnni = pytest.mark.xfail(not _has_vnni(), raises=AssertionError, strict=False,
-                                       reason="INT8 cpu form saturates u8s8 kernels on x86 without VNNI (issue 25)")
-
-
 def forced_f32(metrics: dict, key: str):
     """An OpenVINO figure with f32 forced: ``key + "_f32"`` where the run measured that lane beside the default
     (a CPU whose default is bf16), else ``key`` (the default is f32 already: one lane)."""

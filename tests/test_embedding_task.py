@@ -15,7 +15,7 @@ from pruneflow.errors import InputError
 from pruneflow.tasks import MetricState, make_task
 from pruneflow.tasks.embedding import recall_at_k
 
-from conftest import SHARED_DATA, optimize_json, xfail_without_vnni
+from conftest import SHARED_DATA, optimize_json
 
 
 def at(degrees: list[float]) -> torch.Tensor:
@@ -298,7 +298,6 @@ def test_the_reference_targets_are_the_given_models_vectors_row_by_row(tmp_path)
 
 
 @pytest.mark.slow
-@xfail_without_vnni
 def test_a_tiny_sentence_encoder_prunes_quantizes_and_exports_close_to_its_fp32_vectors(tmp_path):
     pytest.importorskip("transformers")
     finetune = {"epochs": 1, "batch_size": 16, "optimizer": "adamw", "lr": 0.001, "weight_decay": 0.0}

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import optimize_json, xfail_without_vnni
+from conftest import optimize_json
 from pruneflow.errors import InputError
 from pruneflow.tasks import MetricState, make_task
 
@@ -44,7 +44,6 @@ def test_regression_parity_is_relative_error():
 
 
 @pytest.mark.slow
-@xfail_without_vnni
 def test_a_regressor_prunes_quantizes_and_exports_with_int8_mse_close_to_fp32(tmp_path):
     gen = np.random.default_rng(1)
     x = gen.normal(size=(1000, 6)).astype(np.float32)

@@ -99,6 +99,7 @@ class OnnxTarget(Target[OnnxConfig]):
         _component_bytes(artifact, path)
         artifact.notes += report.notes
         if form == "cpu":
+            artifact.metrics["u8s8_channels_fitted"] = report.u8s8_channels_fitted
             _check_runs_in_openvino(path, state.example_input)
             _integer_ops_record(artifact, path)
             fp32 = out_dir / "model.fp32.onnx"  # written first when precisions list fp32 before int8

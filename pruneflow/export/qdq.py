@@ -27,9 +27,11 @@ One set of trained quantization parameters, two forms:
   path (``session.x64quantprecision=1``) gives. With raw values 0..127 a pair is at most
   2 * 127 * 127 = 32258, so it cannot saturate on any x86 CPU; the graph runs the same integer kernels
   (now equal, bit for bit, to the u8u8 path) at the same speed. Signed tensors (the network input, a
-  residual branch) keep zero point 128; NNCF's overflow fix quantizes the first layer's weights to
-  7 bits (|w| <= 64), which makes those safe too. ``u8s8_overflow_risks`` lists the weighted ops that
-  could still saturate; the export adds them to the artifact's notes.
+  residual branch, a LayerNorm output) keep zero point 128, so the weights that read them must keep each
+  pair within 128: NNCF's overflow fix does that for the first convolution only, and ``fit_u8s8_pairs``
+  re-grids the output channels of every other such op that needs it (an MLP's first Linear, a
+  transformer's projections). ``u8s8_overflow_risks`` lists what could still saturate (nothing, after the
+  fit); the export adds it to the artifact's notes.
 
 The model comes already stripped to torch's native fake-quant ops (``ModelHandle.int8_module``: for the
 NNCF kind, ``nncf.strip`` in qat/), so this module imports no quantization backend. torch's exporter
@@ -70,6 +72,8 @@ class PassReport:
     #: tensorrt form: residual Adds whose weighted branch left Q/DQ, and skip inputs given a Q/DQ
     residual_branches_float: int = 0
     residual_skips_quantized: int = 0
+    #: cpu form: output channels whose weights were re-gridded to fit x86 u8s8 pair sums (``fit_u8s8_pairs``)
+    u8s8_channels_fitted: int = 0
     #: weighted ops left in float (``float_ops``: ignored, or NNCF's choice)
     float_ops: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -85,6 +89,8 @@ class _Graph:
         self.g = model.graph
         self.nh = numpy_helper
         self.inits = {i.name: i for i in self.g.initializer}
+        #: the float weights behind each int8 initializer ``fold_weight_quantizers`` wrote (for a later re-grid)
+        self.float_weights: dict[str, np.ndarray] = {}
         self.refresh()
 
     def refresh(self) -> None:
@@ -194,6 +200,7 @@ def fold_weight_quantizers(graph: _Graph, report: PassReport) -> None:
         if narrow:
             qw = np.clip(qw, -127, 127).astype(np.int8)
         name = graph.add_init(q.input[0] + "_int8", qw)
+        graph.float_weights[name] = w
         for dq in graph.consumers.get(q.output[0], []):
             dq.input[0] = name
         dead.append(q)
@@ -650,6 +657,7 @@ def convert(model, form: Form) -> PassReport:
     rewrite_activations(graph, form, report)
     if form == "cpu":
         relu_in_integer_domain(graph, report)
+        fit_u8s8_pairs(graph, report)
     _remove_identities(graph)
     if form == "tensorrt":
         place_residual_quantizers(graph, report)
@@ -697,24 +705,23 @@ def _remove_identities(graph: _Graph) -> None:
     graph.remove(identities)
 
 
-def u8s8_overflow_risks(model) -> list[str]:
-    """Weighted ops whose integer dot products can leave the 16-bit pair sums of x86 u8s8 kernels.
+def _u8s8_weighted(graph: _Graph):
+    """``(node, weight DQ, a_max, out_axis, int8 weights, adjacent)`` for each weighted op an x86 CPU runs as
+    uint8 x int8.
 
-    Without VNNI, onnxruntime's and OpenVINO's u8s8 kernels (vpmaddubsw) add two uint8 x int8 products
-    in a saturating int16 before widening: a0 w0 + a1 w1 must stay within -32768..32767. With raw
-    activations up to ``a_max`` (255, or the max of a Clip on the quantized tensor) that holds for any
-    pairing when the two largest positive (and negative) weights of each output channel sum to at most
-    32767 / a_max in magnitude.
+    ``a_max`` is the largest raw activation (255, or the max of a Clip on the quantized tensor); ``out_axis``
+    the weights' output-channel axis (None where the op type has none we know); ``adjacent`` whether the
+    kernels pair inputs 2p and 2p+1 (see ``_pair_peaks``).
     """
-    graph = _Graph(model)
-    risks = []
-    for node in graph.g.node:
+    for node in list(graph.g.node):
         if node.op_type not in WEIGHTED_OPS or len(node.input) < 2:
             continue
         src = graph.producer.get(node.input[0])
         while src is not None and src.op_type in PASS_THROUGH:
             src = graph.producer.get(src.input[0])
-        wdq = graph.producer.get(node.input[1])
+        wdq, transpose = graph.producer.get(node.input[1]), None
+        if wdq is not None and wdq.op_type == "Transpose":  # a Linear exported as MatMul(x, Transpose(DQ(W)))
+            transpose, wdq = wdq, graph.producer.get(wdq.input[0])
         if src is None or src.op_type != "DequantizeLinear" or wdq is None or wdq.op_type != "DequantizeLinear":
             continue
         zp = graph.const(src.input[2]) if len(src.input) > 2 and src.input[2] else None
@@ -724,16 +731,95 @@ def u8s8_overflow_risks(model) -> list[str]:
         clip = graph.producer.get(src.input[0])
         high = graph.const(clip.input[2]) if clip is not None and clip.op_type == "Clip" and len(clip.input) > 2 and clip.input[2] else None
         a_max = int(high) if high is not None and high.size == 1 else 255
-        out_axis = {"Conv": 0, "Gemm": 0 if _attr(node, "transB", 0) else 1, "MatMul": w.ndim - 1}.get(node.op_type)
-        w = w.astype(np.int32)
-        per_channel = np.moveaxis(w, out_axis, 0).reshape(w.shape[out_axis], -1) if out_axis is not None else w.reshape(1, -1)
-        top = np.sort(np.clip(per_channel, 0, None), axis=1)[:, -2:].sum(1)
-        bottom = np.sort(np.clip(-per_channel, 0, None), axis=1)[:, -2:].sum(1)
-        worst = int(a_max * max(top.max(), bottom.max()))
-        if worst > 32767:
+        out_axis = {"Conv": 0, "ConvTranspose": 1, "Gemm": 0 if _attr(node, "transB", 0) else 1,
+                    "MatMul": w.ndim - 1}.get(node.op_type)
+        if transpose is not None and out_axis is not None:
+            perm = _attr(transpose, "perm", None) or list(range(w.ndim))[::-1]
+            out_axis = int(perm[out_axis])  # the stored weight's axis that becomes the op's output axis
+        yield node, wdq, a_max, out_axis, w, node.op_type in ("Gemm", "MatMul") and w.ndim == 2
+
+
+def _pair_peaks(w: np.ndarray, out_axis: int | None, adjacent: bool) -> np.ndarray:
+    """Per output channel, the largest same-sign weight pair a u8s8 kernel may add in int16: of inputs 2p and 2p+1
+    (``adjacent``: a 2-D Gemm/MatMul weight, whose reduction runs in input order in both runtimes), else of any two
+    (a convolution, whose reduction order is the kernel's layout)."""
+    w = w.astype(np.int32) if w.dtype.kind in "iu" else w
+    per_channel = np.moveaxis(w, out_axis, 0).reshape(w.shape[out_axis], -1) if out_axis is not None else w.reshape(1, -1)
+    if adjacent:
+        if per_channel.shape[1] % 2:
+            per_channel = np.pad(per_channel, ((0, 0), (0, 1)))
+        pairs = per_channel.reshape(per_channel.shape[0], -1, 2)
+        return np.maximum(np.clip(pairs, 0, None).sum(2).max(1), np.clip(-pairs, 0, None).sum(2).max(1))
+    top = np.sort(np.clip(per_channel, 0, None), axis=1)[:, -2:].sum(1)
+    bottom = np.sort(np.clip(-per_channel, 0, None), axis=1)[:, -2:].sum(1)
+    return np.maximum(top, bottom)
+
+
+def u8s8_overflow_risks(model) -> list[str]:
+    """Weighted ops whose integer dot products can leave the 16-bit pair sums of x86 u8s8 kernels.
+
+    Without VNNI, onnxruntime's and OpenVINO's u8s8 kernels (vpmaddubsw) add two uint8 x int8 products
+    in a saturating int16 before widening: a0 w0 + a1 w1 must stay within -32768..32767. With raw
+    activations up to ``a_max`` (255, or the max of a Clip on the quantized tensor) that holds when each
+    same-sign pair of an output channel's weights sums to at most 32767 / a_max in magnitude. For a 2-D
+    Gemm/MatMul weight the pairs are inputs (2p, 2p+1): measured on an AVX2 EPYC with onnxruntime 1.32
+    and OpenVINO 2026.4, weights of 127 at every input saturated both, 127 at even inputs only (or at
+    inputs 1, 2 mod 4) neither. A convolution's pairs follow the kernel's layout, so any two count.
+    """
+    risks = []
+    for node, _, a_max, out_axis, w, adjacent in _u8s8_weighted(_Graph(model)):
+        peak = int(_pair_peaks(w, out_axis, adjacent).max())
+        if a_max * peak > 32767:
             risks.append(f"{node.op_type} {node.name}: activations up to {a_max} times weight pairs up to "
-                         f"{int(max(top.max(), bottom.max()))} reach {worst} > 32767")
+                         f"{peak} reach {a_max * peak} > 32767")
     return risks
+
+
+def fit_u8s8_pairs(graph: _Graph, report: PassReport) -> None:
+    """cpu form: re-grid the weights of each op that ``u8s8_overflow_risks`` names so that no pair can saturate.
+
+    A signed activation (zero point 128: a network input, a LayerNorm or residual output, a concat of
+    embeddings and dense features) reaches raw values up to 255, so a pair of weights the kernel adds (see
+    ``u8s8_overflow_risks``) may sum to at most 128 in magnitude. NNCF's own overflow fix (7-bit weights)
+    covers only the first convolution; an MLP's first Linear or a transformer's projections keep full 8-bit
+    weights, and on an AVX2 EPYC a regressor's INT8 ONNX then read a relative error of 0.071 against the
+    quantized torch model. Each offending output channel c is multiplied by f_c = (limit - 1) / peak_c and
+    its scale divided by f_c: the channel computes the same function on a coarser grid (rounding the two
+    weights adds at most 1, so the new peak is at most the limit), rounded once from the float weights
+    where ``fold_weight_quantizers`` kept them. Channels within the limit keep their grid; where the scale
+    is per tensor one factor serves the whole tensor. Neither onnxruntime's quantizer (``reduce_range``
+    takes every weight of every op to 7 bits) nor NNCF (the first convolution, or every layer) does this
+    per channel, so it is written here.
+    """
+    ops = channels = 0
+    for node, wdq, a_max, out_axis, w, adjacent in list(_u8s8_weighted(graph)):
+        limit = 32767 // a_max
+        peaks = _pair_peaks(w, out_axis, adjacent)
+        scale = graph.const(wdq.input[1])
+        if peaks.max() <= limit or scale is None:
+            continue
+        per_channel = scale.size > 1 and out_axis is not None and _attr(wdq, "axis", 1) % w.ndim == out_axis
+        if scale.size > 1 and not per_channel:
+            continue  # per-channel scales on another axis: no op we export has them
+        # one rounding from the float weights where the fold kept them (two roundings lose ~25 % more)
+        wf = graph.float_weights.get(wdq.input[0])
+        step = _bcast(scale, out_axis, w.ndim) if per_channel else scale
+        grid = np.clip(wf / step, -127, 127) if wf is not None and wf.shape == w.shape else w.astype(np.float64)
+        factor = np.where(peaks > limit, (limit - 1) / np.maximum(_pair_peaks(grid, out_axis, adjacent), 1), 1.0)
+        if not per_channel:
+            factor = np.full_like(factor, factor.min())
+        fitted = np.round(grid * (_bcast(factor, out_axis, w.ndim) if per_channel else factor[0]))
+        new_scale = (scale / (factor if per_channel else factor[0])).astype(scale.dtype)
+        channels += int((factor < 1).sum())
+        wdq.input[0] = graph.add_init(wdq.input[0] + "_u8s8", fitted.astype(np.int8))
+        wdq.input[1] = graph.add_init(wdq.input[1] + "_u8s8", new_scale)
+        ops += 1
+    if ops:
+        graph.refresh()
+        report.notes.append(f"{channels} output channel(s) of {ops} weighted op(s) with a signed input re-gridded so "
+                            "that no weight pair exceeds what x86 u8s8 kernels without VNNI add in int16 (the channel's "
+                            "weight step grows; a CPU with VNNI would run the 8-bit grid safely)")
+    report.u8s8_channels_fitted = channels
 
 
 def _quantizer_problems(graph: _Graph, node, form: Form) -> list[str]:

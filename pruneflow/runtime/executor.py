@@ -20,12 +20,16 @@ def runtimes_for(path: str | Path) -> tuple[str, ...]:
 
 
 def open_artifact(path: str | Path, *, runtime: str | None = None, device: str | None = None,
-                  threads: int | None = None, precision_hint: str | None = None) -> Executor:
+                  threads: int | None = None, precision_hint: str | None = None, exact_int8: bool = False) -> Executor:
     """Load ``path`` in ``runtime`` (default: the first of ``runtimes_for``) on ``device`` (default: the
     best the runtime has here: CUDA for onnxruntime when its CUDA provider is present, else the CPU).
     ``precision_hint`` is OpenVINO's INFERENCE_PRECISION_HINT: None leaves the plugin's default (bf16 on
     CPUs with AVX-512 BF16 or AMX), ``"f32"`` forces fp32. An absent runtime or device raises
-    RuntimeUnavailable; nothing falls back to another one.
+    RuntimeUnavailable; nothing falls back to another one. ``exact_int8`` keeps onnxruntime from fusing
+    Q/DQ into its integer kernels (basic graph optimizations only: each DequantizeLinear, then float
+    kernels): for an artifact built for another runtime (TensorRT's form, whose int8 activations onnxruntime
+    adds in saturating int16 pairs on x86 CPUs without VNNI), checked here for its arithmetic and not timed
+    as onnxruntime would serve it.
 
         >>> ex = open_artifact("model.fp32.xml", precision_hint="f32")   # doctest: +SKIP
         >>> ex.label, ex.info["inference_precision"]                       # doctest: +SKIP
@@ -39,7 +43,9 @@ def open_artifact(path: str | Path, *, runtime: str | None = None, device: str |
                                  hint=f"use one of: {', '.join(choices) or '(none)'}")
     if not path.is_file():
         raise RuntimeUnavailable(f"{path}: no such file", hint="pass the path of a built artifact")
-    loader = {"onnxruntime": _onnxruntime, "openvino": _openvino, "tensorrt": _tensorrt}[runtime]
+    if runtime == "onnxruntime":
+        return _onnxruntime(path, device, threads, precision_hint, exact_int8)
+    loader = {"openvino": _openvino, "tensorrt": _tensorrt}[runtime]
     return loader(path, device, threads, precision_hint)
 
 
@@ -53,11 +59,13 @@ def _ort_provider(available: list[str], device: str | None) -> str:
     return provider
 
 
-def _onnxruntime(path: Path, device: str | None, threads: int | None, hint: str | None) -> Executor:
+def _onnxruntime(path: Path, device: str | None, threads: int | None, hint: str | None, exact_int8: bool = False) -> Executor:
     ort = require("onnxruntime", "pip install onnxruntime", "running ONNX models")
     provider = _ort_provider(ort.get_available_providers(), device)
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    if exact_int8:  # no QDQ fusion: DequantizeLinear then float kernels (the x64quantprecision switch crashed
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC  # on a DenseNet's QDQ)
     if threads:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
@@ -66,7 +74,7 @@ def _onnxruntime(path: Path, device: str | None, threads: int | None, hint: str 
     used = session.get_providers()
     return Executor(path, "onnxruntime", "CUDA" if used[0].startswith("CUDA") else "CPU",
                     lambda x: session.run(None, feed_for(x, names))[0],
-                    {"providers": used, "version": ort.__version__, "threads": threads or 0})
+                    {"providers": used, "version": ort.__version__, "threads": threads or 0, "exact_int8": exact_int8})
 
 
 def _openvino(path: Path, device: str | None, threads: int | None, hint: str | None) -> Executor:

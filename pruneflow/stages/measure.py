@@ -111,7 +111,9 @@ def open_for(artifact: "Artifact", target: "Target", path: "Path", threads: int 
             if run is None:
                 raise RuntimeUnavailable(f"no runtime here runs {path.suffix or path.name} files")
             return {"": Executor(path, artifact.target or "plugin", "default", run)}
-        default = open_artifact(path, threads=threads)
+        # TensorRT's form is checked in onnxruntime for its arithmetic: onnxruntime's u8s8 pair sums (x86
+        # without VNNI) would saturate on its int8 activations, which TensorRT does not do
+        default = open_artifact(path, threads=threads, exact_int8=artifact.form == "tensorrt")
         executors = {"": default}
         if default.runtime == "openvino" and default.info.get("inference_precision") != "f32":
             executors[F32] = open_artifact(path, threads=threads, precision_hint="f32")
