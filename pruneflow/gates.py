@@ -36,25 +36,37 @@ def check_gates(specs: list[GateSpec], metrics: dict[str, float], task: "Task") 
             problems.append(f"{value:.6g} < min {spec.min:g}")
         if spec.max is not None and value > spec.max:
             problems.append(f"{value:.6g} > max {spec.max:g}")
-        if spec.max_drop is not None:
-            base = metrics.get(spec.baseline or "")
-            if not isinstance(base, (int, float)):
-                problems.append(f"baseline {spec.baseline!r} was not produced by this run")
-            elif task.metric(spec.metric).worsening(base, value) > spec.max_drop:
-                metric = task.metric(spec.metric)
-                problems.append(f"worse by {metric.worsening(base, value):.6g} than {spec.baseline} ({base:.6g}; "
-                                f"{metric.direction}) > max_drop {spec.max_drop:g}")
+        if spec.baseline is not None:
+            problems += _drop_problems(spec, value, metrics.get(spec.baseline), task)
         bounds = " ".join(
             s for s in (
                 f">= {spec.min:g}" if spec.min is not None else "",
                 f"<= {spec.max:g}" if spec.max is not None else "",
                 f"worse than {spec.baseline} by <= {spec.max_drop:g}, {task.metric(spec.metric).direction}"
                 if spec.max_drop is not None else "",
+                f"worse than {spec.baseline} by <= {spec.max_drop_relative:.2%}, {task.metric(spec.metric).direction}"
+                if spec.max_drop_relative is not None else "",
             ) if s
         )
         message = "; ".join(problems) if problems else f"{value:.6g} ({bounds})"
         results.append(GateResult(name, not problems, message, float(value)))
     return results
+
+
+def _drop_problems(spec: GateSpec, value: float, base, task: "Task") -> list[str]:
+    """What a gate's ``max_drop`` / ``max_drop_relative`` find wrong with ``value`` against its baseline ``base``."""
+    if not isinstance(base, (int, float)):
+        return [f"baseline {spec.baseline!r} was not produced by this run"]
+    metric = task.metric(spec.metric)
+    worse = metric.worsening(base, value)
+    problems = []
+    if spec.max_drop is not None and worse > spec.max_drop:
+        problems.append(f"worse by {worse:.6g} than {spec.baseline} ({base:.6g}; {metric.direction}) > max_drop {spec.max_drop:g}")
+    if spec.max_drop_relative is not None and worse > spec.max_drop_relative * abs(base):
+        share = worse / abs(base) if base else math.inf
+        problems.append(f"worse by {share:.2%} than {spec.baseline} ({base:.6g}; {metric.direction}) "
+                        f"> max_drop_relative {spec.max_drop_relative:.2%}")
+    return problems
 
 
 class ArtifactGates(StrictModel):

@@ -103,6 +103,17 @@ def test_max_drop_counts_worse_in_the_metrics_own_direction():
     assert check_gates([acc], {"onnx.int8.accuracy": 0.99, "evaluate.accuracy": 0.92}, Classification())[0].passed
 
 
+def test_max_drop_relative_is_a_share_of_the_baselines_magnitude():
+    spec = GateSpec(metric="onnx.int8.mse", baseline="onnx.fp32.mse", max_drop_relative=0.02)
+    task = make_task("regression")
+    within, beyond = (check_gates([spec], {"onnx.int8.mse": v, "onnx.fp32.mse": 100.0}, task)[0] for v in (101.9, 102.5))
+    assert within.passed and "2.00%" in within.message
+    assert not beyond.passed and "worse by 2.50%" in beyond.message and "max_drop_relative 2.00%" in beyond.message
+    assert check_gates([spec], {"onnx.int8.mse": 50.0, "onnx.fp32.mse": 100.0}, task)[0].passed  # better is never a drop
+    with pytest.raises(ValueError, match="baseline"):
+        GateSpec(metric="onnx.int8.mse", max_drop_relative=0.02)
+
+
 def test_recipe_task_takes_a_name_or_a_mapping_and_refuses_an_unknown_one_at_its_line(write_recipe):
     from pruneflow.errors import RecipeError
     from pruneflow.recipe import load_recipe

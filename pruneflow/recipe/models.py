@@ -226,13 +226,18 @@ class GateSpec(StrictModel):
         description="Fail when the metric is worse than `baseline` by more than this, in the metric's own direction: "
         "baseline - metric for a metric where higher is better (accuracy), metric - baseline where lower is better "
         "(a loss, an error; the task names each metric's direction).")
+    max_drop_relative: float | None = Field(
+        default=None, ge=0,
+        description="Fail when the metric is worse than `baseline` by more than this fraction of the baseline's magnitude, in the "
+        "metric's own direction: 0.02 lets a regressor's INT8 MSE be at most 2 % above the FP32 model's.")
 
     @model_validator(mode="after")
     def _bounds(self) -> "GateSpec":
-        if self.min is None and self.max is None and self.max_drop is None:
-            raise ValueError("a gate needs at least one of `min`, `max`, `max_drop`")
-        if (self.max_drop is None) != (self.baseline is None):
-            raise ValueError("`max_drop` and `baseline` go together")
+        drops = self.max_drop is not None or self.max_drop_relative is not None
+        if self.min is None and self.max is None and not drops:
+            raise ValueError("a gate needs at least one of `min`, `max`, `max_drop`, `max_drop_relative`")
+        if drops != (self.baseline is not None):
+            raise ValueError("`baseline` goes with `max_drop` or `max_drop_relative`, and they need it")
         return self
 
 
