@@ -783,13 +783,13 @@ def fit_u8s8_pairs(graph: _Graph, report: PassReport) -> None:
     ``u8s8_overflow_risks``) may sum to at most 128 in magnitude. NNCF's own overflow fix (7-bit weights)
     covers only the first convolution; an MLP's first Linear or a transformer's projections keep full 8-bit
     weights, and on an AVX2 EPYC a regressor's INT8 ONNX then read a relative error of 0.071 against the
-    quantized torch model. Each offending output channel c is multiplied by f_c = (limit - 1) / peak_c and
-    its scale divided by f_c: the channel computes the same function on a coarser grid (rounding the two
-    weights adds at most 1, so the new peak is at most the limit), rounded once from the float weights
-    where ``fold_weight_quantizers`` kept them. Channels within the limit keep their grid; where the scale
-    is per tensor one factor serves the whole tensor. Neither onnxruntime's quantizer (``reduce_range``
-    takes every weight of every op to 7 bits) nor NNCF (the first convolution, or every layer) does this
-    per channel, so it is written here.
+    quantized torch model (MSE 0.0439 against 0.0295; fitted, 0.0296). Each offending output channel c is
+    multiplied by f_c = (limit - 1) / peak_c and its scale divided by f_c: the channel computes the same
+    function on a coarser grid (rounding the two weights adds at most 1, so the new peak is at most the
+    limit), rounded once from the float weights where ``fold_weight_quantizers`` kept them. Channels within
+    the limit keep their grid; where the scale is per tensor one factor serves the whole tensor. Neither
+    onnxruntime's quantizer (``reduce_range`` takes every weight of every op to 7 bits) nor NNCF (the first
+    convolution, or every layer) does this per channel, so it is written here.
     """
     ops = channels = 0
     for node, wdq, a_max, out_axis, w, adjacent in list(_u8s8_weighted(graph)):
