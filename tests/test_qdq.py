@@ -193,6 +193,44 @@ def test_weights_reading_a_signed_input_are_regridded_until_no_pair_can_saturate
     assert np.abs(fused - plain).max() < 1e-3 * np.abs(plain).max()
 
 
+def test_a_smooth_quant_mul_between_a_linear_and_its_quantizer_folds_into_the_weights_and_bias(tmp_path):
+    """NNCF's SmoothQuant scale for the next layer sits between ``Gemm -> Relu`` and the int8 quantizer, which kept
+    onnxruntime from fusing the Gemm into an integer QGemm (a DeepFM's whole MLP ran in float). Folded into the
+    Gemm's per-channel weight scales and bias, the graph computes the same and onnxruntime runs QGemm."""
+    from onnx import TensorProto, helper
+
+    from pruneflow.export.onnx import ort_optimized_ops
+    from pruneflow.export.qdq import convert
+
+    gen = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(np.array(0.02, np.float32), "s"), numpy_helper.from_array(np.array(0, np.int8), "z"),
+             numpy_helper.from_array(gen.normal(0, 0.05, (16, 32)).astype(np.float32), "w"),
+             numpy_helper.from_array(np.full(16, 0.002, np.float32), "ws"), numpy_helper.from_array(np.zeros(16, np.int8), "wz"),
+             numpy_helper.from_array(gen.normal(0, 0.1, 16).astype(np.float32), "b"),
+             numpy_helper.from_array(gen.uniform(0.5, 2.0, 16).astype(np.float32), "smooth"),
+             numpy_helper.from_array(np.array(0.05, np.float32), "s2")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]), helper.make_node("DequantizeLinear", ["q", "s", "z"], ["a"]),
+             helper.make_node("QuantizeLinear", ["w", "ws", "wz"], ["wq"], axis=0),
+             helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wf"], axis=0),
+             helper.make_node("Gemm", ["a", "wf", "b"], ["g"], transB=1, name="linear"), helper.make_node("Relu", ["g"], ["r"]),
+             helper.make_node("Mul", ["r", "smooth"], ["m"]),
+             helper.make_node("QuantizeLinear", ["m", "s2", "z"], ["q2"]), helper.make_node("DequantizeLinear", ["q2", "s2", "z"], ["y"])]
+    model = helper.make_model(helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 32])],
+                                                [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits),
+                              opset_imports=[helper.make_opsetid("", 13)])
+    x = gen.normal(size=(128, 32)).astype(np.float32)
+    plain = ort.SessionOptions()
+    plain.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    before = ort.InferenceSession(model.SerializeToString(), plain, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    report = convert(model, "cpu")
+    assert report.smooth_quant_folded == 1 and not any(n.op_type == "Mul" for n in model.graph.node)
+    onnx.save(model, tmp_path / "m.onnx")
+    assert "QGemm" in ort_optimized_ops(tmp_path / "m.onnx")
+    after = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert np.abs(after - before).max() <= 0.05 * 0.5 + 1e-6  # at most half a step of the output grid (rounding ties)
+    assert np.mean(after == before) > 0.99
+
+
 def test_both_forms_compute_what_the_quantized_torch_model_computes(quantized):
     _, x, ref, paths, model = quantized
     outs = {form: open_artifact(path)(x.numpy()) for form, path in paths.items()}

@@ -72,6 +72,8 @@ class PassReport:
     #: tensorrt form: residual Adds whose weighted branch left Q/DQ, and skip inputs given a Q/DQ
     residual_branches_float: int = 0
     residual_skips_quantized: int = 0
+    #: SmoothQuant Muls folded into the weighted op before them (``fold_smooth_quant_scales``)
+    smooth_quant_folded: int = 0
     #: cpu form: output channels whose weights were re-gridded to fit x86 u8s8 pair sums (``fit_u8s8_pairs``)
     u8s8_channels_fitted: int = 0
     #: weighted ops left in float (``float_ops``: ignored, or NNCF's choice)
@@ -404,6 +406,96 @@ def _nonnegative(graph: _Graph, name: str, memo: dict[str, bool]) -> bool:
     return result
 
 
+def _scale_chain(graph: _Graph, mul) -> tuple[Any, Any, Any, np.ndarray] | None:
+    """For ``Mul(t, c)``: ``(weighted op, its bias Add or None, weight DQ, c)`` when t is a weighted op's
+    output, through an optional bias ``Add`` (a MatMul's) and an optional ``Relu``, each read by the next only."""
+    consts = [graph.const(i) for i in mul.input]
+    if len(mul.input) != 2 or (consts[0] is None) == (consts[1] is None) or mul.output[0] in graph.outputs:
+        return None
+    t = mul.input[1] if consts[0] is not None else mul.input[0]
+    c = consts[0] if consts[0] is not None else consts[1]
+    if c is None or c.dtype != np.float32 or not np.all(np.isfinite(c)) or np.any(c <= 0):
+        return None
+    node, add = graph.producer.get(t), None
+    for kind in ("Relu", "Add"):
+        if node is not None and node.op_type == kind and graph.only_consumer(node.output[0]) is not None:
+            if kind == "Relu":
+                node = graph.producer.get(node.input[0])
+            elif sum(graph.const(i) is not None for i in node.input) == 1:
+                add, node = node, graph.producer.get(next(i for i in node.input if graph.const(i) is None))
+    if node is None or node.op_type not in ("Gemm", "MatMul", "Conv") or graph.only_consumer(node.output[0]) is None:
+        return None
+    if add is not None and node.op_type != "MatMul":
+        return None
+    wdq = graph.producer.get(node.input[1])
+    if wdq is not None and wdq.op_type == "Transpose" and graph.only_consumer(wdq.output[0]) is node:
+        wdq = graph.producer.get(wdq.input[0])
+    if wdq is None or wdq.op_type != "DequantizeLinear" or len(graph.consumers.get(wdq.output[0], [])) != 1:
+        return None
+    return node, add, wdq, c
+
+
+def fold_smooth_quant_scales(graph: _Graph, report: PassReport) -> None:
+    """``W -> [Add b] -> [Relu] -> Mul(c)`` (c > 0 per output channel: NNCF's SmoothQuant scale for the next
+    layer) folds into W's per-channel scales and its bias: exact, since DQ(q, s) c == DQ(q, s c) and
+    relu(x) c == relu(x c) for c > 0.
+
+    onnxruntime fuses ``DQ -> Gemm/MatMul/Conv [-> Relu] -> Q`` into an integer QGemm/QLinearConv only when
+    the quantizer follows directly: a Mul in between leaves the op in float (measured: every Gemm of a
+    DeepFM's MLP ran in float in its "INT8" ONNX). A Mul after a LayerNorm (a transformer's) stays, since
+    the LayerNorm's output also feeds the residual stream. No library we use does this on a QDQ graph.
+    """
+    dead = []
+    for mul in list(graph.g.node):
+        found = _scale_chain(graph, mul) if mul.op_type == "Mul" else None
+        if found is None:
+            continue
+        node, add, wdq, c = found
+        w, scale = graph.const(wdq.input[0]), graph.const(wdq.input[1])
+        if w is None or scale is None:
+            continue
+        out_axis = _stored_out_axis(graph, node, w)
+        channels = int(w.shape[out_axis])
+        per_channel_ok = scale.size == channels and _attr(wdq, "axis", 1) % w.ndim == out_axis
+        if not (per_channel_ok or scale.size == 1 and out_axis == 0):  # the convention keeps weight scales on axis 0
+            continue
+        if c.size not in (1, channels) or (c.size > 1 and not _channel_axis(c, node)):
+            continue
+        vec = np.broadcast_to(c.reshape(-1), (channels,)).astype(np.float32)
+        wdq.input[1] = graph.add_init(wdq.input[1] + "_smooth", (scale.reshape(-1) * vec).astype(np.float32))
+        _set_attr(wdq, "axis", out_axis)
+        if wdq.input[0] in graph.float_weights:  # the float weights behind the int8 ones scale with them
+            graph.float_weights[wdq.input[0]] = graph.float_weights[wdq.input[0]] * _bcast(vec, out_axis, w.ndim)
+        owner, index = (node, 2) if add is None else (add, next(i for i, n in enumerate(add.input) if graph.const(n) is not None))
+        bias = graph.const(owner.input[index]) if len(owner.input) > index and owner.input[index] else None
+        if bias is not None:
+            owner.input[index] = graph.add_init(owner.input[index] + "_smooth", (bias * vec).astype(bias.dtype))
+        source = next(i for i in mul.input if graph.const(i) is None)
+        for user in graph.consumers.get(mul.output[0], []):
+            user.input[:] = [source if n == mul.output[0] else n for n in user.input]
+        dead.append(mul)
+        report.smooth_quant_folded += 1
+    graph.remove(dead)
+
+
+def _channel_axis(c: np.ndarray, node) -> bool:
+    """Whether a per-channel constant lies on the op output's channel axis (last for Gemm/MatMul, 1 for Conv)."""
+    dims = [i for i, d in enumerate(c.shape) if d > 1]
+    if len(dims) != 1:
+        return False
+    return dims[0] == c.ndim - 1 if node.op_type != "Conv" else c.ndim - dims[0] == 3
+
+
+def _stored_out_axis(graph: _Graph, node, w: np.ndarray) -> int:
+    """The stored weight's output-channel axis (a MatMul's under a Transpose: 0)."""
+    if node.op_type == "MatMul":
+        producer = graph.producer.get(node.input[1])
+        return 0 if producer is not None and producer.op_type == "Transpose" else w.ndim - 1
+    if node.op_type == "Gemm":
+        return 0 if _attr(node, "transB", 0) else 1
+    return 0
+
+
 def relu_in_integer_domain(graph: _Graph, report: PassReport) -> None:
     """``Relu -> Q(uint8, zero point 0)`` becomes ``Q`` (cpu form): Q already saturates negatives to 0.
 
@@ -654,6 +746,7 @@ def convert(model, form: Form) -> PassReport:
     report = PassReport()
     fold_weight_quantizers(graph, report)
     fold_batchnorm(graph, report)
+    fold_smooth_quant_scales(graph, report)
     rewrite_activations(graph, form, report)
     if form == "cpu":
         relu_in_integer_domain(graph, report)
@@ -804,7 +897,9 @@ def fit_u8s8_pairs(graph: _Graph, report: PassReport) -> None:
         # one rounding from the float weights where the fold kept them (two roundings lose ~25 % more)
         wf = graph.float_weights.get(wdq.input[0])
         step = _bcast(scale, out_axis, w.ndim) if per_channel else scale
-        grid = np.clip(wf / step, -127, 127) if wf is not None and wf.shape == w.shape else w.astype(np.float64)
+        grid = np.clip(wf / step, -127, 127) if wf is not None and wf.shape == w.shape else None
+        if grid is None or np.abs(grid - w).max() > 0.5 + 1e-3:  # float weights of another grid: re-grid the ints
+            grid = w.astype(np.float64)
         factor = np.where(peaks > limit, (limit - 1) / np.maximum(_pair_peaks(grid, out_axis, adjacent), 1), 1.0)
         if not per_channel:
             factor = np.full_like(factor, factor.min())
