@@ -107,7 +107,8 @@ class OnnxTarget(Target[OnnxConfig]):
                 artifact.metrics["size_ratio_fp32"] = round(fp32.stat().st_size / path.stat().st_size, 3)
         if form == "tensorrt":
             artifact.notes.append("TensorRT explicit-quantization form (int8, zero point 0, per-channel weights on axis 0); "
-                                  "checked and measured here in onnxruntime (its latency there says nothing of TensorRT's)")
+                                  "checked and measured here in onnxruntime without Q/DQ fusion (DequantizeLinear, then float kernels: "
+                                  "its arithmetic, not onnxruntime's integer kernels; its latency there says nothing of TensorRT's)")
         return artifact
 
 
