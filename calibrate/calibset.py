@@ -56,9 +56,11 @@ class CalibrationSet:
             out: dict = {"count": len(self), "inputs": {k: _tensor_stats(v) for k, v in self.x.items()}}
         else:
             out = {"count": len(self), **_tensor_stats(self.x)}
-        if self.y is not None:
+        if self.y is not None and not self.y.is_floating_point():
             values, counts = np.unique(self.y.numpy(), return_counts=True)
             out["histogram"] = {str(int(v)): int(c) for v, c in zip(values, counts)}
+        elif self.y is not None:  # a regression target: its spread, not a histogram of truncated values
+            out["targets"] = _tensor_stats(self.y)
         return out
 
     def save(self, folder: str | Path, extras: Callable[[Path], object] | None = None) -> dict:
@@ -76,8 +78,8 @@ class CalibrationSet:
             columns = {name: t.numpy() for name, t in as_mapping(self.x).items()}  # one column an input
             features = {name: _feature(arr) for name, arr in columns.items()}
             if self.y is not None:
-                columns["label"] = self.y.numpy()
-                features["label"] = datasets.Value("int64")
+                columns["label"] = self.y.numpy()  # class ids int64, regression targets float: stored as they are
+                features["label"] = _feature(columns["label"])
             datasets.Dataset.from_dict(columns, features=datasets.Features(features)).save_to_disk(str(tmp / "data"))
             info = {"format": FORMAT, "fingerprint": self.fingerprint, **self.stats(), **self.meta}
             (tmp / "calibration.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
@@ -106,7 +108,7 @@ class CalibrationSet:
         else:
             dtypes = {k: v.get("dtype", "float32") for k, v in info.get("inputs", {}).items()}
             x = {k: torch.from_numpy(np.asarray(ds[k]).astype(dtypes.get(k, "float32"))) for k in names}
-        y = torch.from_numpy(np.asarray(ds["label"]).astype(np.int64)) if "label" in ds.column_names else None
+        y = torch.from_numpy(np.asarray(ds["label"])) if "label" in ds.column_names else None
         meta = {k: v for k, v in info.items() if k in ("source", "strategy", "seed", "size", "by", "features", "indices")}
         calib = cls(x, y, meta)
         if calib.fingerprint != info["fingerprint"]:

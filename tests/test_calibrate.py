@@ -86,6 +86,20 @@ def test_save_and_load_round_trip_with_statistics(tmp_path):
     assert not list(tmp_path.glob(".calib*")), "temporary folder left behind"
 
 
+def test_a_regression_target_is_stored_as_a_number_and_the_set_loads_again(tmp_path):
+    """Labels were stored as int64: a regression set's targets (0.17, 0.35, ...) became 0, the histogram read
+    {"0": n}, and the fingerprint (taken on the floats) no longer matched, so every `--resume` rebuilt the set."""
+    x, y = torch.randn(30, 4), torch.linspace(-1.5, 2.5, 30)
+    calib = CalibrationSet(x, y, {"source": "test"})
+    info = calib.save(tmp_path / "calib")
+    assert "histogram" not in info and info["targets"]["input"]["max"] == pytest.approx(2.5)
+    again = CalibrationSet.load(tmp_path / "calib")
+    assert again.fingerprint == calib.fingerprint and torch.equal(again.y, y) and again.y.dtype == torch.float32
+    classes = CalibrationSet(x, torch.arange(30) % 3)
+    assert classes.save(tmp_path / "classes")["histogram"] == {"0": 10, "1": 10, "2": 10}
+    assert CalibrationSet.load(tmp_path / "classes").y.dtype == torch.int64
+
+
 def _digits_onnx(tmp_path):
     from pruneflow.export.onnx import export_onnx
     from pruneflow.zoo import digits_cnn
