@@ -14,7 +14,7 @@ from torch import nn
 from . import distributed
 from .context import RunContext
 from .data import DataBundle, Split
-from .errors import InputError
+from .errors import InputError, StageError
 from .evaluate import evaluate_model
 from .inputs import Inputs, call, to
 from .stage import StrictModel
@@ -112,9 +112,10 @@ def fit(model: nn.Module, data: DataBundle, task: Task, s: TrainSettings, ctx: R
     opt = make_optimizer(model, s, extra_modules)
     batch_size = distributed.global_batch_share(s.batch_size)
     steps_per_epoch = math.ceil(distributed.shard_size(len(train)) / batch_size)
-    loop = _Loop(model, opt, task, s, ctx, extra_loss, extra_modules, on_step_end, steps_per_epoch)
+    loop = _Loop(model, opt, task, s, ctx, extra_loss, extra_modules, on_step_end, steps_per_epoch, description)
     history = []
     for epoch in range(1, s.epochs + 1):
+        loop.epoch_number = epoch
         model.train()
         if on_epoch_start:
             on_epoch_start(epoch, model)
@@ -125,12 +126,7 @@ def fit(model: nn.Module, data: DataBundle, task: Task, s: TrainSettings, ctx: R
             loss_sum, seen, figures = loop.epoch(net, batches, advance)
             distributed.sync_state(model, *extra_modules, average_buffers=True)
             loss_sum, seen, figures = _summed(loss_sum, seen, figures)
-        if epoch == 1 and loss_sum == 0.0:
-            raise InputError(
-                f"{description}: the training loss is exactly 0 on every batch of the first epoch, so nothing is learnt "
-                "and every figure after it would describe an untrained model",
-                hint="check the label column (constant labels?) and which part of the model's output the task reads "
-                "(task.output)")
+        _check_epoch(model, loss_sum, description, epoch, s.epochs)
         headline = task.headline_name
         row = {"epoch": epoch, "train_loss": loss_sum / seen,
                f"train_{headline}": task.compute(figures)[headline], "lr": opt.param_groups[0]["lr"]}
@@ -169,10 +165,11 @@ class _Loop:
 
     def __init__(self, model: nn.Module, opt: torch.optim.Optimizer, task: Task, s: TrainSettings, ctx: RunContext,
                  extra_loss: LossFn | None, extra_modules: Sequence[nn.Module],
-                 on_step_end: Callable[[int, int], None] | None, steps_per_epoch: int):
+                 on_step_end: Callable[[int, int], None] | None, steps_per_epoch: int, description: str = "train"):
         self.model, self.opt, self.task, self.s, self.ctx = model, opt, task, s, ctx
         self.extra_loss, self.extra_modules, self.on_step_end = extra_loss, list(extra_modules), on_step_end
         self.steps_per_epoch, self.step = steps_per_epoch, 0
+        self.description, self.epoch_number = description, 1
 
     def epoch(self, net: nn.Module, batches, advance: Callable[..., None]) -> tuple[float, float, MetricState]:
         """One pass of ``net`` (the model, or it in DDP) over ``batches``: (loss sum, samples, the task's figures)."""
@@ -185,15 +182,53 @@ class _Loop:
             x, y = to(x, device), y.to(device)
             out = call(self.model, x, runner=net)
             loss = self.extra_loss(self.model, x, y, out) if self.extra_loss else task.loss(out, y)
+            value = float(loss.detach())
+            if not math.isfinite(value):
+                self._diverged(value, seen, loss_sum)
             _optimizer_step(self.model, self.opt, loss, s.grad_clip, self.extra_modules)
             self.step += 1
             if self.on_step_end:
                 self.on_step_end(self.step, s.epochs * self.steps_per_epoch)
             seen += len(y)
-            loss_sum += float(loss.detach()) * len(y)
+            loss_sum += value * len(y)
             task.update(figures, task.output(out).detach(), y)
             advance(1, loss=f"{loss_sum / seen:.3f}")
         return loss_sum, float(seen), figures
+
+
+    def _diverged(self, value: float, seen: int, loss_sum: float) -> None:
+        """A loss that is NaN or infinite: stop the stage (exit 4) before the step that would spread it."""
+        step_in_epoch = self.step - (self.epoch_number - 1) * self.steps_per_epoch + 1
+        last = f"; the epoch's mean loss before it was {loss_sum / seen:.4g}" if seen else ""
+        raise TrainingDiverged(
+            f"{self.description}: the training loss became {value} at epoch {self.epoch_number}, step {step_in_epoch} of "
+            f"{self.steps_per_epoch} (step {self.step + 1} overall){last}. The stage stopped and wrote no checkpoint: the "
+            "run's last checkpoint is still the previous stage's, with finite weights",
+            hint=f"lower the stage's lr (now {self.s.lr:g}), set grad_clip (e.g. 1.0), or warm up (warmup_epochs); "
+            "then rerun with --resume to start again from the last finished stage")
+
+
+class TrainingDiverged(StageError):
+    """Training produced a NaN or infinite loss or weight (exit 4, naming the stage, epoch and step)."""
+
+
+def _check_epoch(model: nn.Module, loss_sum: float, description: str, epoch: int, epochs: int) -> None:
+    """After an epoch: every weight finite (an infinite gradient on the epoch's last step leaves no loss to see),
+    and a first epoch whose loss was not exactly 0 on every batch (nothing to learn: constant labels, the wrong
+    output read)."""
+    if epoch == 1 and loss_sum == 0.0:
+        raise InputError(
+            f"{description}: the training loss is exactly 0 on every batch of the first epoch, so nothing is learnt "
+            "and every figure after it would describe an untrained model",
+            hint="check the label column (constant labels?) and which part of the model's output the task reads "
+            "(task.output)")
+    bad = [name for name, p in model.named_parameters() if not bool(torch.isfinite(p.detach()).all())]
+    if bad:
+        raise TrainingDiverged(
+            f"{description}: after epoch {epoch} of {epochs}, {len(bad)} parameter tensor(s) hold NaN or infinite values "
+            f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}). The stage stopped and wrote no checkpoint: the "
+            "run's last checkpoint is still the previous stage's, with finite weights",
+            hint="lower the stage's lr or set grad_clip (e.g. 1.0); then rerun with --resume")
 
 
 def _train_split(data: DataBundle) -> Split:
