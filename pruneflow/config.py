@@ -62,3 +62,10 @@ class TargetConfig(StrictModel):
         description="Precisions this target writes, when not all of the stage's (e.g. `{type: ascend, precisions: [fp32, fp16]}` "
         "beside targets that also write int8). Default: the stage's `precisions`.",
     )
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one, else every logical CPU)."""
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

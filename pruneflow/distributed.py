@@ -36,6 +36,7 @@ from typing import Any, Callable, Iterator, Sequence, TypeVar
 import torch
 from torch import nn
 
+from .config import usable_cpus
 from .errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_STAGE_FAILED, MissingDependencyError, StageError, UsageError
 
 #: Seconds any collective may wait for the other ranks (a lost rank ends the job after this at most).
@@ -97,8 +98,13 @@ def _seconds(env: str, default: int) -> timedelta:
 
 def check_device(device: str, nproc: int) -> None:
     """``cuda`` where torch sees no CUDA device (or fewer than ``nproc``, or than torchrun's processes on this
-    node): exit 3 before any work. ``auto`` is checked as what it resolves to."""
+    node): exit 3 before any work. ``auto`` is checked as what it resolves to. On the CPU, more processes than
+    usable CPUs is exit 2 before any worker starts (``--nproc 64`` on 2 cores had the launcher killed for memory
+    and 35 orphaned workers holding 5.9 GB)."""
     if resolve_device(device) != "cuda":
+        if nproc > usable_cpus():
+            raise UsageError(f"--nproc {nproc}: this machine lets the process use {usable_cpus()} CPU(s), and each training "
+                             "process on the CPU needs one", hint=f"use --nproc {usable_cpus()} or fewer")
         return
     nproc = max(nproc, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     if not torch.cuda.is_available():
@@ -454,8 +460,7 @@ def _worker_env(nproc: int) -> Iterator[None]:
     paths = [root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     if "OMP_NUM_THREADS" not in os.environ:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        os.environ["OMP_NUM_THREADS"] = str(max(1, cores // nproc))
+        os.environ["OMP_NUM_THREADS"] = str(max(1, usable_cpus() // nproc))
     try:
         yield
     finally:

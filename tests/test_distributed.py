@@ -152,6 +152,24 @@ def test_resume_with_nproc_is_a_usage_error(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+def test_more_processes_or_threads_than_cpus_are_refused_before_any_work(tmp_path):
+    """`--nproc 64` on 2 cores had the launcher killed for memory and 35 orphaned workers holding 5.9 GB;
+    `--set threads=100000` passed validate and then segfaulted torch (exit 139, no message). Both are exit 2 now,
+    before a worker starts or a file is written."""
+    from pruneflow.config import usable_cpus
+
+    cpus = usable_cpus()
+    recipe = write(tmp_path / "r.yaml", tiny_recipe_dict())
+    result = invoke("optimize", recipe, "--out", tmp_path / "runs", "--nproc", str(cpus + 1))
+    assert result.exit_code == 2, result.output
+    assert f"--nproc {cpus + 1}" in result.output and f"use --nproc {cpus} or fewer" in " ".join(result.output.split())
+    for command in (("validate", recipe), ("optimize", recipe, "--out", tmp_path / "runs")):
+        result = invoke(*command, "--set", "threads=100000")
+        text = " ".join(result.output.split())
+        assert result.exit_code == 2 and "threads" in text and f"{cpus} CPU(s)" in text, result.output
+    assert not (tmp_path / "runs").exists()
+
+
 def test_python_dash_m_pruneflow_is_the_cli():
     proc = subprocess.run([PY, "-m", "pruneflow", "--version"], capture_output=True, text=True, cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)

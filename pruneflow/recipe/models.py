@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, Sequence, U
 from pydantic import Field, create_model, field_validator, model_validator
 
 from .. import registry
-from ..config import StageConfig, StrictModel, TaskConfig
+from ..config import StageConfig, StrictModel, TaskConfig, usable_cpus
 
 NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
 #: Longest run or stage name: it becomes a folder name (OUT/NAME, stages/NN-NAME), and file systems stop at 255 bytes.
@@ -128,7 +128,8 @@ class DataSpec(StrictModel):
     eval: str | None = PathField(description="Evaluation source, when train and eval come separately.")
     input_column: str | list[str] | dict[str, str] | None = Field(
         default=None,
-        description="Column(s) holding the model input. Several columns (a list) are stacked into one feature vector; "
+        description="Column(s) holding the model input. Several columns (a list) are stacked into one feature vector (with a `tokenizer`: "
+        "two text columns are a sentence pair, `[CLS] a [SEP] b [SEP]` with token type ids); "
         "a mapping `{forward parameter: column}` feeds a model with several inputs (e.g. `{image: pixels, meta: "
         "features}`), each named so in artifacts. "
         "Default: the first of image, images, pixel_values, input, inputs, x, features, sentence, text.",
@@ -256,7 +257,8 @@ class RecipeBase(StrictModel):
     )
     seed: int = Field(default=0, ge=0, le=SEED_MAX, description="Seed for data splits, initialisation and training.")
     device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="`auto` uses CUDA when available.")
-    threads: int | None = Field(default=None, gt=0, description="torch CPU threads (default: torch's own choice).")
+    threads: int | None = Field(default=None, gt=0, description="torch CPU threads (default: torch's own choice); at most "
+                                "the CPUs this process may use (more were a segfault in torch, not a speed-up).")
     task: TaskConfig = Field(
         default_factory=_DEFAULT_TASK,  # validated into the task's Config
         description="What the model does, which sets its loss, metrics (each with its direction), label checks, parity and "
@@ -265,6 +267,16 @@ class RecipeBase(StrictModel):
     model: ModelSpec = Field(description="The model to optimize.")
     data: DataSpec = Field(description="Training and evaluation data.")
     gates: list[GateSpec] = Field(default_factory=list, description="Quality gates; a failed one makes the exit code 1.")
+    @field_validator("threads")
+    @classmethod
+    def _threads_on_this_host(cls, value: int | None) -> int | None:
+        """More torch threads than usable CPUs: `--set threads=100000` segfaulted (exit 139, no message)."""
+        cpus = usable_cpus()
+        if value is not None and value > cpus:
+            raise ValueError(f"{value} threads, but this machine lets the process use {cpus} CPU(s); use {cpus} or fewer "
+                             "(or leave `threads` out for torch's own choice)")
+        return value
+
     @field_validator("task", mode="before")
     @classmethod
     def _task_name(cls, value: Any) -> Any:
