@@ -447,6 +447,9 @@ TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 def _tokenize(ds, columns: list[str], spec: DataSpec) -> dict[str, torch.Tensor]:
     """Token ids, attention mask and (where the tokenizer makes them) token type ids, int64, padded to the
     split's longest row only: batches are cut further to their own longest row (``inputs.trim``)."""
+    if len(columns) > 2:  # a tokenizer takes a text or a pair; a third list would be read as its `labels` and dropped
+        raise InputError(f"data.input_column: {len(columns)} text columns ({', '.join(columns)}); a tokenizer takes one text "
+                         "column or a pair of them", hint="name one column, or two for sentence pairs (joined by [SEP])")
     tok = load_tokenizer(spec.tokenizer)  # type: ignore[arg-type]
     texts = [list(ds[c]) for c in columns]
     if any(not isinstance(t, str) for t in texts[0][:5]):

@@ -48,6 +48,11 @@ def check_gates(specs: list[GateSpec], metrics: dict[str, float], task: "Task") 
                 if spec.max_drop_relative is not None else "",
             ) if s
         )
+        base = metrics.get(spec.baseline) if spec.baseline else None
+        if not problems and isinstance(base, (int, float)):  # what was measured, beside what was allowed
+            worse = task.metric(spec.metric).worsening(base, value)
+            share = f" ({abs(worse) / abs(base):.2%})" if base else ""
+            bounds += f"; measured: {'worse' if worse > 0 else 'better'} by {abs(worse):.4g}{share} than {base:.6g}"
         message = "; ".join(problems) if problems else f"{value:.6g} ({bounds})"
         results.append(GateResult(name, not problems, message, float(value)))
     return results
