@@ -13,6 +13,7 @@ import math
 import os
 import posixpath
 import shutil
+import stat
 import tempfile
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -68,6 +69,7 @@ def combined_sha256(main: str, files: dict[str, str]) -> str:
 def atomic_path(final: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside ``final``; rename it to ``final`` only if the block succeeds."""
     final = Path(final)
+    refuse_special(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
     os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600 files; artifacts are shared like any other file
@@ -77,10 +79,29 @@ def atomic_path(final: str | Path) -> Iterator[Path]:
         yield tmp_path
         with open(tmp_path, "rb+") as fh:  # the data reaches the disk before the rename makes it visible
             os.fsync(fh.fileno())
+        refuse_special(final)  # again: something may have been planted there meanwhile
         os.replace(tmp_path, final)
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+def refuse_special(path: Path) -> None:
+    """Refuse (exit 2) to replace anything at ``path`` but a regular file: a symbolic link, a device, a FIFO, a
+    socket or a folder planted there is named, never written through or turned into a file (``bench --json`` had
+    replaced a character device by JSON; ``--force`` never changes this)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise InputError(f"cannot inspect {path}: {exc.strerror or exc}", hint="choose another output path") from exc
+    if stat.S_ISREG(mode):
+        return
+    kind = ("a symbolic link" if stat.S_ISLNK(mode) else "a folder" if stat.S_ISDIR(mode) else "a FIFO"
+            if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
+    raise InputError(f"{path} is {kind}: pruneflow writes its outputs as regular files and replaces only a regular file, "
+                     "never writing through a link or over a device", hint=f"remove {path}, or write to another path")
 
 
 def _umask() -> int:
@@ -115,12 +136,17 @@ def run_dir_lock(run_dir: Path, notify: Callable[[str], None] = lambda message: 
     import fcntl
 
     lock = Path(run_dir).parent / f".{Path(run_dir).name}.lock"
+    refuse_special(lock)  # a link planted at the lock (-> any file) had that file emptied
     try:
         lock.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666 & ~_umask())
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666 & ~_umask())
     except OSError as exc:
         raise InputError(f"cannot create the run folder's lock {lock}: {exc.strerror or exc}",
-                         hint="choose an --out folder you can write to") from exc
+                         hint="choose an --out folder you can write to, or remove what is at the lock's path") from exc
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # planted between the check and the open
+        os.close(fd)
+        raise InputError(f"{lock} is not a regular file: pruneflow keeps its run lock in a file it creates",
+                         hint=f"remove {lock}, or use another --out")
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -1,0 +1,56 @@
+"""Safe on a shared machine (issue 27, item 1): every file pruneflow writes is created, never followed. A symlink,
+FIFO, device or folder planted at an output path or at the run lock is refused with exit 2 and its path named,
+and what it points to is left as it was (a link at the lock had emptied any file; `schema --out` and `bench
+--json FILE` had replaced a link or a character device with a regular file)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from conftest import invoke, tiny_recipe_dict, write
+
+
+@pytest.fixture
+def victim(tmp_path):
+    """A file outside the run folder that a planted link points at, and its content."""
+    path = tmp_path / "elsewhere" / "precious.txt"
+    path.parent.mkdir()
+    path.write_text("keep me\n")
+    return path
+
+
+def test_a_link_planted_at_the_run_lock_is_refused_and_its_target_kept(tmp_path, victim):
+    recipe = write(tmp_path / "r.yaml", tiny_recipe_dict())
+    out = tmp_path / "runs"
+    out.mkdir()
+    (out / ".tiny.lock").symlink_to(victim)
+    result = invoke("optimize", recipe, "--out", out)
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2 and ".tiny.lock is a symbolic link" in text, result.output
+    assert victim.read_text() == "keep me\n" and not (out / "tiny").exists()
+
+
+@pytest.mark.parametrize("plant", ["symlink", "fifo", "folder"])
+def test_an_output_path_holding_something_else_than_a_regular_file_is_refused(tmp_path, victim, plant):
+    target = tmp_path / "schema.json"
+    if plant == "symlink":
+        target.symlink_to(victim)
+    elif plant == "fifo":
+        os.mkfifo(target)
+    else:
+        target.mkdir()
+    result = invoke("schema", "--out", target)
+    kind = {"symlink": "a symbolic link", "fifo": "a FIFO", "folder": "a folder"}[plant]
+    assert result.exit_code == 2 and f"is {kind}" in " ".join(result.output.split()), result.output
+    assert victim.read_text() == "keep me\n"
+    assert target.is_symlink() if plant == "symlink" else (target.is_fifo() if plant == "fifo" else target.is_dir())
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".schema.json.")]  # no temporary file left
+
+
+def test_a_regular_file_is_still_replaced_whole(tmp_path):
+    target = tmp_path / "schema.json"
+    target.write_text("old")
+    assert invoke("schema", "--out", target).exit_code == 0
+    assert target.read_text().startswith("{") and not target.is_symlink()
