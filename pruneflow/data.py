@@ -157,6 +157,23 @@ def _digits():
     return datasets.Dataset.from_dict({"image": images, "label": bunch.target}, features=features), names
 
 
+def _check_regular(p: Path, field_name: str) -> None:
+    """A data source is a regular file or a folder: a FIFO blocked the run forever with no output, and a device
+    such as /dev/zero grew until the process was killed (issue 27). Reading a folder's files, each is checked."""
+    import stat
+
+    paths = [p] if not p.is_dir() else [f for f in p.iterdir() if not f.name.startswith(".")]
+    for f in paths:
+        try:
+            mode = f.stat().st_mode  # through a link: what is read is what counts
+        except OSError:
+            continue  # a dangling link in a folder: the loader names what it cannot read
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            kind = "a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket"
+            raise InputError(f"{field_name}: {f} is {kind}, not a file: data is read from regular files only",
+                             hint="point at a file (or a folder of files) on disk")
+
+
 def _load_source(fmt: str, path: str, field_name: str):
     """Returns (Dataset, class_names) or ((train, eval), class_names) for a split save_to_disk folder."""
     import datasets
@@ -164,6 +181,7 @@ def _load_source(fmt: str, path: str, field_name: str):
     p = Path(path)
     if not p.exists():
         raise InputError(f"{field_name}: file not found: {p}", hint="paths are relative to the recipe file")
+    _check_regular(p, field_name)
     class_names = None
     try:
         if fmt == "npz":

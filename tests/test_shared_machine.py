@@ -5,11 +5,17 @@ and what it points to is left as it was (a link at the lock had emptied any file
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from conftest import invoke, tiny_recipe_dict, write
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -54,3 +60,14 @@ def test_a_regular_file_is_still_replaced_whole(tmp_path):
     target.write_text("old")
     assert invoke("schema", "--out", target).exit_code == 0
     assert target.read_text().startswith("{") and not target.is_symlink()
+
+
+@pytest.mark.slow  # a subprocess, so that a regression blocks the child, not the test session (~5 s)
+def test_a_data_path_that_is_a_fifo_is_refused_instead_of_blocking_forever(tmp_path):
+    os.mkfifo(tmp_path / "rows.csv")
+    recipe = tiny_recipe_dict(data={"format": "csv", "path": "rows.csv", "label_column": "y"})
+    (tmp_path / "r.yaml").write_text(json.dumps(recipe))
+    proc = subprocess.run([sys.executable, "-m", "pruneflow", "optimize", str(tmp_path / "r.yaml"), "--out", str(tmp_path / "runs")],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    text = " ".join(proc.stderr.split())
+    assert proc.returncode == 2 and "rows.csv is a FIFO, not a file" in text, proc.stderr[-2000:]
