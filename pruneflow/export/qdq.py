@@ -885,11 +885,13 @@ def fit_u8s8_pairs(graph: _Graph, report: PassReport) -> None:
     convolution, or every layer) does this per channel, so it is written here.
     """
     ops = channels = 0
-    for node, wdq, a_max, out_axis, w, adjacent in list(_u8s8_weighted(graph)):
+    for node, wdq, a_max, out_axis, _, adjacent in list(_u8s8_weighted(graph)):
         limit = 32767 // a_max
+        w, scale = graph.const(wdq.input[0]), graph.const(wdq.input[1])  # as now: a DQ shared by two ops is fitted once
+        if w is None or scale is None:
+            continue
         peaks = _pair_peaks(w, out_axis, adjacent)
-        scale = graph.const(wdq.input[1])
-        if peaks.max() <= limit or scale is None:
+        if peaks.max() <= limit:
             continue
         per_channel = scale.size > 1 and out_axis is not None and _attr(wdq, "axis", 1) % w.ndim == out_axis
         if scale.size > 1 and not per_channel:
