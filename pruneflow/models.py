@@ -32,6 +32,7 @@ def resolve_factory(factory: str) -> Callable[..., Any]:
             hint=f"use a zoo name ({', '.join(ZOO)}), `package.module:function` or `path/to/file.py:function`",
         )
     target, name = factory.rsplit(":", 1)
+    _refuse_standard_library(factory, target.split(".")[0])
     if target.endswith(".py"):
         module = _import_file(Path(target), factory)
     else:
@@ -54,7 +55,17 @@ def resolve_factory(factory: str) -> Callable[..., Any]:
             f"model.factory {factory!r}: {name!r} is a {type(fn).__name__}, not a callable",
             hint="point at a function or class that returns a torch.nn.Module",
         )
+    _refuse_standard_library(factory, str(getattr(fn, "__module__", "") or "").split(".")[0])
     return fn
+
+
+def _refuse_standard_library(factory: str, package: str) -> None:
+    """A factory from Python's standard library or builtins (`os:system`, `subprocess:run`, a user module's
+    `from os import system`) builds no model and would run whatever the kwargs say: refused (issue 27)."""
+    if package in sys.stdlib_module_names or package == "builtins":
+        raise InputError(f"model.factory {factory!r} names a callable of Python's standard library ({package}), which "
+                         "builds no model", hint="point at a function of your own module (`path/to/file.py:build`), an "
+                         "installed package's, or a zoo model")
 
 
 def _import_file(path: Path, factory: str):

@@ -71,3 +71,18 @@ def test_a_data_path_that_is_a_fifo_is_refused_instead_of_blocking_forever(tmp_p
                           capture_output=True, text=True, timeout=120, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     text = " ".join(proc.stderr.split())
     assert proc.returncode == 2 and "rows.csv is a FIFO, not a file" in text, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("factory", ["os:system", "subprocess:run", "builtins:eval", "helpers.py:system"])
+def test_a_factory_from_the_standard_library_is_refused_before_anything_runs(tmp_path, factory):
+    """`factory: os:system` with `kwargs: {command: ...}` was accepted: the recipe ran a shell command as its model.
+    A user module re-exporting one (`from os import system`) is refused the same way."""
+    (tmp_path / "helpers.py").write_text("from os import system\n")
+    marker = tmp_path / "ran"
+    recipe = tiny_recipe_dict(model={"factory": factory, "kwargs": {"command": f"touch {marker}"}})
+    (tmp_path / "r.yaml").write_text(json.dumps(recipe))
+    for command in (("validate", tmp_path / "r.yaml"), ("optimize", tmp_path / "r.yaml", "--out", tmp_path / "runs")):
+        result = invoke(*command)
+        text = " ".join(result.output.split())
+        assert result.exit_code == 2 and "standard library" in text, result.output
+    assert not marker.exists() and not (tmp_path / "runs").exists()
