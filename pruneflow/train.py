@@ -202,8 +202,8 @@ class _Loop:
         last = f"; the epoch's mean loss before it was {loss_sum / seen:.4g}" if seen else ""
         raise TrainingDiverged(
             f"{self.description}: the training loss became {value} at epoch {self.epoch_number}, step {step_in_epoch} of "
-            f"{self.steps_per_epoch} (step {self.step + 1} overall){last}. The stage stopped and wrote no checkpoint: the "
-            "run's last checkpoint is still the previous stage's, with finite weights",
+            f"{self.steps_per_epoch} (step {self.step + 1} overall){last}. The stage stopped and wrote no checkpoint; the "
+            "run keeps those of the stages before it, whose weights are finite",
             hint=f"lower the stage's lr (now {self.s.lr:g}), set grad_clip (e.g. 1.0), or warm up (warmup_epochs); "
             "then rerun with --resume to start again from the last finished stage")
 
@@ -226,8 +226,8 @@ def _check_epoch(model: nn.Module, loss_sum: float, description: str, epoch: int
     if bad:
         raise TrainingDiverged(
             f"{description}: after epoch {epoch} of {epochs}, {len(bad)} parameter tensor(s) hold NaN or infinite values "
-            f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}). The stage stopped and wrote no checkpoint: the "
-            "run's last checkpoint is still the previous stage's, with finite weights",
+            f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}). The stage stopped and wrote no checkpoint; the "
+            "run keeps those of the stages before it, whose weights are finite",
             hint="lower the stage's lr or set grad_clip (e.g. 1.0); then rerun with --resume")
 
 
