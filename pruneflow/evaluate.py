@@ -81,9 +81,20 @@ def count_macs_params(model: nn.Module, example: Inputs) -> tuple[int, int]:
 
     was_training = model.training
     model.eval()
-    macs, params = tp.utils.count_ops_and_params(model, _tp_example(model, example))
+    with _counter_quiet():
+        macs, params = tp.utils.count_ops_and_params(model, _tp_example(model, example))
     model.train(was_training)
     return int(macs), int(params)
+
+
+def _counter_quiet():
+    """torch-pruning's counter prints "Warning! No positional inputs found for a module, assuming batch size is 1."
+    for every module a model calls with keywords only (a Hugging Face BERT's layers), on stdout: five lines a
+    count. Our examples are one sample, so the assumption holds; the lines are dropped."""
+    import contextlib
+    import io
+
+    return contextlib.redirect_stdout(io.StringIO())
 
 
 def _tp_example(model: nn.Module, example: Inputs) -> "Inputs | tuple[torch.Tensor, ...]":
@@ -107,7 +118,8 @@ def layer_table(model: nn.Module, example: Inputs) -> tuple[list[dict], int, int
 
     was_training = model.training
     model.eval()
-    total_macs, total_params, macs, _ = tp.utils.count_ops_and_params(model, _tp_example(model, example), layer_wise=True)
+    with _counter_quiet():
+        total_macs, total_params, macs, _ = tp.utils.count_ops_and_params(model, _tp_example(model, example), layer_wise=True)
     model.train(was_training)
     rows = []
     for name, module in model.named_modules():
