@@ -455,6 +455,8 @@ def fold_smooth_quant_scales(graph: _Graph, report: PassReport) -> None:
         if w is None or scale is None:
             continue
         out_axis = _stored_out_axis(graph, node, w)
+        if out_axis is None:
+            continue
         channels = int(w.shape[out_axis])
         per_channel_ok = scale.size == channels and _attr(wdq, "axis", 1) % w.ndim == out_axis
         if not (per_channel_ok or scale.size == 1 and out_axis == 0):  # the convention keeps weight scales on axis 0
@@ -486,14 +488,15 @@ def _channel_axis(c: np.ndarray, node) -> bool:
     return dims[0] == c.ndim - 1 if node.op_type != "Conv" else c.ndim - dims[0] == 3
 
 
-def _stored_out_axis(graph: _Graph, node, w: np.ndarray) -> int:
-    """The stored weight's output-channel axis (a MatMul's under a Transpose: 0)."""
-    if node.op_type == "MatMul":
-        producer = graph.producer.get(node.input[1])
-        return 0 if producer is not None and producer.op_type == "Transpose" else w.ndim - 1
-    if node.op_type == "Gemm":
-        return 0 if _attr(node, "transB", 0) else 1
-    return 0
+def _stored_out_axis(graph: _Graph, node, w: np.ndarray) -> int | None:
+    """The stored weight's axis that becomes the op's output-channel axis, through a Transpose between the weight's
+    DequantizeLinear and the op (a Linear exported as MatMul(x, Transpose(DQ(W)))); None for an op type we don't know."""
+    axis = {"Conv": 0, "ConvTranspose": 1, "Gemm": 0 if _attr(node, "transB", 0) else 1, "MatMul": w.ndim - 1}.get(node.op_type)
+    transpose = graph.producer.get(node.input[1])
+    if axis is not None and transpose is not None and transpose.op_type == "Transpose":
+        perm = _attr(transpose, "perm", None) or list(range(w.ndim))[::-1]
+        axis = int(perm[axis])
+    return axis
 
 
 def relu_in_integer_domain(graph: _Graph, report: PassReport) -> None:
@@ -812,9 +815,9 @@ def _u8s8_weighted(graph: _Graph):
         src = graph.producer.get(node.input[0])
         while src is not None and src.op_type in PASS_THROUGH:
             src = graph.producer.get(src.input[0])
-        wdq, transpose = graph.producer.get(node.input[1]), None
+        wdq = graph.producer.get(node.input[1])
         if wdq is not None and wdq.op_type == "Transpose":  # a Linear exported as MatMul(x, Transpose(DQ(W)))
-            transpose, wdq = wdq, graph.producer.get(wdq.input[0])
+            wdq = graph.producer.get(wdq.input[0])
         if src is None or src.op_type != "DequantizeLinear" or wdq is None or wdq.op_type != "DequantizeLinear":
             continue
         zp = graph.const(src.input[2]) if len(src.input) > 2 and src.input[2] else None
@@ -824,12 +827,7 @@ def _u8s8_weighted(graph: _Graph):
         clip = graph.producer.get(src.input[0])
         high = graph.const(clip.input[2]) if clip is not None and clip.op_type == "Clip" and len(clip.input) > 2 and clip.input[2] else None
         a_max = int(high) if high is not None and high.size == 1 else 255
-        out_axis = {"Conv": 0, "ConvTranspose": 1, "Gemm": 0 if _attr(node, "transB", 0) else 1,
-                    "MatMul": w.ndim - 1}.get(node.op_type)
-        if transpose is not None and out_axis is not None:
-            perm = _attr(transpose, "perm", None) or list(range(w.ndim))[::-1]
-            out_axis = int(perm[out_axis])  # the stored weight's axis that becomes the op's output axis
-        yield node, wdq, a_max, out_axis, w, node.op_type in ("Gemm", "MatMul") and w.ndim == 2
+        yield node, wdq, a_max, _stored_out_axis(graph, node, w), w, node.op_type in ("Gemm", "MatMul") and w.ndim == 2
 
 
 def _pair_peaks(w: np.ndarray, out_axis: int | None, adjacent: bool) -> np.ndarray:

@@ -8,6 +8,8 @@ import platform
 from functools import cache
 from typing import Any
 
+from ..config import usable_cpus
+
 #: CPU flags that decide which kernels onnxruntime and OpenVINO pick (int8 dot products, bf16, AMX).
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "amx_tile",
              "asimd", "sve")
@@ -23,7 +25,7 @@ def host_info() -> dict[str, Any]:
     return {
         "cpu": {"model": model or platform.processor() or platform.machine(), "arch": platform.machine(),
                 "isa": [f for f in ISA_FLAGS if f in flags], "logical_cpus": os.cpu_count(),
-                "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()},
+                "usable_cpus": usable_cpus()},
         "os": f"{platform.system()} {platform.release()}",
         "python": platform.python_version(),
         "gpus": _gpus(),
