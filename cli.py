@@ -509,23 +509,29 @@ def validate(
     show: Annotated[bool, typer.Option("--show", help="Print the resolved recipe (defaults filled in, paths absolute).")] = False,
     verbose: VerboseOpt = False,
 ) -> None:
-    """Check a recipe without running it: keys, types, ranges, stage types and targets, and that
-    model.factory resolves (a `file.py` is imported; no model is built, no data read).
+    """Check a recipe without running it: keys, types, ranges, stage types and targets; that every file it
+    names exists (data, checkpoint, factory file); that model.factory is defined there (the file is parsed,
+    never imported: validate runs none of your code); and each target's toolchain (`required: true` without
+    it fails here). What only a run can tell (the model builds, the data loads) is `pruneflow doctor`'s job.
 
     Each problem is printed as `FILE:LINE  key.path  value  message`.
     """
-    from pruneflow.pipeline import check_factory, plan_stages
+    from pruneflow.pipeline import plan_stages, preflight
     from pruneflow.recipe import dump_recipe, load_recipe
 
     with handle_errors(verbose):
         loaded = load_recipe(recipe, set_ or [], allow_path or [])
         stages = plan_stages(loaded)
-        check_factory(loaded)
+        notes = preflight(loaded, stages, None)
         console = _out_console()
         if show:
             console.print(dump_recipe(loaded.recipe), markup=False)
         names = ", ".join(f"{s.id} ({s.config.type})" for s in stages)
         console.print(f"[green]✓[/] {recipe}: valid — {len(stages)} stages: {names}")
+        for note in notes:
+            console.print(f"  note: {note}", markup=False)
+        console.print("  not checked: the model is not built and the data not read (run `pruneflow doctor` for that)",
+                      markup=False)
 
 
 @app.command(epilog=EPILOG)

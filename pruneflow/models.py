@@ -59,6 +59,119 @@ def resolve_factory(factory: str) -> Callable[..., Any]:
     return fn
 
 
+#: A factory file larger than this is not parsed by `validate` (a source file is kilobytes; a planted one may be a device).
+MAX_FACTORY_SOURCE = 16 * 1024 * 1024
+
+
+def check_factory_statically(factory: str) -> str | None:
+    """What `validate` and ``--dry-run`` check of ``model.factory`` without running any of its code (issue 27):
+    a zoo name, or ``file.py:fn`` / ``package.module:fn`` whose file exists, parses, and binds ``fn`` at top level
+    (a def, a class, an assignment or an import that is not from the standard library). The file is found the way
+    Python would find it, but not imported: its top-level code runs only when `optimize` builds the model.
+
+    Returns a note when the binding could not be confirmed from the source (a ``from x import *``, a module
+    ``__getattr__``, a compiled extension); raises InputError (exit 2) for what is certainly wrong.
+    """
+    if factory in ZOO:
+        return None
+    if ":" not in factory:
+        raise InputError(
+            f"model.factory {factory!r} is neither a zoo model nor `module:function`",
+            hint=f"use a zoo name ({', '.join(ZOO)}), `package.module:function` or `path/to/file.py:function`",
+        )
+    target, name = factory.rsplit(":", 1)
+    _refuse_standard_library(factory, target.split(".")[0])
+    if not target.endswith(".py") and target in sys.modules:  # already imported (torch, pruneflow.zoo): no new code runs
+        fn = getattr(sys.modules[target], name, None)
+        if not callable(fn):
+            raise InputError(f"model.factory {factory!r}: {target!r} has no callable {name!r}",
+                             hint="point at a function or class that returns a torch.nn.Module")
+        _refuse_standard_library(factory, str(getattr(fn, "__module__", "") or "").split(".")[0])
+        return None
+    source = Path(target) if target.endswith(".py") else _module_source(target, factory)
+    if source is None or source.suffix != ".py":
+        return f"model.factory {factory!r}: {target} is not Python source here, so {name!r} is checked when the model is built"
+    if not source.is_file():
+        raise InputError(f"model.factory {factory!r}: file not found: {source}", hint="the path is relative to the recipe file")
+    return _check_binding(factory, source, name)
+
+
+def _module_source(target: str, factory: str) -> Path | None:
+    """The file of module ``target``, found without importing it or its parent packages (whose ``__init__`` is code)."""
+    import importlib.machinery
+
+    parts = target.split(".")
+    try:
+        spec = importlib.util.find_spec(parts[0])  # a top-level name: the finders locate it, nothing is executed
+        for i in range(1, len(parts)):
+            if spec is None or not spec.submodule_search_locations:
+                break
+            spec = importlib.machinery.PathFinder.find_spec(".".join(parts[: i + 1]), list(spec.submodule_search_locations))
+    except (ImportError, ValueError) as exc:
+        raise InputError(f"model.factory {factory!r}: cannot find module {target!r} ({exc})",
+                         hint="install the package that provides it, or point at a file: `path/to/file.py:function`") from None
+    if spec is None or (len(parts) > 1 and spec.name != target):
+        raise InputError(f"model.factory {factory!r}: no module {target!r} is installed",
+                         hint="install the package that provides it, or point at a file: `path/to/file.py:function`")
+    return Path(spec.origin) if spec.origin and spec.has_location else None
+
+
+def _check_binding(factory: str, source: Path, name: str) -> str | None:
+    import ast
+
+    if source.stat().st_size > MAX_FACTORY_SOURCE or not source.is_file():
+        raise InputError(f"model.factory {factory!r}: {source} is not a Python source file of a sane size",
+                         hint="point at the .py file that defines the factory")
+    try:
+        tree = ast.parse(source.read_bytes(), filename=str(source))
+    except (SyntaxError, ValueError) as exc:
+        where = f"{source}:{exc.lineno}" if isinstance(exc, SyntaxError) and exc.lineno else str(source)
+        raise InputError(f"model.factory {factory!r}: {where} does not parse as Python ({exc.msg if isinstance(exc, SyntaxError) else exc})",
+                         hint=f"fix {source}") from None
+    bindings, opaque = _top_level_bindings(tree.body)
+    if name in bindings:
+        origin = bindings[name]
+        if origin is not None:
+            _refuse_standard_library(factory, origin.split(".")[0])
+        return None
+    if opaque:
+        return f"model.factory {factory!r}: {source} may define {name!r} through {opaque}; it is checked when the model is built"
+    import difflib
+
+    defined = sorted(n for n, origin in bindings.items() if origin is None and not n.startswith("_"))
+    close = difflib.get_close_matches(name, defined, n=1)
+    raise InputError(f"model.factory {factory!r}: {source} defines no {name!r} at top level",
+                     hint=(f"did you mean {close[0]!r}? " if close else "") + f"names defined there: {', '.join(defined[:12]) or '(none)'}")
+
+
+def _top_level_bindings(body: list) -> tuple[dict[str, str | None], str]:
+    """Names a module body binds (in ``if``/``try``/``with`` blocks too) -> the module an import took them from
+    (None for a def, a class or an assignment); and what makes the list incomplete (``import *``, ``__getattr__``)."""
+    import ast
+
+    names: dict[str, str | None] = {}
+    opaque = ""
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names[node.name] = None
+            opaque = opaque or ("a module __getattr__" if node.name == "__getattr__" else "")
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names.update({n.id: None for n in ast.walk(target) if isinstance(n, ast.Name)})
+        elif isinstance(node, ast.Import):
+            names.update({(a.asname or a.name).split(".")[0]: a.name for a in node.names})
+        elif isinstance(node, ast.ImportFrom):
+            module = "." * node.level + (node.module or "")
+            opaque = opaque or (f"`from {module} import *`" if any(a.name == "*" for a in node.names) else "")
+            names.update({a.asname or a.name: None if node.level else module for a in node.names if a.name != "*"})
+        if isinstance(node, (ast.If, ast.Try, ast.With, ast.ExceptHandler, getattr(ast, "TryStar", ast.Try))):
+            blocks = [getattr(node, block, []) for block in ("body", "orelse", "finalbody", "handlers")]
+            for inner, more in (_top_level_bindings(block) for block in blocks if block):
+                names.update(inner)
+                opaque = opaque or more
+    return names, opaque
+
+
 def _refuse_standard_library(factory: str, package: str) -> None:
     """A factory from Python's standard library or builtins (`os:system`, `subprocess:run`, a user module's
     `from os import system`) builds no model and would run whatever the kwargs say: refused (issue 27)."""

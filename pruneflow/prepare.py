@@ -48,7 +48,7 @@ def preflight(loaded: LoadedRecipe, stages: list[Stage], out: str | Path | None 
     recipe = loaded.recipe
     if out is not None:
         check_out_dir(Path(out), recipe.name)
-    check_factory(loaded)
+    factory_notes = check_factory(loaded)
     with loaded.locating():
         files = [("model", "checkpoint")] + [("data", name) for name in ("path", "train", "eval")]
         for section, name in files:
@@ -56,29 +56,40 @@ def preflight(loaded: LoadedRecipe, stages: list[Stage], out: str | Path | None 
             if value and not (Path(value).is_file() if name == "checkpoint" else Path(value).exists()):
                 raise ConfigError((section, name), f"file not found: {value}",
                                   hint="a relative path is relative to the recipe file that sets it")
-        notes = []
+        notes = list(factory_notes)
         for stage in stages:
             notes += stage.preflight(None)
     return notes
 
 
-def check_factory(loaded: LoadedRecipe) -> None:
-    """``model.factory`` names a zoo model or a callable that imports (a ``file.py`` is imported, nothing is
-    built): for `validate` and ``--dry-run``, a located recipe error (FILE:LINE  model.factory), exit 2."""
+def check_factory(loaded: LoadedRecipe) -> list[str]:
+    """``model.factory`` and each stage's ``teacher.factory`` name a zoo model or a callable whose file exists,
+    parses and defines it: for `validate` and ``--dry-run``, a located recipe error (FILE:LINE  model.factory),
+    exit 2. Nothing is imported, so none of the user's code runs (``models.check_factory_statically``); returns
+    notes for what only the run can confirm."""
+    specs = [(("model", "factory"), loaded.recipe.model.factory)]
+    specs += [(("stages", i, "teacher", "factory"), stage.teacher.factory) for i, stage in enumerate(loaded.recipe.stages)
+              if getattr(getattr(stage, "teacher", None), "factory", None)]
+    notes = []
+    with loaded.locating():
+        for loc, factory in specs:
+            notes += [note for note in [_check_one_factory(loc, factory)] if note]
+    return notes
+
+
+def _check_one_factory(loc: tuple, factory: str) -> str | None:
     import difflib
 
-    from .models import resolve_factory
+    from .models import check_factory_statically
     from .zoo import ZOO
 
-    factory = loaded.recipe.model.factory
-    with loaded.locating():
-        try:
-            resolve_factory(factory)
-        except InputError as exc:
-            close = difflib.get_close_matches(factory, list(ZOO), n=1) if ":" not in factory else []
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            message = exc.message.removeprefix(f"model.factory {factory!r}").lstrip(": ")
-            raise ConfigError(("model", "factory"), message, value=factory, hint=hint + (exc.hint or "")) from exc
+    try:
+        return check_factory_statically(factory)
+    except InputError as exc:
+        close = difflib.get_close_matches(factory, list(ZOO), n=1) if ":" not in factory else []
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        message = exc.message.removeprefix(f"model.factory {factory!r}").lstrip(": ")
+        raise ConfigError(loc, message, value=factory, hint=hint + (exc.hint or "")) from exc
 
 
 class RunInputs:

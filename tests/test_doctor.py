@@ -210,8 +210,8 @@ def test_validate_resolves_the_factory_without_building_the_model(tmp_path):
     result = invoke("validate", bad)
     assert result.exit_code == 2
     line = next(i for i, text in enumerate(bad.read_text().splitlines(), 1) if "models.py:buld" in text)
-    assert f"{bad}:{line}  model.factory" in result.stderr and "has no attribute 'buld'" in result.stderr
-    assert "callables there: build" in result.stderr
+    assert f"{bad}:{line}  model.factory" in result.stderr and "defines no 'buld' at top level" in result.stderr
+    assert "names defined there: build" in result.stderr
 
     missing = write(tmp_path / "missing.yaml", tiny_recipe_dict(model={"factory": "nope.py:build"}))
     result = invoke("validate", missing)

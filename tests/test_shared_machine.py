@@ -86,3 +86,49 @@ def test_a_factory_from_the_standard_library_is_refused_before_anything_runs(tmp
         text = " ".join(result.output.split())
         assert result.exit_code == 2 and "standard library" in text, result.output
     assert not marker.exists() and not (tmp_path / "runs").exists()
+
+
+FACTORY_WITH_SIDE_EFFECT = """\
+from pathlib import Path
+Path({marker!r}).write_text("imported")
+import torch
+
+def build(num_classes=10):
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, num_classes))
+"""
+
+
+def test_validate_and_dry_run_read_a_factory_file_without_running_it(tmp_path):
+    """`validate` and `--dry-run` imported a factory file that lives outside the recipe's folder, running its
+    top-level code (issue 27, item 2). Now the file is parsed, never imported: the name is checked, nothing runs."""
+    outside, recipes = tmp_path / "elsewhere", tmp_path / "recipes"
+    outside.mkdir(), recipes.mkdir()
+    marker = tmp_path / "ran"
+    (outside / "evil.py").write_text(FACTORY_WITH_SIDE_EFFECT.format(marker=str(marker)))
+    recipe = tiny_recipe_dict(model={"factory": "../elsewhere/evil.py:build", "kwargs": {"num_classes": 10}})
+    (recipes / "r.yaml").write_text(json.dumps(recipe))
+    for command in (("validate", recipes / "r.yaml"), ("optimize", recipes / "r.yaml", "--dry-run")):
+        result = invoke(*command)
+        assert result.exit_code == 0, result.output
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("def other():\n    pass\n", "defines no 'build' at top level"),
+    ("def build(:\n", "does not parse as Python"),
+    ("from os import system as build\n", "standard library"),
+])
+def test_a_factory_file_that_cannot_give_the_factory_is_refused_without_running_it(tmp_path, source, expected):
+    (tmp_path / "m.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w')\n" + source)
+    (tmp_path / "r.yaml").write_text(json.dumps(tiny_recipe_dict(model={"factory": "m.py:build"})))
+    result = invoke("validate", tmp_path / "r.yaml")
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2 and expected in text and "model.factory" in text, result.output
+    assert not (tmp_path / "ran").exists()
+
+
+def test_a_factory_bound_by_a_star_import_is_left_to_the_run_and_said_so(tmp_path):
+    (tmp_path / "m.py").write_text("from torch.nn import *\n")
+    (tmp_path / "r.yaml").write_text(json.dumps(tiny_recipe_dict(model={"factory": "m.py:build"})))
+    result = invoke("validate", tmp_path / "r.yaml")
+    assert result.exit_code == 0 and "checked when the model is built" in " ".join(result.output.split()), result.output

@@ -9,6 +9,8 @@ writing can be tested (or reused by another front end) without Typer::
 
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -48,18 +50,65 @@ def _first_comment(text: str) -> str:
 
 
 def write_template(name: str, path: Path | None = None, *, force: bool = False) -> WrittenTemplate:
-    """Copy template ``name`` to ``path`` (default NAME.yaml), refusing to overwrite a file unless ``force``."""
+    """Copy template ``name`` to ``path`` (default NAME.yaml), refusing to overwrite a file unless ``force``.
+
+    A relative path in the template (``../../shared/data/adult/train.csv``) is rewritten to reach the same file
+    from where the copy lands; a path that reaches no file from the template's own folder (an installed wheel has
+    no data beside it) is kept, and the note names its key so the user knows what to edit."""
     known = templates()
     if name not in known:
         raise UnknownNameError(f"unknown template {name!r}; known: {', '.join(sorted(known))}")
     target = path or Path(f"{name}.yaml")
     if target.exists() and not force:
         raise InputError(f"{target} exists", hint="pass --force to overwrite it, or give another PATH")
-    text = known[name].read_text()
+    text, notes = relocate_paths(known[name].read_text(), _folder_of(known[name]), target.parent)
     write_text_atomic(target, text)
-    notes = ["this template refers to files by relative path; edit them to point at your data."] if "../" in text else []
     notes += _write_bases(text, target.parent, known, force)
     return WrittenTemplate(target, tuple(notes))
+
+
+def _folder_of(file: Traversable) -> Path | None:
+    """The template's folder on disk (recipes/ in a checkout, site-packages/pruneflow/templates in a wheel), or None
+    when the package is not on a file system (a zip)."""
+    return Path(str(file)).parent if isinstance(file, Path) else None
+
+
+#: A relative path as a recipe writes it: a YAML value that starts with ./ or ../ (comments are not values).
+_RELATIVE = re.compile(r"(?<![\w./-])(\.\.?/[\w./-]+)")
+
+
+def relocate_paths(text: str, source: Path | None, dest: Path) -> tuple[str, list[str]]:
+    """``text`` with every relative path value that reaches a file from ``source`` rewritten to reach it from
+    ``dest``; and notes: what was rewritten, and the keys whose files do not exist here (to edit)."""
+    import yaml
+
+    values = _relative_values(yaml.safe_load(text) or {})
+    moved, missing = {}, []
+    for key, value in values:
+        found = (source / value).resolve() if source is not None else None
+        if found is not None and found.exists():
+            near = os.path.commonpath([found, dest.resolve()]) != found.anchor  # else the absolute path reads better
+            moved[value] = os.path.relpath(found, dest.resolve()) if near else str(found)
+        else:
+            missing.append(f"{key} ({value})")
+    lines = [_RELATIVE.sub(lambda m: moved.get(m.group(1), m.group(1)), ln) if not ln.lstrip().startswith("#") else ln
+             for ln in text.splitlines(keepends=True)]
+    notes = [f"rewrote {len(moved)} relative path(s) to reach the same files from {dest.resolve()}"] if moved and any(
+        old != new for old, new in moved.items()) else []
+    if missing:
+        notes.append("edit these keys to point at your files (they do not exist from here): " + ", ".join(dict.fromkeys(missing)))
+    return "".join(lines), notes
+
+
+def _relative_values(node: object, key: str = "") -> list[tuple[str, str]]:
+    """(dotted key, value) of every string in a recipe tree that is a relative path."""
+    if isinstance(node, dict):
+        return [kv for k, v in node.items() for kv in _relative_values(v, f"{key}.{k}" if key else str(k))]
+    if isinstance(node, list):
+        return [kv for i, v in enumerate(node) for kv in _relative_values(v, f"{key}.{i}")]
+    if isinstance(node, str) and (node.startswith("./") or node.startswith("../")):
+        return [(key, node.split(".py:")[0] + ".py" if ".py:" in node else node)]  # a factory file: its path
+    return []
 
 
 def _write_bases(text: str, folder: Path, known: dict[str, Traversable], force: bool) -> list[str]:
@@ -73,6 +122,6 @@ def _write_bases(text: str, folder: Path, known: dict[str, Traversable], force: 
     stem, dest = Path(base).stem, folder / base
     if dest.exists() and not force:
         return [f"kept the existing {dest} this recipe extends (pass --force to replace it with the template)"]
-    base_text = known[stem].read_text()
+    base_text, notes = relocate_paths(known[stem].read_text(), _folder_of(known[stem]), folder)
     write_text_atomic(dest, base_text)
-    return [f"also wrote {dest}, the recipe it extends", *_write_bases(base_text, folder, known, force)]
+    return [f"also wrote {dest}, the recipe it extends", *notes, *_write_bases(base_text, folder, known, force)]
