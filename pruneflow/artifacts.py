@@ -104,6 +104,59 @@ def refuse_special(path: Path) -> None:
                      "never writing through a link or over a device", hint=f"remove {path}, or write to another path")
 
 
+
+#: A manifest.json or stage.json larger than this is not a run's record (hundreds of artifacts take < 1 MB).
+MAX_RECORD_BYTES = 32 * 1024 * 1024
+
+
+def run_file(run_dir: Path, rel: Any, record: Path) -> Path:
+    """``run_dir / rel`` for a path a run's ``record`` (manifest.json, stage.json) names, when it stays inside the
+    run folder once every symbolic link is followed and is a regular file or absent. A run folder is data anyone
+    may have edited: a path leading out of it (``../../other-run/model.onnx``, a link to a 6 GiB file elsewhere)
+    or to a FIFO or device is refused (exit 2) naming the record and the path, never read (issue 27)."""
+    if not isinstance(rel, str) or not rel or os.path.isabs(rel):
+        raise InputError(f"{record}: names {rel!r} as a file of the run, which is not a path inside the run folder",
+                         hint="the run folder was edited after the run: run the recipe again")
+    path = Path(run_dir) / rel
+    root, resolved = Path(run_dir).resolve(), path.resolve()
+    if not resolved.is_relative_to(root):
+        raise InputError(f"{record}: {rel} resolves to {resolved}, outside the run folder {root}; pruneflow reads a "
+                         "run's files only inside it", hint="the run folder was edited after the run (a link or a path "
+                         "pointing elsewhere): run the recipe again, or pass the file itself")
+    if resolved.exists() and not resolved.is_file():
+        raise InputError(f"{record}: {rel} is not a regular file ({resolved})", hint="run the recipe again")
+    return path
+
+
+def check_run_sizes(record: Path, files: list[Path], size_bytes: Any) -> None:
+    """The bytes of an artifact's files against what ``record`` says they held: a file swapped after the run
+    (another run's model, a larger file) is refused before it is read."""
+    if not isinstance(size_bytes, int) or not all(f.is_file() for f in files):
+        return
+    held = sum(f.stat().st_size for f in dict.fromkeys(files))
+    if held != size_bytes:
+        raise InputError(f"{record}: {files[0].name} and its files hold {held:,} bytes where the run recorded "
+                         f"{size_bytes:,}: the file was replaced after the run", hint="run the recipe again, or pass "
+                         "the file itself (then it is not judged by this run's records)")
+
+
+def read_record(path: Path) -> dict[str, Any]:
+    """A run's JSON record (manifest.json, stage.json): a regular file of a sane size holding one JSON object;
+    anything else is an InputError (exit 2) naming it, never a traceback."""
+    try:
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):
+            raise InputError(f"{path} is not a regular file", hint="run the recipe again to rewrite it")
+        if info.st_size > MAX_RECORD_BYTES:
+            raise InputError(f"{path} holds {info.st_size:,} bytes, more than a run's record ever does "
+                             f"({MAX_RECORD_BYTES:,})", hint="run the recipe again to rewrite it")
+        data = json.loads(Path(path).read_bytes())
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: cannot be read as JSON ({exc})", hint="run the recipe again to rewrite it") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: not a pruneflow record (a JSON object was expected)", hint="pass a run directory")
+    return data
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
@@ -273,7 +326,12 @@ class Artifact:
             recorded = dict(self.files)
             if combined_sha256(self.path, self.files) != self.sha256:
                 return False
-        return all(sha is not None and (run_dir / rel).is_file() and sha256_file(run_dir / rel) == sha
+        try:  # a path out of the run folder, or to a FIFO, is not this run's file: run the stage again
+            paths = {rel: run_file(run_dir, rel, run_dir / "stage.json") for rel in recorded}
+            check_run_sizes(run_dir / "stage.json", list(paths.values()), self.size_bytes)  # before hashing what may be huge
+        except InputError:
+            return False
+        return all(sha is not None and paths[rel].is_file() and sha256_file(paths[rel]) == sha
                    for rel, sha in recorded.items())
 
     def add_file(self, run_dir: Path, file: Path) -> None:
@@ -351,5 +409,6 @@ class Manifest:
 
     @classmethod
     def read(cls, run_dir: Path) -> dict[str, Any]:
-        return json.loads((Path(run_dir) / cls.FILE).read_text())
+        """The manifest of ``run_dir`` (``read_record``: exit 2 naming the file when it is not one)."""
+        return read_record(Path(run_dir) / cls.FILE)
 

@@ -132,3 +132,63 @@ def test_a_factory_bound_by_a_star_import_is_left_to_the_run_and_said_so(tmp_pat
     (tmp_path / "r.yaml").write_text(json.dumps(tiny_recipe_dict(model={"factory": "m.py:build"})))
     result = invoke("validate", tmp_path / "r.yaml")
     assert result.exit_code == 0 and "checked when the model is built" in " ".join(result.output.split()), result.output
+
+
+def _tiny_onnx(path: Path) -> Path:
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def _run_folder(root: Path, rel: str, size: int | None = None) -> Path:
+    """A run folder whose manifest lists one built ONNX artifact at ``rel`` (what `bench` and `inspect` read)."""
+    run = root / "run"
+    (run / "export" / "onnx").mkdir(parents=True)
+    real = _tiny_onnx(run / "export" / "onnx" / "model.fp32.onnx")
+    entry = {"path": rel, "kind": "model", "target": "onnx", "precision": "fp32", "status": "built",
+             "size_bytes": real.stat().st_size if size is None else size}
+    (run / "manifest.json").write_text(json.dumps({"format": "pruneflow-manifest/1", "recipe": "r", "artifacts": [entry]}))
+    return run
+
+
+@pytest.mark.parametrize("case", ["outside", "link_out", "absolute", "replaced", "fifo"])
+def test_bench_reads_a_run_folder_only_inside_itself(tmp_path, victim, case):
+    """`bench` followed an artifact link to a 6 GiB file elsewhere, and with the manifest's path edited timed
+    another run's model under this run's name (issue 27, item 3). A path leading out of the run folder (directly,
+    through a link, absolute), to a FIFO, or a file whose bytes differ from the manifest's is refused, named."""
+    other = _tiny_onnx(tmp_path / "elsewhere" / "other.onnx")
+    rel = {"outside": "../elsewhere/other.onnx", "link_out": "export/onnx/link.onnx", "absolute": str(other),
+           "replaced": "export/onnx/model.fp32.onnx", "fifo": "export/onnx/pipe.onnx"}[case]
+    run = _run_folder(tmp_path, rel, size=7 if case == "replaced" else None)
+    if case == "link_out":
+        (run / rel).symlink_to(other)
+    if case == "fifo":
+        os.mkfifo(run / rel)
+    result = invoke("bench", run, "--runs", "1", "--warmup", "0")
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2 and "manifest.json" in text, result.output
+    assert ("replaced after the run" if case == "replaced" else "not a regular file" if case == "fifo"
+            else "outside the run folder" if case != "absolute" else "not a path inside the run folder") in text, result.output
+    assert "Traceback" not in result.output
+
+
+def test_bench_of_a_well_formed_run_folder_still_times_it(tmp_path):
+    run = _run_folder(tmp_path, "export/onnx/model.fp32.onnx")
+    result = invoke("bench", run, "--runs", "2", "--warmup", "1", "--json")
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("content", [b'{"artifacts": [', b"[1, 2]", b"\xff\xfe"])
+def test_a_truncated_or_foreign_manifest_is_a_one_paragraph_error(tmp_path, content):
+    """`inspect` and `bench` printed a traceback on a truncated manifest (issue 27, item 6)."""
+    run = _run_folder(tmp_path, "export/onnx/model.fp32.onnx")
+    (run / "manifest.json").write_bytes(content)
+    (run / "recipe.resolved.yaml").write_text(json.dumps(tiny_recipe_dict(model={"factory": "digits_cnn"})))
+    for command in (("bench", run), ("inspect", run)):
+        result = invoke(*command)
+        assert result.exit_code == 2 and "manifest.json" in result.output and "Traceback" not in result.output, result.output

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..artifacts import check_run_sizes, read_record, run_file
 from ..errors import InputError, UsageError
 from ..runtime import runtimes_for
 
@@ -92,9 +93,9 @@ def _from_run(run_dir: Path) -> list[Variant]:
     if not manifest_file.is_file():
         raise InputError(f"{run_dir}: a folder without manifest.json is not a pruneflow run",
                          hint="pass a run directory written by `pruneflow optimize` (OUT/NAME), or an .onnx/.xml file")
-    manifest = _read_manifest(manifest_file)
+    manifest = read_record(manifest_file)
     run_name = str(manifest.get("recipe") or run_dir.name)
-    found = [_from_entry(run_dir, run_name, entry, manifest.get("task") or {}) for entry in manifest.get("artifacts", [])
+    found = [_from_entry(run_dir, run_name, entry, _task(manifest)) for entry in _entries(manifest)
              if entry.get("target") and entry.get("kind") != "checkpoint"]
     if not found:
         raise InputError(f"{run_dir}: the run's manifest lists no exported artifact",
@@ -102,19 +103,21 @@ def _from_run(run_dir: Path) -> list[Variant]:
     return found
 
 
-def _read_manifest(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{path}: cannot be read as JSON ({exc})", hint="run the recipe again to rewrite it") from None
-    if not isinstance(data, dict):
-        raise InputError(f"{path}: not a pruneflow manifest (a JSON object was expected)", hint="pass a run directory")
-    return data
+def _entries(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """The artifact records of a manifest (anything else under `artifacts` is skipped: the file may be edited)."""
+    artifacts = manifest.get("artifacts")
+    return [a for a in artifacts if isinstance(a, dict)] if isinstance(artifacts, list) else []
+
+
+def _task(manifest: dict[str, Any]) -> dict[str, Any]:
+    task = manifest.get("task")
+    return task if isinstance(task, dict) else {}
 
 
 def _from_entry(run_dir: Path, run_name: str, entry: dict[str, Any], task: dict[str, Any]) -> Variant:
     """A variant from its run's manifest entry; ``task``: the manifest's (``Task.summary``), naming the headline."""
-    path = run_dir / entry["path"]
+    record = run_dir / "manifest.json"
+    path = run_file(run_dir, entry.get("path"), record)
     label = _label(entry)
     status = str(entry.get("status", "built"))
     metric = task.get("headline") or None
@@ -124,7 +127,9 @@ def _from_entry(run_dir: Path, run_name: str, entry: dict[str, Any], task: dict[
                       metric_value=value if isinstance(value, (int, float)) else None,
                       metric_direction=(task.get("metrics") or {}).get(metric), run_dir=run_dir,
                       notes=list(entry.get("notes") or []))
-    companions = [run_dir / rel for rel in (entry.get("files") or {})]
+    companions = [run_file(run_dir, rel, record) for rel in (entry.get("files") or {})]
+    if status == "built":
+        check_run_sizes(record, [path, *companions], entry.get("size_bytes"))
     variant.size_bytes = disk_size([path, *companions]) if path.is_file() else entry.get("size_bytes")
     if status == "built" and not path.is_file():
         variant.status = "missing"
@@ -165,12 +170,12 @@ def _owning_run(path: Path) -> Variant | None:
     for folder in resolved.parents:
         manifest = folder / "manifest.json"
         if manifest.is_file():
-            data = _read_manifest(manifest)
+            data = read_record(manifest)
             rel = resolved.relative_to(folder).as_posix()
-            entry = next((a for a in data.get("artifacts", []) if a.get("path") == rel), None)
+            entry = next((a for a in _entries(data) if a.get("path") == rel), None)
             if entry is None:
                 return None
-            return _from_entry(folder, str(data.get("recipe") or folder.name), entry, data.get("task") or {})
+            return _from_entry(folder, str(data.get("recipe") or folder.name), entry, _task(data))
     return None
 
 
