@@ -169,14 +169,22 @@ def check_out_dir(out: Path, name: str) -> None:
     from .errors import UsageError
 
     run_dir = out / name
+    if run_dir.is_symlink():
+        raise UsageError(f"--out {out}: the run folder {run_dir} is a symbolic link; a run replaces its folder whole, and "
+                         "pruneflow never writes through a link into a folder it does not own (nothing was written)",
+                         hint=f"remove {run_dir}, or choose another --out")
     for path in [run_dir, *run_dir.parents]:
         if not path.exists():
             continue
         if not path.is_dir():
             raise UsageError(f"--out {out}: {path} is a file, not a folder; the run folder and its lock file go inside --out",
                              hint="choose an --out folder (it is created when missing)")
-        if path == run_dir:
-            path = run_dir.parent  # the run replaces OUT/NAME itself: what counts is writing beside it
+        if path == run_dir:  # the run replaces OUT/NAME itself (or, resumed, writes in it): both must be writable
+            if not _writable(run_dir):
+                raise UsageError(f"--out {out}: cannot write in the existing run folder {run_dir} (read-only or immutable); "
+                                 "a new run replaces it and --resume writes in it; nothing was written",
+                                 hint=f"make {run_dir} writable (chattr -i, chmod u+w), or choose another --out")
+            path = run_dir.parent
         if not _writable(path):
             raise UsageError(f"--out {out}: cannot write in {path} (read-only folder or file system); nothing was written",
                              hint="choose an --out folder you can write to, e.g. --out ./runs")

@@ -192,3 +192,34 @@ def test_a_truncated_or_foreign_manifest_is_a_one_paragraph_error(tmp_path, cont
     for command in (("bench", run), ("inspect", run)):
         result = invoke(*command)
         assert result.exit_code == 2 and "manifest.json" in result.output and "Traceback" not in result.output, result.output
+
+
+def test_a_run_folder_that_is_a_link_is_refused_before_anything_runs(tmp_path, victim):
+    """OUT/NAME a symlink to a folder holding a manifest: the whole run went by, then `rmtree` refused the link and
+    the run ended in an internal error (issue 27, item 6). It is refused up front; the folder it points to is kept."""
+    (victim.parent / "manifest.json").write_text("{}")
+    (victim.parent / "recipe.resolved.yaml").write_text("")
+    recipe = write(tmp_path / "r.yaml", tiny_recipe_dict())
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "tiny").symlink_to(victim.parent)
+    result = invoke("optimize", recipe, "--out", tmp_path / "runs")
+    assert result.exit_code == 2 and "symbolic link" in " ".join(result.output.split()), result.output
+    assert sorted(p.name for p in victim.parent.iterdir()) == ["manifest.json", "precious.txt", "recipe.resolved.yaml"]
+    assert victim.read_text() == "keep me\n"
+
+
+def test_an_immutable_run_folder_is_refused_before_anything_runs(tmp_path):
+    recipe = write(tmp_path / "r.yaml", tiny_recipe_dict())
+    run = tmp_path / "runs" / "tiny"
+    run.mkdir(parents=True)
+    (run / "manifest.json").write_text("{}")
+    (run / "recipe.resolved.yaml").write_text("")
+    import shutil
+
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(run)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not allowed here")
+    try:
+        result = invoke("optimize", recipe, "--out", tmp_path / "runs")
+    finally:
+        subprocess.run(["chattr", "-i", str(run)], capture_output=True)
+    assert result.exit_code == 2 and "immutable" in " ".join(result.output.split()), result.output
