@@ -358,6 +358,8 @@ def optimize(
         if nproc > 1 or distributed.in_worker():
             _check_distributed(resume)
         if nproc > 1 and not distributed.in_worker():
+            with stdout_to_stderr(json_out):  # a recipe that cannot start fails here, once, before any worker exists
+                preflight(loaded, plan_stages(loaded), out)
             args = _worker_args(recipe, out, set_, allow_path, json_out, quiet, verbose, device)
             raise typer.Exit(distributed.launch(nproc, args, _err_console().print))
         if distributed.in_worker():

@@ -223,3 +223,15 @@ def test_an_immutable_run_folder_is_refused_before_anything_runs(tmp_path):
     finally:
         subprocess.run(["chattr", "-i", str(run)], capture_output=True)
     assert result.exit_code == 2 and "immutable" in " ".join(result.output.split()), result.output
+
+
+def test_nproc_with_json_on_a_recipe_that_cannot_start_prints_one_json_object_and_starts_no_worker(tmp_path):
+    """Each rank checked the recipe itself: an early error was printed by every worker (issue 27, item 6). The
+    launcher now runs the checks first, so the error comes once, as one JSON object, and no worker is started."""
+    recipe = write(tmp_path / "r.yaml", tiny_recipe_dict(model={"factory": "digits_cnn", "checkpoint": "missing.pt"}))
+    result = invoke("optimize", recipe, "--out", tmp_path / "runs", "--nproc", "2", "--json")
+    lines = [ln for ln in result.stdout.splitlines() if ln.strip()]
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    payload = json.loads(lines[0])
+    assert payload["exit_code"] == 2 and payload["error"]["issues"][0]["path"] == "model.checkpoint"
+    assert "worker" not in result.stderr and not (tmp_path / "runs").exists()
