@@ -7,6 +7,7 @@ or Ctrl-C never leaves a half-written model that looks finished.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import math
@@ -104,6 +105,22 @@ def refuse_special(path: Path) -> None:
                      "never writing through a link or over a device", hint=f"remove {path}, or write to another path")
 
 
+
+
+#: A full disk, or a full quota: what a run reports as "disk full" (exit 4), whichever stage wrote.
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full_cause(exc: BaseException | None) -> BaseException | None:
+    """The error in ``exc``'s chain that says the disk is full: an OSError with ENOSPC/EDQUOT, or what a C++
+    writer raises instead (torch's "file write failed", OpenVINO's and protobuf's RuntimeError) when its message
+    carries the system's "No space left on device". None when the disk is not the cause."""
+    chain: list[BaseException] = []
+    while exc is not None and all(exc is not seen for seen in chain):
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return (next((e for e in chain if isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS), None)
+            or next((e for e in reversed(chain) if "No space left on device" in str(e) or "Disk quota exceeded" in str(e)), None))
 
 #: A manifest.json or stage.json larger than this is not a run's record (hundreds of artifacts take < 1 MB).
 MAX_RECORD_BYTES = 32 * 1024 * 1024

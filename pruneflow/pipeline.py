@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import json
 import logging
@@ -18,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from .artifacts import Artifact, Manifest, run_dir_lock, sha256_file, tool_versions, write_json_atomic, write_text_atomic
+from .artifacts import (Artifact, Manifest, disk_full_cause, run_dir_lock, sha256_file, tool_versions, write_json_atomic,
+                        write_text_atomic)
 from .checkpoint import PickledCheckpointError, load_checkpoint, save_checkpoint
 from .context import Reporter, RunContext, RunState
 from .errors import EXIT_GATE_FAILED, EXIT_OK, InputError, PruneflowError, StageError
@@ -259,9 +259,6 @@ def _run(loaded: LoadedRecipe, stages: list[Stage], inputs: RunInputs, run_dir: 
     return result
 
 
-DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
-
-
 @contextlib.contextmanager
 def _disk_full_as_error() -> Iterator[None]:
     """A full disk (or quota) while the run writes is a StageError naming the file, not an internal error.
@@ -272,16 +269,31 @@ def _disk_full_as_error() -> Iterator[None]:
     try:
         yield
     except OSError as exc:
-        if exc.errno not in DISK_FULL:
+        if disk_full_cause(exc) is None:
             raise
         raise disk_full(exc, exc.filename) from exc
 
 
-def disk_full(exc: OSError, path: object) -> StageError:
-    return StageError(f"disk full at {path or 'the run folder'}: {exc.strerror or exc}; nothing half-written was left "
-                      "(files are written under a temporary name and renamed when complete)",
+def disk_full(exc: BaseException, path: object, where: Path | None = None) -> StageError:
+    """Exit 4 naming the file (or the folder being written) and what is left free on that disk."""
+    cause = disk_full_cause(exc) or exc
+    path = path or getattr(cause, "filename", None) or where
+    why = getattr(cause, "strerror", None) or str(cause).strip().splitlines()[0]
+    return StageError(f"disk full at {path or 'the run folder'}: {why}{_free_space(path or where)}; nothing half-written "
+                      "was left (files are written under a temporary name and renamed when complete)",
                       hint="free space on that disk (or choose another --out), then run again with --resume: "
                       "finished stages are kept")
+
+
+def _free_space(path: object) -> str:
+    """`` (12.0 MB free)``: what the disk holding ``path`` has left, or nothing when that cannot be told."""
+    folder = Path(str(path)) if path else None
+    while folder is not None and not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        return f" ({shutil.disk_usage(folder).free / 1e6:,.1f} MB free)" if folder else ""
+    except OSError:
+        return ""
 
 
 def _run_stage(stage: Stage, key: str, state: RunState, ctx: RunContext, manifest: Manifest, total: int,
@@ -301,12 +313,16 @@ def _run_stage(stage: Stage, key: str, state: RunState, ctx: RunContext, manifes
                 log.exception("stage %s: teardown failed after an error", stage.id)
             raise
         stage.teardown(state, ctx)
-    except (PruneflowError, KeyboardInterrupt):
+    except (PruneflowError, KeyboardInterrupt) as exc:
+        if isinstance(exc, PruneflowError) and disk_full_cause(exc) is not None and "disk full at" not in exc.message:
+            raise disk_full(exc, None, ctx.run_dir) from exc  # an ExportError over a full disk: exit 4, not its hint
         raise
     except SystemExit as exc:  # user or plugin code calling sys.exit: a failed stage, never a silent exit
         raise StageError(f"stage {stage.id} ({stage.config.type}) called sys.exit({exc.code!r})",
                          hint="code run by a stage (a model's forward, a plugin) must raise an exception, not exit") from exc
     except Exception as exc:  # noqa: BLE001 - wrapped so the CLI maps it to exit 4 with the stage named
+        if disk_full_cause(exc) is not None:
+            raise disk_full(exc, None, ctx.run_dir) from exc
         raise StageError(f"stage {stage.id} ({stage.config.type}) failed: {type(exc).__name__}: {exc}") from exc
     artifacts = list(result.artifacts)
     for artifact in artifacts:
@@ -317,8 +333,8 @@ def _run_stage(stage: Stage, key: str, state: RunState, ctx: RunContext, manifes
         path = stage_dir / "model.pt"
         try:
             save_checkpoint(state.handle, path)
-        except OSError as exc:
-            if exc.errno not in DISK_FULL:
+        except (OSError, RuntimeError) as exc:  # torch's writer raises RuntimeError("file write failed")
+            if disk_full_cause(exc) is None:
                 raise
             raise disk_full(exc, path) from exc
         checkpoint = Artifact.from_file(ctx.run_dir, path, kind="checkpoint", producer=stage.id,

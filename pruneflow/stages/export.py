@@ -10,7 +10,9 @@ artifact of the stage exists, all of them are timed together, interleaved, per b
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
+import shutil
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,7 +21,7 @@ import torch
 from pydantic import Field, create_model, field_validator
 
 from .. import registry
-from ..artifacts import Artifact
+from ..artifacts import Artifact, disk_full_cause
 from ..errors import ConfigError, ExportError, InputError, MissingDependencyError, PruneflowError
 from ..evaluate import evaluate_runtime
 from ..gates import ArtifactGates, GateResult, artifact_gates
@@ -35,6 +37,17 @@ from .measure import (Opened, ParityLimits, batched, default_limits, open_for, p
 __all__ = ["ExportConfig", "ExportStage", "failed_artifact", "parity_metrics"]
 
 log = logging.getLogger("pruneflow")
+
+
+def _disk_nearly_full(folder: Path, state) -> bool:
+    """After a target failed: whether the disk it wrote to has less room left than the model's weights take
+    (plus 1 MB), i.e. the failure was the disk's, whatever the writer said."""
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return False
+    weights = sum(p.numel() * p.element_size() for p in state.model.parameters())
+    return free < weights + 1_000_000
 
 
 class ParitySpec(StrictModel):
@@ -234,8 +247,11 @@ class ExportStage(Stage[ExportConfig]):
         except (InputError, MissingDependencyError):
             raise  # the recipe or the machine is wrong: no other artifact would fare better
         except Exception as exc:  # noqa: BLE001 - reported on the artifact, with the target named
-            if getattr(target.config, "required", False):  # the recipe says this target must build (ascend)
-                raise
+            if getattr(target.config, "required", False) or disk_full_cause(exc) is not None:
+                raise  # the recipe says this target must build (ascend); a full disk fails every target: exit 4
+            if _disk_nearly_full(out_dir, state):  # OpenVINO's writer says only "basic_ios::clear: iostream error"
+                raise OSError(errno.ENOSPC, f"No space left on device ({name} {precision}: {type(exc).__name__}: {exc})",
+                              str(out_dir)) from exc
             error = exc if isinstance(exc, PruneflowError) else ExportError(f"{name} {precision} export failed: {type(exc).__name__}: {exc}")
             log.warning("%s: %s %s failed: %s", self.id, name, precision, error)
             ctx.reporter.warning(f"{self.id}: {name} {precision} failed: {error.message}")
