@@ -363,6 +363,7 @@ def optimize(
             args = _worker_args(recipe, out, set_, allow_path, json_out, quiet, verbose, device)
             raise typer.Exit(distributed.launch(nproc, args, _err_console().print))
         if distributed.in_worker():
+            distributed.bind_to_launcher()
             raise typer.Exit(_optimize_worker(loaded, out, json_out, quiet, verbose))
         reporter = RichReporter(_err_console(), quiet=quiet or json_out)
         with stdout_to_stderr(json_out), sigterm_as_interrupt():

@@ -69,3 +69,30 @@ def usable_cpus() -> int:
     import os
 
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def available_memory() -> int | None:
+    """Bytes this process can still allocate: the kernel's MemAvailable, lowered to what is left under a cgroup
+    (container) limit; None where neither can be read."""
+    import os
+    from pathlib import Path
+
+    found = []
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        limit, used = (Path("/sys/fs/cgroup") / n for n in ("memory.max", "memory.current"))
+        if limit.read_text().strip() != "max":
+            found.append(int(limit.read_text()) - int(used.read_text()))
+    except (OSError, ValueError):
+        pass
+    if not found and hasattr(os, "sysconf"):
+        try:
+            found.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        except (OSError, ValueError):
+            pass
+    return max(0, min(found)) if found else None

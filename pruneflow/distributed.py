@@ -66,6 +66,30 @@ def in_worker() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
 
 
+#: Set by ``--nproc``'s launcher for its workers: its pid, which they die with.
+LAUNCHER_ENV = "PRUNEFLOW_LAUNCHER_PID"
+
+
+def bind_to_launcher() -> None:
+    """A worker of ``--nproc`` asks the kernel for SIGTERM when its launcher dies (Linux ``PR_SET_PDEATHSIG``):
+    a launcher killed for memory or by ``kill -9`` had left every worker running, holding gigabytes (issue 27).
+    A launcher already gone before the request took effect means this worker stops now."""
+    import signal
+
+    launcher = os.environ.get(LAUNCHER_ENV)
+    if not launcher or not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):  # no prctl here: nothing more can be asked of the kernel
+        return
+    if str(os.getppid()) != launcher:
+        os._exit(EXIT_INTERRUPTED)
+
+
 def active() -> bool:
     """True once :func:`init` joined a process group of more than one rank."""
     import torch.distributed as dist
@@ -459,6 +483,7 @@ def _worker_env(nproc: int) -> Iterator[None]:
     root = str(Path(__file__).resolve().parent.parent)
     paths = [root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    os.environ[LAUNCHER_ENV] = str(os.getpid())
     if "OMP_NUM_THREADS" not in os.environ:
         os.environ["OMP_NUM_THREADS"] = str(max(1, usable_cpus() // nproc))
     try:

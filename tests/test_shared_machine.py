@@ -276,3 +276,58 @@ def test_a_disk_that_fills_during_export_is_exit_4_with_the_free_space(tmp_path,
     again = invoke("optimize", path, "--out", tmp_path / "runs", "--resume")
     assert again.exit_code == 0, again.output
     assert (run / "export" / "onnx" / "model.fp32.onnx").is_file() and (run / "export" / "openvino" / "model.fp32.xml").is_file()
+
+
+def test_a_batch_that_cannot_fit_in_memory_is_refused_before_it_is_made(tmp_path):
+    """`bench --batch 1000000000` grew until the kernel killed it (issue 27, item 4): the batch is sized first."""
+    from pruneflow.config import available_memory
+
+    model = _tiny_onnx(tmp_path / "m.onnx")
+    huge = max(10**9, (available_memory() or 0) // 16 + 1)  # 16 bytes a sample: more than all the memory there is
+    result = invoke("bench", model, "--batch", f"1,{huge}", "--runs", "1")
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2 and f"--batch {huge}" in text and "GB available" in text and "use --batch" in text, result.output
+
+
+def _workers_of(launcher: int) -> list[int]:
+    """Pids of the processes whose environment names ``launcher`` as their --nproc launcher."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and f"PRUNEFLOW_LAUNCHER_PID={launcher}".encode() in (proc / "environ").read_bytes().split(b"\0"):
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.slow  # starts 2 workers (~20 s)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_killing_the_nproc_launcher_leaves_no_worker_behind(tmp_path):
+    """`--nproc 64` on 2 cores: the launcher was killed for memory and 35 orphaned workers kept 5.9 GB for more
+    than 11 minutes (issue 27, item 4). Each worker now dies with its launcher, whatever killed it."""
+    import signal
+    import time
+
+    recipe = tiny_recipe_dict(stages=[{"type": "train", "epochs": 500, "batch_size": 32, "lr": 0.05}])
+    path = write(tmp_path / "r.yaml", recipe)
+    launcher = subprocess.Popen([sys.executable, "-m", "pruneflow", "optimize", str(path), "--out", str(tmp_path / "runs"),
+                                 "--nproc", "2", "--quiet"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while len(_workers_of(launcher.pid)) < 2 and time.monotonic() < deadline and launcher.poll() is None:
+            time.sleep(0.5)
+        workers = _workers_of(launcher.pid)
+        assert len(workers) == 2, "the workers never started"
+        time.sleep(3)  # past their start-up, into training
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait()
+        deadline = time.monotonic() + 30
+        while _workers_of(launcher.pid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not _workers_of(launcher.pid), "workers outlived their launcher"
+    finally:
+        for pid in _workers_of(launcher.pid):
+            os.kill(pid, signal.SIGKILL)
+        if launcher.poll() is None:
+            launcher.kill()

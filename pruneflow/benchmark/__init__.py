@@ -41,6 +41,7 @@ def run_bench(sources: list[Path], settings: BenchSettings, reporter: Reporter |
     _check_something_loads(lanes, settings)
     feeds = Feeds(settings.seed)
     inputs = {v.name: feeds.source(v).what for v in variants if v.timed}
+    _check_memory([v for v in variants if v.timed], feeds, settings)
     rows = time_all(lanes, feeds, settings, reporter)
     if not any(r.stats for r in rows):
         failures = "; ".join(sorted({f"{r.lane.variant.name}: {r.error}" for r in rows if r.error}))
@@ -50,6 +51,30 @@ def run_bench(sources: list[Path], settings: BenchSettings, reporter: Reporter |
     if settings.benchmark_app:
         app.update(_second_opinion(rows, settings, reporter))
     return BenchResult(host_info(), settings, variants, rows, baseline, inputs, app)
+
+
+#: One batch's input may take at most this share of the memory available: the runtime's activations, its copy of the
+#: input and the outputs need the rest.
+BATCH_MEMORY_SHARE = 0.1
+
+
+def _check_memory(variants: list, feeds: Feeds, settings: BenchSettings) -> None:
+    """``--batch 1000000000`` grew until the kernel killed bench: each batch's input is sized before it is made,
+    and one that would not leave room is a usage error (exit 2) naming the variant and the largest batch that fits."""
+    from ..config import available_memory
+
+    free = available_memory()
+    if free is None:
+        return
+    for variant in variants:
+        per_sample = feeds.sample_bytes(variant)
+        for batch in settings.batches:
+            if per_sample and batch * per_sample > BATCH_MEMORY_SHARE * free:
+                fits = max(1, int(BATCH_MEMORY_SHARE * free // per_sample))
+                raise UsageError(f"--batch {batch}: one batch of {variant.name}'s input would take "
+                                 f"{batch * per_sample / 1e9:,.2f} GB ({per_sample:,} bytes a sample), and this machine has "
+                                 f"{free / 1e9:,.2f} GB available; bench allows a batch {BATCH_MEMORY_SHARE:.0%} of that",
+                                 hint=f"use --batch {fits} or less")
 
 
 def _check_something_loads(lanes: list[Lane], settings: BenchSettings) -> None:

@@ -71,6 +71,18 @@ class Feeds:
             return rng.integers(0, 2, size=shape).astype(dtype)
         return rng.standard_normal(shape).astype(dtype)
 
+    def sample_bytes(self, variant: Variant) -> int | None:
+        """Bytes of one sample of ``variant``'s input, as ``batch`` would make it (None: not known before)."""
+        source, spec = self.source(variant), variant.input
+        if isinstance(source.samples, dict):
+            return sum(int(v[0].nbytes) for v in source.samples.values() if len(v))
+        dtype = np.dtype(spec.dtype if spec is not None else "float32")
+        if source.samples is not None and len(source.samples):
+            return int(np.prod(source.samples.shape[1:], dtype=np.int64)) * dtype.itemsize
+        if spec is None or any(d is None for d in spec.shape[1:]):
+            return None
+        return int(np.prod([int(d) for d in spec.shape[1:]], dtype=np.int64)) * dtype.itemsize
+
     def _run_samples(self, run_dir: Path) -> Source | None:
         if run_dir not in self._eval:
             self._eval[run_dir] = _eval_split(run_dir)
