@@ -150,6 +150,19 @@ def _component_bytes(artifact: Artifact, path: Path) -> None:
         artifact.metrics.update(parts)
 
 
+def canonical_initializers(proto):
+    """``proto`` with its initializers sorted by name. The exporter lists them in the order the module registered
+    its parameters, and a pruned layer rebuilt from a checkpoint (``--resume``) registers ``weight`` before ``bias``
+    where torch-pruning had left them the other way round: the same model, other bytes (issue 27, item 7)."""
+    ordered = [type(t)() for t in proto.graph.initializer]
+    for copy_, t in zip(ordered, proto.graph.initializer):
+        copy_.CopyFrom(t)
+    ordered.sort(key=lambda t: t.name)
+    del proto.graph.initializer[:]
+    proto.graph.initializer.extend(ordered)
+    return proto
+
+
 def export_onnx(model: torch.nn.Module, example: Inputs, path: Path, *, opset: int = 17,
                 dynamic_batch: bool = True, exporter: str = "legacy", fold: bool = True,
                 metadata: "tuple[dict, str] | None" = None, output_name: str | None = None) -> None:
@@ -185,13 +198,12 @@ def export_onnx(model: torch.nn.Module, example: Inputs, path: Path, *, opset: i
                       "data-dependent Python control flow does not trace; try `exporter: dynamo` on the onnx target, "
                       "or make the forward pass shape-static"),
             ) from exc
-        if fold or metadata:
-            proto = fold_constants(onnx.load(str(tmp))) if fold else onnx.load(str(tmp))
-            if fold:  # (an INT8 export folds, and softens, after its Q/DQ conversion)
-                soften_mask_fill(proto)
-            if metadata:
-                stamp_onnx(proto, *metadata)
-            onnx.save(proto, str(tmp))
+        proto = fold_constants(onnx.load(str(tmp))) if fold else onnx.load(str(tmp))
+        if fold:  # (an INT8 export folds, and softens, after its Q/DQ conversion)
+            soften_mask_fill(proto)
+        if metadata:
+            stamp_onnx(proto, *metadata)
+        onnx.save(canonical_initializers(proto), str(tmp))
         try:
             onnx.checker.check_model(str(tmp))
         except Exception as exc:  # noqa: BLE001
@@ -259,7 +271,7 @@ def to_fp16(src: Path, dst: Path, metadata: "tuple[dict, str] | None" = None) ->
     if metadata:
         stamp_onnx(model, *metadata)
     with atomic_path(dst) as tmp:
-        onnx.save(model, str(tmp))
+        onnx.save(canonical_initializers(model), str(tmp))
         onnx.checker.check_model(str(tmp))
 
 
@@ -361,7 +373,7 @@ def export_int8_onnx(stripped: torch.nn.Module, example: Inputs, path: Path, *, 
                             "NNCF's own choice, e.g. a squeeze-excite gate or attention MatMuls of two activations): "
                             + ", ".join(floats[:8]) + (" ..." if len(floats) > 8 else ""))
     with atomic_path(path) as tmp_path:
-        onnx.save(model_proto, str(tmp_path))
+        onnx.save(canonical_initializers(model_proto), str(tmp_path))
         onnx.checker.check_model(str(tmp_path))
     return report
 

@@ -21,6 +21,27 @@ from ..inputs import to
 from ..stage import Target, TargetConfig
 
 
+def canonical_names(model) -> None:
+    """Rename the ops named from OpenVINO's process-wide counter (``Reshape_9768``, and the Const that constant
+    folding made of it, which keeps that name) by their place in the graph, so an IR's bytes do not depend on what
+    the process converted before (a resumed run, a test session; issue 27, item 7). Inputs and outputs keep theirs,
+    as do names of another form (the ONNX graph's ``/features/Conv``)."""
+    import re
+
+    ops = model.get_ordered_ops()
+    counted = re.compile(r"([A-Za-z][A-Za-z0-9]*)_(\d+)")
+    kept = {op.get_friendly_name() for op in ops if not counted.fullmatch(op.get_friendly_name())}
+    for i, op in enumerate(ops):
+        found = counted.fullmatch(op.get_friendly_name())
+        if found is None or op.get_type_name() in ("Parameter", "Result"):
+            continue
+        name = f"{found.group(1)}_{i}"
+        while name in kept:
+            name += "_"
+        kept.add(name)
+        op.set_friendly_name(name)
+
+
 class OpenVinoConfig(TargetConfig):
     type: Literal["openvino"] = Field(default="openvino", description="OpenVINO IR (model.xml + model.bin) run by the OpenVINO CPU plugin.")
     dynamic_batch: bool = Field(default=True, description="Leave the batch dimension dynamic.")
@@ -58,6 +79,7 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
                                   hint="the onnx target's artifact of this precision is the graph OpenVINO reads: check that "
                                   "it builds and runs in onnxruntime; an operator OpenVINO lacks needs a newer openvino") from exc
             stamp_ir(converted, record, precision)
+            canonical_names(converted)
             ov.save_model(converted, str(Path(tmp) / "model.xml"), compress_to_fp16=precision == "fp16")
             os.replace(Path(tmp) / "model.bin", xml.with_suffix(".bin"))
             os.replace(Path(tmp) / "model.xml", xml)
