@@ -235,6 +235,8 @@ def _holds_no_rows(fmt: str, files: list[str]) -> bool:
             import pyarrow.parquet as pq
 
             return all(pq.ParquetFile(f).metadata.num_rows == 0 for f in files)
+        if any(Path(f).stat().st_size > 1 << 20 for f in files):  # a megabyte of text holds rows; never read it all here
+            return False
         texts = [Path(f).read_text(errors="replace").strip() for f in files]
         if fmt == "csv":
             return all(len(t.splitlines()) <= 1 for t in texts)
@@ -243,9 +245,30 @@ def _holds_no_rows(fmt: str, files: list[str]) -> bool:
         return False
 
 
+def _check_npz_fits(path: Path) -> None:
+    """An .npz is read whole into memory: what its members hold once inflated (from the zip's own directory,
+    nothing decompressed) must leave room, or a small file that inflates to more than the machine has (by accident
+    or on purpose) is refused (exit 2) instead of killing the run."""
+    import zipfile
+
+    from .config import available_memory
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            inflated = sum(info.file_size for info in archive.infolist())
+    except (OSError, zipfile.BadZipFile):
+        return  # not a zip (a plain .npy, a corrupt file): np.load names the problem
+    free = available_memory()
+    if free is not None and inflated > free // 2:
+        raise InputError(f"{path} holds {inflated / 1e9:,.2f} GB of arrays once read, and this machine has "
+                         f"{free / 1e9:,.2f} GB available: an .npz is read whole into memory",
+                         hint="split it, or convert it to parquet (read in pieces): data.format: parquet")
+
+
 def _npz(path: Path):
     import datasets
 
+    _check_npz_fits(path)
     arrays = dict(np.load(path, allow_pickle=False))
     if not arrays:
         raise InputError(f"data: {path} holds no arrays")

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import invoke, tiny_recipe_dict, write
@@ -362,3 +363,20 @@ def test_a_resumed_export_writes_the_same_bytes_as_an_uninterrupted_run(tmp_path
 
     first = digests(tmp_path / "a" / "tiny")
     assert "export/onnx/model.fp32.onnx" in first and digests(resumed) == first
+
+
+def test_an_npz_that_inflates_beyond_memory_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    """An .npz is read whole: a small file of zeros that inflates to more than the machine has grew until the
+    process was killed; its zip directory now tells the size first (issue 27, item 4). The machine here is made to
+    have 4 MB available, so that the file need not be gigabytes."""
+    from pruneflow import config
+
+    monkeypatch.setattr(config, "available_memory", lambda: 4 * 2**20)
+    bomb = tmp_path / "bomb.npz"
+    np.savez_compressed(bomb, image=np.zeros((16384, 1, 8, 8), np.float32), label=np.zeros(16384, np.int64))
+    assert bomb.stat().st_size < 100_000
+    recipe = write(tmp_path / "r.yaml", tiny_recipe_dict(data={"format": "npz", "path": str(bomb)}))
+    result = invoke("optimize", recipe, "--out", tmp_path / "runs")
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2 and "GB available" in text and "bomb.npz" in text, result.output
+    assert not (tmp_path / "runs").exists()
