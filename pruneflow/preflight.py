@@ -15,6 +15,8 @@ This module imports only torch, numpy and the error classes: ``data.py``, ``mode
 
 from __future__ import annotations
 
+import os
+
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -160,6 +162,10 @@ def check_model_on_batch(model: torch.nn.Module, batch: "Inputs", factory: str,
     return logits
 
 
+#: The longest file or folder name Linux, macOS and Windows file systems take, in bytes.
+NAME_MAX = 255
+
+
 def check_out_dir(out: Path, name: str) -> None:
     """``--out`` must be a folder this process can create and write in; checked without writing anything.
 
@@ -169,6 +175,11 @@ def check_out_dir(out: Path, name: str) -> None:
     from .errors import UsageError
 
     run_dir = out / name
+    too_long = next((part for part in run_dir.parts if len(os.fsencode(part)) > NAME_MAX), None)
+    if too_long is not None:
+        raise UsageError(f"--out {out}: the folder name {too_long[:40]}... is {len(os.fsencode(too_long))} bytes; file "
+                         f"systems stop at {NAME_MAX} (File name too long); nothing was written",
+                         hint="choose a shorter --out")
     if run_dir.is_symlink():
         raise UsageError(f"--out {out}: the run folder {run_dir} is a symbolic link; a run replaces its folder whole, and "
                          "pruneflow never writes through a link into a folder it does not own (nothing was written)",

@@ -380,3 +380,35 @@ def test_an_npz_that_inflates_beyond_memory_is_refused_before_it_is_read(tmp_pat
     text = " ".join(result.output.split())
     assert result.exit_code == 2 and "GB available" in text and "bomb.npz" in text, result.output
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("command", ["init --force", "bench --json", "bench --html", "bench --prometheus"])
+def test_every_command_that_writes_a_named_file_refuses_a_planted_link(tmp_path, victim, command):
+    """`init --force`, `bench --json/--html/--prometheus FILE` replaced a link (or a device) with a regular file."""
+    link = tmp_path / "out.file"
+    link.symlink_to(victim)
+    if command == "init --force":
+        args = ("init", "quickstart", link, "--force")
+    else:
+        args = ("bench", _tiny_onnx(tmp_path / "m.onnx"), "--runs", "1", "--warmup", "0", f"{command.split()[1]}={link}")
+    result = invoke(*args)
+    assert result.exit_code == 2 and "is a symbolic link" in " ".join(result.output.split()), result.output
+    assert link.is_symlink() and victim.read_text() == "keep me\n"
+
+
+def test_inspect_reads_no_checkpoint_outside_the_run_folder(tmp_path, victim):
+    """`inspect RUN` followed an edited manifest's checkpoint path out of the run folder (issue 27, item 3)."""
+    run = _run_folder(tmp_path, "export/onnx/model.fp32.onnx")
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["artifacts"].append({"path": "../elsewhere/precious.txt", "kind": "checkpoint", "size_bytes": 8})
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    (run / "recipe.resolved.yaml").write_text(json.dumps(tiny_recipe_dict(model={"factory": "digits_cnn"})))
+    result = invoke("inspect", run)
+    assert result.exit_code == 2 and "outside the run folder" in " ".join(result.output.split()), result.output
+
+
+def test_an_out_folder_name_too_long_for_the_file_system_is_one_paragraph(tmp_path):
+    """A 256-byte --out component ended in a traceback (issue 27, item 6)."""
+    recipe = write(tmp_path / "r.yaml", tiny_recipe_dict())
+    result = invoke("optimize", recipe, "--out", tmp_path / ("a" * 256))
+    assert result.exit_code == 2 and "File name too long" in result.output and "Traceback" not in result.output, result.output
