@@ -67,9 +67,9 @@ def check_factory(loaded: LoadedRecipe) -> list[str]:
     parses and defines it: for `validate` and ``--dry-run``, a located recipe error (FILE:LINE  model.factory),
     exit 2. Nothing is imported, so none of the user's code runs (``models.check_factory_statically``); returns
     notes for what only the run can confirm."""
-    specs = [(("model", "factory"), loaded.recipe.model.factory)]
-    specs += [(("stages", i, "teacher", "factory"), stage.teacher.factory) for i, stage in enumerate(loaded.recipe.stages)
-              if getattr(getattr(stage, "teacher", None), "factory", None)]
+    specs: list[tuple[tuple, str]] = [(("model", "factory"), loaded.recipe.model.factory)]
+    teachers = [(i, getattr(getattr(stage, "teacher", None), "factory", None)) for i, stage in enumerate(loaded.recipe.stages)]
+    specs += [(("stages", i, "teacher", "factory"), factory) for i, factory in teachers if isinstance(factory, str)]
     notes = []
     with loaded.locating():
         for loc, factory in specs:

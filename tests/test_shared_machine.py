@@ -412,3 +412,13 @@ def test_an_out_folder_name_too_long_for_the_file_system_is_one_paragraph(tmp_pa
     recipe = write(tmp_path / "r.yaml", tiny_recipe_dict())
     result = invoke("optimize", recipe, "--out", tmp_path / ("a" * 256))
     assert result.exit_code == 2 and "File name too long" in result.output and "Traceback" not in result.output, result.output
+
+
+def test_a_teachers_factory_is_checked_the_same_way_and_located(tmp_path):
+    (tmp_path / "t.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w')\n")
+    stages = [{"type": "prune", "target": {"macs": 0.8}, "teacher": {"factory": "t.py:teacher"}}]
+    (tmp_path / "r.yaml").write_text(json.dumps(tiny_recipe_dict(stages=stages)))
+    result = invoke("validate", tmp_path / "r.yaml")
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2 and "stages.0.teacher.factory" in text and "defines no 'teacher'" in text, result.output
+    assert not (tmp_path / "ran").exists()

@@ -81,7 +81,7 @@ class Feeds:
             return int(np.prod(source.samples.shape[1:], dtype=np.int64)) * dtype.itemsize
         if spec is None or any(d is None for d in spec.shape[1:]):
             return None
-        return int(np.prod([int(d) for d in spec.shape[1:]], dtype=np.int64)) * dtype.itemsize
+        return int(np.prod([int(d) for d in spec.shape[1:] if d is not None], dtype=np.int64)) * dtype.itemsize
 
     def _run_samples(self, run_dir: Path) -> Source | None:
         if run_dir not in self._eval:
