@@ -29,7 +29,7 @@ from .context import Reporter, RunContext, RunState
 from .errors import ConfigError, MissingDependencyError
 from .handle import ModelHandle
 from .inputs import Inputs, as_numpy, describe, take, to
-from .prepare import check_factory, load_inputs, plan_stages, preflight
+from .prepare import load_inputs, plan_stages, preflight
 from .recipe import LoadedRecipe
 from .stage import Check, Stage
 
@@ -79,7 +79,6 @@ def run_doctor(loaded: LoadedRecipe, reporter: Reporter | None = None) -> Doctor
     start = time.perf_counter()
     reporter = reporter or Reporter()
     stages = plan_stages(loaded)
-    check_factory(loaded)
     rows = _toolchain_rows(loaded, stages, preflight)
     reporter.info("doctor: loading the data and the model")
     with loaded.locating():  # it tries one batch: reference targets (an embedding task's) for that batch alone

@@ -48,18 +48,23 @@ def preflight(loaded: LoadedRecipe, stages: list[Stage], out: str | Path | None 
     recipe = loaded.recipe
     if out is not None:
         check_out_dir(Path(out), recipe.name)
-    factory_notes = check_factory(loaded)
-    with loaded.locating():
-        files = [("model", "checkpoint")] + [("data", name) for name in ("path", "train", "eval")]
-        for section, name in files:
-            value = getattr(getattr(recipe, section), name)
-            if value and not (Path(value).is_file() if name == "checkpoint" else Path(value).exists()):
-                raise ConfigError((section, name), f"file not found: {value}",
-                                  hint="a relative path is relative to the recipe file that sets it")
-        notes = list(factory_notes)
-        for stage in stages:
+    factory_notes, problems = factory_problems(loaded)
+    files = [("model", "checkpoint")] + [("data", name) for name in ("path", "train", "eval")]
+    for section, name in files:
+        value = getattr(getattr(recipe, section), name)
+        if value and not (Path(value).is_file() if name == "checkpoint" else Path(value).exists()):
+            problems.append(ConfigError((section, name), f"file not found: {value}",
+                                        hint="a relative path is relative to the recipe file that sets it"))
+    notes = list(factory_notes)
+    for stage in stages:  # each stage's own files (a calibration source, a request log) and toolchains
+        try:
             notes += stage.preflight(None)
+        except ConfigError as exc:
+            problems.append(exc)
+    if problems:  # every missing file at once, each at its line
+        raise loaded.error(problems)
     return notes
+
 
 
 def check_factory(loaded: LoadedRecipe) -> list[str]:
@@ -67,14 +72,24 @@ def check_factory(loaded: LoadedRecipe) -> list[str]:
     parses and defines it: for `validate` and ``--dry-run``, a located recipe error (FILE:LINE  model.factory),
     exit 2. Nothing is imported, so none of the user's code runs (``models.check_factory_statically``); returns
     notes for what only the run can confirm."""
+    notes, problems = factory_problems(loaded)
+    if problems:
+        raise loaded.error(problems)
+    return notes
+
+
+def factory_problems(loaded: LoadedRecipe) -> tuple[list[str], list[ConfigError]]:
+    """(notes, problems) of ``check_factory``, for a caller that lists them with others."""
     specs: list[tuple[tuple, str]] = [(("model", "factory"), loaded.recipe.model.factory)]
     teachers = [(i, getattr(getattr(stage, "teacher", None), "factory", None)) for i, stage in enumerate(loaded.recipe.stages)]
     specs += [(("stages", i, "teacher", "factory"), factory) for i, factory in teachers if isinstance(factory, str)]
-    notes = []
-    with loaded.locating():
-        for loc, factory in specs:
+    notes, problems = [], []
+    for loc, factory in specs:
+        try:
             notes += [note for note in [_check_one_factory(loc, factory)] if note]
-    return notes
+        except ConfigError as exc:
+            problems.append(exc)
+    return notes, problems
 
 
 def _check_one_factory(loc: tuple, factory: str) -> str | None:

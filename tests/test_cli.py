@@ -802,3 +802,17 @@ def test_every_template_validates_where_init_writes_it(tmp_path):
         assert invoke("init", name, target).exit_code == 0
         result = invoke("validate", target)
         assert result.exit_code == 0, (name, result.output)
+
+
+@pytest.mark.parametrize("command", ["validate", "doctor"])
+def test_validate_and_doctor_list_every_missing_file_each_at_its_line(tmp_path, command):
+    """`doctor` reported only the first of three missing files; `validate` checked none (issue 26)."""
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("name: m\nmodel: {factory: nope.py:build, checkpoint: missing.pt}\ndata: {format: npz, path: gone.npz}\n"
+                      "stages:\n  - {type: train, epochs: 1}\n"
+                      "  - {type: calibrate, size: 8, source: {path: requests.jsonl, format: jsonl}}\n")
+    result = invoke(command, recipe)
+    assert result.exit_code == 2, result.output
+    for line, key in ((2, "model.checkpoint"), (2, "model.factory"), (3, "data.path"), (6, "stages.1.source.path")):
+        assert f"{recipe}:{line}  {key}" in result.stderr, result.stderr
+    assert "4 problems" in result.stderr

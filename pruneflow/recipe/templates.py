@@ -40,13 +40,31 @@ def templates() -> dict[str, Traversable]:
 
 
 def template_summaries() -> dict[str, str]:
-    """Name → the template's first comment line, sorted by name: what `init --list` shows."""
+    """Name → the template's opening comment, whole, sorted by name: what `init --list` shows."""
     return {name: _first_comment(file.read_text()) for name, file in sorted(templates().items())}
 
 
 def _first_comment(text: str) -> str:
-    """A recipe's first `#` line without the mark: each template opens with a one-line summary."""
-    return next((ln[1:].strip() for ln in text.splitlines() if ln.startswith("#")), "")
+    """A recipe's opening comment paragraph without the marks (up to an empty `#` line or the first key): each
+    template opens with what it does and what it needs, in a sentence or a few."""
+    lines: list[str] = []
+    for ln in text.splitlines():
+        if not ln.startswith("#") or (lines and not ln[1:].strip()) or ln.startswith("#  "):  # an indented command
+            break
+        lines.append(ln[1:].strip())
+    paragraph = " ".join(part for part in lines if part)
+    if len(paragraph) <= SUMMARY_CHARS:
+        return paragraph
+    ends, depth = [], 0
+    for i, ch in enumerate(paragraph[:SUMMARY_CHARS]):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if ch == "." and depth == 0 and paragraph[i + 1: i + 2] in (" ", ""):
+            ends.append(i + 1)
+    return paragraph[: ends[-1]] if ends else paragraph  # whole sentences, never one cut in the middle
+
+
+#: `init --list` shows a template's opening sentences up to about this many characters (the recipe file has the rest).
+SUMMARY_CHARS = 420
 
 
 def write_template(name: str, path: Path | None = None, *, force: bool = False) -> WrittenTemplate:
