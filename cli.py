@@ -500,6 +500,14 @@ def _print_summary(result) -> None:
         for g in result.gates:
             table.add_row(g.name, "[green]pass[/]" if g.passed else "[bold red]FAIL[/]", g.message)
         console.print(table)
+    headline = result.headline_rows()
+    if headline:  # last, where the eye lands: what changed against the model the run started from
+        table = Table(title=f"against the model you started from (entering {result.start['stage']})", title_justify="left")
+        for c in ("", "start", "result", "change"):
+            table.add_column(c, justify="left" if c in ("", "change") else "right")
+        for r in headline:
+            table.add_row(r["what"], r["start"], r["result"], r["change"], style="yellow" if r.get("noisy") else None)
+        console.print(table)
     verdict = "[bold green]done[/]" if result.exit_code == 0 else f"[bold red]quality gate failed[/] (exit {result.exit_code})"
     console.print(f"{verdict} — run directory: {result.run_dir}  (report.md, manifest.json, metrics.json)")
 

@@ -91,6 +91,8 @@ class RunState:
     metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
     artifacts: list["Artifact"] = field(default_factory=list)
     example_input: "torch.Tensor | dict[str, torch.Tensor] | None" = None  # pruneflow.inputs.Inputs
+    #: The model the run started from (entering its first compressing stage; ``headline.StartPoint``), None before.
+    start: Any = None
 
     @property
     def model(self) -> "torch.nn.Module":

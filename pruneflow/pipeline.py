@@ -19,6 +19,7 @@ from typing import Any, Iterator
 
 from .artifacts import (Artifact, Manifest, disk_full_cause, run_dir_lock, sha256_file, tool_versions, write_json_atomic,
                         write_text_atomic)
+from .headline import capture_start
 from .checkpoint import PickledCheckpointError, load_checkpoint, save_checkpoint
 from .context import Reporter, RunContext, RunState
 from .errors import EXIT_GATE_FAILED, EXIT_OK, InputError, PruneflowError, StageError
@@ -171,6 +172,8 @@ def metrics_payload(result: RunResult) -> dict[str, Any]:
         "flat": result.metrics,
         "gates": [g.as_dict() for g in result.gates],
         "tables": {r.id: r.tables for r in result.stages if r.tables},
+        "start": result.start,
+        "headline": result.headline_rows(),
     }
 
 
@@ -244,6 +247,8 @@ def _run(loaded: LoadedRecipe, stages: list[Stage], inputs: RunInputs, run_dir: 
     for stage in stages:
         key = _hash(key, stage.config.model_dump(mode="json"), tool_versions())
         progress.stage, progress.before = stage, snapshot(run_dir)
+        if stage.compresses and state.start is None:  # the model entering the first compression: the run's start
+            state.start = capture_start(stage.id, state, ctx, state.task.headline.name)
         record = _resume(stage, key, state, ctx, manifest) if resume else None
         if record is None:
             record = _run_stage(stage, key, state, ctx, manifest, len(stages), progress.before)
@@ -253,7 +258,8 @@ def _run(loaded: LoadedRecipe, stages: list[Stage], inputs: RunInputs, run_dir: 
     flat = flat_metrics(records, manifest.artifacts)
     gates = [GateResult(**g) for r in records for g in r.gates] + check_gates(recipe.gates, flat, state.task)
     exit_code = EXIT_GATE_FAILED if any(not g.passed for g in gates) else EXIT_OK
-    result = RunResult(run_dir, exit_code, records, list(manifest.artifacts), gates, flat, state.task.summary())
+    result = RunResult(run_dir, exit_code, records, list(manifest.artifacts), gates, flat, state.task.summary(),
+                       start=state.start.summary() if state.start is not None else None)
     write_json_atomic(run_dir / "metrics.json", metrics_payload(result))
     write_reports(result, loaded, data, state)
     return result

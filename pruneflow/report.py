@@ -158,6 +158,23 @@ def latency_section(result: "RunResult") -> list[str]:
     ]
 
 
+def headline_section(result: "RunResult") -> list[str]:
+    """Before -> after against the model the run started from, first thing in the report (``headline.py``)."""
+    rows = result.headline_rows()
+    if not rows or not result.start:
+        return []
+    noisy = any(r.get("noisy") for r in rows)
+    return [
+        "## Against the model you started from",
+        "",
+        md_table([{"": r["what"], "start": r["start"], "result": r["result"], "change": r["change"]} for r in rows]),
+        f"The start is the model entering stage `{result.start['stage']}`. Latency: both timed interleaved in one loop by "
+        "the export stage, on the host under Latency; p50 ratio, with the larger p90/p50 of the two."
+        + (" A ratio flagged NOISY moved more between runs than it claims: time it again with `pruneflow bench`." if noisy else ""),
+        "",
+    ]
+
+
 def stage_rows(result: "RunResult") -> list[dict]:
     return [{
         "stage": s.id + (" (resumed)" if s.resumed else ""),
@@ -201,6 +218,7 @@ def render_markdown(result: "RunResult", loaded: "LoadedRecipe", data: "DataBund
         "",
         f"**{verdict}**" + (f" — {recipe.description}" if recipe.description else ""),
         "",
+        *headline_section(result),
         f"- recipe: `{loaded.file}`" + (f" (extends {', '.join(f'`{p}`' for p in loaded.chain[1:])})" if len(loaded.chain) > 1 else ""),
         f"- model: `{recipe.model.factory}`" + (f", checkpoint `{recipe.model.checkpoint}`" if recipe.model.checkpoint else ""),
         f"- data: {data.description}; {len(data.train) if data.train is not None else 0} train / {len(data.eval)} eval samples, "

@@ -49,6 +49,8 @@ class RunResult:
     metrics: dict[str, Any]
     #: The run's task as ``Task.summary`` records it (type, headline metric, each metric's direction).
     task: dict[str, Any] = field(default_factory=dict)
+    #: The model the run started from (``headline.StartPoint.summary``), None when no stage compressed it.
+    start: dict[str, Any] | None = None
 
     @property
     def headline(self) -> str:
@@ -70,7 +72,14 @@ class RunResult:
                 for a in self.artifacts
             ],
             "gates": [g.as_dict() for g in self.gates],
+            "headline": self.headline_rows(),
         }
+
+    def headline_rows(self) -> list[dict[str, Any]]:
+        """Before -> after against the model the run started from (``headline.headline_rows``)."""
+        from .headline import headline_rows
+
+        return headline_rows(self)
 
 
 #: The attribute under which run_recipe leaves the partial RunResult on the exception that stopped a run.

@@ -112,6 +112,9 @@ class Stage(Generic[C]):
     #: True when the stage changes the model's weights or structure (training, pruning, quantizing): the pipeline
     #: then checkpoints the model it leaves (structure included, so a reshaped model reloads).
     modifies_model: ClassVar[bool] = False
+    #: True when the stage makes the model smaller or cheaper (pruning, quantization): the model entering the first
+    #: such stage is the one the run started from, which report.md's headline compares the result with.
+    compresses: ClassVar[bool] = False
     #: True when the stage trains under DistributedDataParallel with ``--nproc``: the ranks other than 0 run the
     #: recipe up to the last such stage (``distributed.py``).
     runs_under_ddp: ClassVar[bool] = False

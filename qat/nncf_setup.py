@@ -121,8 +121,33 @@ def watching_locks(folder: Path, notify: Notify = _notify, every: float = 1.0) -
         thread.join()
 
 
+def pin_ninja() -> None:
+    """Put this interpreter's own ``bin`` first on PATH when it holds a ``ninja`` (pip's, in the environment).
+
+    torch runs the first ``ninja`` on PATH. With the environment activated that is pip's 1.13, without it (what
+    ``.venv/bin/pruneflow`` and ``make demo`` do) the system's 1.11; the two hash the build commands differently
+    in ``.ninja_log``, so each one took the other's build as stale and rebuilt the extension (1.5-3 minutes, six
+    times in 26 minutes, issue 26). One ninja per environment, whatever the shell, builds it once."""
+    here = Path(sys.executable).parent  # not resolved: a virtual environment's bin, not the base interpreter's
+    if not (here / "ninja").exists():
+        return
+    path = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p]
+    if not path or Path(path[0]) != here:
+        os.environ["PATH"] = os.pathsep.join([str(here), *(p for p in path if Path(p) != here)])
+
+
+def extension_state(folder: Path | None = None) -> tuple[bool, Path]:
+    """(built, where): whether NNCF's CPU extension is already compiled in the cache this environment uses."""
+    import torch
+
+    folder = folder or Path(os.environ.get("TORCH_EXTENSIONS_DIR", str(extensions_dir())))
+    found = list((folder / "nncf" / "quantized_functions_cpu").glob(f"{torch.__version__}/quantized_functions_cpu*.so"))
+    return bool(found), folder
+
+
 def configure(notify: Notify = _notify) -> Path:
     """Set the environment NNCF's loader reads and clear stale locks; must run before nncf.torch builds anything."""
+    pin_ninja()
     folder = Path(os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_dir())))
     os.environ.setdefault("NNCF_EXTENSION_LOAD_TIMEOUT", "0")
     folder.mkdir(parents=True, exist_ok=True)
@@ -138,6 +163,9 @@ def ensure_built(notify: Notify = _notify) -> Path:
         import nncf.torch.quantization.extensions  # noqa: F401 - registers the loaders force_build iterates
     except ImportError as exc:
         raise MissingDependencyError("QAT needs NNCF", hint="pip install nncf") from exc
+    if not extension_state(folder)[0]:
+        notify(f"building NNCF's C++ quantization kernels, once for this environment (about 2 minutes on 2 cores; "
+               f"QAT and PTQ need them); later runs, from any shell, reuse {folder}")
     try:
         with watching_locks(folder, notify):
             nncf.torch.force_build_cpu_extensions()

@@ -149,6 +149,7 @@ def _check_model(stage: Stage, model: nn.Module, batch) -> list[str]:
 class PtqStage(Stage[PtqConfig]):
     Config = PtqConfig
     modifies_model = True
+    compresses = True
     check_model = _check_model
 
     @classmethod
@@ -188,6 +189,7 @@ class QatStage(Stage[QatConfig]):
 
     Config = QatConfig
     modifies_model = True
+    compresses = True
     needs_train_split = True
     runs_under_ddp = True
     check_model = _check_model

@@ -571,3 +571,34 @@ def test_run_files_are_strict_json_with_null_for_nan(tmp_path):
         raise AssertionError(f"{name} in {path.name}")
 
     assert json.loads(path.read_text(), parse_constant=refuse) == {"a": None, "b": [None, 1.5], "c": None, "d": 2.0}
+
+
+@pytest.mark.slow  # two interpreters importing NNCF (~30 s); builds nothing when the cache is warm, as CI's is
+def test_the_nncf_extension_is_not_rebuilt_when_the_shell_puts_another_ninja_first(tmp_path):
+    """With the environment activated torch ran pip's ninja 1.13, without it the system's 1.11: each took the
+    other's build as stale, and the extension was rebuilt at every switch (1.5-3 minutes, issue 26). The
+    environment's own ninja is now put first whatever PATH says: the second command rebuilds nothing."""
+    import os
+    import subprocess
+    import sys
+
+    from qat.nncf_setup import extension_state
+
+    venv_bin = str(Path(sys.executable).parent)
+    others = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != venv_bin]
+    orders = {"activated": [venv_bin, *others], "not activated": [*others, venv_bin]}
+
+    def build(order: str) -> None:
+        env = {**os.environ, "PATH": os.pathsep.join(orders[order])}
+        done = subprocess.run([sys.executable, "-m", "qat.nncf_setup"], cwd=Path(__file__).resolve().parents[1], env=env,
+                              capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stderr
+
+    build("activated")  # builds when the cache is cold, else loads
+    built, folder = extension_state()
+    assert built
+    files = sorted(folder.rglob("*.so")) + sorted(folder.rglob("*.o")) + sorted(folder.rglob(".ninja_log"))
+    before = {f: f.stat().st_mtime_ns for f in files}
+    build("not activated")
+    build("activated")
+    assert {f: f.stat().st_mtime_ns for f in files} == before, "the extension was rebuilt"

@@ -10,7 +10,7 @@ from pruneflow.artifacts import Artifact, Manifest, atomic_path, sha256_file
 from pruneflow.pipeline import run_recipe
 from pruneflow.recipe import load_recipe
 
-from conftest import REPO, runs_a_recipe, forced_f32
+from conftest import REPO, forced_f32, invoke, runs_a_recipe, tiny_recipe_dict, write
 
 
 @pytest.fixture(scope="module")
@@ -113,3 +113,29 @@ def test_a_failure_before_the_first_stage_writes_nothing(tmp_path, write_recipe)
     with pytest.raises(InputError, match="no rows"):
         run_recipe(load_recipe(write_recipe(recipe)), out=tmp_path / "runs")
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow  # a tiny recipe through pruning and PTQ with latency timed (~20 s)
+def test_the_report_opens_with_what_changed_against_the_model_the_run_started_from(tmp_path):
+    """report.md never said what changed against the model you started from: every ratio was against the pruned
+    FP32 (issue 26). It now opens with start -> result and a ratio for MACs, parameters, bytes, the headline metric
+    and the latency of the starting model timed in each runtime interleaved with the artifacts."""
+
+    stages = [{"type": "train", "epochs": 1, "batch_size": 32, "lr": 0.05},
+              {"type": "prune", "importance": "magnitude", "target": {"macs": 0.5}, "rounds": 1,
+               "finetune": {"epochs": 1, "batch_size": 32}},
+              {"type": "calibrate", "size": 64},
+              {"type": "ptq"},
+              {"type": "export", "targets": ["onnx", "openvino"], "precisions": ["fp32", "int8"],
+               "latency": {"batch_sizes": [1], "runs": 5, "warmup": 1}}]
+    recipe = write(tmp_path / "r.yaml", tiny_recipe_dict(stages=stages))
+    result = invoke("optimize", recipe, "--out", tmp_path / "runs", "--json")
+    assert result.exit_code == 0, result.output
+    rows = {r["what"].split(" (")[0].split(",")[0]: r for r in json.loads(result.stdout)["headline"]}
+    assert rows["MACs"]["ratio"] > 1.3 and rows["parameters"]["ratio"] > 1.3
+    assert rows["bytes on disk"]["ratio"] > 3  # int8 of a pruned model against the trained fp32 checkpoint
+    assert "delta" in rows["accuracy"]
+    assert rows["latency onnxruntime/CPU"]["ratio"] > 0 and "spread" in rows["latency onnxruntime/CPU"]
+    assert any(k.startswith("latency openvino/CPU") for k in rows)
+    head = (tmp_path / "runs" / "tiny" / "report.md").read_text().splitlines()[:15]
+    assert "## Against the model you started from" in head and any(ln.startswith("| MACs |") and "x fewer" in ln for ln in head)

@@ -34,6 +34,7 @@ _STRATEGIES: dict[type, type[Strategy]] = {
 class PruneStage(Stage[AnyPruneConfig]):
     Config = ChannelPruneConfig  # the default variant; the recipe validates against config_model()
     modifies_model = True
+    compresses = True
     needs_train_split = True
     runs_under_ddp = True
 

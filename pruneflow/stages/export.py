@@ -13,6 +13,7 @@ import dataclasses
 import errno
 import logging
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
@@ -230,7 +231,10 @@ class ExportStage(Stage[ExportConfig]):
                             opened.append(checked[0])
                     result.artifacts.append(artifact)
         if cfg.latency and opened:
-            self._time(opened, state, ctx)
+            with tempfile.TemporaryDirectory(prefix="pruneflow-start-") as tmp:
+                start = self._start_lanes(state, ctx, Path(tmp))
+                self._time(opened + start, state, ctx)
+            result.tables["start_latency"] = _start_rows(start, cfg.latency.batch_sizes)
         result.gates += artifact_gates(cfg.gates, [a for a in result.artifacts if a.status == "built"],
                                        cfg.latency.batch_sizes if cfg.latency else [])
         result.tables["host"] = [host_record(cfg.latency.threads if cfg.latency else None)]
@@ -306,6 +310,39 @@ class ExportStage(Stage[ExportConfig]):
             artifact.notes.append("static batch 1: latency timed at batch 1 only")
         return Opened(artifact, timed, static), gates
 
+    def _start_lanes(self, state, ctx, tmp: Path) -> list[Opened]:
+        """The model the run started from (``headline.py``), as FP32 ONNX (and IR, when this stage builds one) in
+        ``tmp``, opened in the runtimes the artifacts run in: the headline's latency ratios are then timed side by
+        side with them. [] when no stage compressed the model, or when it cannot be exported (said in the log)."""
+        from ..export.onnx import export_onnx
+        from ..inputs import to
+
+        start = getattr(state, "start", None)
+        targets = [name for name, _ in self.make_targets() if name in ("onnx", "openvino")]
+        if start is None or not targets or self.config.latency is None:
+            return []
+        view = reading_view(dataclasses.replace(state, handle=start.handle))
+        paths = {"onnx": tmp / "start.onnx"}
+        try:
+            export_onnx(view.handle.float_module(), to(state.example_input, "cpu"), paths["onnx"],
+                        output_name=state.task.output_name)
+            if "openvino" in targets:
+                import openvino as ov
+
+                ov.save_model(ov.convert_model(str(paths["onnx"])), str(tmp / "start.xml"))
+                paths["openvino"] = tmp / "start.xml"
+        except Exception as exc:  # noqa: BLE001 - the headline then goes without latency; the artifacts are unaffected
+            log.warning("%s: the starting model could not be exported for timing: %s", self.id, exc)
+            return []
+        lanes = []
+        for name in targets:
+            artifact = Artifact(path=f"(start) {paths[name].name}", kind="start", producer=self.id, target=name,
+                                precision="fp32", form="start")
+            executors = open_for(artifact, None, paths[name], self.config.latency.threads)  # type: ignore[arg-type]
+            if executors:
+                lanes.append(Opened(artifact, executors))
+        return lanes
+
     def _time(self, opened: list[Opened], state, ctx) -> None:
         lat = self.config.latency
         assert lat is not None
@@ -316,6 +353,19 @@ class ExportStage(Stage[ExportConfig]):
                  progress=lambda description, total: ctx.reporter.progress(f"{self.id}: {description}", total=total))
         for o in opened:
             o.artifact.metrics["latency_threads"] = lat.threads or 0
+
+
+def _start_rows(lanes: list[Opened], batch_sizes: list[int]) -> list[dict[str, Any]]:
+    """The starting model's timings, one row per target, way of running it and batch size (``headline.py``)."""
+    rows = []
+    for lane in lanes:
+        m = lane.artifact.metrics
+        for suffix, executor in lane.executors.items():
+            for bs in batch_sizes:
+                if f"latency_b{bs}_median_ms{suffix}" in m:
+                    rows.append({"target": lane.artifact.target, "runtime": executor.label, "suffix": suffix, "batch": bs,
+                                 "p50_ms": m[f"latency_b{bs}_median_ms{suffix}"], "p90_ms": m[f"latency_b{bs}_p90_ms{suffix}"]})
+    return rows
 
 
 def reading_view(state):

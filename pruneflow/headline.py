@@ -1,0 +1,143 @@
+"""What a run changed against the model it started from: the headline report.md and ``--json`` open with.
+
+The model a run starts from is the one entering its first compressing stage (``Stage.compresses``: prune, QAT,
+PTQ); a train stage before it makes that model. The headline compares the run's result with it, as
+before -> after and a ratio: MACs, parameters, bytes on disk, the task's headline metric, and latency per runtime
+and batch size. The export stage times the starting model in each runtime, interleaved with the artifacts
+(``stages/export.py``), so every latency ratio is measured side by side, and carries its spread.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .context import RunContext, RunState
+    from .handle import ModelHandle
+    from .results import RunResult
+
+#: p90/p50 above this on either side of a latency ratio: the figure is flagged as noise.
+NOISY_SPREAD = 1.5
+
+
+@dataclass
+class StartPoint:
+    """The model a run started from: a frozen float copy, and what it measured before any compression."""
+
+    stage: str  # the first compressing stage, which it entered
+    handle: "ModelHandle"
+    macs: int | None
+    params: int | None
+    metric: float | None  # the task's headline metric, from the last stage before that measured it
+    bytes: int | None
+    bytes_what: str
+    latency: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        """What manifest.json, metrics.json and RunResult keep (the model itself stays in memory)."""
+        return {"stage": self.stage, "macs": self.macs, "params": self.params, "metric": self.metric,
+                "bytes": self.bytes, "bytes_what": self.bytes_what}
+
+
+def capture_start(stage_id: str, state: "RunState", ctx: "RunContext", headline: str) -> StartPoint:
+    """The state's model as it enters ``stage_id``: counted, measured, and copied (float) for the export to time."""
+    from .evaluate import count_macs_params
+    from .handle import ModelHandle
+
+    module = copy.deepcopy(state.handle.float_module()).eval()
+    try:
+        macs, params = count_macs_params(module, state.example_input)
+    except Exception:  # noqa: BLE001 - a model the counter cannot trace: the headline goes without MACs
+        macs, params = None, sum(p.numel() for p in module.parameters())
+    metric = next((m[headline] for m in reversed(list(state.metrics.values())) if isinstance(m.get(headline), (int, float))),
+                  None)
+    size, what = _start_bytes(state, ctx, params)
+    return StartPoint(stage_id, ModelHandle(module), macs, params, metric, size, what)
+
+
+def _start_bytes(state: "RunState", ctx: "RunContext", params: int | None) -> tuple[int | None, str]:
+    """Bytes of the starting model on disk: its checkpoint in the run, the recipe's checkpoint, else FP32 weights."""
+    artifact = state.model_artifact
+    if artifact is not None and artifact.size_bytes:
+        return artifact.size_bytes, f"checkpoint {Path(artifact.path).parent.name}/{Path(artifact.path).name}"
+    source = ctx.recipe.model.checkpoint
+    if source and Path(source).is_file():
+        return Path(source).stat().st_size, f"checkpoint {Path(source).name}"
+    return (params * 4, "fp32 weights") if params else (None, "")
+
+
+def result_artifact(result: "RunResult", target: str | None = None):
+    """The run's result: the last export stage's built artifact of the lowest precision (int8 before fp16 before
+    fp32), CPU form first; of ``target`` when given. None without an exported artifact."""
+    order = {"int8": 0, "fp16": 1, "fp32": 2}
+    built = [a for a in result.artifacts if a.status == "built" and a.target and (target is None or a.target == target)]
+    built.sort(key=lambda a: (order.get(a.precision or "", 3), a.form not in (None, "cpu")))
+    return built[0] if built else None
+
+
+def headline_rows(result: "RunResult") -> list[dict[str, Any]]:
+    """``{"what", "start", "result", "change"}`` rows: MACs, parameters, bytes, the headline metric, latency."""
+    start = result.start
+    if not start:
+        return []
+    after = result_artifact(result)
+    macs_after = next((s.metrics["macs"] for s in reversed(result.stages) if "macs" in s.metrics), None)
+    params_after = next((s.metrics["params"] for s in reversed(result.stages) if "params" in s.metrics), None)
+    rows = [_ratio_row("MACs", start.get("macs"), macs_after, "fewer"),
+            _ratio_row("parameters", start.get("params"), params_after, "fewer")]
+    if after is not None:
+        rows.append(_ratio_row(f"bytes on disk ({start.get('bytes_what')} → {after.label})", start.get("bytes"),
+                               after.size_bytes, "smaller", human=True))
+        rows.append(_metric_row(result, start.get("metric"), after.metrics.get(result.headline), after.label))
+    rows += _latency_rows(result)
+    return [r for r in rows if r is not None]
+
+
+def _ratio_row(what: str, before: Any, after: Any, word: str, human: bool = False) -> dict[str, Any] | None:
+    if not isinstance(before, (int, float)) or not isinstance(after, (int, float)) or not before or not after:
+        return None
+    from .report import human_bytes, human_int
+
+    show = human_bytes if human else human_int
+    ratio = before / after
+    change = f"{ratio:.2f}x {word}" if ratio >= 1 else f"{1 / ratio:.2f}x {'larger' if word == 'smaller' else 'more'}"
+    return {"what": what, "start": show(int(before)), "result": show(int(after)), "change": change,
+            "ratio": round(ratio, 4)}
+
+
+def _metric_row(result: "RunResult", before: Any, after: Any, label: str) -> dict[str, Any] | None:
+    if not isinstance(before, (int, float)) or not isinstance(after, (int, float)):
+        return None
+    direction = (result.task.get("metrics") or {}).get(result.headline, "higher")
+    delta = after - before
+    worse = delta < 0 if direction == "higher" else delta > 0
+    return {"what": f"{result.headline} ({label})", "start": f"{before:.4f}", "result": f"{after:.4f}",
+            "change": f"{delta:+.4f}" + (" (worse)" if worse and delta else ""), "delta": delta}
+
+
+def _latency_rows(result: "RunResult") -> list[dict[str, Any]]:
+    """Per runtime and batch size: the starting model's p50 (timed by the export stage beside the artifacts) against
+    the result artifact's of that target, with both spreads; flagged when either p90/p50 says it is noise."""
+    rows = []
+    for stage in result.stages:
+        for lane in stage.tables.get("start_latency", []):
+            after = result_artifact(result, lane["target"])
+            if after is None:
+                continue
+            suffix = lane.get("suffix", "")
+            p50 = after.metrics.get(f"latency_b{lane['batch']}_median_ms{suffix}")
+            p90 = after.metrics.get(f"latency_b{lane['batch']}_p90_ms{suffix}")
+            if not p50 or not lane.get("p50_ms"):
+                continue
+            spread = max(lane["p90_ms"] / lane["p50_ms"], (p90 or p50) / p50)
+            ratio = lane["p50_ms"] / p50
+            noisy = spread > NOISY_SPREAD
+            change = f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
+            rows.append({"what": f"latency {lane['runtime']}, batch {lane['batch']} ({after.label})",
+                         "start": f"{lane['p50_ms']:.3g} ms", "result": f"{p50:.3g} ms",
+                         "change": change + f" (p90/p50 up to {spread:.2f}" + (": NOISY, time again with bench)" if noisy else ")"),
+                         "ratio": round(ratio, 4), "spread": round(spread, 3), "noisy": noisy})
+    return rows
