@@ -739,10 +739,10 @@ def bench(
     sources: Annotated[list[Path], typer.Argument(help="Run folders (every exported artifact of the run) and/or .onnx/.xml files.", show_default=False)],
     runtime: Annotated[Optional[str], typer.Option("--runtime", help="Comma-separated: onnxruntime, openvino (default: every runtime that loads each file).", show_default=False)] = None,
     batch: Annotated[str, typer.Option("--batch", help="Comma-separated batch sizes.")] = "1,32",
-    warmup: Annotated[int, typer.Option("--warmup", help="Untimed runs of each artifact first.")] = 3,
-    runs: Annotated[Optional[int], typer.Option("--runs", help="Timed repetitions per batch size [default: 20].", show_default=False)] = None,
+    warmup: Annotated[int, typer.Option("--warmup", help="Untimed runs of each artifact first (the export stage's default too).")] = 3,
+    runs: Annotated[Optional[int], typer.Option("--runs", help="Timed repetitions per batch size [default: 50, as the export stage].", show_default=False)] = None,
     duration: Annotated[Optional[float], typer.Option("--duration", help="Seconds of timing per batch size, instead of --runs.", show_default=False)] = None,
-    threads: Annotated[Optional[int], typer.Option("--threads", help="Runtime threads (default: the runtime's own choice).", show_default=False)] = None,
+    threads: Annotated[int, typer.Option("--threads", min=0, help="Runtime threads, as the export stage times with; 0: the runtime's own choice.")] = 1,
     baseline: Annotated[Optional[str], typer.Option("--baseline", help="Variant the ratios are against: RUN/LABEL (e.g. quickstart/onnx.fp32), a label, or a file name [default: the first fp32 artifact].", show_default=False)] = None,
     openvino_precision: Annotated[str, typer.Option("--openvino-precision", help="OpenVINO inference precision hints to time, comma-separated: default (bf16 on AVX-512 BF16/AMX CPUs), f32, bf16, f16.")] = "default,f32",
     json_out: Annotated[Optional[str], typer.Option("--json", metavar="[FILE]", help="Every figure as JSON: alone on stdout (instead of the table), or into FILE (--json out.json, --json=FILE).", show_default=False)] = None,
@@ -757,6 +757,7 @@ def bench(
         pruneflow bench runs/dense runs/pruned --batch 1,32 --runs 100 --html bench.html --json bench.json
     """
     from pruneflow.benchmark import BenchSettings, result_json, run_bench, write_outputs
+    from pruneflow.runtime.timing import DEFAULT_RUNS
 
     to_stdout = json_out == "-"
     with handle_errors(verbose, to_stdout):
@@ -767,7 +768,7 @@ def bench(
             raise UsageError(f"--json took {json_out!r} as the file to write, and it is a model or a folder",
                              hint="put --json after the artifacts, or write --json=FILE")
         settings = BenchSettings(runtimes=_names(runtime), batches=_int_list("--batch", batch), warmup=warmup,
-                                 runs=runs or 20, duration=duration, threads=threads, baseline=baseline,
+                                 runs=runs or DEFAULT_RUNS, duration=duration, threads=threads or None, baseline=baseline,
                                  openvino_precisions=_names(openvino_precision) or [], benchmark_app=benchmark_app)
         result = run_bench(list(sources), settings, RichReporter(_err_console(), quiet=to_stdout))
         written = write_outputs(result, json_file=json_file, html=html, prometheus=prometheus)
@@ -807,6 +808,11 @@ def _print_bench(result, written: list[Path]) -> None:
     cpu = result.host["cpu"]
     console.print(f"host: {cpu['model']} ({cpu['arch']}), {cpu['usable_cpus']} CPUs, ISA {' '.join(cpu['isa'])}; "
                   f"threads {result.settings.threads or 'runtime default'}", markup=False)
+    settings = result.settings
+    how = f"for {settings.duration:g} s" if settings.duration else f"{settings.runs} runs"
+    console.print(f"timing: interleaved, {how} per batch size after {settings.warmup} warm-up, threads "
+                  f"{settings.threads or 'runtime default'} (the export stage's defaults: 50 runs, 3 warm-up, 1 thread)",
+                  markup=False)
     for what in sorted(set(result.inputs.values())):
         console.print(f"input: {what}", markup=False)
     if result.benchmark_app["asked"]:

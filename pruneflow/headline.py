@@ -49,6 +49,8 @@ def capture_start(stage_id: str, state: "RunState", ctx: "RunContext", headline:
 
     module = copy.deepcopy(state.handle.float_module()).eval()
     try:
+        if state.example_input is None:
+            raise ValueError("no example input")
         macs, params = count_macs_params(module, state.example_input)
     except Exception:  # noqa: BLE001 - a model the counter cannot trace: the headline goes without MACs
         macs, params = None, sum(p.numel() for p in module.parameters())

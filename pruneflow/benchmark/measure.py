@@ -17,6 +17,7 @@ import numpy as np
 from ..context import Reporter
 from ..errors import PruneflowError, UsageError
 from ..runtime import Executor, LatencyStats, RuntimeUnavailable, open_artifact, runtimes_for, time_interleaved
+from ..runtime.timing import DEFAULT_RUNS, DEFAULT_THREADS, DEFAULT_WARMUP
 from .inputs import Feeds
 from .variants import Variant
 
@@ -32,10 +33,10 @@ class BenchSettings:
 
     runtimes: list[str] | None = None
     batches: list[int] = field(default_factory=lambda: [1, 32])
-    warmup: int = 3
-    runs: int = 20
+    warmup: int = DEFAULT_WARMUP
+    runs: int = DEFAULT_RUNS
     duration: float | None = None
-    threads: int | None = None
+    threads: int | None = DEFAULT_THREADS  # None: the runtime's own choice
     baseline: str | None = None
     openvino_precisions: list[str] = field(default_factory=lambda: ["default", "f32"])
     benchmark_app: bool = False

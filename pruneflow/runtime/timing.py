@@ -15,6 +15,13 @@ if TYPE_CHECKING:
     from ..inputs import Inputs
 
 
+#: One timing default for `pruneflow bench` and the export stage's `latency` (issue 26: they timed one file at 1
+#: thread and 50 runs against the runtime's threads and 20 runs, and disagreed up to 50x at batch 1).
+DEFAULT_RUNS = 50
+DEFAULT_WARMUP = 3
+DEFAULT_THREADS = 1
+
+
 @dataclass
 class LatencyStats:
     batch: int

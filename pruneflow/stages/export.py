@@ -30,6 +30,7 @@ from ..inputs import as_numpy, call, take, trim
 from ..recipe.models import list_of, normalise_target_list, target_union
 from ..recipe.rules import quantized_before
 from ..runtime import host_info
+from ..runtime.timing import DEFAULT_RUNS, DEFAULT_THREADS, DEFAULT_WARMUP
 from ..stage import Stage, StageConfig, StageResult, StrictModel, Target
 from ..tasks import ReadOutput, Task
 from .measure import (Opened, ParityLimits, batched, default_limits, open_for, parity_gate, parity_metrics, reference_outputs,
@@ -79,10 +80,10 @@ class ParitySpec(StrictModel):
 
 class LatencySpec(StrictModel):
     batch_sizes: list[int] = Field(default=[1, 32], min_length=1, description="Batch sizes to time (a static-batch artifact is timed at batch 1 only).")
-    runs: int = Field(default=50, ge=1, le=10_000, description="Timed repetitions per batch size (after warm-up); each runs every artifact of the stage once, in turn. "
+    runs: int = Field(default=DEFAULT_RUNS, ge=1, le=10_000, description="Timed repetitions per batch size (after warm-up); each runs every artifact of the stage once, in turn. "
                       "Median, p90 and p99 come from them (with fewer than 100 runs p99 is close to the slowest run).")
-    warmup: int = Field(default=3, ge=0, description="Untimed runs of each artifact first.")
-    threads: int | None = Field(default=1, ge=1, description="Runtime threads while timing (1 gives stable numbers; null: the runtime's default).")
+    warmup: int = Field(default=DEFAULT_WARMUP, ge=0, description="Untimed runs of each artifact first.")
+    threads: int | None = Field(default=DEFAULT_THREADS, ge=1, description="Runtime threads while timing (1 gives stable numbers; null: the runtime's default). `pruneflow bench` has the same defaults.")
 
 
 class ExportConfig(StageConfig):
