@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import sys
 import traceback
 from enum import Enum
@@ -79,10 +80,21 @@ def _err_console() -> Console:
     return Console(stderr=True, highlight=False, soft_wrap=True)
 
 
+class _ReaderGone(Exception):
+    """stdout's reader closed the pipe (``pruneflow ... | head -1``): not an error of the command's."""
+
+
+class _PipeConsole(Console):
+    def on_broken_pipe(self) -> None:  # rich's own handling raises SystemExit(1), which read as user code exiting
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # nothing more is written to the closed pipe, at exit included
+        raise _ReaderGone()
+
+
 def _out_console() -> Console:
-    console = Console(highlight=False, soft_wrap=True)
+    console = _PipeConsole(highlight=False, soft_wrap=True)
     if not console.is_terminal:  # CI logs and pipes: wide enough that tables do not wrap
-        console = Console(highlight=False, soft_wrap=True, width=max(console.width, 140))
+        console = _PipeConsole(highlight=False, soft_wrap=True, width=max(console.width, 140))
     return console
 
 
@@ -94,6 +106,8 @@ def handle_errors(verbose: bool, json_mode: bool = False) -> Iterator[None]:
         yield
     except typer.Exit:
         raise
+    except _ReaderGone:  # what the reader wanted it read; the command did its work (as `yes | head -1` does)
+        raise typer.Exit(EXIT_OK) from None
     except PruneflowError as exc:
         _print_error(err, exc, verbose)
         issues = [i.as_dict() for i in exc.issues] if isinstance(exc, RecipeError) else None

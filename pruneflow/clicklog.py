@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -76,6 +77,35 @@ def write(out: Path, rows: int, eval_fraction: float = 0.1, **kwargs) -> dict:
                "planted_auc_eval": auc(logit[cut:], columns["clicked"][cut:].astype(np.float64))}
     (out / "planted.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def cached(spec: Any) -> Path:
+    """The folder of the log ``spec`` (``recipe.models.ClickLogSpec``) describes, generated on first use into the user
+    cache and reused after (deterministic: one folder per settings). Written beside, then renamed into place, so a
+    run killed mid-write or a concurrent one never reads half a log."""
+    import hashlib
+    import os
+    import shutil
+    import tempfile
+
+    settings = spec.model_dump()
+    key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "pruneflow" / "clicklog"
+    folder = root / key
+    if (folder / "planted.json").is_file():
+        return folder
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))
+    try:
+        write(tmp, spec.rows, eval_fraction=spec.eval_fraction, users=spec.users, items=spec.items, seed=spec.seed)
+        try:
+            tmp.rename(folder)
+        except OSError:  # another run made it meanwhile: its copy is the same bytes
+            if not (folder / "planted.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -115,6 +115,15 @@ def _sources(spec: DataSpec, seed: int, with_train: bool, task: Task):
         ds, class_names = _digits()
         train_ds, eval_ds = _split(ds, spec, seed, task)
         where = "scikit-learn digits"
+    elif spec.format == "clicklog":
+        from .clicklog import cached
+        from .recipe.models import ClickLogSpec
+
+        log = spec.clicklog or ClickLogSpec()
+        folder = cached(log)
+        train_ds = _load_source("parquet", str(folder / "train.parquet"), "data.clicklog")[0] if with_train else None
+        eval_ds = _load_source("parquet", str(folder / "eval.parquet"), "data.clicklog")[0]
+        where = f"generated click log ({log.rows:,} rows, seed {log.seed}) in {folder}"
     elif spec.path:
         loaded, class_names = _load_source(spec.format, spec.path, "data.path")
         for part in loaded if isinstance(loaded, tuple) else (loaded,):

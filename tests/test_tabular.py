@@ -259,3 +259,28 @@ def test_doctor_tries_every_stage_of_a_ranker_recipe(tmp_path):
     result = invoke("doctor", tmp_path / "r.yaml")
     assert result.exit_code == 0, result.output
     assert "coupled channel groups" in result.output and "everything will work" in result.output
+
+
+@pytest.mark.slow  # generates a small log and trains a DeepFM on it (~15 s)
+def test_a_generated_click_log_is_made_by_the_run_once_and_reused(tmp_path, monkeypatch):
+    """recipes/ctr-scale.yaml needed `python -m pruneflow.clicklog` run by hand first; on a fresh clone it exited 2
+    (issue 26). `format: clicklog` generates the log into the user cache on first use, and the next run reuses it."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    recipe = {
+        "name": "log", "seed": 0, "device": "cpu", "task": "binary",
+        "model": {"factory": "deepfm", "kwargs": {"embedding_dim": 8, "hidden": 32}},
+        "data": {"format": "clicklog", "clicklog": {"rows": 4000, "users": 200, "items": 50}, "label_column": "clicked",
+                 "features": {"categorical": ["user_id", "item_id", "category", "device", "hour"],
+                              "numeric": ["price", "item_age_days", "user_activity"]}},
+        "stages": [{"type": "train", "epochs": 3, "batch_size": 128, "optimizer": "adamw", "lr": 0.01}],
+    }
+    out, stages, _ = optimize_json(recipe, tmp_path)
+    logs = list((tmp_path / "cache" / "pruneflow" / "clicklog").iterdir())
+    assert len(logs) == 1 and sorted(p.name for p in logs[0].iterdir()) == ["eval.parquet", "planted.json", "train.parquet"]
+    planted = json.loads((logs[0] / "planted.json").read_text())
+    assert planted["rows"] == 4000 and planted["eval_rows"] == 400
+    assert 0.55 < stages["train"]["auc"] <= planted["planted_auc_eval"] + 0.02  # learnt, never above the planted rule
+    before = (logs[0] / "train.parquet").stat().st_mtime_ns
+    (tmp_path / "again").mkdir()
+    optimize_json(recipe, tmp_path / "again")
+    assert (logs[0] / "train.parquet").stat().st_mtime_ns == before

@@ -116,10 +116,25 @@ class FeaturesSpec(StrictModel):
         return self
 
 
+class ClickLogSpec(StrictModel):
+    """A generated click log (``pruneflow.clicklog``): made once into the user cache, then read as parquet."""
+
+    rows: int = Field(default=1_000_000, ge=1_000, le=50_000_000, description="Impressions to generate.")
+    users: int = Field(default=1_000_000, ge=1, le=50_000_000, description="Distinct user ids.")
+    items: int = Field(default=100_000, ge=1, le=50_000_000, description="Distinct item ids.")
+    seed: int = Field(default=0, ge=0, le=2**32 - 1, description="Generator seed (the log is deterministic).")
+    eval_fraction: float = Field(default=0.1, gt=0, lt=1, description="The last share of the rows, held out for eval.")
+
+
 class DataSpec(StrictModel):
-    format: Literal["digits", "npz", "csv", "json", "parquet", "imagefolder", "disk"] = Field(
-        description="Where samples come from: `digits` (scikit-learn's bundled 8x8 digits), `npz` (named numpy arrays), "
+    format: Literal["digits", "clicklog", "npz", "csv", "json", "parquet", "imagefolder", "disk"] = Field(
+        description="Where samples come from: `digits` (scikit-learn's bundled 8x8 digits), `clicklog` (a generated "
+        "click log, see `clicklog`), `npz` (named numpy arrays), "
         "`csv`/`json`/`parquet` (one row a sample), `imagefolder` (class sub-folders), `disk` (a `datasets` save_to_disk folder)."
+    )
+    clicklog: ClickLogSpec | None = Field(
+        default=None, description="`format: clicklog`: the log to generate (once, into ~/.cache/pruneflow/clicklog; "
+        "columns user_id, item_id, category, device, hour, price, item_age_days, user_activity, clicked)."
     )
     path: str | None = PathField(
         description="One source that is split into train and eval (seeded, stratified) by `eval_fraction`."
@@ -167,9 +182,11 @@ class DataSpec(StrictModel):
     def _sources(self) -> "DataSpec":
         self._normalisation()
         self._tabular()
-        if self.format == "digits":
+        if self.clicklog is not None and self.format != "clicklog":
+            raise ValueError("`clicklog` settings go with `format: clicklog`")
+        if self.format in ("digits", "clicklog"):
             if self.path or self.train or self.eval:
-                raise ValueError("the built-in `digits` format takes no path, train or eval")
+                raise ValueError(f"the built-in `{self.format}` format takes no path, train or eval")
             return self
         if self.path and (self.train or self.eval):
             raise ValueError("give either `path` (split by eval_fraction) or `train`/`eval`, not both")
