@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Annotated, Iterator, Optional
 
 import typer
+import typer.core
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -37,6 +38,27 @@ EPILOG = (
     "3 missing dependency or unavailable target · 4 a stage or export failed · 130 interrupted."
 )
 
+def _plain_metavar(param, ctx) -> str | None:
+    """The value placeholder shown in --help, as click shows it: none after a flag, PATH, N, X, TEXT or the choices.
+    typer 0.2x prints the Python annotation there instead (``--resume <bool>``, ``--set <list[str]>``)."""
+    if param.metavar is not None:
+        return param.metavar
+    if getattr(param, "is_flag", False) or getattr(param, "count", False):
+        return None
+    if isinstance(param, typer.core.TyperArgument):
+        return (param.name or "value").upper()
+    desc = param.type_descriptor
+    if desc.is_choice:
+        return "[" + "|".join(str(getattr(c, "value", c)) for c in desc.choices or ()) + "]"
+    if desc.is_path:
+        return "PATH"
+    bare = param.bare_type().removeprefix("list[").removesuffix("]")
+    return {"int": "N", "float": "X", "str": "TEXT"}.get(bare, bare.upper())
+
+
+for _param_class in (typer.core.TyperOption, typer.core.TyperArgument):
+    _param_class.display_type_rich = _plain_metavar  # type: ignore[method-assign, assignment]
+
 app = typer.Typer(
     name="pruneflow",
     help="Turn a trained PyTorch model into smaller, faster, deployable artifacts.\n\n"
@@ -44,12 +66,12 @@ app = typer.Typer(
     "run it with `pruneflow optimize`.",
     epilog=EPILOG,
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     rich_markup_mode="markdown",
     pretty_exceptions_enable=False,
 )
 
-RecipeArg = Annotated[Path, typer.Argument(help="Recipe file (YAML).", show_default=False)]
+RecipeArg = Annotated[Path, typer.Argument(metavar="RECIPE", help="Recipe file (YAML).", show_default=False)]
 SetOpt = Annotated[
     Optional[list[str]],
     typer.Option("--set", "-s", help="Override a recipe value: KEY.PATH=VALUE, e.g. stages.0.epochs=3 (repeatable).",
@@ -625,8 +647,8 @@ def schema(
 
 @app.command(epilog=EPILOG)
 def init(
-    template: Annotated[str, typer.Argument(help="Template name (see --list).")] = "quickstart",
-    path: Annotated[Optional[Path], typer.Argument(help="Where to write it (default: TEMPLATE.yaml).", show_default=False)] = None,
+    template: Annotated[str, typer.Argument(metavar="TEMPLATE", help="Template name (see --list).")] = "quickstart",
+    path: Annotated[Optional[Path], typer.Argument(metavar="PATH", help="Where to write it (default: TEMPLATE.yaml).", show_default=False)] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
     list_: Annotated[bool, typer.Option("--list", help="List the templates and exit.")] = False,
     verbose: VerboseOpt = False,
@@ -648,7 +670,7 @@ def init(
 
 @app.command(name="calibrate", epilog=EPILOG)
 def calibrate_cmd(
-    source: Annotated[Path, typer.Argument(help="A local source: .jsonl/.json, .csv, .parquet, .npz, an image folder, or a save_to_disk folder.", show_default=False)],
+    source: Annotated[Path, typer.Argument(metavar="SOURCE", help="A local source: .jsonl/.json, .csv, .parquet, .npz, an image folder, or a save_to_disk folder.", show_default=False)],
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write the set to (a datasets folder plus calibration.json).")],
     size: Annotated[int, typer.Option("--size", help="Samples to choose.")] = 512,
     strategy: Annotated[str, typer.Option("--strategy", help="random | stratified | diverse")] = "diverse",
@@ -684,7 +706,7 @@ def calibrate_cmd(
 
 @app.command(name="inspect", epilog=EPILOG)
 def inspect_(
-    source: Annotated[str, typer.Argument(help="A run directory, a checkpoint in one, a recipe, a zoo model name, or an .onnx file.", show_default=False)],
+    source: Annotated[str, typer.Argument(metavar="SOURCE", help="A run directory, a checkpoint in one, a recipe, a zoo model name, or an .onnx file.", show_default=False)],
     input_shape: Annotated[Optional[str], typer.Option("--input-shape", help="One sample's shape, e.g. 3,32,32.")] = None,
     recipe: Annotated[Optional[Path], typer.Option("--recipe", help="For a run folder whose model is not a zoo model: the recipe it was made with (a run folder's own recipe never names code to run).", show_default=False)] = None,
     json_out: JsonOpt = False,
@@ -715,8 +737,8 @@ def _print_inspect(info: dict) -> None:
     columns = list(rows[0]) if rows else []
     for c in columns:
         table.add_column(c, justify="right" if c in ("params", "macs", "macs %", "count") else "left")
-    for r in rows:
-        table.add_row(*(fmt(r[c]) for c in columns))
+    for r in rows:  # a share is a percentage with one decimal (fmt would print 0.8 as 0.8000 and 24.6 as 24.6)
+        table.add_row(*(f"{r[c]:.1f}" if c == "macs %" and isinstance(r[c], (int, float)) else fmt(r[c]) for c in columns))
     console.print(table)
     totals = ", ".join(f"{k} {fmt(v)}" for k, v in info["totals"].items())
     console.print(f"total: {totals}")
@@ -750,7 +772,7 @@ def _names(text: str | None) -> list[str] | None:
 
 @app.command(cls=_OptionalJsonValue, epilog=EPILOG)
 def bench(
-    sources: Annotated[list[Path], typer.Argument(help="Run folders (every exported artifact of the run) and/or .onnx/.xml files.", show_default=False)],
+    sources: Annotated[list[Path], typer.Argument(metavar="RUN_OR_ARTIFACT", help="Run folders (every exported artifact of the run) and/or .onnx/.xml files.", show_default=False)],
     runtime: Annotated[Optional[str], typer.Option("--runtime", help="Comma-separated: onnxruntime, openvino (default: every runtime that loads each file).", show_default=False)] = None,
     batch: Annotated[str, typer.Option("--batch", help="Comma-separated batch sizes.")] = "1,32",
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed runs of each artifact first (the export stage's default too).")] = 3,

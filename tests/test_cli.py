@@ -828,3 +828,26 @@ def test_a_reader_closing_the_pipe_early_is_not_an_error():
     status = subprocess.run(f"'{sys.executable}' -m pruneflow init --list | head -1 >/dev/null; echo ${{PIPESTATUS[0]}}",
                             shell=True, cwd=ROOT, text=True, capture_output=True, executable="/bin/bash")
     assert status.stdout.strip() == "0", status.stderr
+
+
+@pytest.mark.parametrize("command", ["optimize", "validate", "doctor", "schema", "init", "calibrate", "inspect", "bench"])
+def test_help_shows_placeholders_not_python_types(command):
+    """`--help` printed typer's annotations as placeholders: `--resume <bool>`, `--set <list[str]>` (issue 26)."""
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(app, [command, "--help"])
+    assert result.exit_code == 0
+    assert not [w for w in result.output.split() if w.startswith("<") and w.endswith(">")], result.output
+
+
+def test_shell_completion_is_offered():
+    """`pruneflow --install-completion` was "No such option" (issue 26)."""
+    result = CliRunner().invoke(app, ["--show-completion", "bash"])
+    assert result.exit_code == 0 and "_pruneflow_completion" in result.output
+    assert "--install-completion" in CliRunner(env={"COLUMNS": "200"}).invoke(app, ["--help"]).output
+
+
+def test_inspect_prints_every_share_of_macs_with_one_decimal():
+    """`inspect`'s `macs %` column read `1.1000`, `0.0000`, `97.3` (issue 26)."""
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["inspect", "digits_cnn"])
+    assert result.exit_code == 0, result.output
+    shares = [ln.split("│")[-2].strip() for ln in result.output.splitlines() if ln.startswith("│")]
+    assert shares and all(s.count(".") == 1 and len(s.split(".")[1]) == 1 for s in shares), shares
