@@ -9,8 +9,9 @@ and checked together (``load_inputs``). Nothing here writes.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -53,18 +54,28 @@ def preflight(loaded: LoadedRecipe, stages: list[Stage], out: str | Path | None 
     for section, name in files:
         value = getattr(getattr(recipe, section), name)
         if value and not (Path(value).is_file() if name == "checkpoint" else Path(value).exists()):
-            problems.append(ConfigError((section, name), f"file not found: {value}",
-                                        hint="a relative path is relative to the recipe file that sets it"))
+            problems.append(ConfigError((section, name), f"file not found: {value}", hint=path_hint(loaded, (section, name))))
     notes = list(factory_notes)
     for stage in stages:  # each stage's own files (a calibration source, a request log) and toolchains
         try:
             notes += stage.preflight(None)
         except ConfigError as exc:
+            if (exc.hint or "").startswith("a relative path is relative"):  # a stage's file: say where it was resolved
+                exc.hint = path_hint(loaded, exc.loc)
             problems.append(exc)
     if problems:  # every missing file at once, each at its line
         raise loaded.error(problems)
     return notes
 
+
+
+def path_hint(loaded: LoadedRecipe, loc: tuple) -> str:
+    """How a relative path at ``loc`` was resolved: against the recipe file that wrote it, or, given with ``--set``,
+    against the working directory (the hint had said "the recipe file" for both)."""
+    source, _ = loaded.locate(loc)
+    if source.startswith("--set"):
+        return f"a relative path given with --set is relative to the working directory ({Path.cwd()})"
+    return f"a relative path is relative to the recipe file that sets it ({source})"
 
 
 def check_factory(loaded: LoadedRecipe) -> list[str]:
@@ -143,12 +154,13 @@ def load_inputs(loaded: LoadedRecipe, stages: list[Stage], reporter: Reporter, p
         model_spec, filled = with_data_kwargs(model_spec, data.tabular)
         if filled:
             reporter.info("model.kwargs from data.features: " + ", ".join(f"{k}={v}" for k, v in filled.items()))
-    model, new_parameters = build_model_with_new_parameters(model_spec)
-    shape = input_shape_for(recipe.model, data.input_shape)
-    check_shape_matches_data(shape, data.input_shape, explicit=recipe.model.input_shape is not None)
-    preflight_batch = take(data.eval.x, slice(0, PREFLIGHT_BATCH))
-    output = check_model_on_batch(model, preflight_batch, recipe.model.factory, task.output)
-    task.check_output(output, data.eval.y[:PREFLIGHT_BATCH], data, recipe.model.factory)
+    with _at_the_model(recipe):
+        model, new_parameters = build_model_with_new_parameters(model_spec)
+        shape = input_shape_for(recipe.model, data.input_shape)
+        check_shape_matches_data(shape, data.input_shape, explicit=recipe.model.input_shape is not None)
+        preflight_batch = take(data.eval.x, slice(0, PREFLIGHT_BATCH))
+        output = check_model_on_batch(model, preflight_batch, recipe.model.factory, task.output)
+        task.check_output(output, data.eval.y[:PREFLIGHT_BATCH], data, recipe.model.factory)
     for stage in stages:  # each stage's checks on the model itself (qat/ptq: NNCF can quantize it), before any training
         for note in stage.check_model(model, preflight_batch):
             reporter.info(f"{stage.id}: {note}")
@@ -159,6 +171,24 @@ def load_inputs(loaded: LoadedRecipe, stages: list[Stage], reporter: Reporter, p
     else:
         example = torch.zeros((1,) + tuple(shape), dtype=data.eval.x.dtype)
     return RunInputs(data, model, device, example, task, new_parameters)
+
+
+@contextlib.contextmanager
+def _at_the_model(recipe: RecipeBase) -> Iterator[None]:
+    """A model that cannot be built, loaded or run on the data is reported at the recipe line that chose it (issue
+    26: a checkpoint that does not fit, or a class count that does not match the data, came without FILE:LINE):
+    ``model.checkpoint`` for the weights, ``model.kwargs`` when they are set, else ``model.factory``."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except InputError as exc:
+        if exc.message.startswith("model.checkpoint"):
+            loc: tuple = ("model", "checkpoint")
+        else:
+            loc = ("model", "kwargs") if recipe.model.kwargs else ("model", "factory")
+        message = exc.message.removeprefix("model.checkpoint ").removeprefix("model.factory ")
+        raise ConfigError(loc, message, hint=exc.hint) from exc
 
 
 def reference_targets(data: Any, model: torch.nn.Module, task: "Task", device: str, recipe: "RecipeBase",

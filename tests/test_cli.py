@@ -22,7 +22,7 @@ from pruneflow import __version__, registry
 from pruneflow.errors import MissingDependencyError
 from pruneflow.recipe.models import recipe_model, target_union
 from pruneflow.stage import Stage, StageConfig, StageResult, Target, TargetConfig
-from conftest import invoke, runs_a_recipe, write
+from conftest import invoke, runs_a_recipe, tiny_recipe_dict, write
 
 # No forced colours (a CI variable could otherwise put ANSI codes between the words we look for).
 runner = CliRunner(env={"FORCE_COLOR": None, "COLUMNS": "200"})
@@ -851,3 +851,32 @@ def test_inspect_prints_every_share_of_macs_with_one_decimal():
     assert result.exit_code == 0, result.output
     shares = [ln.split("│")[-2].strip() for ln in result.output.splitlines() if ln.startswith("│")]
     assert shares and all(s.count(".") == 1 and len(s.split(".")[1]) == 1 for s in shares), shares
+
+
+def test_a_model_that_does_not_fit_its_checkpoint_or_the_data_is_reported_at_its_recipe_line(tmp_path):
+    """A wrong checkpoint ("22 missing ...; 97 unexpected") and a class count other than the data's came without the
+    FILE:LINE the README promises (issue 26)."""
+    import torch
+
+    from pruneflow.zoo import ZOO
+
+    torch.save(ZOO["digits_cnn"].factory(width=4).state_dict(), tmp_path / "other.pt")
+    cases = {"model.checkpoint": {"factory": "digits_cnn", "kwargs": {"width": 8}, "checkpoint": "other.pt"},
+             "model.kwargs": {"factory": "digits_cnn", "kwargs": {"width": 8, "num_classes": 5}}}
+    for key, model in cases.items():
+        recipe = write(tmp_path / f"{key}.yaml", tiny_recipe_dict(model=model))
+        result = invoke("optimize", recipe, "--out", tmp_path / "runs")
+        line = next(i for i, text in enumerate(recipe.read_text().splitlines(), 1) if key.split(".")[1] in text)
+        assert result.exit_code == 2 and f"{recipe}:{line}  {key}" in result.stderr, result.stderr
+        assert not (tmp_path / "runs").exists()
+
+
+def test_the_fix_for_a_missing_file_says_where_a_relative_path_was_resolved(tmp_path, monkeypatch):
+    """A path given with --set is resolved against the working directory, yet the fix said "relative to the recipe
+    file" (issue 26)."""
+    recipe = write(tmp_path / "sub" / "r.yaml", tiny_recipe_dict(model={"factory": "digits_cnn", "checkpoint": "w.pt"}))
+    monkeypatch.chdir(tmp_path)
+    written = invoke("validate", recipe)
+    assert written.exit_code == 2 and f"relative to the recipe file that sets it ({recipe})" in written.stderr
+    given = invoke("validate", recipe, "--set", "model.checkpoint=w2.pt")
+    assert given.exit_code == 2 and f"given with --set is relative to the working directory ({tmp_path})" in given.stderr
