@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from tests.conftest import invoke, tiny_recipe_dict, write
 
@@ -225,3 +226,16 @@ def test_doctor_finds_a_batch_size_frozen_by_tracing_before_the_run(vit):
     assert result.exit_code == 1, result.output
     onnx = rows(payload(result), "model")["ONNX export (torch.onnx) and onnxruntime"]
     assert onnx["status"] == "will fail" and "Concat" in onnx["why"] and "len()" in onnx["fix"]
+
+
+@pytest.mark.slow  # the prune stage searches its ratio on the ViT (~5 s)
+def test_a_macs_target_channels_cannot_reach_on_a_transformer_names_the_heads_stage(vit):
+    """A ViT asked for `macs: 0.3` under the default `granularity: channels` was told to "raise max_layer_ratio,
+    lower round_to, ignore fewer layers, or ask for less": none of which helps, since attention is kept whole."""
+    recipe = yaml.safe_load(vit.read_text())
+    recipe["stages"] = [{"type": "prune", "target": {"macs": 0.3}, "rounds": 1}]
+    write(vit, recipe)
+    result = invoke("optimize", vit, "--out", vit.parent / "runs")
+    text = " ".join(result.stderr.split())
+    assert result.exit_code == 2 and "stages.0.target" in text, result.output
+    assert "keeps attention whole" in text and "granularity: heads" in text and "max_layer_ratio" not in text.split("Fix:")[1]

@@ -86,7 +86,10 @@ class ChannelStrategy(Strategy):
 
     def plan(self, scores: dict[str, torch.Tensor], goal: dict[str, float]) -> Plan:
         cfg = self.config
-        ratio, _ = search_ratio(self.model, self.example, scores, self.opts, self.metric, goal[self.metric], loc=self.loc("target"))
+        try:
+            ratio, _ = search_ratio(self.model, self.example, scores, self.opts, self.metric, goal[self.metric], loc=self.loc("target"))
+        except ConfigError as exc:
+            raise _with_attention_hint(exc, self.model) from None
         step = plan_step(self.model, self.example, scores, ratio, self.opts)
         fading = bool(cfg.fade and cfg.finetune and cfg.finetune.epochs)
 
@@ -142,3 +145,17 @@ class ChannelStrategy(Strategy):
                 f"{block}, the channel block of onnxruntime's and OpenVINO's CPU kernels on this {isa} machine: they are "
                 f"padded up to it, so their MACs fall faster than their run time. round_to: {block} turns pruned MACs into "
                 f"time here (narrower layers then stay whole).")
+
+
+def _with_attention_hint(exc: ConfigError, model: torch.nn.Module) -> ConfigError:
+    """A target out of reach for a model with attention: channel pruning keeps every attention block whole, so
+    no max_layer_ratio or round_to helps; pruning heads does (issue 26: a ViT asked for `macs: 0.5` was told to
+    raise max_layer_ratio, lower round_to or ignore fewer layers)."""
+    attention = [n for n, m in model.named_modules() if type(m).__name__.endswith(("Attention", "SelfAttention"))
+                 or isinstance(m, torch.nn.MultiheadAttention)]
+    if not attention:
+        return exc
+    exc.hint = (f"`granularity: channels` keeps attention whole ({len(attention)} attention module(s) here, e.g. "
+                f"{attention[0]}), so their MACs cannot shrink: prune heads and FFN neurons first, with a `granularity: heads` stage "
+                "(e.g. {type: prune, target: {heads: 0.25, ffn: 0.25}}) before this one, or ask for less")
+    return exc
