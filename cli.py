@@ -648,7 +648,7 @@ def schema(
 @app.command(epilog=EPILOG)
 def init(
     template: Annotated[str, typer.Argument(metavar="TEMPLATE", help="Template name (see --list).")] = "quickstart",
-    path: Annotated[Optional[Path], typer.Argument(metavar="PATH", help="Where to write it (default: TEMPLATE.yaml).", show_default=False)] = None,
+    path: Annotated[Optional[str], typer.Argument(metavar="PATH", help="Where to write it: a file, or a folder (ending in /) to hold TEMPLATE.yaml (default: ./TEMPLATE.yaml).", show_default=False)] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
     list_: Annotated[bool, typer.Option("--list", help="List the templates and exit.")] = False,
     verbose: VerboseOpt = False,

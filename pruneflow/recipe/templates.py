@@ -67,7 +67,7 @@ def _first_comment(text: str) -> str:
 SUMMARY_CHARS = 420
 
 
-def write_template(name: str, path: Path | None = None, *, force: bool = False) -> WrittenTemplate:
+def write_template(name: str, path: str | Path | None = None, *, force: bool = False) -> WrittenTemplate:
     """Copy template ``name`` to ``path`` (default NAME.yaml), refusing to overwrite a file unless ``force``.
 
     A relative path in the template (``../../shared/data/adult/train.csv``) is rewritten to reach the same file
@@ -76,7 +76,10 @@ def write_template(name: str, path: Path | None = None, *, force: bool = False) 
     known = templates()
     if name not in known:
         raise UnknownNameError(f"unknown template {name!r}; known: {', '.join(sorted(known))}")
-    target = path or Path(f"{name}.yaml")
+    target = Path(path) if path is not None else Path(f"{name}.yaml")
+    if path is not None and (target.is_dir() or str(path).endswith(("/", os.sep))):  # a folder: NAME.yaml inside it
+        target = target / f"{name}.yaml"
+    target.parent.mkdir(parents=True, exist_ok=True)
     if target.exists() and not force:
         raise InputError(f"{target} exists", hint="pass --force to overwrite it, or give another PATH")
     text, notes = relocate_paths(known[name].read_text(), _folder_of(known[name]), target.parent)
