@@ -14,7 +14,7 @@ def __getattr__(name: str):
     """``pruneflow.optimize``, ``validate`` and ``bench`` (``pruneflow/api.py``), imported on first use so that
     ``import pruneflow`` stays light."""
     if name in ("optimize", "validate", "bench"):
-        from . import api
+        import importlib  # a lazy re-export: the package root depends on nothing at import time
 
-        return getattr(api, name)
+        return getattr(importlib.import_module("pruneflow.api"), name)
     raise AttributeError(f"module 'pruneflow' has no attribute {name!r}")

@@ -104,24 +104,7 @@ def _toolchain_rows(loaded: LoadedRecipe, stages: list[Stage], preflight: Callab
     except MissingDependencyError as exc:
         return [DoctorRow("recipe", "toolchains", "will fail", exc.message, exc.hint or "")]
     rows = [DoctorRow("recipe", "files and toolchains", "ok", f"{len(stages)} stages resolved")]
-    rows += [DoctorRow("recipe", "toolchain note", "will skip" if "prepared" in n else "ok", n) for n in notes]
-    return rows + _nncf_extension_row()
-
-
-def _nncf_extension_row() -> list[DoctorRow]:
-    """Whether NNCF's C++ kernels (QAT and PTQ need them) are built for this environment, and where: a doctor
-    that waited minutes on a rebuild said nothing of it (issue 26)."""
-    try:
-        from qat.nncf_setup import extension_state, pin_ninja
-    except ImportError:
-        return []
-    pin_ninja()
-    built, folder = extension_state()
-    if built:
-        return [DoctorRow("recipe", "NNCF C++ extension", "ok", f"built, reused from {folder}")]
-    return [DoctorRow("recipe", "NNCF C++ extension", "ok", f"not built yet: the first QAT or PTQ stage builds it in "
-                      f"{folder} (about 2 minutes on 2 cores, once per environment)",
-                      "build it ahead: python -m qat.nncf_setup")]
+    return rows + [DoctorRow("recipe", "toolchain note", "will skip" if "prepared" in n else "ok", n) for n in notes]
 
 
 def _probe(loaded: LoadedRecipe, inputs: Any, tmp: Path, reporter: Reporter) -> tuple[RunState, RunContext]:

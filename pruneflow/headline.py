@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .context import RunContext, RunState
     from .handle import ModelHandle
-    from .results import RunResult
+
+RunResult = Any  # results.RunResult, which imports this module (a type here would close an import circle)
 
 #: p90/p50 above this on either side of a latency ratio: the figure is flagged as noise.
 NOISY_SPREAD = 1.5
@@ -71,7 +72,7 @@ def _start_bytes(state: "RunState", ctx: "RunContext", params: int | None) -> tu
     return (params * 4, "fp32 weights") if params else (None, "")
 
 
-def result_artifact(result: "RunResult", target: str | None = None):
+def result_artifact(result: RunResult, target: str | None = None):
     """The run's result: the last export stage's built artifact of the lowest precision (int8 before fp16 before
     fp32), CPU form first; of ``target`` when given. None without an exported artifact."""
     order = {"int8": 0, "fp16": 1, "fp32": 2}
@@ -80,7 +81,7 @@ def result_artifact(result: "RunResult", target: str | None = None):
     return built[0] if built else None
 
 
-def headline_rows(result: "RunResult") -> list[dict[str, Any]]:
+def headline_rows(result: RunResult) -> list[dict[str, Any]]:
     """``{"what", "start", "result", "change"}`` rows: MACs, parameters, bytes, the headline metric, latency."""
     start = result.start
     if not start:
@@ -101,7 +102,7 @@ def headline_rows(result: "RunResult") -> list[dict[str, Any]]:
 def _ratio_row(what: str, before: Any, after: Any, word: str, human: bool = False) -> dict[str, Any] | None:
     if not isinstance(before, (int, float)) or not isinstance(after, (int, float)) or not before or not after:
         return None
-    from .report import human_bytes, human_int
+    from .units import human_bytes, human_int
 
     show = human_bytes if human else human_int
     ratio = before / after
@@ -110,7 +111,7 @@ def _ratio_row(what: str, before: Any, after: Any, word: str, human: bool = Fals
             "ratio": round(ratio, 4)}
 
 
-def _metric_row(result: "RunResult", before: Any, after: Any, label: str) -> dict[str, Any] | None:
+def _metric_row(result: RunResult, before: Any, after: Any, label: str) -> dict[str, Any] | None:
     if not isinstance(before, (int, float)) or not isinstance(after, (int, float)):
         return None
     direction = (result.task.get("metrics") or {}).get(result.headline, "higher")
@@ -120,7 +121,7 @@ def _metric_row(result: "RunResult", before: Any, after: Any, label: str) -> dic
             "change": f"{delta:+.4f}" + (" (worse)" if worse and delta else ""), "delta": delta}
 
 
-def _latency_rows(result: "RunResult") -> list[dict[str, Any]]:
+def _latency_rows(result: RunResult) -> list[dict[str, Any]]:
     """Per runtime and batch size: the starting model's p50 (timed by the export stage beside the artifacts) against
     the result artifact's of that target, with both spreads; flagged when either p90/p50 says it is noise."""
     rows = []

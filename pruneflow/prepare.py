@@ -154,12 +154,13 @@ def load_inputs(loaded: LoadedRecipe, stages: list[Stage], reporter: Reporter, p
         model_spec, filled = with_data_kwargs(model_spec, data.tabular)
         if filled:
             reporter.info("model.kwargs from data.features: " + ", ".join(f"{k}={v}" for k, v in filled.items()))
-    with _at_the_model(recipe):
+    with _at_the_model(recipe, "does not fit the model"):
         model, new_parameters = build_model_with_new_parameters(model_spec)
-        shape = input_shape_for(recipe.model, data.input_shape)
-        check_shape_matches_data(shape, data.input_shape, explicit=recipe.model.input_shape is not None)
-        preflight_batch = take(data.eval.x, slice(0, PREFLIGHT_BATCH))
-        output = check_model_on_batch(model, preflight_batch, recipe.model.factory, task.output)
+    shape = input_shape_for(recipe.model, data.input_shape)
+    check_shape_matches_data(shape, data.input_shape, explicit=recipe.model.input_shape is not None)
+    preflight_batch = take(data.eval.x, slice(0, PREFLIGHT_BATCH))
+    output = check_model_on_batch(model, preflight_batch, recipe.model.factory, task.output)
+    with _at_the_model(recipe):
         task.check_output(output, data.eval.y[:PREFLIGHT_BATCH], data, recipe.model.factory)
     for stage in stages:  # each stage's checks on the model itself (qat/ptq: NNCF can quantize it), before any training
         for note in stage.check_model(model, preflight_batch):
@@ -174,15 +175,17 @@ def load_inputs(loaded: LoadedRecipe, stages: list[Stage], reporter: Reporter, p
 
 
 @contextlib.contextmanager
-def _at_the_model(recipe: RecipeBase) -> Iterator[None]:
-    """A model that cannot be built, loaded or run on the data is reported at the recipe line that chose it (issue
-    26: a checkpoint that does not fit, or a class count that does not match the data, came without FILE:LINE):
-    ``model.checkpoint`` for the weights, ``model.kwargs`` when they are set, else ``model.factory``."""
+def _at_the_model(recipe: RecipeBase, only: str = "") -> Iterator[None]:
+    """A model that does not fit its checkpoint or the data is reported at the recipe line that chose it (issue 26:
+    both came without FILE:LINE): ``model.checkpoint`` for the weights, ``model.kwargs`` when they are set, else
+    ``model.factory``. ``only``: relocate just the errors whose message holds it (the others name their file)."""
     try:
         yield
     except ConfigError:
         raise
     except InputError as exc:
+        if only not in exc.message:
+            raise
         if exc.message.startswith("model.checkpoint"):
             loc: tuple = ("model", "checkpoint")
         else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .artifacts import write_text_atomic
+from .units import human_bytes as human_bytes, human_int as human_int  # re-exported: callers import them from here
 
 if TYPE_CHECKING:
     from .context import RunState
@@ -23,22 +24,6 @@ def fmt(value: Any) -> str:
             return f"{value:.2e}"
         return f"{value:.4f}" if abs(value) < 10 else f"{value:,.1f}"
     return str(value)
-
-
-def human_int(n: int) -> str:
-    for unit, div in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(n) >= div:
-            return f"{n / div:.2f} {unit}"
-    return str(n)
-
-
-def human_bytes(n: int | None) -> str:
-    if n is None:
-        return ""
-    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= div:
-            return f"{n / div:.2f} {unit}"
-    return f"{n} B"
 
 
 def md_table(rows: list[dict], columns: list[str] | None = None) -> str:

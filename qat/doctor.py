@@ -20,6 +20,19 @@ from pruneflow.stage import Check
 CHECK = "NNCF quantization on one batch"
 
 
+def extension_check() -> Check:
+    """Whether NNCF's C++ kernels are built for this environment, and where (read before the check below builds
+    them): a doctor that waited minutes on a rebuild said nothing of it (issue 26)."""
+    from .nncf_setup import extension_state, pin_ninja
+
+    pin_ninja()
+    built, folder = extension_state()
+    if built:
+        return Check("NNCF C++ extension", "ok", f"built, reused from {folder}")
+    return Check("NNCF C++ extension", "ok", f"not built yet: built now, once for this environment, in {folder} (about "
+                 "2 minutes on 2 cores)", "build it ahead: python -m qat.nncf_setup")
+
+
 def quantize_checks(stage, state, ctx) -> list[Check]:
     """The rows of a ptq or qat stage (``Stage.doctor``); a ConfigError (an ``ignore`` NNCF refuses) propagates,
     so doctor reports it at its recipe line."""
@@ -30,6 +43,7 @@ def quantize_checks(stage, state, ctx) -> list[Check]:
     cfg = stage.config
     if not stage.quantizes(cfg):
         return [Check(CHECK, "ok", "no int8 phase: the stage trains in floating point only")]
+    kernels = extension_check()
     split = state.data.train if state.data.train is not None else state.data.eval
     calib = build_calibration_set(split, size=len(split), strategy="random", seed=ctx.seed)
     base = copy.deepcopy(state.model).eval()
@@ -38,8 +52,8 @@ def quantize_checks(stage, state, ctx) -> list[Check]:
         with torch.no_grad():
             call(quantized.eval(), to(state.data.eval.x, ctx.device))
     except StageError as exc:
-        return [Check(CHECK, "will fail", exc.message, exc.hint or "")]
+        return [kernels, Check(CHECK, "will fail", exc.message, exc.hint or "")]
     state.handle = ModelHandle(quantized, kind="nncf", float_base=base)
     kept = f"; kept float by `ignore`: {', '.join(cfg.ignore)}" if cfg.ignore else ""
-    return [Check(CHECK, "ok", f"{len(quantizer_parameters(quantized))} quantizer parameters inserted, the quantized "
+    return [kernels, Check(CHECK, "ok", f"{len(quantizer_parameters(quantized))} quantizer parameters inserted, the quantized "
                   f"model runs on {len(state.data.eval)} samples{kept}")]

@@ -312,7 +312,7 @@ def test_minilm_recipe_is_valid_and_its_paths_resolve_against_the_recipe():
     types = [s.type for s in recipe.stages]
     assert types == ["train", "evaluate", "prune", "calibrate", "qat", "evaluate", "export"]
     calibrate, qat = recipe.stages[3], recipe.stages[4]
-    assert calibrate.source.path == str(repo / "runs/requests/sst2-requests.jsonl") and calibrate.by == "length"
+    assert calibrate.source.path == str((repo.parent / "shared/data/sst2/train.parquet").resolve()) and calibrate.by == "length"
     assert [p.precision for p in qat.schedule] == ["fp32", "fp16", "int8"] and qat.distill is not None
 
 
