@@ -840,9 +840,17 @@ def test_help_shows_placeholders_not_python_types(command):
 
 def test_shell_completion_is_offered():
     """`pruneflow --install-completion` was "No such option" (issue 26)."""
-    result = CliRunner().invoke(app, ["--show-completion", "bash"])
-    assert result.exit_code == 0 and "_pruneflow_completion" in result.output
     assert "--install-completion" in CliRunner(env={"COLUMNS": "200"}).invoke(app, ["--help"]).output
+
+
+@pytest.mark.slow  # a subprocess, as a shell runs it (typer's completion reads the process's own environment)
+def test_the_completion_script_is_printed_for_bash():
+    import subprocess
+    import sys
+
+    entry = Path(sys.executable).with_name("pruneflow")  # the console script, as a user types it
+    done = subprocess.run([str(entry), "--show-completion", "bash"], cwd=ROOT, text=True, capture_output=True, timeout=120)
+    assert done.returncode == 0 and "complete -o default -F _pruneflow_completion pruneflow" in done.stdout, done.stderr
 
 
 def test_inspect_prints_every_share_of_macs_with_one_decimal():
