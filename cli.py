@@ -38,6 +38,7 @@ EPILOG = (
     "3 missing dependency or unavailable target · 4 a stage or export failed · 130 interrupted."
 )
 
+
 def _plain_metavar(param, ctx) -> str | None:
     """The value placeholder shown in --help, as click shows it: none after a flag, PATH, N, X, TEXT or the choices.
     typer 0.2x prints the Python annotation there instead (``--resume <bool>``, ``--set <list[str]>``)."""

@@ -174,6 +174,13 @@ def read_record(path: Path) -> dict[str, Any]:
         raise InputError(f"{path}: not a pruneflow record (a JSON object was expected)", hint="pass a run directory")
     return data
 
+
+def manifest_entries(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """The artifact records of a manifest read by ``read_record`` (anything else under ``artifacts`` is skipped:
+    the file may have been edited)."""
+    artifacts = manifest.get("artifacts")
+    return [a for a in artifacts if isinstance(a, dict)] if isinstance(artifacts, list) else []
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .artifacts import Manifest, check_run_sizes, run_file
+from .artifacts import Manifest, check_run_sizes, manifest_entries, run_file
 from .errors import InputError, UsageError
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ def load_run_model(run_dir: Path, checkpoint: Path | None = None,
     model = build_model(loaded.recipe.model)
     if checkpoint is None:
         manifest = Manifest.read(run_dir)
-        checkpoints = [a for a in _entries(manifest) if a.get("kind") == "checkpoint"]
+        checkpoints = [a for a in manifest_entries(manifest) if a.get("kind") == "checkpoint"]
         if checkpoints:
             checkpoint = run_file(run_dir, checkpoints[-1].get("path"), run_dir / Manifest.FILE)
             check_run_sizes(run_dir / Manifest.FILE, [checkpoint], checkpoints[-1].get("size_bytes"))
@@ -58,12 +58,6 @@ def load_run_model(run_dir: Path, checkpoint: Path | None = None,
         shape = None
     what = f"checkpoint {checkpoint.relative_to(run_dir)}" if checkpoint else "source model"
     return model, shape, what
-
-
-def _entries(manifest: dict) -> list[dict]:
-    """The artifact records of a manifest (anything else under `artifacts` is skipped: the file may be edited)."""
-    artifacts = manifest.get("artifacts")
-    return [a for a in artifacts if isinstance(a, dict)] if isinstance(artifacts, list) else []
 
 
 class Found:

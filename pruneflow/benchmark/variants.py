@@ -7,13 +7,12 @@ borrows the manifest entry (label, the task's headline metric, data) of the run 
 
 from __future__ import annotations
 
-import json
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..artifacts import check_run_sizes, read_record, run_file
+from ..artifacts import check_run_sizes, manifest_entries, read_record, run_file
 from ..errors import InputError, UsageError
 from ..runtime import runtimes_for
 
@@ -95,18 +94,12 @@ def _from_run(run_dir: Path) -> list[Variant]:
                          hint="pass a run directory written by `pruneflow optimize` (OUT/NAME), or an .onnx/.xml file")
     manifest = read_record(manifest_file)
     run_name = str(manifest.get("recipe") or run_dir.name)
-    found = [_from_entry(run_dir, run_name, entry, _task(manifest)) for entry in _entries(manifest)
+    found = [_from_entry(run_dir, run_name, entry, _task(manifest)) for entry in manifest_entries(manifest)
              if entry.get("target") and entry.get("kind") != "checkpoint"]
     if not found:
         raise InputError(f"{run_dir}: the run's manifest lists no exported artifact",
                          hint="add an `export` stage to the recipe and run it again")
     return found
-
-
-def _entries(manifest: dict[str, Any]) -> list[dict[str, Any]]:
-    """The artifact records of a manifest (anything else under `artifacts` is skipped: the file may be edited)."""
-    artifacts = manifest.get("artifacts")
-    return [a for a in artifacts if isinstance(a, dict)] if isinstance(artifacts, list) else []
 
 
 def _task(manifest: dict[str, Any]) -> dict[str, Any]:
@@ -172,7 +165,7 @@ def _owning_run(path: Path) -> Variant | None:
         if manifest.is_file():
             data = read_record(manifest)
             rel = resolved.relative_to(folder).as_posix()
-            entry = next((a for a in _entries(data) if a.get("path") == rel), None)
+            entry = next((a for a in manifest_entries(data) if a.get("path") == rel), None)
             if entry is None:
                 return None
             return _from_entry(folder, str(data.get("recipe") or folder.name), entry, _task(data))
