@@ -43,10 +43,16 @@ def _notify(message: str) -> None:
 
 
 def extensions_dir() -> Path:
+    """One build folder per torch version *and environment*: the build commands name the environment's torch
+    headers, so two environments sharing a folder (two checkouts, a fresh clone beside the old one) each took
+    the other's build as stale and rebuilt it, minutes every switch (issue 26)."""
+    import hashlib
+
     import torch
 
     base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "pruneflow" / "torch_extensions"
-    return base / f"torch-{torch.__version__.replace('+', '_')}"
+    environment = hashlib.sha256(str(Path(torch.__file__).resolve().parent).encode()).hexdigest()[:10]
+    return base / f"torch-{torch.__version__.replace('+', '_')}-{environment}"
 
 
 def lock_holders(lock: Path) -> list[int] | None:
