@@ -17,7 +17,7 @@ import torch
 
 from . import registry
 from .context import Reporter
-from .errors import ConfigError, InputError
+from .errors import ConfigError, InputError, MissingDependencyError
 from .inputs import Inputs, take, trim
 from .recipe import LoadedRecipe
 from .recipe.models import RecipeBase
@@ -59,6 +59,11 @@ def preflight(loaded: LoadedRecipe, stages: list[Stage], out: str | Path | None 
     for stage in stages:  # each stage's own files (a calibration source, a request log) and toolchains
         try:
             notes += stage.preflight(None)
+        except MissingDependencyError as exc:  # exit 3, at the line of the stage that asks for the toolchain
+            source, line = loaded.locate(stage.loc())
+            exc.message = f"{f'{source}:{line}' if line else source}  stages.{stage.index} ({stage.config.type}): {exc.message}"
+            exc.args = (exc.message,)
+            raise
         except ConfigError as exc:
             if (exc.hint or "").startswith("a relative path is relative"):  # a stage's file: say where it was resolved
                 exc.hint = path_hint(loaded, exc.loc)

@@ -888,3 +888,11 @@ def test_the_fix_for_a_missing_file_says_where_a_relative_path_was_resolved(tmp_
     assert written.exit_code == 2 and f"relative to the recipe file that sets it ({recipe})" in written.stderr
     given = invoke("validate", recipe, "--set", "model.checkpoint=w2.pt")
     assert given.exit_code == 2 and f"given with --set is relative to the working directory ({tmp_path})" in given.stderr
+
+
+def test_a_required_toolchain_that_is_absent_is_exit_3_at_the_stage_that_asks_for_it(tmp_path, plugins):
+    """`validate` exits 3 for a `required: true` target without its toolchain, naming the recipe line (issue 26)."""
+    recipe = write(tmp_path / "r.yaml", no_train(stages=[{"type": "evaluate"}, {"type": "export", "targets": ["fake"]}]))
+    result = invoke("validate", recipe)
+    line = next(i for i, text in enumerate(recipe.read_text().splitlines(), 1) if "type: export" in text)
+    assert result.exit_code == 3 and f"{recipe}:{line}  stages.1 (export)" in result.stderr, result.stderr
