@@ -104,7 +104,10 @@ def _toolchain_rows(loaded: LoadedRecipe, stages: list[Stage], preflight: Callab
     except MissingDependencyError as exc:
         return [DoctorRow("recipe", "toolchains", "will fail", exc.message, exc.hint or "")]
     rows = [DoctorRow("recipe", "files and toolchains", "ok", f"{len(stages)} stages resolved")]
-    return rows + [DoctorRow("recipe", "toolchain note", "will skip" if "prepared" in n else "ok", n) for n in notes]
+    skip_fix = ("none needed here: the run prepares a bundle to build where the toolchain exists; `required: true` "
+                "on the target makes its absence an error instead")
+    return rows + [DoctorRow("recipe", "toolchain note", "will skip" if "prepared" in n else "ok", n,
+                             skip_fix if "prepared" in n else "") for n in notes]
 
 
 def _probe(loaded: LoadedRecipe, inputs: Any, tmp: Path, reporter: Reporter) -> tuple[RunState, RunContext]:

@@ -239,3 +239,17 @@ def test_a_macs_target_channels_cannot_reach_on_a_transformer_names_the_heads_st
     text = " ".join(result.stderr.split())
     assert result.exit_code == 2 and "stages.0.target" in text, result.output
     assert "keeps attention whole" in text and "granularity: heads" in text and "max_layer_ratio" not in text.split("Fix:")[1]
+
+
+def test_every_row_that_is_not_ok_has_a_fix(tmp_path):
+    """The fix column was empty for prepared targets (issue 26: "every fix column filled")."""
+    import importlib.util
+
+    if importlib.util.find_spec("tensorrt") is not None:
+        pytest.skip("TensorRT is installed here: its target builds, nothing is prepared")
+    recipe = write(tmp_path / "r.yaml", {"name": "t", "model": {"factory": "digits_cnn", "kwargs": {"width": 8}},
+                                         "data": DATA, "stages": [{"type": "export", "targets": ["onnx", "tensorrt"]}]})
+    result = invoke("doctor", recipe, "--json")
+    checks = payload(result)["checks"]
+    assert [c for c in checks if c["status"] != "ok"], "expected the tensorrt target to be prepared here"
+    assert all(c["fix"] for c in checks if c["status"] != "ok"), [c for c in checks if c["status"] != "ok" and not c["fix"]]

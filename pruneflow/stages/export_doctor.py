@@ -56,7 +56,10 @@ def artifact_check(artifact: Artifact, state, ctx) -> Check:
     with the torch model it came from."""
     notes = "; ".join(artifact.notes[:2])
     if artifact.status != "built":
-        return Check(artifact.label, STATUS_OF.get(artifact.status, "will fail"), notes or artifact.status)
+        fix = (f"none needed here: the run writes the bundle to {artifact.path}/ with its README; build it where "
+               f"{artifact.target}'s toolchain exists, or set `required: true` to make its absence an error"
+               if artifact.status == "prepared" else "see why; the run marks this artifact failed (exit 1)")
+        return Check(artifact.label, STATUS_OF.get(artifact.status, "will fail"), notes or artifact.status, fix)
     path = ctx.run_dir / artifact.path
     if not runtimes_for(path):
         return Check(artifact.label, "ok", f"built; no runtime here to run it{'; ' + notes if notes else ''}")
