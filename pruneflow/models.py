@@ -26,13 +26,7 @@ def resolve_factory(factory: str) -> Callable[..., Any]:
     """Find the callable a ``model.factory`` string names. Raises InputError (exit 2) when it can't."""
     if factory in ZOO:
         return ZOO[factory].factory
-    if ":" not in factory:
-        raise InputError(
-            f"model.factory {factory!r} is neither a zoo model nor `module:function`",
-            hint=f"use a zoo name ({', '.join(ZOO)}), `package.module:function` or `path/to/file.py:function`",
-        )
-    target, name = factory.rsplit(":", 1)
-    _refuse_standard_library(factory, target.split(".")[0])
+    target, name = _split_factory(factory)
     if target.endswith(".py"):
         module = _import_file(Path(target), factory)
     else:
@@ -59,6 +53,19 @@ def resolve_factory(factory: str) -> Callable[..., Any]:
     return fn
 
 
+def _split_factory(factory: str) -> tuple[str, str]:
+    """``module:function`` or ``file.py:function`` as (target, name); neither, or a target of Python's standard
+    library, is an InputError."""
+    if ":" not in factory:
+        raise InputError(
+            f"model.factory {factory!r} is neither a zoo model nor `module:function`",
+            hint=f"use a zoo name ({', '.join(ZOO)}), `package.module:function` or `path/to/file.py:function`",
+        )
+    target, name = factory.rsplit(":", 1)
+    _refuse_standard_library(factory, target.split(".")[0])
+    return target, name
+
+
 #: A factory file larger than this is not parsed by `validate` (a source file is kilobytes; a planted one may be a device).
 MAX_FACTORY_SOURCE = 16 * 1024 * 1024
 
@@ -74,13 +81,7 @@ def check_factory_statically(factory: str) -> str | None:
     """
     if factory in ZOO:
         return None
-    if ":" not in factory:
-        raise InputError(
-            f"model.factory {factory!r} is neither a zoo model nor `module:function`",
-            hint=f"use a zoo name ({', '.join(ZOO)}), `package.module:function` or `path/to/file.py:function`",
-        )
-    target, name = factory.rsplit(":", 1)
-    _refuse_standard_library(factory, target.split(".")[0])
+    target, name = _split_factory(factory)
     if not target.endswith(".py") and target in sys.modules:  # already imported (torch, pruneflow.zoo): no new code runs
         fn = getattr(sys.modules[target], name, None)
         if not callable(fn):
