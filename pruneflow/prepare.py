@@ -73,7 +73,6 @@ def preflight(loaded: LoadedRecipe, stages: list[Stage], out: str | Path | None 
     return notes
 
 
-
 def path_hint(loaded: LoadedRecipe, loc: tuple) -> str:
     """How a relative path at ``loc`` was resolved: against the recipe file that wrote it, or, given with ``--set``,
     against the working directory (the hint had said "the recipe file" for both)."""

@@ -231,7 +231,7 @@ def render_markdown(result: "RunResult", loaded: "LoadedRecipe", data: "DataBund
     ]
     for s in result.stages:
         for name, rows in s.tables.items():
-            if name != "host":  # printed beside the latency table
+            if name not in ("host", "start_latency"):  # printed beside the latency table; in the headline
                 lines += [f"## {s.id}: {name}", "", md_table(rows)]
     notes = [{"artifact": a.path, "note": n} for a in result.artifacts for n in a.notes]
     if notes:
