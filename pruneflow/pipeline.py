@@ -19,12 +19,12 @@ from typing import Any, Iterator
 
 from .artifacts import (Artifact, Manifest, disk_full_cause, run_dir_lock, sha256_file, tool_versions, write_json_atomic,
                         write_text_atomic)
-from .headline import capture_start
 from .checkpoint import PickledCheckpointError, load_checkpoint, save_checkpoint
 from .context import Reporter, RunContext, RunState
 from .errors import EXIT_GATE_FAILED, EXIT_OK, InputError, PruneflowError, StageError
 from .gates import GateResult, check_gates
 from .handle import ModelHandle
+from .headline import capture_start
 from .inputs import to
 from .recipe import LoadedRecipe, dump_recipe
 from .results import RunResult, StageRecord, attach_partial, error_record, flat_metrics
