@@ -745,6 +745,26 @@ def _print_inspect(info: dict) -> None:
     console.print(f"total: {totals}")
 
 
+def _print_budget(console: Console, result) -> None:
+    """The best batch under --p99-budget-ms per artifact and runtime, with throughput per core and, given a price,
+    the cost per million inferences."""
+    chosen = result.under_budget()
+    if not chosen:
+        return
+    table = Table(title=f"best batch with p99 within {result.settings.p99_budget_ms:g} ms", title_justify="left")
+    priced = result.settings.price_per_hour is not None
+    for c in ("artifact", "runtime", "batch", "p99 ms", "samples/s", "per core", *(["cost / 1M"] if priced else [])):
+        table.add_column(c, justify="left" if c in ("artifact", "runtime") else "right")
+    for e in (e for e in chosen if e["batch"] is not None):
+        cost = [f"{e['cost_per_million']:.4g}"] if priced else []
+        table.add_row(e["variant"], e["runtime_label"], str(e["batch"]), f"{e['p99_ms']:.3g}", f"{e['throughput']:,.0f}",
+                      f"{e['throughput_per_core']:,.0f}", *cost)
+    if table.row_count:
+        console.print(table)
+    for e in (e for e in chosen if e["batch"] is None):
+        console.print(f"{e['variant']} on {e['runtime_label']}: {e['why']}", markup=False)
+
+
 class _OptionalJsonValue(typer.core.TyperCommand):
     """``--json`` alone means stdout (``--json=-``); ``--json FILE.json`` and ``--json=FILE`` name a file.
     Typer has no option with an optional value, so a bare ``--json`` is rewritten before parsing."""
@@ -786,6 +806,8 @@ def bench(
     html: Annotated[Optional[Path], typer.Option("--html", help="A self-contained HTML report with charts.", show_default=False)] = None,
     prometheus: Annotated[Optional[Path], typer.Option("--prometheus", help="Prometheus text format for node-exporter's textfile collector.", show_default=False)] = None,
     benchmark_app: Annotated[bool, typer.Option("--benchmark-app", help="Also run OpenVINO's benchmark_app on each IR and record its throughput.")] = False,
+    p99_budget_ms: Annotated[Optional[float], typer.Option("--p99-budget-ms", help="Latency budget: per artifact and runtime, the batch size of highest throughput whose p99 stays within it (time several batch sizes: --batch 1,2,4,8,16,32).", show_default=False)] = None,
+    price_per_hour: Annotated[Optional[float], typer.Option("--price-per-hour", help="What the machine costs an hour: adds the cost per million inferences to every row.", show_default=False)] = None,
     verbose: VerboseOpt = False,
 ) -> None:
     """Time artifacts side by side: p50/p90/p99 and throughput per artifact x runtime x batch, size, the task's headline metric,
@@ -806,7 +828,8 @@ def bench(
                              hint="put --json after the artifacts, or write --json=FILE")
         settings = BenchSettings(runtimes=_names(runtime), batches=_int_list("--batch", batch), warmup=warmup,
                                  runs=runs or DEFAULT_RUNS, duration=duration, threads=threads or None, baseline=baseline,
-                                 openvino_precisions=_names(openvino_precision) or [], benchmark_app=benchmark_app)
+                                 openvino_precisions=_names(openvino_precision) or [], benchmark_app=benchmark_app,
+                                 p99_budget_ms=p99_budget_ms, price_per_hour=price_per_hour)
         result = run_bench(list(sources), settings, RichReporter(_err_console(), quiet=to_stdout))
         written = write_outputs(result, json_file=json_file, html=html, prometheus=prometheus)
         if to_stdout:
@@ -845,6 +868,7 @@ def _print_bench(result, written: list[Path]) -> None:
     cpu = result.host["cpu"]
     console.print(f"host: {cpu['model']} ({cpu['arch']}), {cpu['usable_cpus']} CPUs, ISA {' '.join(cpu['isa'])}; "
                   f"threads {result.settings.threads or 'runtime default'}", markup=False)
+    _print_budget(console, result)
     settings = result.settings
     how = f"for {settings.duration:g} s" if settings.duration else f"{settings.runs} runs"
     console.print(f"timing: interleaved, {how} per batch size after {settings.warmup} warm-up, threads "

@@ -441,3 +441,32 @@ def test_a_file_no_runtime_can_load_is_a_failure_not_a_missing_runtime(tmp_path)
     result = invoke("bench", broken, *FAST, "--runtime", "onnxruntime")
     assert result.exit_code == 4, result.output
     assert "no artifact could be loaded" in result.output and "broken.onnx" in result.output
+
+
+def _relu_onnx(path: Path, width: int = 256) -> Path:
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", width])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", width])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_the_best_batch_under_a_p99_budget_is_the_fastest_that_fits_with_its_cost(tmp_path):
+    """Issue 25, item 4: per artifact and runtime, the batch of highest throughput whose p99 is within the budget,
+    its throughput per core and, from a price, its cost per million inferences; or why no batch fits."""
+    model = _relu_onnx(tmp_path / "relu.onnx")
+    args = ("bench", model, "--runtime", "onnxruntime", "--batch", "1,8,64", "--runs", "10", "--warmup", "1", "--json")
+    out = json.loads(invoke(*args, "--p99-budget-ms", "1000", "--price-per-hour", "0.36").stdout)
+    rows = [r for r in out["results"] if r["error"] is None]
+    (best,) = out["under_budget"]
+    fastest = max(rows, key=lambda r: r["throughput"])
+    assert best["batch"] == fastest["batch"] and best["throughput"] == fastest["throughput"]
+    assert best["throughput_per_core"] == pytest.approx(best["throughput"] / out["settings"]["threads"])
+    assert best["cost_per_million"] == pytest.approx(0.36 / (best["throughput"] * 3600) * 1e6)
+    assert all(r["cost_per_million"] == pytest.approx(0.36 / (r["throughput"] * 3600) * 1e6) for r in rows)
+    tight = json.loads(invoke(*args, "--p99-budget-ms", "1e-6").stdout)["under_budget"][0]
+    assert tight["batch"] is None and "no batch size timed has p99 within 1e-06 ms" in tight["why"]
+    assert invoke(*args, "--p99-budget-ms", "0").exit_code == 2

@@ -45,7 +45,7 @@ def result_json(result: "BenchResult") -> dict[str, Any]:
                  "metric_delta": result.metric_delta(v)} for v in result.variants]
     return strict({"format": FORMAT, "exit_code": 0, "host": result.host, "settings": result.settings.as_dict(),
                    "baseline": result.baseline.name, "benchmark_app": result.benchmark_app, "variants": variants,
-                   "results": [row_json(row, result) for row in result.rows]})
+                   "results": [row_json(row, result) for row in result.rows], "under_budget": result.under_budget()})
 
 
 def row_json(row: "Row", result: "BenchResult") -> dict[str, Any]:
@@ -61,7 +61,7 @@ def row_json(row: "Row", result: "BenchResult") -> dict[str, Any]:
             "metric": variant.metric, "metric_value": variant.metric_value, "metric_direction": variant.metric_direction,
             "speedup": row.speedup, "baseline_runtime": row.baseline_runtime,
             "size_reduction": result.size_reduction(variant), "metric_delta": result.metric_delta(variant),
-            "benchmark_app": row.benchmark_app, "error": row.error}
+            "benchmark_app": row.benchmark_app, "error": row.error, **result.economics(row)}
 
 
 def escape_label(value: object) -> str:

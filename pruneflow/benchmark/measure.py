@@ -41,6 +41,10 @@ class BenchSettings:
     openvino_precisions: list[str] = field(default_factory=lambda: ["default", "f32"])
     benchmark_app: bool = False
     seed: int = 0
+    #: The latency budget the best batch is chosen under (``BenchResult.under_budget``), in milliseconds at p99.
+    p99_budget_ms: float | None = None
+    #: What the machine costs an hour (any currency): each row's cost per million inferences follows.
+    price_per_hour: float | None = None
 
     def check(self) -> None:
         """Bad values are usage errors (exit 2) naming the option."""
@@ -53,6 +57,8 @@ class BenchSettings:
                              hint=f"use a comma-separated list of {', '.join(OPENVINO_HINTS)}")
         if not self.batches or any(b < 1 for b in self.batches):
             raise UsageError(f"--batch {self.batches}: batch sizes must be positive integers", hint="e.g. --batch 1,32")
+        if any(v is not None and not v > 0 for v in (self.p99_budget_ms, self.price_per_hour)):
+            raise UsageError("--p99-budget-ms and --price-per-hour must be positive", hint="e.g. --p99-budget-ms 20 --price-per-hour 0.34")
         if self.runs < 1 or self.warmup < 0 or (self.duration is not None and self.duration <= 0):
             raise UsageError("--runs must be >= 1, --warmup >= 0 and --duration > 0", hint="e.g. --runs 50 --warmup 5")
 

@@ -39,3 +39,42 @@ class BenchResult:
         """The headline metric the variants carry (``metric`` when they carry several, or none)."""
         names = {v.metric for v in self.variants if v.metric}
         return names.pop() if len(names) == 1 else "metric"
+
+    def cores(self) -> int:
+        """The cores one inference stream used: the runtime threads asked for, else every usable CPU."""
+        return int(self.settings.threads or self.host["cpu"]["usable_cpus"] or 1)
+
+    def economics(self, row: Row) -> dict[str, float | None]:
+        """``throughput_per_core`` (samples/s per core used) and, given ``--price-per-hour``, ``cost_per_million``
+        inferences at that throughput on a machine busy with this stream alone."""
+        if row.stats is None:
+            return {"throughput_per_core": None, "cost_per_million": None}
+        price = self.settings.price_per_hour
+        throughput = row.stats.throughput
+        return {"throughput_per_core": throughput / self.cores(),
+                "cost_per_million": price / (throughput * 3600) * 1e6 if price and throughput else None}
+
+    def under_budget(self) -> list[dict[str, Any]]:
+        """Per artifact and runtime: the batch size of highest throughput whose p99 is within ``--p99-budget-ms``,
+        with its figures; or why none is (the smallest p99 measured)."""
+        budget = self.settings.p99_budget_ms
+        if budget is None:
+            return []
+        lanes: dict[int, list[Row]] = {}
+        for row in self.rows:
+            lanes.setdefault(id(row.lane), []).append(row)
+        chosen = []
+        for rows in lanes.values():
+            lane, timed = rows[0].lane, [r for r in rows if r.stats is not None]
+            fits = [r for r in timed if r.stats.p99_ms <= budget]  # type: ignore[union-attr]
+            entry: dict[str, Any] = {"variant": lane.variant.name, "runtime_label": lane.label, "p99_budget_ms": budget}
+            if fits:
+                best = max(fits, key=lambda r: r.stats.throughput)  # type: ignore[union-attr]
+                entry.update(batch=best.batch, p99_ms=best.stats.p99_ms, throughput=best.stats.throughput,  # type: ignore[union-attr]
+                             **self.economics(best))
+            else:
+                fastest = min(timed, key=lambda r: r.stats.p99_ms, default=None)  # type: ignore[union-attr]
+                entry.update(batch=None, why=f"no batch size timed has p99 within {budget:g} ms" + (
+                    f" (smallest: {fastest.stats.p99_ms:.3g} ms at batch {fastest.batch})" if fastest else ""))  # type: ignore[union-attr]
+            chosen.append(entry)
+        return chosen
