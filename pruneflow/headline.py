@@ -72,11 +72,12 @@ def _start_bytes(state: "RunState", ctx: "RunContext", params: int | None) -> tu
     return (params * 4, "fp32 weights") if params else (None, "")
 
 
-def result_artifact(result: RunResult, target: str | None = None):
-    """The run's result: the last export stage's built artifact of the lowest precision (int8 before fp16 before
-    fp32), CPU form first; of ``target`` when given. None without an exported artifact."""
+def result_artifact(result: RunResult, target: str | None = None, producer: str | None = None):
+    """The run's result: the built exported artifact of the lowest precision (int8 before fp16 before fp32), CPU
+    form first; of ``target`` and made by stage ``producer`` when given. None without an exported artifact."""
     order = {"int8": 0, "fp16": 1, "fp32": 2}
-    built = [a for a in result.artifacts if a.status == "built" and a.target and (target is None or a.target == target)]
+    built = [a for a in result.artifacts if a.status == "built" and a.target and (target is None or a.target == target)
+             and (producer is None or a.producer == producer)]
     built.sort(key=lambda a: (order.get(a.precision or "", 3), a.form not in (None, "cpu")))
     return built[0] if built else None
 
@@ -124,23 +125,26 @@ def _metric_row(result: RunResult, before: Any, after: Any, label: str) -> dict[
 def _latency_rows(result: RunResult) -> list[dict[str, Any]]:
     """Per runtime and batch size: the starting model's p50 (timed by the export stage beside the artifacts) against
     the result artifact's of that target, with both spreads; flagged when either p90/p50 says it is noise."""
+    timed = [s for s in result.stages if s.tables.get("start_latency")]
+    if not timed:
+        return []
+    stage = timed[-1]  # the last export stage that timed it: its artifacts ran in the same loop as the start
     rows = []
-    for stage in result.stages:
-        for lane in stage.tables.get("start_latency", []):
-            after = result_artifact(result, lane["target"])
-            if after is None:
-                continue
-            suffix = lane.get("suffix", "")
-            p50 = after.metrics.get(f"latency_b{lane['batch']}_median_ms{suffix}")
-            p90 = after.metrics.get(f"latency_b{lane['batch']}_p90_ms{suffix}")
-            if not p50 or not lane.get("p50_ms"):
-                continue
-            spread = max(lane["p90_ms"] / lane["p50_ms"], (p90 or p50) / p50)
-            ratio = lane["p50_ms"] / p50
-            noisy = spread > NOISY_SPREAD
-            change = f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
-            rows.append({"what": f"latency {lane['runtime']}, batch {lane['batch']} ({after.label})",
-                         "start": f"{lane['p50_ms']:.3g} ms", "result": f"{p50:.3g} ms",
-                         "change": change + f" (p90/p50 up to {spread:.2f}" + (": NOISY, time again with bench)" if noisy else ")"),
-                         "ratio": round(ratio, 4), "spread": round(spread, 3), "noisy": noisy})
+    for lane in stage.tables["start_latency"]:
+        after = result_artifact(result, lane["target"], producer=stage.id)
+        if after is None:
+            continue
+        suffix = lane.get("suffix", "")
+        p50 = after.metrics.get(f"latency_b{lane['batch']}_median_ms{suffix}")
+        p90 = after.metrics.get(f"latency_b{lane['batch']}_p90_ms{suffix}")
+        if not p50 or not lane.get("p50_ms"):
+            continue
+        spread = max(lane["p90_ms"] / lane["p50_ms"], (p90 or p50) / p50)
+        ratio = lane["p50_ms"] / p50
+        noisy = spread > NOISY_SPREAD
+        change = f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
+        rows.append({"what": f"latency {lane['runtime']}, batch {lane['batch']} ({after.label})",
+                     "start": f"{lane['p50_ms']:.3g} ms", "result": f"{p50:.3g} ms",
+                     "change": change + f" (p90/p50 up to {spread:.2f}" + (": NOISY, time again with bench)" if noisy else ")"),
+                     "ratio": round(ratio, 4), "spread": round(spread, 3), "noisy": noisy})
     return rows

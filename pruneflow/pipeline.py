@@ -31,7 +31,7 @@ from .results import RunResult, StageRecord, attach_partial, error_record, flat_
 from .runtime import host_info
 from .stage import Stage
 # What a run does before its first stage lives a layer below (doctor.py does the same); re-exported for the CLI.
-from .prepare import RunInputs as RunInputs, check_factory as check_factory, load_inputs as load_inputs
+from .prepare import RunInputs as RunInputs, load_inputs as load_inputs
 from .prepare import plan_stages as plan_stages, preflight as preflight
 
 log = logging.getLogger("pruneflow")

@@ -40,7 +40,7 @@ def plan_stages(loaded: LoadedRecipe) -> list[Stage]:
 
 
 def preflight(loaded: LoadedRecipe, stages: list[Stage], out: str | Path | None = None) -> list[str]:
-    """Checks that need neither model nor data but the machine: --out, factory import, files, toolchains.
+    """Checks that need the machine but neither model nor data: --out, factories (parsed), files, toolchains.
 
     Returns notes; a ConfigError (a file the recipe names is absent) comes out located, FILE:LINE.
     """
@@ -82,19 +82,10 @@ def path_hint(loaded: LoadedRecipe, loc: tuple) -> str:
     return f"a relative path is relative to the recipe file that sets it ({source})"
 
 
-def check_factory(loaded: LoadedRecipe) -> list[str]:
-    """``model.factory`` and each stage's ``teacher.factory`` name a zoo model or a callable whose file exists,
-    parses and defines it: for `validate` and ``--dry-run``, a located recipe error (FILE:LINE  model.factory),
-    exit 2. Nothing is imported, so none of the user's code runs (``models.check_factory_statically``); returns
-    notes for what only the run can confirm."""
-    notes, problems = factory_problems(loaded)
-    if problems:
-        raise loaded.error(problems)
-    return notes
-
-
 def factory_problems(loaded: LoadedRecipe) -> tuple[list[str], list[ConfigError]]:
-    """(notes, problems) of ``check_factory``, for a caller that lists them with others."""
+    """``model.factory`` and each stage's ``teacher.factory`` name a zoo model or a callable whose file exists,
+    parses and defines it; nothing is imported, so none of the user's code runs (``models.check_factory_statically``).
+    Returns (notes for what only the run can confirm, located problems), which ``preflight`` lists with the rest."""
     specs: list[tuple[tuple, str]] = [(("model", "factory"), loaded.recipe.model.factory)]
     teachers = [(i, getattr(getattr(stage, "teacher", None), "factory", None)) for i, stage in enumerate(loaded.recipe.stages)]
     specs += [(("stages", i, "teacher", "factory"), factory) for i, factory in teachers if isinstance(factory, str)]
