@@ -45,6 +45,16 @@ def openvino_int8_runtime() -> dict[str, Any]:
             "why": "the float parts of an INT8 graph were trained in f32; a bf16 default moves near-tie predictions"}
 
 
+def int8_cpu_runtime(encoding: str) -> dict[str, Any] | None:
+    """The ``runtime`` entry of a CPU-form INT8 ONNX (``qdq.Encoding``): None for ``u8s8`` (exact on every CPU),
+    else the instruction sets it needs, for the program (or `pruneflow bench`) that runs it on another host."""
+    if encoding == "u8s8":
+        return None
+    return {"cpu": {"int8_form": encoding, "needs_any_of": ["avx512_vnni", "avx_vnni", "amx_int8", "(not x86)"]},
+            "why": "x86 CPUs without VNNI add u8 x s8 products in int16 pairs, which this form's ranges can saturate; "
+                   "there, export with the onnx target's `form: u8s8`"}
+
+
 def deployment_record(state: "RunState", ctx: "RunContext", *, dynamic_batch: bool = True) -> dict[str, Any]:
     """The record for an artifact of this run's current model (``dynamic_batch``: the file's batch dimension)."""
     import torch

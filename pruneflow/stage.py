@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, ClassVar, Generic, Iterable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Generic, Iterable, TypeVar
 
 # The config bases live in the kernel module config.py (so recipe/models.py need not import this one);
 # re-exported here because stages and plugins import them beside Stage.
@@ -207,6 +207,12 @@ class Target(Generic[T]):
         #: The artifacts this export stage built before this target (those of ``depends_on`` among them),
         #: set by the export stage before each ``build``: a target reuses them instead of exporting again.
         self.upstream: list["Artifact"] = []
+        #: The export stage's ``latency`` settings (``batch_sizes``, ``runs``, ``threads``; None when it times
+        #: nothing), set with ``upstream``: a target that chooses between forms by measuring times them alike.
+        self.latency: Any = None
+        #: Tables for the report (list of row dicts by name), e.g. the INT8 forms a target measured to choose one;
+        #: the export stage adds them to its own.
+        self.tables: dict[str, list[dict]] = {}
 
     def preflight(self) -> list[str]:
         """Raise MissingDependencyError when the toolchain is absent; return notes otherwise."""

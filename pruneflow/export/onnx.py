@@ -14,14 +14,16 @@ import torch
 from pydantic import Field
 
 from ..artifacts import Artifact, atomic_path
-from ..deployment import INPUT_NAME, OUTPUT_NAME, deployment_record, stamp_onnx
+from ..deployment import INPUT_NAME, OUTPUT_NAME, deployment_record, int8_cpu_runtime, stamp_onnx
 from ..deps import require
 from ..errors import ExportError, InputError, MissingDependencyError, PruneflowError
 from ..inputs import Inputs, bind, fresh, is_token, take, to
 from ..stage import Target, TargetConfig
 from .attention_mask import soften_mask_fill
+from .forms import record_choice
 
 if TYPE_CHECKING:
+    from .forms import Choice
     from .qdq import Form, PassReport
 
 
@@ -38,6 +40,16 @@ class OnnxConfig(TargetConfig):
         description="INT8 files to write from the same quantization parameters: `cpu` (model.int8.onnx: uint8 activations, "
         "what onnxruntime and OpenVINO run fastest on x86) and `tensorrt` (model.int8.tensorrt.onnx: TensorRT's explicit "
         "quantization convention, int8 zero point 0 everywhere; precision int8, form tensorrt, named `onnx.int8_tensorrt` in metrics).",
+    )
+    form: Literal["auto", "u8s8", "u8s8_vnni", "s8s8"] = Field(
+        default="auto",
+        description="How model.int8.onnx (the `cpu` file) encodes activations. `auto`: build every encoding this CPU's int8 "
+        "kernels compute exactly, check each against the quantized torch model, time them interleaved in onnxruntime "
+        "(the stage's `latency` batch sizes) and keep the fastest (`u8s8` unless another is 3 % faster); the table is in "
+        "the report. `u8s8`: uint8 activations with a Clip and weights fitted so x86 CPUs without VNNI cannot saturate "
+        "(exact everywhere; the only candidate there). `u8s8_vnni`: the same without the Clips and the fit (one op fewer "
+        "per activation; needs VNNI, AMX or ARM). `s8s8`: int8 activations as NNCF trained them. Pin one to build for "
+        "another machine than this one.",
     )
 
 
@@ -90,10 +102,18 @@ class OnnxTarget(Target[OnnxConfig]):
     def _int8(self, stripped: torch.nn.Module, state, ctx, out_dir: Path, form: Form, record: dict) -> Artifact:
         cfg = self.config
         path = out_dir / ("model.int8.onnx" if form == "cpu" else "model.int8.tensorrt.onnx")
-        report = export_int8_onnx(stripped, state.example_input, path, form=form,
-                                  opset=max(cfg.opset, 13), dynamic_batch=cfg.dynamic_batch, metadata=record)
+        raw = export_raw_qdq(stripped, state.example_input, out_dir, opset=max(cfg.opset, 13), dynamic_batch=cfg.dynamic_batch,
+                             output_name=record["output"]["name"])
+        choice = None
+        if form == "cpu":
+            record = dict(record)
+            report, choice = self._cpu_form(raw, state, ctx, path, record)
+        else:
+            report = write_int8_onnx(raw, path, form=form, metadata=record)
         artifact = Artifact.from_file(ctx.run_dir, path, kind="onnx", producer="export", target="onnx",
                                       precision="int8", form=form, deployment=record)
+        if choice is not None:
+            record_choice(artifact, choice, self, "onnxruntime")
         artifact.metrics.update(weights_int8=report.weights_folded, batchnorms_folded=report.batchnorms_folded,
                                 ops_float=len(report.float_ops))
         _component_bytes(artifact, path)
@@ -110,6 +130,31 @@ class OnnxTarget(Target[OnnxConfig]):
                                   "checked and measured here in onnxruntime without Q/DQ fusion (DequantizeLinear, then float kernels: "
                                   "its arithmetic, not onnxruntime's integer kernels; its latency there says nothing of TensorRT's)")
         return artifact
+
+
+    def _cpu_form(self, raw, state, ctx, path: Path, record: dict) -> "tuple[PassReport, Choice | None]":
+        """Write model.int8.onnx in the recipe's `form`, or (``auto``) in the encoding this host runs fastest in
+        onnxruntime, chosen by measuring the exact ones side by side (``forms.py``)."""
+        from ..runtime import open_artifact
+        from .forms import Candidate, decide, exact_encodings
+
+        encodings, why = exact_encodings()
+        if self.config.form != "auto" or len(encodings) == 1:
+            encoding = encodings[0] if self.config.form == "auto" else self.config.form
+            record["runtime"] = int8_cpu_runtime(encoding)
+            report = write_int8_onnx(raw, path, form="cpu", encoding=encoding, metadata=record)
+            return report, None if self.config.form != "auto" else decide([], state, self.latency, why=why, only=encoding)
+        ctx.reporter.info(f"onnx int8: timing the encodings {', '.join(encodings)} in onnxruntime to keep the fastest")
+        with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+            reports, candidates = {}, []
+            for encoding in encodings:
+                file = Path(tmp) / f"{encoding}.onnx"
+                reports[encoding] = write_int8_onnx(raw, file, form="cpu", encoding=encoding, metadata=None)
+                run = open_artifact(file, runtime="onnxruntime", threads=self.latency.threads if self.latency else 1)
+                candidates.append(Candidate(encoding, file, run))
+            choice = decide(candidates, state, self.latency, static=not self.config.dynamic_batch)
+            record["runtime"] = int8_cpu_runtime(choice.form)
+            return write_int8_onnx(raw, path, form="cpu", encoding=choice.form, metadata=record), choice
 
 
 class _Keyed(torch.nn.Module):
@@ -339,21 +384,39 @@ def _integer_ops_record(artifact: Artifact, path: Path) -> None:
                           + (" ..." if len(floats) > 6 else ""))
 
 
-def export_int8_onnx(stripped: torch.nn.Module, example: Inputs, path: Path, *, form: "Form", opset: int = 17,
-                     dynamic_batch: bool = True, metadata: dict | None = None, output_name: str | None = None) -> "PassReport":
+def export_int8_onnx(stripped: torch.nn.Module, example: Inputs, path: Path, *, form: "Form", encoding: str = "u8s8",
+                     opset: int = 17, dynamic_batch: bool = True, metadata: dict | None = None,
+                     output_name: str | None = None) -> "PassReport":
     """Export a model stripped to torch's fake-quant ops (``handle.int8_module(example)``), convert it to
-    ``form``, fold what is computed from constants (Q/DQ kept) and write the deployment ``metadata``."""
+    ``form`` (the cpu form in ``encoding``), fold what is computed from constants (Q/DQ kept) and write the
+    deployment ``metadata``."""
+    output = output_name or (metadata["output"]["name"] if metadata is not None else None)
+    raw = export_raw_qdq(stripped, example, path.parent, opset=opset, dynamic_batch=dynamic_batch, output_name=output)
+    return write_int8_onnx(raw, path, form=form, encoding=encoding, metadata=metadata)
+
+
+def export_raw_qdq(stripped: torch.nn.Module, example: Inputs, folder: Path, *, opset: int = 17, dynamic_batch: bool = True,
+                   output_name: str | None = None):
+    """The stripped model as torch exports it (Q/DQ around float weights, BatchNorm unfolded), as an
+    onnx.ModelProto: what ``write_int8_onnx`` converts, once per form."""
+    onnx = require("onnx", "pip install onnx", "INT8 ONNX export")
+    with tempfile.TemporaryDirectory(dir=folder) as tmp:
+        raw = Path(tmp) / "qdq.onnx"
+        export_onnx(stripped, to(example, "cpu"), raw, opset=max(opset, 13), dynamic_batch=dynamic_batch, fold=False,
+                    output_name=output_name)
+        return onnx.load(str(raw))
+
+
+def write_int8_onnx(raw, path: Path, *, form: "Form", encoding: str = "u8s8", metadata: dict | None = None) -> "PassReport":
+    """Convert a copy of ``raw`` (``export_raw_qdq``) to ``form``/``encoding``, check it against the form's
+    convention and write it atomically to ``path``."""
     from .embedding import quantize_embeddings
     from .qdq import check_convention, convert, float_ops
 
     onnx = require("onnx", "pip install onnx", "INT8 ONNX export")
-    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-        raw = Path(tmp) / "qdq.onnx"
-        output = output_name or (metadata["output"]["name"] if metadata is not None else None)
-        export_onnx(stripped, to(example, "cpu"), raw, opset=max(opset, 13), dynamic_batch=dynamic_batch, fold=False,
-                    output_name=output)
-        model_proto = onnx.load(str(raw))
-    report = convert(model_proto, form)
+    model_proto = type(raw)()
+    model_proto.CopyFrom(raw)
+    report = convert(model_proto, form, encoding)
     model_proto = fold_constants(model_proto)
     soften_mask_fill(model_proto)  # finfo.min attention-mask fill -> -60: onnxruntime's exp is 6x slower on it
     if form == "cpu":  # embedding tables the quantization stage snapped, in int8 (weight-only, per-row scales): export/embedding.py

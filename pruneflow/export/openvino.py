@@ -1,7 +1,7 @@
 """OpenVINO IR target, converted from the onnx target's files when the recipe builds them: FP32 and FP16
-(compressed weights) from the fp32 ONNX, INT8 from the CPU-form INT8 ONNX (pruneflow/export/qdq.py), so
-every artifact of a run has the same graph, input and output names (`input`, `logits`) and quantization
-parameters. Without those files the same ONNX is exported here first."""
+(compressed weights) from the fp32 ONNX, INT8 from the INT8 ONNX of the form OpenVINO runs fastest on this host
+(pruneflow/export/qdq.py, forms.py), so every artifact of a run has the same graph, input and output names
+(`input`, `logits`) and quantization parameters. Without those files the same ONNX is exported here first."""
 
 from __future__ import annotations
 
@@ -45,14 +45,22 @@ def canonical_names(model) -> None:
 class OpenVinoConfig(TargetConfig):
     type: Literal["openvino"] = Field(default="openvino", description="OpenVINO IR (model.xml + model.bin) run by the OpenVINO CPU plugin.")
     dynamic_batch: bool = Field(default=True, description="Leave the batch dimension dynamic.")
+    form: Literal["auto", "u8s8", "u8s8_vnni", "s8s8", "tensorrt"] = Field(
+        default="auto",
+        description="The INT8 ONNX form the INT8 IR is converted from (the onnx target's `form`, or `tensorrt`: int8 "
+        "activations with TensorRT's residual placement). `auto`: convert every form this CPU runs exactly (on x86 without "
+        "VNNI only `u8s8`), check each against the quantized torch model, time them interleaved in OpenVINO (f32 hint, "
+        "the stage's `latency` batch sizes) and keep the fastest (`u8s8` unless another is 3 % faster). A form the onnx "
+        "target built is converted from its file; any other is written here first.",
+    )
 
 
 class OpenVinoTarget(Target[OpenVinoConfig]):
     Config = OpenVinoConfig
     precisions = ("fp32", "fp16", "int8")
     #: Every IR is converted from the onnx target's ONNX of its precision when the recipe builds it (fp32 for
-    #: the fp32 and fp16 IR, the CPU-form INT8 for int8: one graph, one set of names and quantization
-    #: parameters, one lineage); without it, that ONNX is exported here.
+    #: the fp32 and fp16 IR, the INT8 file of the chosen form for int8: one graph, one set of names and
+    #: quantization parameters, one lineage); without it, that ONNX is exported here.
     depends_on = ["onnx"]
 
     def preflight(self) -> list[str]:
@@ -60,29 +68,39 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
         return []
 
     def build(self, state, ctx, out_dir: Path, precision: str) -> Artifact:
-        ov = require("openvino", "pip install openvino", "the openvino target")
         xml = out_dir / f"model.{precision}.xml"
         record = deployment_record(state, ctx, dynamic_batch=self.config.dynamic_batch)
         if precision == "int8":
-            record["runtime"] = openvino_int8_runtime()
-        source = self._onnx_artifact("onnx.int8" if precision == "int8" else "onnx.fp32", ctx.run_dir)
-        # Written beside the target, then renamed: .bin first, so a visible .xml always has its weights.
+            return self._int8(state, ctx, xml, record)
+        source = self._onnx_artifact("onnx.fp32", ctx.run_dir)
         with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
             onnx_file = ctx.run_dir / source.path if source else self._export_onnx(state, Path(tmp), precision)
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    converted = ov.convert_model(str(onnx_file))
-            except Exception as exc:  # noqa: BLE001
-                raise ExportError(f"OpenVINO could not convert {onnx_file.name if source else 'the model'} (converted from "
-                                  f"ONNX, never traced from torch): {type(exc).__name__}: {str(exc).splitlines()[0]}",
-                                  hint="the onnx target's artifact of this precision is the graph OpenVINO reads: check that "
-                                  "it builds and runs in onnxruntime; an operator OpenVINO lacks needs a newer openvino") from exc
-            stamp_ir(converted, record, precision)
-            canonical_names(converted)
+            self._save(self._convert(onnx_file, source is not None), xml, record, precision)
+        return self._artifact(ctx, xml, record, precision, source)
+
+    def _convert(self, onnx_file: Path, from_target: bool):
+        ov = require("openvino", "pip install openvino", "the openvino target")
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return ov.convert_model(str(onnx_file))
+        except Exception as exc:  # noqa: BLE001
+            raise ExportError(f"OpenVINO could not convert {onnx_file.name if from_target else 'the model'} (converted from "
+                              f"ONNX, never traced from torch): {type(exc).__name__}: {str(exc).splitlines()[0]}",
+                              hint="the onnx target's artifact of this precision is the graph OpenVINO reads: check that "
+                              "it builds and runs in onnxruntime; an operator OpenVINO lacks needs a newer openvino") from exc
+
+    def _save(self, converted, xml: Path, record: dict, precision: str) -> None:
+        """Stamp and write the IR beside the target, then rename: .bin first, so a visible .xml always has its weights."""
+        ov = require("openvino", "pip install openvino", "the openvino target")
+        stamp_ir(converted, record, precision)
+        canonical_names(converted)
+        with tempfile.TemporaryDirectory(dir=xml.parent) as tmp:
             ov.save_model(converted, str(Path(tmp) / "model.xml"), compress_to_fp16=precision == "fp16")
             os.replace(Path(tmp) / "model.bin", xml.with_suffix(".bin"))
             os.replace(Path(tmp) / "model.xml", xml)
+
+    def _artifact(self, ctx, xml: Path, record: dict, precision: str, source: Artifact | None) -> Artifact:
         artifact = Artifact.from_file(ctx.run_dir, xml, kind="openvino", producer="export", target="openvino",
                                       precision=precision, deployment=record)
         artifact.add_file(ctx.run_dir, xml.with_suffix(".bin"))
@@ -90,6 +108,77 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
             artifact.parent = source.path
             artifact.notes.append(f"converted from {source.path}")
         return artifact
+
+    def _int8(self, state, ctx, xml: Path, record: dict) -> Artifact:
+        """The INT8 IR, converted from the form the recipe names or (``auto``) the one OpenVINO runs fastest here."""
+        from ..runtime import open_artifact
+        from .forms import Candidate, decide, exact_encodings, needs_vnni, record_choice
+
+        exact, why = exact_encodings()
+        forms: list[str] = [self.config.form] if self.config.form != "auto" else exact + (["tensorrt"] if len(exact) > 1 else [])
+        record["runtime"] = openvino_int8_runtime()
+        with tempfile.TemporaryDirectory(dir=xml.parent) as tmp:
+            sources = self._int8_sources(forms, state, ctx, Path(tmp))
+            models = {form: self._convert(path, upstream is not None) for form, (path, upstream) in sources.items()}
+            if len(models) == 1:
+                form = next(iter(models))
+                choice = decide([], state, self.latency, why=why if self.config.form == "auto" else "set in the recipe",
+                                only=form)
+            else:
+                ctx.reporter.info(f"openvino int8: timing the IR of each form ({', '.join(models)}) to keep the fastest")
+                ov = require("openvino", "pip install openvino", "the openvino target")
+                candidates = []
+                for form, model in models.items():
+                    ov.save_model(model, str(Path(tmp) / f"{form}.xml"))
+                    run = open_artifact(Path(tmp) / f"{form}.xml", runtime="openvino", precision_hint="f32",
+                                        threads=self.latency.threads if self.latency else 1)
+                    candidates.append(Candidate(form, Path(tmp) / f"{form}.xml", run))
+                choice = decide(candidates, state, self.latency, static=not self.config.dynamic_batch)
+            if needs_vnni(choice.form):
+                record["runtime"]["cpu"] = {"int8_form": choice.form, "needs_any_of": ["avx512_vnni", "avx_vnni", "amx_int8", "(not x86)"]}
+            self._save(models[choice.form], xml, record, "int8")
+            path, upstream = sources[choice.form]
+        artifact = self._artifact(ctx, xml, record, "int8", upstream)
+        if upstream is None:
+            artifact.notes.append(f"converted from the {choice.form} INT8 ONNX, written for it from the quantized model")
+        record_choice(artifact, choice, self, "openvino (f32 hint)")
+        return artifact
+
+    def _int8_sources(self, forms: list[str], state, ctx, tmp: Path) -> dict[str, tuple[Path, Artifact | None]]:
+        """``{form: (INT8 ONNX, the onnx target's artifact or None)}``: the onnx target's file of that form when it
+        built one, else one written into ``tmp``. Under ``form: auto`` a form that cannot be written (TensorRT's needs
+        signed activations) is left out; a pinned one raises."""
+        from .onnx import export_raw_qdq, write_int8_onnx
+
+        sources: dict[str, tuple[Path, Artifact | None]] = {}
+        raw = None
+        for form in forms:
+            upstream = self._int8_artifact(form, ctx.run_dir)
+            if upstream is not None:
+                sources[form] = (ctx.run_dir / upstream.path, upstream)
+                continue
+            if raw is None:
+                example = to(state.example_input, "cpu")
+                raw = export_raw_qdq(state.handle.int8_module(example), example, tmp, dynamic_batch=self.config.dynamic_batch,
+                                     output_name=state.task.output_name)
+            try:
+                write_int8_onnx(raw, tmp / f"{form}.onnx", form="tensorrt" if form == "tensorrt" else "cpu",
+                                encoding="u8s8" if form == "tensorrt" else form)
+            except ExportError as exc:
+                if self.config.form != "auto":
+                    raise
+                ctx.reporter.info(f"openvino int8: the {form} form is not a candidate: {exc.message}")
+                continue
+            sources[form] = (tmp / f"{form}.onnx", None)
+        return sources
+
+    def _int8_artifact(self, form: str, run_dir: Path) -> Artifact | None:
+        """The onnx target's INT8 artifact of ``form`` built in this stage, if any (a run before forms were chosen
+        wrote its CPU file in ``u8s8``)."""
+        if form == "tensorrt":
+            return self._onnx_artifact("onnx.int8_tensorrt", run_dir)
+        found = self._onnx_artifact("onnx.int8", run_dir)
+        return found if found is not None and found.metrics.get("int8_form", "u8s8") == form else None
 
     def _onnx_artifact(self, label: str, run_dir: Path | None = None) -> Artifact | None:
         """The ONNX the onnx target built in this stage under ``label`` (``onnx.fp32``: the fp32 and fp16 IR
@@ -103,16 +192,11 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
     def _export_onnx(self, state, tmp: Path, precision: str) -> Path:
         """The ONNX to convert, exported into ``tmp`` when the onnx target did not build it in this stage: the
         same exporter, names and constant folding as the onnx target's, so every artifact reads alike."""
-        from .onnx import export_int8_onnx, export_onnx
+        from .onnx import export_onnx
 
         path = tmp / f"{precision}.onnx"
-        example = to(state.example_input, "cpu")
-        if precision == "int8":
-            export_int8_onnx(state.handle.int8_module(example), example, path, form="cpu", dynamic_batch=self.config.dynamic_batch,
-                             output_name=state.task.output_name)
-        else:
-            export_onnx(state.handle.float_module(), example, path, dynamic_batch=self.config.dynamic_batch,
-                        output_name=state.task.output_name)
+        export_onnx(state.handle.float_module(), to(state.example_input, "cpu"), path, dynamic_batch=self.config.dynamic_batch,
+                    output_name=state.task.output_name)
         return path
 
 

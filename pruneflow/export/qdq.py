@@ -57,6 +57,18 @@ import numpy as np
 from ..errors import ExportError
 
 Form = Literal["tensorrt", "cpu"]
+#: How the ``cpu`` form encodes activations (``pruneflow/export/forms.py`` picks one per host, by measuring):
+#:
+#: - ``u8s8``: uint8, zero point 0 and ``Clip(0, 127)`` for a tensor that cannot be negative, zero point 128
+#:   otherwise, with weights fitted to the 16-bit pair sums of x86 kernels without VNNI: exact on every x86 CPU.
+#: - ``u8s8_vnni``: the same without the Clips and the fit: a non-negative tensor keeps the full uint8 range
+#:   (values NNCF clipped at 127 steps reach 255), one op fewer per activation. Exact only where the CPU
+#:   multiplies u8 by s8 without int16 pair sums (VNNI, AMX, ARM); faster there (ResNet-56 on an AVX-512 VNNI
+#:   EPYC: 7 % in onnxruntime and OpenVINO at batch 32).
+#: - ``s8s8``: int8 activations with zero point 0 as NNCF trained them (onnxruntime's documented first choice
+#:   where the CPU has VNNI); a ReLU stays a float op before its quantizer.
+Encoding = Literal["u8s8", "u8s8_vnni", "s8s8"]
+ENCODINGS: tuple[Encoding, ...] = ("u8s8", "u8s8_vnni", "s8s8")
 QUANT_OPS = ("QuantizeLinear", "DequantizeLinear")
 WEIGHTED_OPS = ("Conv", "Gemm", "MatMul", "ConvTranspose")
 PASS_THROUGH = ("Flatten", "Reshape", "Squeeze", "Unsqueeze", "Transpose", "GlobalAveragePool", "AveragePool", "MaxPool")
@@ -308,9 +320,11 @@ def _u8_zero_point(graph: _Graph, zps: dict[tuple[str, int], str], node, zp: np.
     return zps[key]
 
 
-def _rewrite_cpu_quantizer(graph: _Graph, node, zp: np.ndarray, nonnegative: bool, zps: dict, report: PassReport):
-    """One int8 QuantizeLinear (and its DQs) as uint8: zero point 0 + Clip(0, 127) for a tensor that cannot
-    be negative, zero point 128 otherwise. Returns the Clip node to add, or None."""
+def _rewrite_cpu_quantizer(graph: _Graph, node, zp: np.ndarray, nonnegative: bool, zps: dict, report: PassReport,
+                           guard: bool = True):
+    """One int8 QuantizeLinear (and its DQs) as uint8: zero point 0 + Clip(0, 127) (``guard``; without it the
+    full uint8 range) for a tensor that cannot be negative, zero point 128 otherwise. Returns the Clip node to
+    add, or None."""
     from onnx import helper
 
     users = graph.consumers.get(node.output[0], [])
@@ -321,7 +335,9 @@ def _rewrite_cpu_quantizer(graph: _Graph, node, zp: np.ndarray, nonnegative: boo
     for n in (node, *dqs):
         n.input[2] = name
     report.activations_rewritten += 1
-    if not unsigned:
+    if unsigned:
+        report.activations_unsigned += 1
+    if not unsigned or not guard:
         return None
     # int8 saturates at 127 where uint8 would go on to 255: the Clip keeps the int8 grid exactly,
     # and keeps every integer dot product inside the u8s8 kernels' 16-bit pair sums (127 * 2 * 127).
@@ -330,7 +346,6 @@ def _rewrite_cpu_quantizer(graph: _Graph, node, zp: np.ndarray, nonnegative: boo
     clipped = node.output[0] + "_int8_range"
     for dq in dqs:
         dq.input[0] = clipped
-    report.activations_unsigned += 1
     return helper.make_node("Clip", [node.output[0], low, high], [clipped], name=node.name + "_int8_range")
 
 
@@ -345,11 +360,12 @@ def _check_tensorrt_activations(graph: _Graph) -> None:
                 "or write `int8_forms: [cpu]` only")
 
 
-def rewrite_activations(graph: _Graph, form: Form, report: PassReport) -> None:
+def rewrite_activations(graph: _Graph, form: Form, report: PassReport, guard: bool = True) -> None:
     """Per-tensor activation Q/DQ pairs into the target form's dtype (see the module docstring).
 
     cpu form: a tensor that cannot be negative (after a ReLU, a pooling of one, ...) becomes uint8 with
-    zero point 0 followed by ``Clip(0, 127)``; any other tensor becomes uint8 with zero point 128.
+    zero point 0 followed by ``Clip(0, 127)`` (``guard``; without it, the full uint8 range); any other tensor
+    becomes uint8 with zero point 128.
     """
     if form == "tensorrt":
         per_tensor_activations(graph, report)
@@ -366,7 +382,7 @@ def rewrite_activations(graph: _Graph, form: Form, report: PassReport) -> None:
         zp = _activation_zero_point(graph, node, per_channel=True)
         # DQs follow their Q; an unsigned quantizer (`activations: auto`) runs as it is
         if zp is not None and node.op_type == "QuantizeLinear" and zp.dtype == np.int8:
-            clip = _rewrite_cpu_quantizer(graph, node, zp, memo[node.input[0]], zps, report)
+            clip = _rewrite_cpu_quantizer(graph, node, zp, memo[node.input[0]], zps, report, guard)
             clips += [clip] if clip is not None else []
     for node in graph.g.node:  # anything left (a DQ no Q feeds, a shared zero point): uint8 zero point 128
         zp = _activation_zero_point(graph, node, per_channel=True)
@@ -743,24 +759,33 @@ def _toposort(graph: _Graph) -> None:
     graph.refresh()
 
 
-def convert(model, form: Form) -> PassReport:
-    """Apply the passes to an onnx.ModelProto (exported from a stripped NNCF model) in place."""
+def convert(model, form: Form, encoding: str = "u8s8") -> PassReport:
+    """Apply the passes to an onnx.ModelProto (exported from a stripped NNCF model) in place; ``encoding`` is
+    the cpu form's activation encoding (``Encoding``)."""
+    if encoding not in ENCODINGS:
+        raise ValueError(f"unknown INT8 encoding {encoding!r}: one of {', '.join(ENCODINGS)}")
     graph = _Graph(model)
     report = PassReport()
     fold_weight_quantizers(graph, report)
     fold_batchnorm(graph, report)
     fold_smooth_quant_scales(graph, report)
-    rewrite_activations(graph, form, report)
-    if form == "cpu":
+    guarded = form == "cpu" and encoding == "u8s8"
+    if form == "tensorrt" or encoding != "s8s8":
+        rewrite_activations(graph, form, report, guard=guarded)
+    if form == "cpu" and encoding != "s8s8":
         relu_in_integer_domain(graph, report)
+    if guarded:
         fit_u8s8_pairs(graph, report)
+    if form == "cpu" and encoding == "u8s8_vnni" and report.activations_unsigned:
+        report.notes.append(f"{report.activations_unsigned} non-negative activation(s) in the full uint8 range (no Clip at "
+                            "NNCF's 127 steps): exact on CPUs with VNNI or AMX, may saturate on x86 CPUs without them")
     _remove_identities(graph)
     if form == "tensorrt":
         place_residual_quantizers(graph, report)
     graph.prune_initializers()
     _short_tensor_names(graph)
     left = Counter(n.op_type for n in graph.g.node)
-    if form == "cpu":
+    if guarded:
         for risk in u8s8_overflow_risks(model):
             report.notes.append("may saturate in u8s8 kernels of x86 CPUs without VNNI (signed input, 8-bit weights): " + risk)
     if left.get("BatchNormalization"):

@@ -231,6 +231,8 @@ class ExportStage(Stage[ExportConfig]):
                         if checked[0].executors:
                             opened.append(checked[0])
                     result.artifacts.append(artifact)
+            for table, rows in target.tables.items():
+                result.tables.setdefault(table, []).extend(rows)
         if cfg.latency and opened:
             with tempfile.TemporaryDirectory(prefix="pruneflow-start-") as tmp:
                 start = self._start_lanes(state, ctx, Path(tmp))
@@ -247,6 +249,7 @@ class ExportStage(Stage[ExportConfig]):
         the other targets and precisions are still built and measured."""
         ctx.reporter.info(f"{self.id}: building {name} {precision}")
         target.upstream = upstream  # what this stage built before: a target may convert it (OpenVINO INT8 from ONNX)
+        target.latency = self.config.latency  # how this stage times: a target choosing a form by measuring does the same
         try:
             built = target.build(state, ctx, out_dir, precision)
         except (InputError, MissingDependencyError):

@@ -1,0 +1,152 @@
+"""The INT8 form a runtime runs fastest on this host, chosen by measuring (issue 25, item 1).
+
+One set of quantization parameters can be written several ways (``qdq.Encoding``: how the activations are
+encoded; ``tensorrt``: TensorRT's placement), and which runs fastest depends on the runtime, its version and
+the CPU: measured on an AVX-512 VNNI EPYC (ResNet-56, batch 32, one thread), onnxruntime ran u8s8 without its
+Clips 7 % faster than with them and ran its own S8S8 QDQ at 0.77x of FP32, 3x slower than either; OpenVINO ran
+an IR converted from the Clip-free form 7 % faster than one from the guarded form. Nobody's guidance holds on
+every host, so ``form: auto`` builds the forms this CPU runs exactly, checks each against the quantized torch
+model, times them interleaved, and keeps the fastest; the table that decided it goes into the artifact's
+metrics (``form_candidates``), the manifest and the report.
+
+Forms that can saturate on this CPU are never candidates: without VNNI (x86 before Cascade Lake / Zen 4),
+u8s8 kernels add product pairs in int16, and only the guarded ``u8s8`` is exact.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+
+from ..errors import ExportError
+from ..inputs import as_numpy, take, trim
+from ..runtime import fresh_batch, host_info, time_interleaved
+from .qdq import ENCODINGS
+
+if TYPE_CHECKING:
+    from ..tasks import Task
+
+#: CPU flags with which the x86 int8 kernels multiply u8 by s8 straight into int32 (no int16 pair sums).
+VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+#: Batch sizes and repetitions of the choice when the export stage times nothing (`latency: null`).
+DEFAULT_BATCHES = (1, 32)
+RUNS = 30
+#: The portable form (``u8s8``, exact on every x86) is kept unless another is at least this much faster: a
+#: difference inside the noise of a shared machine is not worth an artifact that needs VNNI.
+PORTABLE_MARGIN = 0.03
+#: Samples of the eval split each candidate's outputs are compared on (against the quantized torch model).
+PARITY_SAMPLES = 64
+
+
+def exact_encodings(host: dict[str, Any] | None = None) -> tuple[list[str], str]:
+    """The cpu-form encodings this host's int8 kernels compute exactly, the portable one first, and why."""
+    cpu = (host or host_info())["cpu"]
+    x86 = cpu.get("arch") in ("x86_64", "AMD64", "i386", "i686")
+    if x86 and not set(cpu.get("isa") or ()) & set(VNNI_FLAGS):
+        return ["u8s8"], ("this x86 CPU has no VNNI: its u8s8 kernels add product pairs in int16, and only the guarded "
+                          "u8s8 form is exact there")
+    why = "VNNI/AMX multiply u8 by s8 into int32" if x86 else "no int16 pair sums on this CPU"
+    return list(ENCODINGS), f"every encoding is exact here ({why})"
+
+
+def needs_vnni(form: str) -> bool:
+    """Whether an artifact of this encoding can saturate on an x86 CPU without VNNI."""
+    return form in ("u8s8_vnni", "s8s8")
+
+
+@dataclass
+class Candidate:
+    """One form of the same model, opened in the runtime that decides."""
+
+    form: str
+    path: Any
+    run: Callable[[Any], Any]
+    cosine: float = float("nan")
+    passed: bool = False
+    p50_ms: dict[int, float] = field(default_factory=dict)
+    score: float = float("nan")
+
+
+@dataclass
+class Choice:
+    form: str
+    rows: list[dict[str, Any]]
+    why: str
+
+    def note(self, runtime: str) -> str:
+        timed = ", ".join(f"{r['form']} {r['relative']:.2f}x" for r in self.rows if r["passed"])
+        return f"INT8 form {self.form}, chosen by measuring in {runtime} on this host ({timed} of the fastest's time): {self.why}"
+
+
+def parity_samples(state) -> Any:
+    """The first eval samples (trimmed to their longest text), as numpy: what each candidate is compared on."""
+    return as_numpy(trim(take(state.data.eval.x, slice(0, PARITY_SAMPLES))))
+
+
+def choose(candidates: list[Candidate], state, ref: np.ndarray, min_cosine: float, batches: list[int],
+           runs: int = RUNS) -> Choice:
+    """Check every candidate against ``ref`` (the quantized torch model's outputs on ``parity_samples``), time
+    those that hold ``min_cosine`` interleaved per batch size, and pick the fastest (``_pick``)."""
+    x = parity_samples(state)
+    for c in candidates:
+        got = np.asarray(c.run(x), dtype=np.float32)
+        c.cosine = float(state.task.agree(ref, got)["cosine"]) if np.isfinite(got).all() else float("nan")
+        c.passed = bool(c.cosine >= min_cosine)
+    kept = [c for c in candidates if c.passed]
+    if not kept:
+        raise ExportError("no INT8 form holds parity with the quantized torch model on this host: "
+                          + ", ".join(f"{c.form} cosine {c.cosine:.4f}" for c in candidates),
+                          hint="pin one with the target's `form`, or look for a layer to `ignore` in the qat/ptq stage")
+    for bs in batches:
+        stats = time_interleaved({c.form: c.run for c in kept}, fresh_batch(state.data.eval.x, bs), warmup=3, runs=runs)
+        for c in kept:
+            c.p50_ms[bs] = stats[c.form].p50_ms
+    return _pick(candidates, batches)
+
+
+def _pick(candidates: list[Candidate], batches: list[int]) -> Choice:
+    """The fastest candidate by the geometric mean over batch sizes of its time over the best time there; the
+    first candidate (the portable one) wins unless another is ``PORTABLE_MARGIN`` faster."""
+    kept = [c for c in candidates if c.passed]
+    for c in kept:
+        c.score = math.exp(sum(math.log(c.p50_ms[bs] / min(k.p50_ms[bs] for k in kept)) for bs in batches) / len(batches))
+    fastest = min(kept, key=lambda c: c.score)
+    first = kept[0]
+    chosen, why = fastest, "the fastest"
+    if fastest is not first and first.score <= fastest.score * (1 + PORTABLE_MARGIN):
+        chosen, why = first, f"within {PORTABLE_MARGIN:.0%} of the fastest ({fastest.form}), and it runs on more CPUs"
+    elif fastest is first:
+        why = "the fastest, and it runs on more CPUs" if len(kept) > 1 else "the only form that held parity"
+    rows = [{"form": c.form, "passed": c.passed, "cosine": round(c.cosine, 6),
+             **{f"p50_ms_b{bs}": round(c.p50_ms[bs], 4) for bs in batches if bs in c.p50_ms},
+             "relative": round(c.score, 4) if c.passed else None, "chosen": c is chosen} for c in candidates]
+    return Choice(chosen.form, rows, why)
+
+
+def decide(candidates: list[Candidate], state, latency: Any, *, static: bool = False, why: str = "",
+           only: str | None = None) -> Choice:
+    """``choose`` with the export stage's timing (``latency``: its batch sizes and runs; None: ``DEFAULT_BATCHES``)
+    and the quantized torch model as the reference; ``only``: the one exact form here, chosen without timing."""
+    from ..stages.measure import batched, default_limits, reference_outputs
+
+    if only is not None:
+        return Choice(only, [], why)
+    batches = [1] if static else list(latency.batch_sizes if latency else DEFAULT_BATCHES)
+    runs = min(latency.runs, RUNS) if latency else RUNS
+    for c in candidates:
+        c.run = batched(c.run, static)
+    ref = reference_outputs(state.model, trim(take(state.data.eval.x, slice(0, PARITY_SAMPLES))), state.task)
+    return choose(candidates, state, ref, default_limits("int8", None, state.task).min_cosine, batches, runs)
+
+
+def record_choice(artifact, choice: Choice, target, runtime: str) -> None:
+    """The choice on the artifact (``int8_form``, a note) and its table on the target (the report's "int8 forms")."""
+    artifact.metrics["int8_form"] = choice.form
+    artifact.notes.append(choice.note(runtime) if choice.rows else f"INT8 form {choice.form}: {choice.why}")
+    if needs_vnni(choice.form):
+        artifact.notes.append(f"the {choice.form} form needs an x86 CPU with VNNI or AMX (or a non-x86 one): without them "
+                              "its int8 kernels can saturate; pin `form: u8s8` to build for such a host")
+    target.tables.setdefault("int8 forms", []).extend({"artifact": artifact.label, "runtime": runtime, **row} for row in choice.rows)
