@@ -55,6 +55,23 @@ def int8_cpu_runtime(encoding: str) -> dict[str, Any] | None:
                    "there, export with the onnx target's `form: u8s8`"}
 
 
+def cpu_shortfall(record: dict[str, Any] | None, host: dict[str, Any] | None = None) -> str | None:
+    """Why this host cannot run an artifact exactly, from its deployment record's ``runtime.cpu`` (an INT8 form
+    that needs VNNI, on an x86 CPU without it), or None when it can (or the record asks nothing)."""
+    from .runtime import host_info
+
+    cpu_need = ((record or {}).get("runtime") or {}).get("cpu") if isinstance(record, dict) else None
+    if not isinstance(cpu_need, dict):
+        return None
+    cpu = (host or host_info())["cpu"]
+    wanted = [str(f) for f in cpu_need.get("needs_any_of") or []]
+    if cpu.get("arch") not in ("x86_64", "AMD64", "i386", "i686") or set(wanted) & set(cpu.get("isa") or ()):
+        return None
+    return (f"its INT8 form {cpu_need.get('int8_form')} needs one of {', '.join(f for f in wanted if not f.startswith('('))} "
+            "and this CPU has none: its int8 kernels can saturate here and compute another model; rebuild it on this "
+            "host, or with the target's `form: u8s8`")
+
+
 def deployment_record(state: "RunState", ctx: "RunContext", *, dynamic_batch: bool = True) -> dict[str, Any]:
     """The record for an artifact of this run's current model (``dynamic_batch``: the file's batch dimension)."""
     import torch

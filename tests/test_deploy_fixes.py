@@ -15,7 +15,8 @@ import torch
 
 from pruneflow.artifacts import PRECISIONS, Artifact, Manifest, combined_sha256, sha256_file
 from pruneflow.checkpoint import load_checkpoint
-from pruneflow.deployment import openvino_int8_runtime, read_ir, read_onnx, resolved_scale
+from pruneflow.deployment import int8_cpu_runtime, openvino_int8_runtime, read_ir, read_onnx, resolved_scale
+from pruneflow.export.forms import needs_vnni
 from pruneflow.export.onnx import export_onnx
 from pruneflow.runtime import open_artifact
 from pruneflow.models import build_model
@@ -118,7 +119,15 @@ def test_every_artifact_of_a_run_has_the_same_input_and_output_names(ptq_run):
 def test_every_ir_is_converted_from_the_onnx_targets_file_of_its_precision(ptq_run):
     by = _by_label(ptq_run)
     assert by["openvino.fp32"].parent == by["openvino.fp16"].parent == by["onnx.fp32"].path
-    assert by["openvino.int8"].parent == by["onnx.int8"].path
+    # the INT8 IR: from the onnx target's file of the form it was converted from (`form: auto` chose it here),
+    # or, for a form the onnx target did not write, from one written for it out of the quantized model
+    ir_form = by["openvino.int8"].metrics["int8_form"]
+    source = {by["onnx.int8"].metrics["int8_form"]: by["onnx.int8"].path, "tensorrt": by["onnx.int8_tensorrt"].path}
+    if ir_form in source:
+        assert by["openvino.int8"].parent == source[ir_form]
+    else:
+        assert by["openvino.int8"].parent == by["onnx.int8"].parent
+        assert f"converted from the {ir_form} INT8 ONNX, written for it from the quantized model" in by["openvino.int8"].notes
     assert f"converted from {by['onnx.fp32'].path}" in by["openvino.fp16"].notes
 
 
@@ -242,8 +251,14 @@ def test_every_file_carries_its_deployment_record_and_the_manifest_the_runs(ptq_
     exported = [a for a in ptq_run.artifacts if a.target]
     assert len(exported) == 7
     for artifact in exported:
-        # an OpenVINO INT8 IR also says how to compile it: f32, the precision its float parts were trained in
-        runtime = openvino_int8_runtime() if artifact.label == "openvino.int8" else None
+        # an OpenVINO INT8 IR also says how to compile it: f32, the precision its float parts were trained in; an
+        # INT8 file in a form `form: auto` chose that needs VNNI says so
+        form = artifact.metrics.get("int8_form")
+        runtime = int8_cpu_runtime(form) if artifact.label == "onnx.int8" else None
+        if artifact.label == "openvino.int8":
+            runtime = openvino_int8_runtime()
+            if needs_vnni(form):
+                runtime["cpu"] = int8_cpu_runtime(form)["cpu"]
         assert artifact.deployment == ({**expected, "runtime": runtime} if runtime else expected), artifact.label
         read = read_onnx if artifact.kind == "onnx" else read_ir
         assert read(run_dir / artifact.path) == {**expected, "precision": artifact.precision, "runtime": runtime}, artifact.label

@@ -454,3 +454,35 @@ def test_resnet20_cpu_form_keeps_a_quantizer_after_every_conv_so_onnxruntime_run
     optimized = [n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node]
     assert optimized.count("QLinearConv") == 19 and "Conv" not in optimized
     assert check_convention(onnx.load(str(out / "cpu.onnx")), "cpu") == []
+
+
+def test_each_cpu_encoding_writes_the_grid_its_name_says_and_computes_the_quantized_model(quantized, tmp_path):
+    """Issue 25, item 1: ``u8s8`` (guarded: Clip to 127, exact on every x86), ``u8s8_vnni`` (no Clip, one op fewer
+    per activation) and ``s8s8`` (int8 activations as NNCF trained them) encode the same model. Each is checked here
+    in onnxruntime's reference semantics (no integer kernels: the same on every CPU) against the quantized torch model,
+    and, on a CPU whose int8 kernels compute it exactly, in the integer kernels too."""
+    from pruneflow.export.forms import exact_encodings
+    from pruneflow.export.onnx import export_raw_qdq, write_int8_onnx
+    from pruneflow.export.qdq import ENCODINGS
+
+    q, x, ref, _, _ = quantized
+    raw = export_raw_qdq(strip_quantizers(q, x), x[:2], tmp_path)
+    exact, _ = exact_encodings()
+    for encoding in ENCODINGS:
+        path = tmp_path / f"{encoding}.onnx"
+        write_int8_onnx(raw, path, form="cpu", encoding=encoding)
+        model = onnx.load(str(path))
+        consts = _consts(model)
+        ops = [n.op_type for n in model.graph.node]
+        zps = [consts[n.input[2]] for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0] not in consts]
+        if encoding == "s8s8":
+            assert all(z.dtype == np.int8 and not z.any() for z in zps) and ops.count("Relu") == 2 and "Clip" not in ops
+        else:
+            assert all(z.dtype == np.uint8 for z in zps) and sum(int(z) == 0 for z in zps) == 3 and "Relu" not in ops
+            assert ops.count("Clip") == (3 if encoding == "u8s8" else 0)
+        assert check_convention(model, "cpu") == []
+        runs = [open_artifact(path, exact_int8=True)] + ([open_artifact(path)] if encoding in exact else [])
+        for run in runs:
+            out = run(x.numpy())
+            assert parity_metrics(ref, out)["cosine"] >= PARITY_DEFAULTS["int8"].min_cosine, encoding
+            assert (out.argmax(1) == ref.argmax(1)).mean() >= 0.95, encoding

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..artifacts import check_run_sizes, manifest_entries, read_record, run_file
+from ..deployment import cpu_shortfall
 from ..errors import InputError, UsageError
 from ..runtime import runtimes_for
 
@@ -51,6 +52,8 @@ class Variant:
     run_dir: Path | None = None
     input: InputSpec | None = None
     notes: list[str] = field(default_factory=list)
+    #: Why this host cannot run the artifact exactly (``deployment.cpu_shortfall``): its lanes are not timed.
+    shortfall: str | None = None
 
     @property
     def timed(self) -> bool:
@@ -72,7 +75,7 @@ class Variant:
                 "run_dir": str(self.run_dir) if self.run_dir else None,
                 "input": None if self.input is None else {"name": self.input.name, "shape": list(self.input.shape),
                                                           "dtype": self.input.dtype},
-                "notes": self.notes}
+                "notes": self.notes, "shortfall": self.shortfall}
 
 
 def collect_variants(sources: list[Path]) -> list[Variant]:
@@ -129,6 +132,7 @@ def _from_entry(run_dir: Path, run_name: str, entry: dict[str, Any], task: dict[
         variant.notes.append(f"{entry['path']} is listed as built but is not on disk")
     elif status == "built" and runtimes_for(path):
         variant.input = read_input_spec(path)
+        variant.shortfall = cpu_shortfall(entry.get("deployment"))
     elif status == "built":
         variant.notes.append(f"no runtime here loads {path.suffix or 'this'} files")
     return variant
@@ -154,7 +158,18 @@ def _from_file(path: Path) -> Variant:
     precision = next((p for p in PRECISIONS if p in path.name.split(".")), None)
     return Variant(name=str(path), model=path.stem, label=path.name, path=path, precision=precision,
                    target={".onnx": "onnx", ".xml": "openvino"}.get(path.suffix),
-                   size_bytes=disk_size([path, companion]), input=read_input_spec(path))
+                   size_bytes=disk_size([path, companion]), input=read_input_spec(path),
+                   shortfall=cpu_shortfall(_file_record(path)))
+
+
+def _file_record(path: Path) -> dict[str, Any] | None:
+    """The deployment record written into a bare artifact (None when it has none or cannot be read here)."""
+    from ..deployment import read_ir, read_onnx
+
+    try:
+        return read_onnx(path) if path.suffix == ".onnx" else read_ir(path)
+    except Exception:  # noqa: BLE001 - a file that will not parse is reported when it is opened for timing
+        return None
 
 
 def _owning_run(path: Path) -> Variant | None:

@@ -34,8 +34,9 @@ VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
 #: Batch sizes and repetitions of the choice when the export stage times nothing (`latency: null`).
 DEFAULT_BATCHES = (1, 32)
 RUNS = 30
-#: The portable form (``u8s8``, exact on every x86) is kept unless another is at least this much faster: a
-#: difference inside the noise of a shared machine is not worth an artifact that needs VNNI.
+#: The portable form (``u8s8``, exact on every x86) is kept unless another is at least this much faster, and so on
+#: down the candidates' order: a difference inside the noise of a shared machine is not worth an artifact that needs
+#: VNNI, nor a choice that flips between two runs.
 PORTABLE_MARGIN = 0.03
 #: Samples of the eval split each candidate's outputs are compared on (against the quantized torch model).
 PARITY_SAMPLES = 64
@@ -53,8 +54,9 @@ def exact_encodings(host: dict[str, Any] | None = None) -> tuple[list[str], str]
 
 
 def needs_vnni(form: str) -> bool:
-    """Whether an artifact of this encoding can saturate on an x86 CPU without VNNI."""
-    return form in ("u8s8_vnni", "s8s8")
+    """Whether an artifact of this form can saturate on an x86 CPU without VNNI (int8 activations too: the
+    kernels there shift them to uint8 and add product pairs in int16 all the same)."""
+    return form in ("u8s8_vnni", "s8s8", "tensorrt")
 
 
 @dataclass
@@ -108,18 +110,20 @@ def choose(candidates: list[Candidate], state, ref: np.ndarray, min_cosine: floa
 
 
 def _pick(candidates: list[Candidate], batches: list[int]) -> Choice:
-    """The fastest candidate by the geometric mean over batch sizes of its time over the best time there; the
-    first candidate (the portable one) wins unless another is ``PORTABLE_MARGIN`` faster."""
+    """The first candidate, in the order given (the portable form first), whose time is within ``PORTABLE_MARGIN``
+    of the fastest's: the geometric mean over batch sizes of its time over the best time there. Taking the first
+    within the margin, not the fastest, keeps the choice from flipping between runs on forms that differ by noise."""
     kept = [c for c in candidates if c.passed]
     for c in kept:
         c.score = math.exp(sum(math.log(c.p50_ms[bs] / min(k.p50_ms[bs] for k in kept)) for bs in batches) / len(batches))
     fastest = min(kept, key=lambda c: c.score)
-    first = kept[0]
-    chosen, why = fastest, "the fastest"
-    if fastest is not first and first.score <= fastest.score * (1 + PORTABLE_MARGIN):
-        chosen, why = first, f"within {PORTABLE_MARGIN:.0%} of the fastest ({fastest.form}), and it runs on more CPUs"
-    elif fastest is first:
-        why = "the fastest, and it runs on more CPUs" if len(kept) > 1 else "the only form that held parity"
+    chosen = next(c for c in kept if c.score <= fastest.score * (1 + PORTABLE_MARGIN))
+    if len(kept) == 1:
+        why = "the only form that held parity"
+    elif chosen is fastest:
+        why = "the fastest"
+    else:
+        why = f"within {PORTABLE_MARGIN:.0%} of the fastest ({fastest.form}), and it comes first (runs on more CPUs)"
     rows = [{"form": c.form, "passed": c.passed, "cosine": round(c.cosine, 6),
              **{f"p50_ms_b{bs}": round(c.p50_ms[bs], 4) for bs in batches if bs in c.p50_ms},
              "relative": round(c.score, 4) if c.passed else None, "chosen": c is chosen} for c in candidates]

@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import Field
 
 from ..artifacts import Artifact
-from ..deployment import deployment_record, openvino_int8_runtime, stamp_ir
+from ..deployment import deployment_record, int8_cpu_runtime, openvino_int8_runtime, stamp_ir
 from ..deps import require
 from ..errors import ExportError
 from ..inputs import to
@@ -50,8 +50,9 @@ class OpenVinoConfig(TargetConfig):
         description="The INT8 ONNX form the INT8 IR is converted from (the onnx target's `form`, or `tensorrt`: int8 "
         "activations with TensorRT's residual placement). `auto`: convert every form this CPU runs exactly (on x86 without "
         "VNNI only `u8s8`), check each against the quantized torch model, time them interleaved in OpenVINO (f32 hint, "
-        "the stage's `latency` batch sizes) and keep the fastest (`u8s8` unless another is 3 % faster). A form the onnx "
-        "target built is converted from its file; any other is written here first.",
+        "the stage's `latency` batch sizes) and keep the first, in the order above, within 3 % of the fastest. A form the "
+        "onnx target built is converted from its file; any other is written here first. Being measured, the choice can "
+        "differ between hosts and runs: pin a form for byte-identical rebuilds.",
     )
 
 
@@ -135,7 +136,7 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
                     candidates.append(Candidate(form, Path(tmp) / f"{form}.xml", run))
                 choice = decide(candidates, state, self.latency, static=not self.config.dynamic_batch)
             if needs_vnni(choice.form):
-                record["runtime"]["cpu"] = {"int8_form": choice.form, "needs_any_of": ["avx512_vnni", "avx_vnni", "amx_int8", "(not x86)"]}
+                record["runtime"]["cpu"] = int8_cpu_runtime(choice.form)["cpu"]
             self._save(models[choice.form], xml, record, "int8")
             path, upstream = sources[choice.form]
         artifact = self._artifact(ctx, xml, record, "int8", upstream)
