@@ -134,7 +134,7 @@ def _latency_rows(result: RunResult) -> list[dict[str, Any]]:
         after = result_artifact(result, lane["target"], producer=stage.id)
         if after is None:
             continue
-        suffix = lane.get("suffix", "")
+        suffix, label = _as_deployed(after, lane.get("suffix", ""), lane["batch"])
         p50 = after.metrics.get(f"latency_b{lane['batch']}_median_ms{suffix}")
         p90 = after.metrics.get(f"latency_b{lane['batch']}_p90_ms{suffix}")
         if not p50 or not lane.get("p50_ms"):
@@ -143,8 +143,18 @@ def _latency_rows(result: RunResult) -> list[dict[str, Any]]:
         ratio = lane["p50_ms"] / p50
         noisy = spread > NOISY_SPREAD
         change = f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
-        rows.append({"what": f"latency {lane['runtime']}, batch {lane['batch']} ({after.label})",
+        rows.append({"what": f"latency {lane['runtime']}, batch {lane['batch']} ({label})",
                      "start": f"{lane['p50_ms']:.3g} ms", "result": f"{p50:.3g} ms",
                      "change": change + f" (p90/p50 up to {spread:.2f}" + (": NOISY, time again with bench)" if noisy else ")"),
                      "ratio": round(ratio, 4), "spread": round(spread, 3), "noisy": noisy})
     return rows
+
+
+def _as_deployed(after, suffix: str, batch: int) -> tuple[str, str]:
+    """The metrics suffix and label to compare a start lane with: at the runtime's default (``suffix`` ""), an
+    artifact whose deployment record names an OpenVINO precision hint is taken as deployed, with that hint (an
+    INT8 IR: f32, which is also faster than bf16 for its float parts at batch 1), against the start's default."""
+    hint = (((after.deployment or {}).get("runtime") or {}).get("openvino") or {}).get("INFERENCE_PRECISION_HINT")
+    if suffix or not hint or f"latency_b{batch}_median_ms_{hint}" not in after.metrics:
+        return suffix, after.label
+    return f"_{hint}", f"{after.label} as deployed, {hint} hint"
