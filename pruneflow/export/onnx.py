@@ -47,10 +47,10 @@ class OnnxConfig(TargetConfig):
         "kernels compute exactly, check each against the quantized torch model, time them interleaved in onnxruntime "
         "(the stage's `latency` batch sizes) and keep the first, in the order below, within 3 % of the fastest; the table "
         "is in the report, and a form that needs VNNI says so in the file's deployment record. Being measured, the choice "
-        "can differ between hosts and runs: pin a form for byte-identical rebuilds. `u8s8`: uint8 activations with a Clip and weights fitted so x86 CPUs without VNNI cannot saturate "
-        "(exact everywhere; the only candidate there). `u8s8_vnni`: the same without the Clips and the fit (one op fewer "
-        "per activation; needs VNNI, AMX or ARM). `s8s8`: int8 activations as NNCF trained them. Pin one to build for "
-        "another machine than this one.",
+        "can differ between hosts and runs. `u8s8`: uint8 activations with a Clip and weights fitted so x86 CPUs without "
+        "VNNI cannot saturate (exact everywhere; the only candidate there). `u8s8_vnni`: the same without the Clips and "
+        "the fit (one op fewer per activation; needs VNNI, AMX or ARM). `s8s8`: int8 activations as NNCF trained them. "
+        "Pin one to build for another machine than this one, or for byte-identical rebuilds.",
     )
 
 
