@@ -135,8 +135,9 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
                                         threads=self.latency.threads if self.latency else 1)
                     candidates.append(Candidate(form, Path(tmp) / f"{form}.xml", run))
                 choice = decide(candidates, state, self.latency, static=not self.config.dynamic_batch)
-            if needs_vnni(choice.form):
-                record["runtime"]["cpu"] = int8_cpu_runtime(choice.form)["cpu"]
+            cpu_need = int8_cpu_runtime(choice.form) if needs_vnni(choice.form) else None
+            if cpu_need is not None:
+                record["runtime"]["cpu"] = cpu_need["cpu"]
             self._save(models[choice.form], xml, record, "int8")
             path, upstream = sources[choice.form]
         artifact = self._artifact(ctx, xml, record, "int8", upstream)
