@@ -111,6 +111,9 @@ def test_the_openvino_int8_ir_is_converted_from_the_onnx_targets_int8_file(qat_r
     run = qat_run[0]
     by_key = {a.label: a for a in run.artifacts if a.target}
     onnx_int8, ir = by_key["onnx.int8"], by_key["openvino.int8"]
+    if ir.metrics.get("int8_form") != onnx_int8.metrics.get("int8_form"):  # `form: auto` chose another form for the IR
+        assert ir.parent == onnx_int8.parent and any("written for it from the quantized model" in n for n in ir.notes)
+        return
     assert ir.parent == onnx_int8.path == "export/onnx/model.int8.onnx"
     assert f"converted from {onnx_int8.path}" in ir.notes
     manifest = json.loads((run.run_dir / "manifest.json").read_text())
