@@ -45,6 +45,10 @@ def openvino_int8_runtime() -> dict[str, Any]:
             "why": "the float parts of an INT8 graph were trained in f32; a bf16 default moves near-tie predictions"}
 
 
+#: ``platform.machine()`` names of x86 CPUs, whose int8 kernels without VNNI add product pairs in int16.
+X86_ARCHES = ("x86_64", "AMD64", "i386", "i686")
+
+
 def int8_cpu_runtime(encoding: str) -> dict[str, Any] | None:
     """The ``runtime`` entry of a CPU-form INT8 ONNX (``qdq.Encoding``): None for ``u8s8`` (exact on every CPU),
     else the instruction sets it needs, for the program (or `pruneflow bench`) that runs it on another host."""
@@ -65,7 +69,7 @@ def cpu_shortfall(record: dict[str, Any] | None, host: dict[str, Any] | None = N
         return None
     cpu = (host or host_info())["cpu"]
     wanted = [str(f) for f in cpu_need.get("needs_any_of") or []]
-    if cpu.get("arch") not in ("x86_64", "AMD64", "i386", "i686") or set(wanted) & set(cpu.get("isa") or ()):
+    if cpu.get("arch") not in X86_ARCHES or set(wanted) & set(cpu.get("isa") or ()):
         return None
     return (f"its INT8 form {cpu_need.get('int8_form')} needs one of {', '.join(f for f in wanted if not f.startswith('('))} "
             "and this CPU has none: its int8 kernels can saturate here and compute another model; rebuild it on this "

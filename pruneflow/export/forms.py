@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from ..deployment import X86_ARCHES
 from ..errors import ExportError
 from ..inputs import as_numpy, take, trim
 from ..runtime import fresh_batch, host_info, time_interleaved
@@ -45,7 +46,7 @@ PARITY_SAMPLES = 64
 def exact_encodings(host: dict[str, Any] | None = None) -> tuple[list[str], str]:
     """The cpu-form encodings this host's int8 kernels compute exactly, the portable one first, and why."""
     cpu = (host or host_info())["cpu"]
-    x86 = cpu.get("arch") in ("x86_64", "AMD64", "i386", "i686")
+    x86 = cpu.get("arch") in X86_ARCHES
     if x86 and not set(cpu.get("isa") or ()) & set(VNNI_FLAGS):
         return ["u8s8"], ("this x86 CPU has no VNNI: its u8s8 kernels add product pairs in int16, and only the guarded "
                           "u8s8 form is exact there")

@@ -132,7 +132,6 @@ class OnnxTarget(Target[OnnxConfig]):
                                   "its arithmetic, not onnxruntime's integer kernels; its latency there says nothing of TensorRT's)")
         return artifact
 
-
     def _cpu_form(self, raw, state, ctx, path: Path, record: dict) -> "tuple[PassReport, Choice | None]":
         """Write model.int8.onnx in the recipe's `form`, or (``auto``) in the encoding this host runs fastest in
         onnxruntime, chosen by measuring the exact ones side by side (``forms.py``)."""
