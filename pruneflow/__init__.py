@@ -1,11 +1,35 @@
 """pruneflow: turn a trained PyTorch model into smaller, faster, deployable artifacts from one YAML recipe."""
 
+import os
+import sys
 from importlib.metadata import PackageNotFoundError, version
 
 try:
     __version__ = version("pruneflow")
 except PackageNotFoundError:  # running from a source tree that was not installed
     __version__ = "0.0.0+source"
+
+
+
+def _openvino_telemetry_off() -> None:
+    """OpenVINO's converter and NNCF send usage telemetry (google-analytics) from a background thread unless the
+    user opted out. pruneflow runs offline and in CI: with no network that thread sits in getaddrinfo holding
+    glibc's resolver lock, and a process forked meanwhile (DataLoader workers, pytest's subprocesses) deadlocked
+    on it for over an hour. Both fall back to their own no-op stubs when ``openvino_telemetry`` cannot be
+    imported, so pruneflow blocks that import (a ``None`` in ``sys.modules``, Python's documented way) before
+    either is loaded, and mutes an instance someone created earlier. ``PRUNEFLOW_OPENVINO_TELEMETRY=on`` leaves
+    OpenVINO's telemetry as the user configured it."""
+    if os.environ.get("PRUNEFLOW_OPENVINO_TELEMETRY", "").lower() == "on":
+        return
+    loaded = sys.modules.setdefault("openvino_telemetry", None)  # type: ignore[arg-type]
+    if loaded is not None:  # imported before pruneflow: mute the singleton, if one was made
+        try:
+            loaded.Telemetry().consent = False
+        except Exception:  # noqa: BLE001 - none made yet (it refuses a first instance without a name), or another API
+            pass
+
+
+_openvino_telemetry_off()
 
 __all__ = ["__version__", "bench", "optimize", "validate"]
 

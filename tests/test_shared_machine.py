@@ -424,3 +424,20 @@ def test_a_teachers_factory_is_checked_the_same_way_and_located(tmp_path):
     text = " ".join(result.output.split())
     assert result.exit_code == 2 and "stages.0.teacher.factory" in text and "defines no 'teacher'" in text, result.output
     assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.parametrize("setting", [None, "on"])
+def test_openvino_and_nncf_telemetry_stay_off_unless_asked_for(tmp_path, setting):
+    """OpenVINO's converter and NNCF phone google-analytics from a thread; offline, that thread held glibc's resolver
+    lock and a forked child deadlocked. Importing pruneflow leaves both on their no-op stubs."""
+    probe = ("import pruneflow, openvino.tools.ovc.convert_impl as ovc, nncf.telemetry.wrapper as w; "
+             "print(ovc.tm.__name__, type(w.telemetry).__name__)")
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "NNCF_CI", "PRUNEFLOW_OPENVINO_TELEMETRY")}
+    if setting:
+        env["PRUNEFLOW_OPENVINO_TELEMETRY"] = setting
+    out = subprocess.run([sys.executable, "-c", probe], env={**env, "HOME": str(tmp_path)}, cwd=ROOT,
+                         capture_output=True, text=True, timeout=120, check=True).stdout.split()
+    if setting:
+        assert out == ["openvino_telemetry", "NNCFTelemetry"]  # what the user configured: the real senders
+    else:
+        assert out[0] == "openvino.tools.ovc.telemetry_stub" and out[1] != "NNCFTelemetry"
