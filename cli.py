@@ -807,35 +807,123 @@ def bench(
     prometheus: Annotated[Optional[Path], typer.Option("--prometheus", help="Prometheus text format for node-exporter's textfile collector.", show_default=False)] = None,
     benchmark_app: Annotated[bool, typer.Option("--benchmark-app", help="Also run OpenVINO's benchmark_app on each IR and record its throughput.")] = False,
     p99_budget_ms: Annotated[Optional[float], typer.Option("--p99-budget-ms", help="Latency budget: per artifact and runtime, the batch size of highest throughput whose p99 stays within it (time several batch sizes: --batch 1,2,4,8,16,32).", show_default=False)] = None,
-    price_per_hour: Annotated[Optional[float], typer.Option("--price-per-hour", help="What the machine costs an hour: adds the cost per million inferences to every row.", show_default=False)] = None,
+    price_per_hour: Annotated[Optional[str], typer.Option("--price-per-hour", metavar="PRICE|FILE", help="What the machine costs an hour, or a YAML file of prices per host (host label or CPU model: price): adds the cost per million inferences to every row.", show_default=False)] = None,
+    host_label: Annotated[Optional[str], typer.Option("--host-label", help="A name for this machine (e.g. its instance type), recorded in the JSON, matched in a price file and shown by --merge.", show_default=False)] = None,
+    merge: Annotated[bool, typer.Option("--merge", help="Compare hosts: the arguments are bench --json files from several machines, merged into one table, HTML, JSON and Prometheus file (timing options do not apply).")] = False,
     verbose: VerboseOpt = False,
 ) -> None:
     """Time artifacts side by side: p50/p90/p99 and throughput per artifact x runtime x batch, size, the task's headline metric,
     ratios against a baseline. All timings of a batch size run interleaved in one loop.
 
         pruneflow bench runs/dense runs/pruned --batch 1,32 --runs 100 --html bench.html --json bench.json
+
+    Find the batch to serve at and what it costs, then compare machines:
+
+        pruneflow bench runs/ptq --batch 1,2,4,8,16,32,64 --p99-budget-ms 20 --price-per-hour 0.36 --host-label c7i.large --json c7i.json
+        pruneflow bench --merge c7i.json m7a.json --price-per-hour prices.yaml --p99-budget-ms 20 --html hosts.html
     """
-    from pruneflow.benchmark import BenchSettings, result_json, run_bench, write_outputs
+    from pruneflow.benchmark import BenchSettings, price_for_this_host, result_json, run_bench, write_outputs
     from pruneflow.runtime.timing import DEFAULT_RUNS
 
     to_stdout = json_out == "-"
     with handle_errors(verbose, to_stdout):
+        if merge:
+            return _bench_merge(sources, price_per_hour, p99_budget_ms, json_out, html, prometheus)
         if runs is not None and duration is not None:
             raise UsageError("--runs and --duration both given", hint="time a fixed number of runs or for a duration, not both")
-        json_file = Path(json_out) if json_out and not to_stdout else None
-        if json_file is not None and (json_file.is_dir() or json_file.suffix in (".onnx", ".xml")):
-            raise UsageError(f"--json took {json_out!r} as the file to write, and it is a model or a folder",
-                             hint="put --json after the artifacts, or write --json=FILE")
+        json_file = _json_file(json_out)
+        price, price_source = price_for_this_host(price_per_hour, host_label)
         settings = BenchSettings(runtimes=_names(runtime), batches=_int_list("--batch", batch), warmup=warmup,
                                  runs=runs or DEFAULT_RUNS, duration=duration, threads=threads or None, baseline=baseline,
                                  openvino_precisions=_names(openvino_precision) or [], benchmark_app=benchmark_app,
-                                 p99_budget_ms=p99_budget_ms, price_per_hour=price_per_hour)
+                                 p99_budget_ms=p99_budget_ms, price_per_hour=price, price_source=price_source,
+                                 host_label=host_label)
         result = run_bench(list(sources), settings, RichReporter(_err_console(), quiet=to_stdout))
         written = write_outputs(result, json_file=json_file, html=html, prometheus=prometheus)
         if to_stdout:
             print(json.dumps(result_json(result), allow_nan=False))
         else:
             _print_bench(result, written)
+
+
+def _json_file(json_out: str | None) -> Path | None:
+    json_file = Path(json_out) if json_out and json_out != "-" else None
+    if json_file is not None and (json_file.is_dir() or json_file.suffix in (".onnx", ".xml")):
+        raise UsageError(f"--json took {json_out!r} as the file to write, and it is a model or a folder",
+                         hint="put --json after the artifacts, or write --json=FILE")
+    return json_file
+
+
+def _bench_merge(sources: list[Path], price_per_hour: str | None, p99_budget_ms: float | None, json_out: str | None,
+                 html: Path | None, prometheus: Path | None) -> None:
+    """``bench --merge``: several hosts' bench JSON side by side (``pruneflow.benchmark.hosts``)."""
+    from pruneflow.benchmark import Prices, merge, write_outputs
+
+    if p99_budget_ms is not None and not p99_budget_ms > 0:
+        raise UsageError("--p99-budget-ms must be positive", hint="e.g. --p99-budget-ms 20")
+    merged = merge(list(sources), Prices.parse(price_per_hour), p99_budget_ms)
+    written = write_outputs(merged, json_file=_json_file(json_out), html=html, prometheus=prometheus)
+    if json_out == "-":
+        print(json.dumps(merged.as_json(), allow_nan=False))
+        return
+    _print_merged(merged, written)
+
+
+def _print_merged(merged, written: list[Path]) -> None:
+    """The hosts, then per batch size one table with a column group per host, then the best batch under the budget."""
+    from pruneflow.benchmark.hosts_html import host_cells
+
+    console = _out_console()
+    if not console.is_terminal:
+        console = Console(highlight=False, soft_wrap=True, width=240)
+    priced = any(h["price_per_hour"] for h in merged.hosts)
+    for h in merged.hosts:
+        cpu = h["host"]["cpu"]
+        price = f"{h['price_per_hour']:g}/h ({h['price_source']})" if h["price_per_hour"] else (h["price_source"] or "no price")
+        console.print(f"host {h['name']}: {cpu['model']} ({cpu['arch']}), {cpu['usable_cpus']} CPUs, ISA "
+                      f"{' '.join(cpu['isa'])}; threads {h['settings'].get('threads') or 'runtime default'}; {price}; "
+                      f"{h['file']}", markup=False)
+    figures = ("p50 ms", "p99 ms", "samples/s", *(("cost / 1M",) if priced else ()))
+    for batch in merged.batches():
+        table = Table(title=f"batch {batch}", title_justify="left")
+        table.add_column("artifact")
+        table.add_column("runtime")
+        for h in merged.hosts:
+            for i, f in enumerate(figures):
+                table.add_column(f"{h['name'] if i == 0 else ''}\n{f}", justify="right")
+        for variant, lane in merged.lanes():
+            table.add_row(variant, lane, *(c for h in merged.hosts
+                                           for c in host_cells(merged.row(h["name"], variant, lane, batch), priced)))
+        console.print(table)
+    _print_merged_budget(console, merged, priced)
+    for path in written:
+        console.print(f"wrote {path}", markup=False)
+
+
+def _print_merged_budget(console: Console, merged, priced: bool) -> None:
+    """Per artifact x runtime, per host: the best batch within --p99-budget-ms, its samples/s and cost per million."""
+    chosen = {(e["host"], e["variant"], e["runtime_label"]): e for e in merged.under_budget()}
+    if not chosen:
+        return
+    table = Table(title=f"best batch with p99 within {merged.p99_budget_ms:g} ms", title_justify="left")
+    table.add_column("artifact")
+    table.add_column("runtime")
+    figures = ("batch", "samples/s", "per core", *(("cost / 1M",) if priced else ()))
+    for h in merged.hosts:
+        for i, f in enumerate(figures):
+            table.add_column(f"{h['name'] if i == 0 else ''}\n{f}", justify="right")
+    for variant, lane in merged.lanes():
+        cells = [variant, lane]
+        for h in merged.hosts:
+            e = chosen.get((h["name"], variant, lane))
+            if e is None or e.get("batch") is None:
+                cells += ["none fits" if e else "–", *["–"] * (len(figures) - 1)]
+                continue
+            cost = e.get("cost_per_million")
+            cells += [str(e["batch"]), f"{e['throughput']:,.0f}", f"{e['throughput_per_core']:,.0f}",
+                      *([f"{cost:.4g}" if cost is not None else "–"] if priced else [])]
+        table.add_row(*cells)
+    console.print(table)
 
 
 def _print_bench(result, written: list[Path]) -> None:
@@ -866,8 +954,11 @@ def _print_bench(result, written: list[Path]) -> None:
         if not v.timed:
             console.print(f"{v.name}: {v.untimed_detail()}", markup=False)
     cpu = result.host["cpu"]
-    console.print(f"host: {cpu['model']} ({cpu['arch']}), {cpu['usable_cpus']} CPUs, ISA {' '.join(cpu['isa'])}; "
+    label = f"{result.host['label']}, " if result.host.get("label") else ""
+    console.print(f"host: {label}{cpu['model']} ({cpu['arch']}), {cpu['usable_cpus']} CPUs, ISA {' '.join(cpu['isa'])}; "
                   f"threads {result.settings.threads or 'runtime default'}", markup=False)
+    if result.settings.price_source and result.settings.price_per_hour is None:
+        console.print(f"cost per million: none, {result.settings.price_source}", markup=False)
     _print_budget(console, result)
     settings = result.settings
     how = f"for {settings.duration:g} s" if settings.duration else f"{settings.runs} runs"

@@ -45,12 +45,16 @@ def validate(recipe: str | Path, overrides: Iterable[str] = (), *, allow_paths: 
 
 def bench(sources: Sequence[str | Path], *, batches: Sequence[int] = (1, 32), runs: int | None = None,
           warmup: int | None = None, threads: int | None = 1, runtimes: Sequence[str] | None = None,
-          baseline: str | None = None, reporter: "Reporter | None" = None) -> "BenchResult":
-    """Time run folders and artifact files side by side (`pruneflow bench`), with its defaults."""
-    from .benchmark import BenchSettings, run_bench
+          baseline: str | None = None, p99_budget_ms: float | None = None, price_per_hour: float | str | Path | None = None,
+          host_label: str | None = None, reporter: "Reporter | None" = None) -> "BenchResult":
+    """Time run folders and artifact files side by side (`pruneflow bench`), with its defaults; ``price_per_hour`` is a
+    price or a price table file, as ``--price-per-hour``."""
+    from .benchmark import BenchSettings, price_for_this_host, run_bench
     from .runtime.timing import DEFAULT_RUNS, DEFAULT_WARMUP
 
+    price, source = price_for_this_host(None if price_per_hour is None else str(price_per_hour), host_label)
     settings = BenchSettings(runtimes=list(runtimes) if runtimes else None, batches=list(batches),
                              runs=DEFAULT_RUNS if runs is None else runs, warmup=DEFAULT_WARMUP if warmup is None else warmup,
-                             threads=threads, baseline=baseline)
+                             threads=threads, baseline=baseline, p99_budget_ms=p99_budget_ms, price_per_hour=price,
+                             price_source=source, host_label=host_label)
     return run_bench([Path(s) for s in sources], settings, reporter)

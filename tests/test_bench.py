@@ -166,8 +166,8 @@ def test_prometheus_file_parses_and_holds_every_figure(ab_json):
     keys = {tuple(sorted(labels.items())) for labels, _ in latency}
     assert len(keys) == len(latency)  # no duplicate series
     row = ab_json["results"][0]
-    wanted = {"model": row["model"], "variant": row["label"], "runtime": row["runtime_label"],
-              "precision": row["precision"], "batch": str(row["batch"])}
+    wanted = {"host": ab_json["host"]["cpu"]["model"], "model": row["model"], "variant": row["label"],
+              "runtime": row["runtime_label"], "precision": row["precision"], "batch": str(row["batch"])}
     by_quantile = {labels["quantile"]: v for labels, v in latency if {**labels, "quantile": ""} == {**wanted, "quantile": ""}}
     assert by_quantile == {"0.5": row["p50_ms"], "0.9": row["p90_ms"], "0.99": row["p99_ms"]}
     names = {name for name, _, _ in samples}
@@ -197,21 +197,26 @@ def chromium() -> str:
     return found
 
 
-def test_html_report_is_self_contained_and_renders_its_charts_in_chromium(ab_json, tmp_path):
+def screenshot(html_file: Path, tmp_path: Path, height: int = 1600) -> np.ndarray:
+    """The page as headless Chromium draws it: RGB pixels, one row each."""
     from PIL import Image
 
+    png = tmp_path / "shot.png"
+    subprocess.run([chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                    f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={png}", f"--window-size=1200,{height}",
+                    html_file.resolve().as_uri()], check=True, capture_output=True, timeout=120)
+    return np.asarray(Image.open(png).convert("RGB")).reshape(-1, 3)
+
+
+def test_html_report_is_self_contained_and_renders_its_charts_in_chromium(ab_json, tmp_path):
     from pruneflow.benchmark.html import PALETTE
 
     html_file = ab_json["_out"] / "bench.html"
     text = html_file.read_text()
     assert not re.search(r"<script|<link|src=|url\(|https?://(?!www\.w3\.org/2000/svg)", text)  # nothing fetched
-    assert text.count("<svg") >= 4  # scatter, sizes, one latency chart per batch size
-    png = tmp_path / "shot.png"
-    subprocess.run([chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                    f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={png}", "--window-size=1200,1600",
-                    html_file.resolve().as_uri()], check=True, capture_output=True, timeout=120)
-    pixels = np.asarray(Image.open(png).convert("RGB")).reshape(-1, 3)
+    assert text.count("<svg") >= 6  # scatter, sizes, p99 and throughput against batch, one latency chart per batch
+    pixels = screenshot(html_file, tmp_path)
     variants = [v for v in ab_json["variants"] if v["status"] == "built"]
     for i in range(len(variants)):  # every variant's colour fills its size and latency bars
         rgb = tuple(int(PALETTE[i][k:k + 2], 16) for k in (1, 3, 5))
@@ -470,3 +475,86 @@ def test_the_best_batch_under_a_p99_budget_is_the_fastest_that_fits_with_its_cos
     tight = json.loads(invoke(*args, "--p99-budget-ms", "1e-6").stdout)["under_budget"][0]
     assert tight["batch"] is None and "no batch size timed has p99 within 1e-06 ms" in tight["why"]
     assert invoke(*args, "--p99-budget-ms", "0").exit_code == 2
+
+
+# --------------------------------------------------------------------------- curves, prices, hosts merged
+
+
+def test_curves_turn_logarithmic_over_a_wide_span_and_ring_the_chosen_batch():
+    from pruneflow.benchmark.curves import Axes, Series, line_chart
+
+    narrow = [Series("a", "#1f77b4", "", [(1, 10.0), (8, 12.0), (64, 30.0)], ring=8)]
+    wide = [Series("b", "#ff7f0e", "8 4", [(1, 0.3), (8, 2.0), (64, 60.0)])]
+    linear, log = Axes.fit(narrow), Axes.fit(wide, rule=20.0)
+    assert not linear.log_y and linear.y_lo == 0 and log.log_y and log.y_lo < 0.3 and log.y_hi > 60
+    assert log.px(1) < log.px(8) < log.px(64) and log.px(8) - log.px(1) == pytest.approx(log.px(64) - log.px(8))
+    assert log.py(60.0) < log.py(20.0) < log.py(0.3)  # up is more
+    svg = line_chart(narrow + wide, Axes.shared([narrow, wide], 20.0), "p99 latency (ms)", rule=20.0, rule_label="budget")
+    assert svg.count('r="10"') == 1 and "budget" in svg and 'stroke-dasharray="8 4"' in svg and ">0.3<" in svg
+    assert "(log scale)" in svg
+
+
+def _host_json(model: Path, out: Path, label: str, *extra: str) -> dict:
+    result = invoke("bench", model, "--runtime", "onnxruntime", "--batch", "1,8,64", "--runs", "10", "--warmup", "1",
+                    "--host-label", label, "--json", out, *extra)
+    assert result.exit_code == 0, result.output
+    return json.loads(out.read_text())
+
+
+def test_hosts_merged_side_by_side_with_a_price_table(tmp_path):
+    """Issue 25, item 4: two hosts' bench JSON in one comparison: each priced from a table (label, then CPU model),
+    the best batch under the budget per host, its cost per million; JSON, Prometheus and HTML curves."""
+    model = _relu_onnx(tmp_path / "relu.onnx")
+    a = _host_json(model, tmp_path / "a.json", "c7i.large", "--p99-budget-ms", "1000")
+    assert a["host"]["label"] == "c7i.large"
+    _host_json(model, tmp_path / "b.json", "spare box")
+    cpu = a["host"]["cpu"]["model"]
+    prices = tmp_path / "prices.yaml"
+    prices.write_text(f"C7I.LARGE: 0.09\n'{cpu[:6]}': 0.5\n{cpu}: 0.25\n")  # the longest piece of the model wins
+    files = ("--json", tmp_path / "m.json", "--html", tmp_path / "m.html", "--prometheus", tmp_path / "m.prom")
+    result = invoke("bench", "--merge", tmp_path / "a.json", tmp_path / "b.json", "--price-per-hour", prices, *files)
+    assert result.exit_code == 0, result.output
+    merged = json.loads((tmp_path / "m.json").read_text(), parse_constant=_no_constants)
+    assert merged["format"] == "pruneflow-bench-merge/1" and merged["p99_budget_ms"] == 1000  # as a.json was benched
+    hosts = {h["name"]: h for h in merged["hosts"]}
+    assert hosts["c7i.large"]["price_per_hour"] == 0.09 and hosts["spare box"]["price_per_hour"] == 0.25
+    assert repr(cpu) in hosts["spare box"]["price_source"]
+    for row in merged["results"]:
+        price = hosts[row["host"]]["price_per_hour"]
+        assert row["cost_per_million"] == pytest.approx(price / (row["throughput"] * 3600) * 1e6)
+        assert row["throughput_per_core"] == pytest.approx(row["throughput"])  # 1 thread
+    chosen = {e["host"]: e for e in merged["under_budget"]}
+    for name in hosts:
+        rows = [r for r in merged["results"] if r["host"] == name]
+        assert chosen[name]["throughput"] == max(r["throughput"] for r in rows if r["p99_ms"] <= 1000)
+    samples = parse_prometheus((tmp_path / "m.prom").read_text())
+    assert {labels["host"] for _, labels, _ in samples} == set(hosts)
+    assert {name for name, _, _ in samples} >= {"pruneflow_cost_per_million", "pruneflow_best_batch"}
+    html = (tmp_path / "m.html").read_text()
+    assert html.count("<svg") == 4 and "c7i.large: latency and throughput" in html and "cost / 1M" in html
+    assert "c7i.large" in result.stdout and "best batch with p99 within 1000 ms" in result.stdout
+    from pruneflow.benchmark.html import PALETTE
+
+    pixels = screenshot(tmp_path / "m.html", tmp_path, height=1400)  # the one artifact's curves on both hosts
+    assert int((pixels == tuple(int(PALETTE[0][k:k + 2], 16) for k in (1, 3, 5))).all(axis=1).sum()) >= 400
+
+
+def test_price_and_merge_mistakes_exit_2_naming_the_file(tmp_path):
+    model = _relu_onnx(tmp_path / "relu.onnx")
+    args = ("bench", model, "--runtime", "onnxruntime", "--batch", "1", "--runs", "3", "--warmup", "0")
+    bad = tmp_path / "prices.yaml"
+    bad.write_text("c7i.large: free\n")
+    other = tmp_path / "other.json"
+    other.write_text('{"format": "pruneflow-run/1"}')
+    cases = [((*args, "--price-per-hour", "-1"), "a price must be a positive number"),
+             ((*args, "--price-per-hour", tmp_path / "nope.yaml"), "nope.yaml: neither a number nor a file"),
+             ((*args, "--price-per-hour", bad), "the price of 'c7i.large' is 'free'"),
+             (("bench", "--merge", other), "needs two or more"),
+             (("bench", "--merge", other, other), "other.json: not a bench result")]
+    for argv, message in cases:
+        result = invoke(*argv)
+        assert result.exit_code == 2 and message in result.output, (argv, result.output)
+    bad.write_text("somewhere else: 1.0\n")  # a table without this host: no cost, and bench says why
+    result = invoke(*args, "--price-per-hour", bad, "--json")
+    out = json.loads(result.stdout)
+    assert out["results"][0]["cost_per_million"] is None and "has no price for" in out["settings"]["price_source"]

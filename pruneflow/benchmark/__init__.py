@@ -21,11 +21,13 @@ from ..runtime import RuntimeUnavailable, host_info
 from .appcheck import benchmark_app_command, run_benchmark_app
 from .inputs import Feeds
 from .exposition import result_json
+from .hosts import MergedBench, Prices, merge
 from .measure import BenchSettings, Lane, Row, add_ratios, open_lanes, time_all
 from .result import BenchResult
 from .variants import Variant, collect_variants, pick_baseline
 
-__all__ = ["BenchResult", "BenchSettings", "Lane", "Row", "Variant", "result_json", "run_bench", "write_outputs"]
+__all__ = ["BenchResult", "BenchSettings", "Lane", "MergedBench", "Prices", "Row", "Variant", "merge", "price_for_this_host",
+           "result_json", "run_bench", "write_outputs"]
 
 
 def run_bench(sources: list[Path], settings: BenchSettings, reporter: Reporter | None = None) -> BenchResult:
@@ -50,7 +52,18 @@ def run_bench(sources: list[Path], settings: BenchSettings, reporter: Reporter |
     app = {"asked": settings.benchmark_app, "available": False, "how": "not asked (--benchmark-app)"}
     if settings.benchmark_app:
         app.update(_second_opinion(rows, settings, reporter))
-    return BenchResult(host_info(), settings, variants, rows, baseline, inputs, app)
+    host = {**host_info(), "label": settings.host_label} if settings.host_label else host_info()
+    return BenchResult(host, settings, variants, rows, baseline, inputs, app)
+
+
+def price_for_this_host(text: str | None, host_label: str | None = None) -> tuple[float | None, str | None]:
+    """``--price-per-hour`` (a number or a price table file) for the machine bench runs on: ``(price, source)``,
+    or ``(None, why)`` when the table has no entry for it; ``(None, None)`` when no price was given."""
+    prices = Prices.parse(text)
+    if prices is None:
+        return None, None
+    host = {**host_info(), "label": host_label} if host_label else host_info()
+    return prices.for_host(host)
 
 
 #: One batch's input may take at most this share of the memory available: the runtime's activations, its copy of the
@@ -107,18 +120,29 @@ def _second_opinion(rows: list[Row], settings: BenchSettings, reporter: Reporter
 
 
 
-def write_outputs(result: BenchResult, *, json_file: Path | None = None, html: Path | None = None,
+def write_outputs(result: BenchResult | MergedBench, *, json_file: Path | None = None, html: Path | None = None,
                   prometheus: Path | None = None) -> list[Path]:
-    """Write the files asked for, each atomically; returns them in that order."""
+    """Write the files asked for (of one bench, or of several hosts merged), each atomically; returns them in that
+    order."""
     import json
 
     from ..artifacts import write_text_atomic
-    from .exposition import prometheus_text
+    from .exposition import exposition, prometheus_text
+    from .hosts_html import merged_html
     from .html import html_report
 
+    if isinstance(result, MergedBench):
+        merged = result
+        chosen = merged.under_budget()
+        renders = (lambda: json.dumps(merged.as_json(), indent=2, allow_nan=False) + "\n", lambda: merged_html(merged),
+                   lambda: exposition([(h["name"], [r for r in merged.rows if r["host"] == h["name"]],
+                                        [e for e in chosen if e["host"] == h["name"]]) for h in merged.hosts]))
+    else:
+        single = result
+        renders = (lambda: json.dumps(result_json(single), indent=2, allow_nan=False) + "\n",
+                   lambda: html_report(single), lambda: prometheus_text(single))
     written = []
-    for path, render in ((json_file, lambda: json.dumps(result_json(result), indent=2, allow_nan=False) + "\n"),
-                         (html, lambda: html_report(result)), (prometheus, lambda: prometheus_text(result))):
+    for path, render in zip((json_file, html, prometheus), renders):
         if path is not None:
             write_text_atomic(path, render())
             written.append(path)

@@ -19,6 +19,9 @@ QUANTILES = (("0.5", "p50_ms"), ("0.9", "p90_ms"), ("0.99", "p99_ms"))
 METRICS = {
     "pruneflow_latency_ms": "Latency of one call on one batch in milliseconds, by quantile (pruneflow bench, timed interleaved).",
     "pruneflow_throughput": "Samples per second at the median latency (pruneflow bench).",
+    "pruneflow_throughput_per_core": "Samples per second per core the inference stream used (pruneflow bench).",
+    "pruneflow_cost_per_million": "Cost of a million inferences at this throughput and the host's --price-per-hour.",
+    "pruneflow_best_batch": "The batch size of highest throughput whose p99 is within the budget (label p99_budget_ms).",
     "pruneflow_speedup": "Baseline median latency / this variant's, same runtime and batch (pruneflow bench).",
     "pruneflow_benchmark_app_throughput": "Samples per second reported by OpenVINO's benchmark_app on the same IR.",
     "pruneflow_size_bytes": "Size on disk of the artifact with its companion files (pruneflow bench).",
@@ -74,10 +77,20 @@ def _sample(name: str, labels: dict[str, object], value: float) -> str:
 
 
 def prometheus_text(result: "BenchResult") -> str:
-    """Every figure as gauges labelled model, variant, runtime, precision, batch (and quantile)."""
+    """Every figure as gauges labelled host, model, variant, runtime, precision, batch (and quantile)."""
+    from .result import host_name
+
+    doc = result_json(result)
+    return exposition([(host_name(doc["host"]), doc["results"], doc["under_budget"])])
+
+
+def exposition(hosts: list[tuple[str, list[dict[str, Any]], list[dict[str, Any]]]]) -> str:
+    """The text format for ``(host name, result rows, under_budget entries)`` per host (JSON dicts): one bench, or
+    several hosts' merged (``bench --merge``)."""
     samples: dict[str, list[str]] = {name: [] for name in METRICS}
-    for name, labels, value in _samples(result):
-        samples[name].append(_sample(name, labels, float(value)))
+    for host, rows, chosen in hosts:
+        for name, labels, value in _samples(host, rows, chosen):
+            samples[name].append(_sample(name, labels, float(value)))
     lines = []
     for name, help_text in METRICS.items():
         if samples[name]:
@@ -85,23 +98,31 @@ def prometheus_text(result: "BenchResult") -> str:
     return "\n".join(lines) + "\n"
 
 
-def _samples(result: "BenchResult") -> Iterator[tuple[str, dict[str, object], float]]:
-    for row in result.rows:
-        if row.stats is None:
+def _samples(host: str, rows: list[dict[str, Any]],
+             chosen: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, object], float]]:
+    variants: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        labels: dict[str, object] = {"host": host, "model": row["model"], "variant": row["label"],
+                                     "precision": row["precision"] or ""}
+        variants.setdefault(row["variant"], {"labels": labels, "row": row})
+        if row.get("p50_ms") is None:
             continue
-        v = row.lane.variant
-        labels: dict[str, object] = {"model": v.model, "variant": v.label, "runtime": row.lane.label,
-                                     "precision": v.precision or "", "batch": row.batch}
+        labels = {**labels, "runtime": row["runtime_label"], "batch": row["batch"]}
         for quantile, key in QUANTILES:
-            yield "pruneflow_latency_ms", {**labels, "quantile": quantile}, getattr(row.stats, key)
-        yield "pruneflow_throughput", labels, row.stats.throughput
-        if row.speedup is not None:
-            yield "pruneflow_speedup", labels, row.speedup
-        if row.benchmark_app and row.benchmark_app.get("throughput") is not None:
-            yield "pruneflow_benchmark_app_throughput", labels, row.benchmark_app["throughput"]
-    for v in result.variants:
-        labels = {"model": v.model, "variant": v.label, "precision": v.precision or ""}
-        if v.size_bytes is not None and v.status == "built":
-            yield "pruneflow_size_bytes", labels, v.size_bytes
-        if v.metric_value is not None:
-            yield "pruneflow_metric", {**labels, "metric": v.metric, "direction": v.metric_direction or ""}, v.metric_value
+            yield "pruneflow_latency_ms", {**labels, "quantile": quantile}, row[key]
+        for name, key in (("pruneflow_throughput", "throughput"), ("pruneflow_throughput_per_core", "throughput_per_core"),
+                          ("pruneflow_cost_per_million", "cost_per_million"), ("pruneflow_speedup", "speedup")):
+            if row.get(key) is not None:
+                yield name, labels, row[key]
+        if (row.get("benchmark_app") or {}).get("throughput") is not None:
+            yield "pruneflow_benchmark_app_throughput", labels, row["benchmark_app"]["throughput"]
+    for entry in variants.values():
+        labels, row = entry["labels"], entry["row"]
+        if row.get("size_bytes") is not None:
+            yield "pruneflow_size_bytes", labels, row["size_bytes"]
+        if row.get("metric_value") is not None:
+            yield "pruneflow_metric", {**labels, "metric": row["metric"], "direction": row["metric_direction"] or ""}, row["metric_value"]
+    for e in chosen:
+        if e.get("batch") is not None and e["variant"] in variants:
+            labels = {**variants[e["variant"]]["labels"], "runtime": e["runtime_label"], "p99_budget_ms": f"{e['p99_budget_ms']:g}"}
+            yield "pruneflow_best_batch", labels, e["batch"]

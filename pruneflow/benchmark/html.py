@@ -1,14 +1,17 @@
 """The bench result as ONE self-contained HTML file: inline CSS and SVG charts drawn here (no script,
 no network), so it opens anywhere, from a CI artifact or an e-mail.
 
-Charts: the headline metric against median latency, size per variant, latency per batch size (p50 bar, p99 tick);
-then the table and the host. Each variant keeps one colour (``PALETTE``) in every chart.
+Charts: the headline metric against median latency, size per variant, p99 latency and throughput against batch size
+(curves, ``curves.py``) with the best batch under the budget, latency per batch size (p50 bar, p99 tick); then the
+table and the host. Each variant keeps one colour (``PALETTE``) in every chart.
 """
 
 from __future__ import annotations
 
 from html import escape
 from typing import TYPE_CHECKING
+
+from .curves import DASHES, Axes, Series, line_chart
 
 if TYPE_CHECKING:
     from .result import BenchResult
@@ -42,9 +45,64 @@ def html_report(result: "BenchResult") -> str:
              f'<p class="key">{key}</p>',
              f"<h2>{escape(result.metric_name())} vs median latency</h2>", scatter_svg(result, colour),
              "<h2>Size on disk per variant</h2>", size_svg(result, colour),
+             "<h2>Latency and throughput against batch size</h2>", *curve_svgs(result, colour),
+             *budget_html(result.under_budget(), result.settings.price_per_hour is not None),
              "<h2>Latency per batch size (bar: p50, tick: p99)</h2>", *latency_svgs(result, colour),
              "<h2>All figures</h2>", table_html(result), "<h2>Host</h2>", host_html(result), "</body></html>"]
     return "\n".join(parts)
+
+
+def curve_svgs(result: "BenchResult", colour: dict[str, str]) -> list[str]:
+    """p99 latency (with the budget's rule) and throughput against batch size: a line per artifact x runtime, colour
+    naming the artifact and dash the runtime, the best batch under the budget ringed."""
+    if len(result.settings.batches) < 2:
+        return ['<p class="muted">One batch size timed: the curves need several (e.g. --batch 1,2,4,8,16,32).</p>']
+    best = {(e["variant"], e["runtime_label"]): e.get("batch") for e in result.under_budget()}
+    dashes = {label: DASHES[i % len(DASHES)] for i, label in enumerate(dict.fromkeys(r.lane.label for r in result.rows))}
+    lanes: dict[tuple[str, str], list["Row"]] = {}
+    for row in sorted((r for r in result.rows if r.stats is not None), key=lambda r: r.batch):
+        lanes.setdefault((row.lane.variant.name, row.lane.label), []).append(row)
+
+    one_model = len({v.model for v in result.variants}) == 1
+    short = {v.name: v.label if one_model else v.name for v in result.variants}
+
+    def series(figure: str) -> list[Series]:
+        return [Series(f"{short[name]} · {label}", colour[name], dashes[label],
+                       [(r.batch, float(getattr(r.stats, figure))) for r in rows], best.get((name, label)))
+                for (name, label), rows in lanes.items()]
+
+    return latency_and_throughput(series("p99_ms"), series("throughput"), result.settings.p99_budget_ms)
+
+
+def latency_and_throughput(latency: list[Series], throughput: list[Series], budget: float | None,
+                           axes: tuple[Axes, Axes] | None = None) -> list[str]:
+    """The two charts (``axes``: scales shared with other charts, else fitted to these)."""
+    lat_axes, thr_axes = axes or (Axes.fit(latency, budget), Axes.fit(throughput))
+    rule = f"p99 budget {budget:g} ms (ringed: the best batch within it)" if budget else ""
+    return [line_chart(latency, lat_axes, "p99 latency (ms)", rule=budget, rule_label=rule),
+            line_chart(throughput, thr_axes, "throughput (samples/s)")]
+
+
+def budget_html(chosen: list[dict], priced: bool) -> list[str]:
+    """The best batch under the budget per artifact x runtime (and host, when merged), as a table."""
+    if not chosen:
+        return []
+    hosts = any("host" in e for e in chosen)
+    head = [*(["host"] if hosts else []), "artifact", "runtime", "batch", "p99 ms", "samples/s", "per core",
+            *(["cost / 1M"] if priced else [])]
+    lines = [f"<h2>Best batch with p99 within {chosen[0]['p99_budget_ms']:g} ms</h2><table><tr>"
+             + "".join(f"<th>{h}</th>" for h in head) + "</tr>"]
+    for e in chosen:
+        cells = [*([e["host"]] if hosts else []), e["variant"], e["runtime_label"]]
+        if e.get("batch") is None:
+            lines.append("<tr>" + "".join(f"<td class='l'>{escape(c)}</td>" for c in cells)
+                         + f"<td class='l' colspan='{len(head) - len(cells)}'>{escape(e['why'])}</td></tr>")
+            continue
+        cost = e.get("cost_per_million")
+        cells += [str(e["batch"]), f"{e['p99_ms']:.3g}", f"{e['throughput']:,.0f}", f"{e['throughput_per_core']:,.0f}",
+                  *([f"{cost:.4g}" if cost is not None else "–"] if priced else [])]
+        lines.append("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in cells) + "</tr>")
+    return ["\n".join(lines) + "</table>"]
 
 
 def scatter_svg(result: "BenchResult", colour: dict[str, str]) -> str:

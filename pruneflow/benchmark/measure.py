@@ -45,6 +45,11 @@ class BenchSettings:
     p99_budget_ms: float | None = None
     #: What the machine costs an hour (any currency): each row's cost per million inferences follows.
     price_per_hour: float | None = None
+    #: Where the price came from (``--price-per-hour``, or the price table's file and entry), or why there is none.
+    price_source: str | None = None
+    #: A name for this machine (``--host-label``, e.g. an instance type): recorded as ``host.label``, matched by a
+    #: price table and naming the host when several hosts' results are merged.
+    host_label: str | None = None
 
     def check(self) -> None:
         """Bad values are usage errors (exit 2) naming the option."""

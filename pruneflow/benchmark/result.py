@@ -56,25 +56,39 @@ class BenchResult:
 
     def under_budget(self) -> list[dict[str, Any]]:
         """Per artifact and runtime: the batch size of highest throughput whose p99 is within ``--p99-budget-ms``,
-        with its figures; or why none is (the smallest p99 measured)."""
+        with its figures; or why none is (``best_under_budget``)."""
         budget = self.settings.p99_budget_ms
         if budget is None:
             return []
-        lanes: dict[int, list[Row]] = {}
-        for row in self.rows:
-            lanes.setdefault(id(row.lane), []).append(row)
-        chosen = []
-        for rows in lanes.values():
-            lane, timed = rows[0].lane, [r for r in rows if r.stats is not None]
-            fits = [r for r in timed if r.stats.p99_ms <= budget]  # type: ignore[union-attr]
-            entry: dict[str, Any] = {"variant": lane.variant.name, "runtime_label": lane.label, "p99_budget_ms": budget}
-            if fits:
-                best = max(fits, key=lambda r: r.stats.throughput)  # type: ignore[union-attr]
-                entry.update(batch=best.batch, p99_ms=best.stats.p99_ms, throughput=best.stats.throughput,  # type: ignore[union-attr]
-                             **self.economics(best))
-            else:
-                fastest = min(timed, key=lambda r: r.stats.p99_ms, default=None)  # type: ignore[union-attr]
-                entry.update(batch=None, why=f"no batch size timed has p99 within {budget:g} ms" + (
-                    f" (smallest: {fastest.stats.p99_ms:.3g} ms at batch {fastest.batch})" if fastest else ""))  # type: ignore[union-attr]
-            chosen.append(entry)
-        return chosen
+        rows = [{"variant": r.lane.variant.name, "runtime_label": r.lane.label, "batch": r.batch,
+                 "p99_ms": r.stats.p99_ms if r.stats else None, "throughput": r.stats.throughput if r.stats else None,
+                 **self.economics(r)} for r in self.rows]
+        return best_under_budget(rows, budget)
+
+
+def host_name(host: dict[str, Any]) -> str:
+    """``--host-label`` when one was given, else the CPU model."""
+    return str(host.get("label") or (host.get("cpu") or {}).get("model") or "unknown host")
+
+
+def best_under_budget(rows: list[dict[str, Any]], budget: float) -> list[dict[str, Any]]:
+    """Per ``(variant, runtime_label)`` of bench rows (dicts as in the JSON): the timed batch of highest throughput whose
+    p99 is within ``budget`` ms, with its throughput per core and cost per million; or ``batch: None`` and why."""
+    lanes: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        lanes.setdefault((row["variant"], row["runtime_label"]), []).append(row)
+    chosen = []
+    for (variant, label), lane in lanes.items():
+        timed = [r for r in lane if r.get("p99_ms") is not None]
+        fits = [r for r in timed if r["p99_ms"] <= budget]
+        entry: dict[str, Any] = {"variant": variant, "runtime_label": label, "p99_budget_ms": budget}
+        if fits:
+            best = max(fits, key=lambda r: r["throughput"])
+            entry.update({k: best.get(k) for k in ("batch", "p99_ms", "throughput", "throughput_per_core",
+                                                     "cost_per_million")})
+        else:
+            fastest = min(timed, key=lambda r: r["p99_ms"], default=None)
+            entry.update(batch=None, why=f"no batch size timed has p99 within {budget:g} ms" + (
+                f" (smallest: {fastest['p99_ms']:.3g} ms at batch {fastest['batch']})" if fastest else ""))
+        chosen.append(entry)
+    return chosen
