@@ -29,7 +29,9 @@ Status = Literal["built", "prepared", "failed"]
 
 #: The one vocabulary of numeric precisions (recipe, manifest, report). How the numbers are encoded is
 #: the artifact's ``form``: "cpu" | "tensorrt" for INT8 ONNX, "fakequant" for a quantized torch checkpoint.
-PRECISIONS = ("fp32", "fp16", "int8")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8")
+#: The recipe's type for one of them (``precisions: [fp32, bf16, int8]``).
+Precision = Literal["fp32", "fp16", "bf16", "int8"]
 
 TRACKED_PACKAGES = ("pruneflow", "torch", "torch-pruning", "onnx", "onnxruntime", "nncf", "openvino", "datasets", "numpy")
 
@@ -296,7 +298,7 @@ class Artifact:
     producer: str  # the stage id that wrote it
     status: Status = "built"
     target: str | None = None
-    #: One vocabulary everywhere (recipe, manifest, report): fp32 | fp16 | int8 (``PRECISIONS``).
+    #: One vocabulary everywhere (recipe, manifest, report): fp32 | fp16 | bf16 | int8 (``PRECISIONS``).
     precision: str | None = None
     #: How an int8 artifact encodes its quantization: "cpu" (uint8 activations, onnxruntime/OpenVINO on
     #: x86) or "tensorrt" (TensorRT's explicit quantization) for INT8 ONNX; "fakequant" for a quantized

@@ -15,6 +15,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .artifacts import Precision
+
 
 class StrictModel(BaseModel):
     """Base for every config: unknown keys are errors, every field carries a description.
@@ -57,10 +59,18 @@ class TargetConfig(StrictModel):
         "By default such a target is prepared (everything its vendor tool needs, with the commands) and "
         "reported as `prepared, not built`.",
     )
-    precisions: list[Literal["fp32", "fp16", "int8"]] | None = Field(
+    precisions: list[Precision] | None = Field(
         default=None, min_length=1,
         description="Precisions this target writes, when not all of the stage's (e.g. `{type: ascend, precisions: [fp32, fp16]}` "
         "beside targets that also write int8). Default: the stage's `precisions`.",
+    )
+    precision: Literal["auto"] | None = Field(
+        default=None,
+        description="`auto`: of the precisions this target writes, the run's result is the fastest artifact that holds every "
+        "gate of the stage on this host: timed as deployed (its record's precision hint, else the runtime's default) at the "
+        "stage's `latency` batch sizes, compared by geometric mean; INT8 where it wins, bf16 or fp32 where it does not. "
+        "The others stay in the run folder marked `precision_chosen: 0`, their failed gates moved into their notes; "
+        "report.md's `precision chosen` table shows what decided it. Needs the stage's `latency`.",
     )
 
 

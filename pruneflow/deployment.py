@@ -45,6 +45,14 @@ def openvino_int8_runtime() -> dict[str, Any]:
             "why": "the float parts of an INT8 graph were trained in f32; a bf16 default moves near-tie predictions"}
 
 
+def openvino_bf16_runtime() -> dict[str, Any]:
+    """The ``runtime`` entry of an OpenVINO bf16 IR's record: the hint pins what OpenVINO's default only picks on some
+    CPUs, so the IR computes alike wherever it is deployed (f32 where the CPU has no bf16 arithmetic)."""
+    return {"openvino": {"INFERENCE_PRECISION_HINT": "bf16"},
+            "why": "a bf16 artifact: OpenVINO computes it in bf16 where the CPU has AVX-512 BF16 or AMX, in f32 elsewhere",
+            "fast_with_any_of": ["avx512_bf16", "amx_bf16"]}
+
+
 #: ``platform.machine()`` names of x86 CPUs, whose int8 kernels without VNNI add product pairs in int16.
 X86_ARCHES = ("x86_64", "AMD64", "i386", "i686")
 

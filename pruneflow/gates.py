@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from .artifacts import Artifact
+from .artifacts import Artifact, Precision
 from .config import StrictModel
 from .recipe.models import GateSpec
 from .stage import GateResult as GateResult  # a kernel record (StageResult carries it); found here as always
@@ -86,7 +86,7 @@ class ArtifactGates(StrictModel):
     )
     batch_sizes: list[int] | None = Field(default=None, min_length=1, description="Batch sizes `min_speedup` is checked at (default: every timed one).")
     max_size_mb: float | None = Field(default=None, gt=0, description="Fail when an artifact's size on disk (all its files; MB = 10^6 bytes) exceeds this.")
-    precisions: list[Literal["fp32", "fp16", "int8"]] | None = Field(
+    precisions: list[Precision] | None = Field(
         default=None, min_length=1, description="Check only the artifacts of these precisions (default: all).")
     targets: list[str] | None = Field(default=None, min_length=1, description="Check only the artifacts of these targets (default: all).")
 

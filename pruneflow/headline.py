@@ -73,11 +73,12 @@ def _start_bytes(state: "RunState", ctx: "RunContext", params: int | None) -> tu
 
 
 def result_artifact(result: RunResult, target: str | None = None, producer: str | None = None):
-    """The run's result: the built exported artifact of the lowest precision (int8 before fp16 before fp32), CPU
+    """The run's result: the built exported artifact of the lowest precision (int8, bf16, fp16, fp32; of a target with
+    ``precision: auto``, only the one it chose), CPU
     form first; of ``target`` and made by stage ``producer`` when given. None without an exported artifact."""
-    order = {"int8": 0, "fp16": 1, "fp32": 2}
+    order = {"int8": 0, "bf16": 1, "fp16": 2, "fp32": 3}
     built = [a for a in result.artifacts if a.status == "built" and a.target and (target is None or a.target == target)
-             and (producer is None or a.producer == producer)]
+             and (producer is None or a.producer == producer) and a.metrics.get("precision_chosen") != 0.0]
     built.sort(key=lambda a: (order.get(a.precision or "", 3), a.form not in (None, "cpu")))
     return built[0] if built else None
 
@@ -134,7 +135,7 @@ def _latency_rows(result: RunResult) -> list[dict[str, Any]]:
         after = result_artifact(result, lane["target"], producer=stage.id)
         if after is None:
             continue
-        suffix, label = _as_deployed(after, lane.get("suffix", ""), lane["batch"])
+        suffix, label = as_deployed(after, lane.get("suffix", ""), lane["batch"])
         p50 = after.metrics.get(f"latency_b{lane['batch']}_median_ms{suffix}")
         p90 = after.metrics.get(f"latency_b{lane['batch']}_p90_ms{suffix}")
         if not p50 or not lane.get("p50_ms"):
@@ -150,7 +151,7 @@ def _latency_rows(result: RunResult) -> list[dict[str, Any]]:
     return rows
 
 
-def _as_deployed(after, suffix: str, batch: int) -> tuple[str, str]:
+def as_deployed(after, suffix: str, batch: int) -> tuple[str, str]:
     """The metrics suffix and label to compare a start lane with: at the runtime's default (``suffix`` ""), an
     artifact whose deployment record names an OpenVINO precision hint is taken as deployed, with that hint (an
     INT8 IR: f32, which is also faster than bf16 for its float parts at batch 1), against the start's default."""

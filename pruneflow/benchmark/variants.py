@@ -17,7 +17,7 @@ from ..deployment import cpu_shortfall
 from ..errors import InputError, UsageError
 from ..runtime import runtimes_for
 
-PRECISIONS = ("fp32", "fp16", "int8")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 
 
 @dataclass

@@ -1,5 +1,5 @@
-"""OpenVINO IR target, converted from the onnx target's files when the recipe builds them: FP32 and FP16
-(compressed weights) from the fp32 ONNX, INT8 from the INT8 ONNX of the form OpenVINO runs fastest on this host
+"""OpenVINO IR target, converted from the onnx target's files when the recipe builds them: FP32, FP16 (compressed
+weights) and BF16 (compressed weights, bf16 inference precision pinned in its record) from the fp32 ONNX, INT8 from the INT8 ONNX of the form OpenVINO runs fastest on this host
 (pruneflow/export/qdq.py, forms.py), so every artifact of a run has the same graph, input and output names
 (`input`, `logits`) and quantization parameters. Without those files the same ONNX is exported here first."""
 
@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import Field
 
 from ..artifacts import Artifact
-from ..deployment import deployment_record, int8_cpu_runtime, openvino_int8_runtime, stamp_ir
+from ..deployment import deployment_record, int8_cpu_runtime, openvino_bf16_runtime, openvino_int8_runtime, stamp_ir
 from ..deps import require
 from ..errors import ExportError
 from ..inputs import to
@@ -58,7 +58,9 @@ class OpenVinoConfig(TargetConfig):
 
 class OpenVinoTarget(Target[OpenVinoConfig]):
     Config = OpenVinoConfig
-    precisions = ("fp32", "fp16", "int8")
+    #: bf16: the fp32 graph with fp16-stored weights (exact for bf16 arithmetic's 8-bit mantissa, half the bytes) and
+    #: a record pinning OpenVINO's bf16 inference precision.
+    precisions = ("fp32", "fp16", "bf16", "int8")
     #: Every IR is converted from the onnx target's ONNX of its precision when the recipe builds it (fp32 for
     #: the fp32 and fp16 IR, the INT8 file of the chosen form for int8: one graph, one set of names and
     #: quantization parameters, one lineage); without it, that ONNX is exported here.
@@ -73,6 +75,8 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
         record = deployment_record(state, ctx, dynamic_batch=self.config.dynamic_batch)
         if precision == "int8":
             return self._int8(state, ctx, xml, record)
+        if precision == "bf16":
+            record["runtime"] = openvino_bf16_runtime()
         source = self._onnx_artifact("onnx.fp32", ctx.run_dir)
         with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
             onnx_file = ctx.run_dir / source.path if source else self._export_onnx(state, Path(tmp), precision)
@@ -97,7 +101,7 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
         stamp_ir(converted, record, precision)
         canonical_names(converted)
         with tempfile.TemporaryDirectory(dir=xml.parent) as tmp:
-            ov.save_model(converted, str(Path(tmp) / "model.xml"), compress_to_fp16=precision == "fp16")
+            ov.save_model(converted, str(Path(tmp) / "model.xml"), compress_to_fp16=precision in ("fp16", "bf16"))
             os.replace(Path(tmp) / "model.bin", xml.with_suffix(".bin"))
             os.replace(Path(tmp) / "model.xml", xml)
 

@@ -22,7 +22,7 @@ import torch
 from pydantic import Field, create_model, field_validator
 
 from .. import registry
-from ..artifacts import Artifact, disk_full_cause
+from ..artifacts import Artifact, Precision, disk_full_cause
 from ..errors import ConfigError, ExportError, InputError, MissingDependencyError, PruneflowError
 from ..evaluate import evaluate_runtime
 from ..gates import ArtifactGates, GateResult, artifact_gates
@@ -33,6 +33,7 @@ from ..runtime import host_info
 from ..runtime.timing import DEFAULT_RUNS, DEFAULT_THREADS, DEFAULT_WARMUP
 from ..stage import Stage, StageConfig, StageResult, StrictModel, Target
 from ..tasks import ReadOutput, Task
+from .export_choice import choose_precisions
 from .measure import (Opened, ParityLimits, batched, default_limits, open_for, parity_gate, parity_metrics, reference_outputs,
                       runtime_advice, time_all)
 
@@ -91,10 +92,13 @@ class ExportConfig(StageConfig):
     targets: list[Any] = Field(
         description="Targets to build: names (`onnx`) or mappings with options (`{type: onnx, opset: 17}`).", min_length=1
     )
-    precisions: list[Literal["fp32", "fp16", "int8"]] = Field(
+    precisions: list[Precision] = Field(
         default=["fp32"], min_length=1,
         description="Numeric precisions to write. `int8` needs a `ptq` stage, or a `qat` stage ending in int8, before export; "
-        "its artifacts hold that stage's quantization parameters and are compared with the quantized torch model.",
+        "its artifacts hold that stage's quantization parameters and are compared with the quantized torch model. `bf16`: "
+        "the openvino target's IR with fp16-stored weights whose deployment record pins OpenVINO's bf16 inference "
+        "precision (computed in bf16 where the CPU has AVX-512 BF16 or AMX, in f32 elsewhere); onnxruntime's CPU "
+        "provider has no bf16 kernels, so the onnx target does not write it.",
     )
     evaluate: bool = Field(default=True, description="Measure each artifact's task metrics (classification: accuracy) on the eval "
                            "split in its own runtime.")
@@ -174,6 +178,11 @@ class ExportStage(Stage[ExportConfig]):
                 "int8 needs a quantized model, and no stage before this export quantizes it", value="int8",
                 hint="add a `ptq` stage (no training) or a `qat` stage whose schedule ends in an int8 phase before `export`",
             )
+        for t, target in enumerate(config.targets):
+            if getattr(target, "precision", None) == "auto" and config.latency is None:
+                yield ConfigError(("stages", index, "targets", t, "precision"), "precision: auto picks the fastest artifact "
+                                  "by the stage's timing, and `latency` is null", value="auto",
+                                  hint="remove `latency: null`, or pin the precisions with `precisions:`")
         yield from cls._gate_rules(config, index)
 
     @classmethod
@@ -240,6 +249,10 @@ class ExportStage(Stage[ExportConfig]):
             result.tables["start_latency"] = _start_rows(start, cfg.latency.batch_sizes)
         result.gates += artifact_gates(cfg.gates, [a for a in result.artifacts if a.status == "built"],
                                        cfg.latency.batch_sizes if cfg.latency else [])
+        auto = [name for name, target in self.make_targets() if getattr(target.config, "precision", None) == "auto"]
+        if auto and cfg.latency:
+            result.gates, rows = choose_precisions(auto, result.artifacts, result.gates, cfg.latency.batch_sizes)
+            result.tables["precision chosen"] = rows
         result.tables["host"] = [host_record(cfg.latency.threads if cfg.latency else None)]
         return result
 
