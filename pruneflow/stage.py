@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Generic, Iterable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Generic, Iterable, Iterator, TypeVar
 
 # The config bases live in the kernel module config.py (so recipe/models.py need not import this one);
 # re-exported here because stages and plugins import them beside Stage.
@@ -220,6 +220,16 @@ class Target(Generic[T]):
 
     #: Precisions this target can write.
     precisions: ClassVar[tuple[str, ...]] = ("fp32",)
+    #: Its int8 is quantized by its own toolchain from the run's calibration set (Ascend's AMCT), not written from
+    #: the model a ptq/qat stage quantized: an int8 export of such targets alone needs no quantizing stage.
+    quantizes_itself: ClassVar[bool] = False
+
+    @classmethod
+    def recipe_rules(cls, config: Any, precisions: list[str], recipe: Any, index: int,
+                     loc: tuple) -> "Iterator[ConfigError]":
+        """What this target needs of the rest of the recipe (``config``: its settings, ``precisions``: those it
+        writes, ``index``: its export stage's, ``loc``: its key path), as ConfigErrors; nothing by default."""
+        return iter(())
 
     def build(self, state: "RunState", ctx: "RunContext", out_dir: Path, precision: str) -> "Artifact | list[Artifact]":  # pragma: no cover
         """Write the artifact(s) under ``out_dir`` (atomically) and return them.

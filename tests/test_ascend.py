@@ -477,3 +477,124 @@ def test_aipp_on_a_text_model_is_refused_with_the_fix(tmp_path, monkeypatch):
     assert art["status"] == "failed"
     text = json.dumps(art)
     assert "`aipp: true` is for image models" in text and "input_ids" in text and "aipp: false" in text
+
+
+# --- INT8: AMCT, then ATC ---------------------------------------------------------------------------------
+
+
+def _amct_set(tmp_path: Path, count: int) -> tuple[Path, np.ndarray]:
+    """The calibrate stage's AMCT files (``write_amct``) for ``count`` CIFAR-shaped samples."""
+    from calibrate.calibset import CalibrationSet
+    from calibrate.consumers import write_amct
+
+    x = torch.randn(count, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    return write_amct(CalibrationSet(x), tmp_path / "amct"), x.numpy()
+
+
+def _int8_bundle(tmp_path: Path, cfg: AscendConfig, count: int = 10) -> tuple[Path, dict, np.ndarray]:
+    listing, x = _amct_set(tmp_path, count)
+    prepared = prepare_onnx(resnet20().eval(), torch.randn(2, 3, 32, 32), cfg, torch.randn(4, 3, 32, 32))
+    folder = tmp_path / "bundle"
+    folder.mkdir()
+    status = write_bundle(folder, prepared, cfg, "int8", precision_mode_for(cfg, "int8"), None,
+                          "calibration/amct/calibration_list.txt", amct_list=listing)
+    return folder, status, x
+
+
+def test_the_int8_bundle_holds_the_calibration_set_in_batches_of_the_om_and_amcts_command(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", os.defpath)
+    folder, status, x = _int8_bundle(tmp_path, AscendConfig(batch=4), count=10)
+    quant = status["amct"]
+    assert status["status"] == "prepared" and "prepared, not built: Ascend AMCT (amct_onnx) not on PATH" in status["notes"]
+    assert quant["batches"] == 2 and quant["batch"] == 4 and quant["samples"] == 8  # 10 samples: two whole batches
+    files = sorted((folder / "calibration" / "input").iterdir())
+    assert [f.name for f in files] == ["00000.bin", "00001.bin"]
+    for i, f in enumerate(files):  # raw little-endian float32, the set's samples in order
+        np.testing.assert_array_equal(np.fromfile(f, dtype="<f4").reshape(4, 3, 32, 32), x[4 * i : 4 * i + 4])
+    assert quant["argv"] == ["amct_onnx", "calibration", "--model=model.onnx", "--save_path=quant/model",
+                             "--input_shape=input:4,3,32,32", "--data_dir=calibration/input/", "--data_types=float32",
+                             "--batch_num=2"]
+    assert "read back and run through model.onnx in onnxruntime" in quant["checked"]
+    script = (folder / "convert.sh").read_text().splitlines()
+    amct_at = next(i for i, line in enumerate(script) if line.startswith("amct_onnx"))
+    atc_at = [i for i, line in enumerate(script) if line.startswith("atc ")]
+    assert amct_at < atc_at[0] and all("--model=quant/model_deploy_model.onnx" in script[i] for i in atc_at)
+    assert status["precision_mode"] == "force_fp16"
+    readme = (folder / "README.md").read_text()
+    assert "## INT8 (AMCT, then ATC)" in readme and "2 batches of 4" in readme
+
+
+def test_stand_in_amct_and_atc_run_in_order_on_the_files_the_bundle_wrote(tmp_path, monkeypatch):
+    """A stand-in amct_onnx that does what AMCT's CLI does with its files (reads each batch of the declared shape
+    and dtype from --data_dir, --batch_num of them, writes SAVE_PATH_deploy_model.onnx), then the stand-in atc."""
+    calls = _stand_in_atc(tmp_path, monkeypatch, 'case "$*" in *--output=model*) echo fake > model.om;; esac')
+    amct = calls.parent / "standin-bin" / "amct_onnx"
+    amct.write_text(textwrap.dedent(f"""\
+        #!{shutil.which("python3") or "/usr/bin/python3"}
+        import os, sys
+        args = dict(a[2:].split("=", 1) for a in sys.argv[2:])
+        shape = [int(v) for v in args["input_shape"].split(":")[1].split(",")]
+        files = sorted(os.listdir(args["data_dir"]))[: int(args["batch_num"])]
+        assert len(files) == int(args["batch_num"]), files
+        size = 4 * shape[0] * shape[1] * shape[2] * shape[3]
+        assert all(os.path.getsize(os.path.join(args["data_dir"], f)) == size for f in files)
+        os.makedirs(os.path.dirname(args["save_path"]), exist_ok=True)
+        open(args["save_path"] + "_deploy_model.onnx", "wb").write(open(args["model"], "rb").read())
+        open({str(calls)!r}, "a").write("amct " + " ".join(sys.argv[1:]) + "\\n")
+    """))
+    amct.chmod(amct.stat().st_mode | stat.S_IEXEC)
+    folder, status, _ = _int8_bundle(tmp_path, AscendConfig(batch=2), count=6)
+    lines = calls.read_text().splitlines()
+    assert lines[0].startswith("amct calibration --model=model.onnx") and "--batch_num=3" in lines[0]
+    assert lines[1].startswith("--mode=3") and "--model=quant/model_deploy_model.onnx" in lines[2]
+    assert (folder / "quant" / "model_deploy_model.onnx").is_file() and (folder / "amct.log").is_file()
+    # a stand-in atc is no CANN toolkit: prepared, never built
+    assert status["status"] == "prepared" and not (folder / "model.om").exists()
+
+
+def test_a_failing_amct_fails_the_bundle_with_its_errors_and_runs_no_atc(tmp_path, monkeypatch):
+    calls = _stand_in_atc(tmp_path, monkeypatch, "")
+    amct = calls.parent / "standin-bin" / "amct_onnx"
+    amct.write_text('#!/bin/sh\necho "[ERROR] AMCT(12345): quantize failed: unsupported layer"\nexit 1\n')
+    amct.chmod(amct.stat().st_mode | stat.S_IEXEC)
+    folder, status, _ = _int8_bundle(tmp_path, AscendConfig(), count=3)
+    assert status["status"] == "failed" and "unsupported layer" in status["errors"][0]
+    assert not calls.exists()  # ATC never ran
+
+
+def test_too_few_calibration_samples_for_one_batch_is_an_export_error(tmp_path):
+    with pytest.raises(ExportError, match="fewer than the OM's static batch 8"):
+        _int8_bundle(tmp_path, AscendConfig(batch=8), count=5)
+
+
+def test_ascend_int8_needs_amct_files_and_no_quantizing_stage(write_recipe):
+    from pruneflow.errors import RecipeError
+    from pruneflow.recipe import load_recipe
+
+    recipe = _ascend_recipe("ascend", precisions=("fp32", "int8"))
+    recipe["stages"][2]["targets"] = ["ascend"]  # only the self-quantizing target writes int8: no ptq stage needed
+    assert load_recipe(write_recipe(recipe)).recipe.stages[2].precisions == ["fp32", "int8"]
+    recipe["stages"][1]["amct"] = False
+    with pytest.raises(RecipeError) as err:
+        load_recipe(write_recipe(recipe))
+    (issue,) = err.value.issues
+    assert issue.path == "stages.2.targets.0.type" and "amct: true" in issue.hint
+    recipe["stages"][1]["amct"] = True
+    recipe["stages"][2]["targets"] = ["onnx", "ascend"]  # onnx's int8 comes from the quantized model: it needs ptq
+    with pytest.raises(RecipeError, match="int8 needs a quantized model"):
+        load_recipe(write_recipe(recipe))
+
+
+@pytest.mark.slow
+def test_pipeline_prepares_an_int8_bundle_from_the_runs_calibration_set(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", os.defpath)
+    recipe = _ascend_recipe("ascend", precisions=("fp32", "int8"))
+    recipe["stages"][2]["targets"] = ["ascend"]
+    _, result = run_recipe_dict(recipe, tmp_path)
+    assert result.exit_code == 0
+    art = next(a for a in json.loads((result.run_dir / "manifest.json").read_text())["artifacts"]
+               if a.get("target") == "ascend" and a["precision"] == "int8")
+    assert art["status"] == "prepared" and "prepared, not built: Ascend AMCT (amct_onnx) not on PATH" in art["notes"]
+    status = json.loads((result.run_dir / "export" / "ascend" / "int8" / "status.json").read_text())
+    assert status["amct"]["samples"] == 16 and status["amct"]["batches"] == 16  # the 16 calibration samples, batch 1
+    assert any(p.endswith("calibration/input/00015.bin") for p in art["files"])

@@ -3,7 +3,8 @@ from the recipe's preprocessing, and the ATC commands; the OM itself where CANN'
 
 One bundle per precision under ``export/ascend/<precision>/``: ``model.onnx``, ``convert.sh``,
 ``README.md``, ``status.json`` (and ``aipp.cfg``, ``model.om`` when made). ATC casts to FP16 itself
-(``--precision_mode``), so the fp16 bundle holds the same FP32 ONNX with another precision mode.
+(``--precision_mode``), so the fp16 bundle holds the same FP32 ONNX with another precision mode; the int8 one adds
+the calibration batches and AMCT's quantization before ATC (``ascend_int8.py``).
 
 Status: ``built`` only when an identified CANN ``atc`` made ``model.om`` here (and even then the OM is
 not run: there is no Ascend runtime on such a machine); ``prepared`` when ``atc`` is absent, or when
@@ -44,9 +45,12 @@ PrecisionMode = Literal["force_fp16", "allow_fp32_to_fp16", "must_keep_origin_dt
 AippFormat = Literal["RGB888_U8", "BGR888_U8", "YUV420SP_U8", "YUV400_U8"]
 
 #: The precision mode a precision gets by default, and those that agree with it.
-DEFAULT_MODE = {"fp32": "must_keep_origin_dtype", "fp16": "force_fp16"}
+DEFAULT_MODE = {"fp32": "must_keep_origin_dtype", "fp16": "force_fp16", "int8": "force_fp16"}
 MODES_FOR = {"fp32": ("must_keep_origin_dtype", "allow_fp32_to_fp16", "allow_mix_precision"),
-             "fp16": ("force_fp16", "allow_mix_precision", "allow_fp32_to_fp16")}
+             "fp16": ("force_fp16", "allow_mix_precision", "allow_fp32_to_fp16"),
+             # int8: the layers AMCT quantized run in int8 whatever the mode; it sets the rest's float type
+             "int8": ("force_fp16", "allow_mix_precision", "allow_fp32_to_fp16", "must_keep_origin_dtype")}
+AMCT_NOT_ON_PATH = "prepared, not built: Ascend AMCT (amct_onnx) not on PATH"
 #: The opset the model is exported at when torch cannot export at the configured one (then converted down).
 FALLBACK_OPSET = 17
 ATC_TIMEOUT_S = 3600
@@ -68,8 +72,8 @@ class AscendConfig(TargetConfig):
     batch: int = Field(default=1, ge=1, le=1024, description="Static batch size of the OM (ATC wants static shapes).")
     precision_mode: PrecisionMode | None = Field(
         default=None,
-        description="ATC's --precision_mode. Default: from the precision written, `must_keep_origin_dtype` for fp32 "
-        "and `force_fp16` for fp16.",
+        description="ATC's --precision_mode. Default: from the precision written, `must_keep_origin_dtype` for fp32, "
+        "`force_fp16` for fp16 and for int8 (the layers AMCT leaves in float).",
     )
     aipp: bool = Field(
         default=False,
@@ -176,7 +180,20 @@ class Prepared:
 
 class AscendTarget(Target[AscendConfig]):
     Config = AscendConfig
-    precisions = ("fp32", "fp16")
+    precisions = ("fp32", "fp16", "int8")
+    #: int8: AMCT calibrates the FP32 ONNX on the run's calibration set (``export/ascend_int8.py``), then ATC.
+    quantizes_itself = True
+
+    @classmethod
+    def recipe_rules(cls, config, precisions, recipe, index, loc):
+        """int8 is calibrated by AMCT from the calibration set's AMCT files: a stage before the export writes them."""
+        if "int8" in precisions and not any(getattr(s, "amct", False) for s in recipe.stages[:index]):
+            from ..errors import ConfigError
+
+            yield ConfigError((*loc, "type"), "the ascend target's int8 is quantized by AMCT from the run's calibration set, "
+                              "and no stage before this export writes it in AMCT's format", value="ascend",
+                              hint="add a calibrate stage with `amct: true` before the export (e.g. `{type: calibrate, "
+                              "size: 512, amct: true}`), or give the target `precisions: [fp32, fp16]`")
     #: The onnx target's fp32 ONNX, when built in this stage, is the parity reference and the parent.
     depends_on = ["onnx"]
 
@@ -221,10 +238,14 @@ class AscendTarget(Target[AscendConfig]):
         prepared = self._prepared[1]
         aipp = aipp_from_data(ctx.recipe.data, cfg, prepared.input_shape[1:]) if cfg.aipp else None
         amct = next((a.path for a in state.artifacts if a.kind == "amct-calibration"), None)
+        if precision == "int8" and amct is None:
+            raise ExportError("the ascend int8 bundle needs the run's calibration set in AMCT's format, and no stage wrote it",
+                              hint="add `amct: true` to the calibrate stage before the export")
         bundle = out_dir / precision
         tmp = Path(tempfile.mkdtemp(prefix=f".{precision}.", dir=out_dir))
         try:
-            status = write_bundle(tmp, prepared, cfg, precision, mode, aipp, amct)
+            status = write_bundle(tmp, prepared, cfg, precision, mode, aipp, amct,
+                                  amct_list=ctx.run_dir / amct if amct and precision == "int8" else None)
             publish_dir(tmp, bundle)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -250,7 +271,7 @@ def _artifact(run_dir: Path, bundle: Path, status: dict, precision: str, referen
     main = bundle / ("model.om" if status["status"] == "built" else "model.onnx")
     artifact = Artifact.from_file(run_dir, main, kind="ascend-om" if status["status"] == "built" else "ascend-bundle",
                                   producer="export", status=status["status"], target="ascend", precision=precision)
-    for file in sorted(bundle.iterdir()):
+    for file in sorted(bundle.rglob("*")):  # the int8 bundle's calibration/ (and quant/, where AMCT ran) too
         if file.is_file() and file != main:
             artifact.add_file(run_dir, file)
     artifact.metrics.update({f"onnx_{k}": v for k, v in status["onnx"]["parity"].items()})
@@ -441,15 +462,15 @@ def _run_onnx(proto: "onnx.ModelProto", x: Any, batch: int) -> np.ndarray:
 
 
 def atc_commands(cfg: AscendConfig, mode: str, input_shape: "tuple[int, ...] | dict[str, tuple[int, ...]]",
-                 aipp: bool) -> tuple[list[str], list[str]]:
+                 aipp: bool, model: str = "model.onnx") -> tuple[list[str], list[str]]:
     """ATC's pre-check (``--mode=3``: writes check_result.json, needs no NPU) and conversion, run in the bundle.
     ``input_shape``: the one input's static shape, or every input's by name (``input_ids:1,64;attention_mask:1,64``;
     ``--input_format=ND`` then, as for any input that is not one NCHW image)."""
     shapes = input_shape if isinstance(input_shape, dict) else {"input": tuple(input_shape)}
     image = len(shapes) == 1 and len(next(iter(shapes.values()))) == 4
     listed = ";".join(f"{name}:{','.join(map(str, shape))}" for name, shape in shapes.items())
-    precheck = ["atc", "--mode=3", "--framework=5", "--model=model.onnx", f"--soc_version={cfg.soc_version}"]
-    convert = ["atc", "--framework=5", "--model=model.onnx", "--output=model", f"--soc_version={cfg.soc_version}",
+    precheck = ["atc", "--mode=3", "--framework=5", f"--model={model}", f"--soc_version={cfg.soc_version}"]
+    convert = ["atc", "--framework=5", f"--model={model}", "--output=model", f"--soc_version={cfg.soc_version}",
                f"--input_shape={listed}", f"--input_format={'NCHW' if image else 'ND'}", f"--precision_mode={mode}"]
     if aipp:
         convert.append("--insert_op_conf=aipp.cfg")
@@ -457,37 +478,58 @@ def atc_commands(cfg: AscendConfig, mode: str, input_shape: "tuple[int, ...] | d
 
 
 def write_bundle(folder: Path, prepared: Prepared, cfg: AscendConfig, precision: str, mode: str,
-                 aipp: Aipp | None, amct: str | None) -> dict:
-    """Write model.onnx, aipp.cfg, convert.sh; run ATC when on PATH; then status.json and README.md. Returns the status."""
+                 aipp: Aipp | None, amct: str | None, amct_list: Path | None = None) -> dict:
+    """Write model.onnx, aipp.cfg, convert.sh (int8, from ``amct_list``: the calibration batches and AMCT's command
+    first, ``ascend_int8.py``); run AMCT and ATC when on PATH; then status.json and README.md. Returns the status."""
     import onnx
+
+    from .ascend_int8 import prepare_amct
 
     onnx.save(prepared.model, str(folder / "model.onnx"))
     if aipp is not None:
         (folder / "aipp.cfg").write_text(aipp.cfg())
-    precheck, convert = atc_commands(cfg, mode, prepared.input_shapes or prepared.input_shape, aipp is not None)
-    script = folder / "convert.sh"
-    script.write_text("#!/bin/sh\n# Generated by pruneflow: model.onnx -> model.om with CANN's ATC (source CANN's set_env.sh first).\n"
-                      'set -e\ncd "$(dirname "$0")"\n'
-                      f"# Pre-check: writes check_result.json, needs no NPU.\n{shlex.join(precheck)}\n{shlex.join(convert)}\n")
-    script.chmod(0o755)
+    quant = prepare_amct(folder, prepared, amct_list) if amct_list is not None else None
+    precheck, convert = atc_commands(cfg, mode, prepared.input_shapes or prepared.input_shape, aipp is not None,
+                                     model=quant["deploy_model"] if quant else "model.onnx")
+    _write_script(folder, precheck, convert, quant)
     status: dict[str, Any] = {
         "status": "prepared", "precision": precision, "soc_version": cfg.soc_version, "precision_mode": mode,
-        "commands": {"precheck": shlex.join(precheck), "convert": shlex.join(convert)},
+        "commands": {**({"amct": quant["command"]} if quant else {}), "precheck": shlex.join(precheck),
+                     "convert": shlex.join(convert)},
         "onnx": {"opset": cfg.opset, "input_shape": list(prepared.input_shape),
                  "inputs": _inputs(prepared.model),
                  "ops": prepared.ops, "parity": prepared.parity,
                  "operator_list": OPS_SOURCE},
         "aipp": None if aipp is None else {"input_format": aipp.input_format, "input": aipp.input_contract()},
-        "amct_calibration": amct, "atc": None, "errors": [], "notes": list(prepared.notes),
+        "amct_calibration": amct, "amct": quant, "atc": None, "errors": [], "notes": list(prepared.notes),
     }
-    atc = shutil.which("atc")
-    if atc is None:
-        status["notes"].append(NOT_ON_PATH)
-    else:
-        run_atc(folder, Path(atc), precheck, convert, status)
+    _run_tools(folder, status, precheck, convert, quant)
     (folder / "status.json").write_text(json.dumps(status, indent=2) + "\n")
     (folder / "README.md").write_text(bundle_readme(status, cfg, aipp))
     return status
+
+
+def _write_script(folder: Path, precheck: list[str], convert: list[str], quant: dict | None) -> None:
+    amct = (f"# AMCT post-training quantization from calibration/ (writes {quant['deploy_model']}; source CANN's set_env.sh).\n"
+            f"{quant['command']}\n") if quant else ""
+    script = folder / "convert.sh"
+    script.write_text("#!/bin/sh\n# Generated by pruneflow: model.onnx -> model.om with CANN's ATC (source CANN's set_env.sh first).\n"
+                      f'set -e\ncd "$(dirname "$0")"\n{amct}'
+                      f"# Pre-check: writes check_result.json, needs no NPU.\n{shlex.join(precheck)}\n{shlex.join(convert)}\n")
+    script.chmod(0o755)
+
+
+def _run_tools(folder: Path, status: dict, precheck: list[str], convert: list[str], quant: dict | None) -> None:
+    """AMCT (int8) then ATC, each only when on PATH; what is absent is said in the notes."""
+    from .ascend_int8 import run_amct
+
+    atc, amct = shutil.which("atc"), shutil.which("amct_onnx")
+    if quant is not None and amct is None:
+        status["notes"].append(AMCT_NOT_ON_PATH)
+    elif atc is None:
+        status["notes"].append(NOT_ON_PATH)
+    elif quant is None or run_amct(folder, quant, status, amct):  # type: ignore[arg-type]
+        run_atc(folder, Path(atc), precheck, convert, status)
 
 
 def run_atc(folder: Path, atc: Path, precheck: list[str], convert: list[str], status: dict) -> None:
@@ -606,10 +648,26 @@ def bundle_readme(status: dict, cfg: AscendConfig, aipp: Aipp | None) -> str:
               f"- ONNX opset {status['onnx']['opset']}, every shape static, onnx.checker full check passed.",
               f"- Operators {', '.join(f'{k} x{v}' for k, v in status['onnx']['ops'].items())}: all on {OPS_SOURCE}.",
               "- onnxruntime parity: " + ", ".join(f"{k} {v:.2e}" for k, v in status["onnx"]["parity"].items()) + "."]
-    lines += ["", "## INT8", "", "Not written by this target: INT8 on Ascend goes through AMCT (not installed here)."]
+    lines += _int8_readme(status)
+    return "\n".join(lines) + "\n"
+
+
+def _int8_readme(status: dict) -> list[str]:
+    """The INT8 part: in the int8 bundle, AMCT's step and what was checked of it; elsewhere, how to get one."""
+    quant = status.get("amct")
+    if quant:
+        return ["", "## INT8 (AMCT, then ATC)", "",
+                f"AMCT calibrates model.onnx on `calibration/` ({quant['batches']} batches of {quant['batch']}: the "
+                "run's calibration set, the samples pruneflow's own quantization saw) and writes "
+                f"`{quant['deploy_model']}`, which ATC converts (the commands above, in that order in convert.sh). "
+                "AMCT also writes `quant/model_fake_quant_model.onnx`, its simulation in onnxruntime: compare its "
+                "accuracy with the run's FP32 and INT8 figures before deploying.",
+                f"- Checked here: {quant['checked']}.", f"- AMCT command: `{quant['command']}`"]
+    lines = ["", "## INT8", "", "The run's `int8` precision on this target writes an AMCT + ATC bundle "
+             "(`export/ascend/int8/`)."]
     if status["amct_calibration"]:
         lines.append(f"The run's AMCT calibration input is `{status['amct_calibration']}` (relative to the run folder: one raw "
                      "float32 .bin per sample, listed in calibration_list.txt, shapes in inputs.json).")
     else:
         lines.append("Add `amct: true` to the recipe's calibrate stage to write AMCT calibration input for it.")
-    return "\n".join(lines) + "\n"
+    return lines

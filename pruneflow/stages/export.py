@@ -159,9 +159,13 @@ class ExportStage(Stage[ExportConfig]):
     @classmethod
     def recipe_rules(cls, config, index, recipe):
         """Each target writes each precision asked for (``Target.precisions``), and int8 has a quantized
-        model to write: a `ptq` stage, or a `qat` stage ending in int8, before this export."""
+        model to write: a `ptq` stage, or a `qat` stage ending in int8, before this export (unless every target
+        writing it quantizes itself, ``Target.quantizes_itself``); then each target's own ``recipe_rules``."""
         for t, target in enumerate(config.targets):
-            writes = registry.targets.get(target.type).precisions
+            cls_ = registry.targets.get(target.type)
+            yield from cls_.recipe_rules(target, list(target.precisions or config.precisions), recipe, index,
+                                         ("stages", index, "targets", t))
+            writes = cls_.precisions
             own = target.precisions is not None
             loc = ("stages", index, "targets", t, "precisions") if own else ("stages", index, "precisions")
             for i, precision in enumerate(target.precisions or config.precisions):
@@ -172,7 +176,9 @@ class ExportStage(Stage[ExportConfig]):
                     yield ConfigError((*loc, i), f"target {target.type!r} cannot write {precision}", value=precision,
                                       hint=f"{target.type} writes {', '.join(writes)}" + ("" if own else
                                            f"; give it its own list: `{{type: {target.type}, precisions: [{', '.join(w for w in writes if w in config.precisions)}]}}`"))
-        if "int8" in config.precisions and not quantized_before(recipe, index):
+        int8_from_model = [t for t in config.targets if "int8" in (t.precisions or config.precisions)
+                           and not registry.targets.get(t.type).quantizes_itself]
+        if int8_from_model and not quantized_before(recipe, index):
             yield ConfigError(
                 ("stages", index, "precisions", config.precisions.index("int8")),
                 "int8 needs a quantized model, and no stage before this export quantizes it", value="int8",
