@@ -113,13 +113,13 @@ def test_openvino_in_bf16_fails_a_strict_parity_limit_by_name_while_f32_passes(t
 
 
 def test_a_target_may_write_only_some_of_the_stages_precisions(write_recipe):
-    """Ascend writes no int8: it gets its own list beside targets that do; a precision it cannot write, or
+    """Ascend writes no bf16: it gets its own list beside targets that do; a precision it cannot write, or
     one the stage does not export, is an error at its own key."""
     from pruneflow.errors import RecipeError
 
     recipe = tiny_recipe_dict(name="some")
-    recipe["stages"] = [{"type": "ptq"}, {"type": "export", "precisions": ["fp32", "int8"],
-                                          "targets": ["onnx", {"type": "ascend", "precisions": ["fp32"]}]}]
+    recipe["stages"] = [{"type": "ptq"}, {"type": "export", "precisions": ["fp32", "bf16"],
+                                          "targets": ["openvino", {"type": "ascend", "precisions": ["fp32"]}]}]
     loaded = load_recipe(write_recipe(recipe))
     assert loaded.recipe.stages[1].targets[1].precisions == ["fp32"]
     recipe["stages"][1]["targets"][1] = "ascend"

@@ -15,7 +15,7 @@ from torch import nn
 
 from calibrate.build import build_calibration_set
 from pruneflow.data import Split
-from pruneflow.export.onnx import export_int8_onnx
+from pruneflow.export.onnx import export_int8_onnx, export_raw_qdq
 from pruneflow.runtime import open_artifact
 from pruneflow.export.qdq import check_convention, u8s8_overflow_risks
 from pruneflow.stages.measure import PARITY_DEFAULTS, parity_metrics
@@ -112,7 +112,9 @@ def test_cpu_form_writes_the_same_grid_with_uint8_activations(quantized):
     # Non-negative tensors (after each ReLU, and the pooling of one) are uint8 zero point 0 clipped to int8's 127;
     # the network input and the residual branch before the Add stay zero point 128.
     unsigned = [n for n in activation_dqs if int(zps[n.name]) == 0]
-    assert len(unsigned) == 3 and len(activation_dqs) - len(unsigned) == 2
+    # the third: the pooled features again after the Flatten (``requantize_moves``), so the classifier runs in int8
+    assert len(unsigned) == 4 and len(activation_dqs) - len(unsigned) == 2
+    assert [n.name for n in unsigned if n.name.endswith("_requant_dq")] == ["/Flatten_requant_dq"]
     for dq in unsigned:
         clip = producers[dq.input[0]]
         assert clip.op_type == "Clip" and producers[clip.input[0]].op_type == "QuantizeLinear"
@@ -330,6 +332,7 @@ def resnet20_int8(tmp_path_factory):
     export_onnx(stripped, x[:2], out / "raw.onnx")
     export_int8_onnx(stripped, x[:2], out / "trt.onnx", form="tensorrt")
     export_int8_onnx(stripped, x[:2], out / "cpu.onnx", form="cpu")
+    onnx.save(export_raw_qdq(stripped, x[:2], out), str(out / "qdq.raw.onnx"))
     with torch.no_grad():
         ref, fp32 = q(x).numpy(), model(x).numpy()
     return x, ref, fp32, out
@@ -454,6 +457,30 @@ def test_resnet20_cpu_form_keeps_a_quantizer_after_every_conv_so_onnxruntime_run
     optimized = [n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node]
     assert optimized.count("QLinearConv") == 19 and "Conv" not in optimized
     assert check_convention(onnx.load(str(out / "cpu.onnx")), "cpu") == []
+    # the two zero-padded shortcuts' Adds and the classifier run in int8 too (Q/DQ after Pad and Flatten), as in
+    # onnxruntime's own quantize_static output: no float Add or Gemm left between a DQ and a Q
+    assert optimized.count("QLinearAdd") == 9 and "Add" not in optimized and "Gemm" not in optimized
+    assert "QGemm" in optimized or "MatMulIntegerToFloat" in optimized
+
+
+@pytest.mark.slow  # ResNet-20 through NNCF: about 15 s on two cores
+def test_requantizing_moves_and_the_gemm_bias_changes_no_prediction(resnet20_int8, tmp_path, monkeypatch):
+    """The Q/DQ after a shortcut's zero Pad and the classifier's Flatten repeat the grid their input is on (exact);
+    the classifier's int32 bias moves by at most half a step of its input x weight scale. Against the same file
+    without either pass, in onnxruntime's reference semantics (no integer kernels): the same top-1 everywhere."""
+    import pruneflow.export.qdq as qdq
+    from pruneflow.export.onnx import write_int8_onnx
+
+    x, _, _, out = resnet20_int8
+    raw = onnx.load(str(out / "qdq.raw.onnx"))
+    report = write_int8_onnx(raw, tmp_path / "with.onnx", form="cpu")
+    assert report.moves_requantized == 3 and report.gemm_biases_quantized == 1  # two shortcut Pads and the Flatten
+    monkeypatch.setattr(qdq, "requantize_moves", lambda graph, report: None)
+    monkeypatch.setattr(qdq, "quantize_gemm_biases", lambda graph, report: None)
+    write_int8_onnx(raw, tmp_path / "without.onnx", form="cpu")
+    with_, without = (open_artifact(tmp_path / f"{n}.onnx", exact_int8=True)(x.numpy()) for n in ("with", "without"))
+    assert (with_.argmax(1) == without.argmax(1)).all()
+    assert np.abs(with_ - without).max() < 1e-3 * np.abs(without).max()
 
 
 def test_each_cpu_encoding_writes_the_grid_its_name_says_and_computes_the_quantized_model(quantized, tmp_path):
@@ -478,8 +505,9 @@ def test_each_cpu_encoding_writes_the_grid_its_name_says_and_computes_the_quanti
         if encoding == "s8s8":
             assert all(z.dtype == np.int8 and not z.any() for z in zps) and ops.count("Relu") == 2 and "Clip" not in ops
         else:
-            assert all(z.dtype == np.uint8 for z in zps) and sum(int(z) == 0 for z in zps) == 3 and "Relu" not in ops
-            assert ops.count("Clip") == (3 if encoding == "u8s8" else 0)
+            # 3 non-negative tensors, one of them again after the classifier's Flatten (``requantize_moves``)
+            assert all(z.dtype == np.uint8 for z in zps) and sum(int(z) == 0 for z in zps) == 4 and "Relu" not in ops
+            assert ops.count("Clip") == (4 if encoding == "u8s8" else 0)
         assert check_convention(model, "cpu") == []
         runs = [open_artifact(path, exact_int8=True)] + ([open_artifact(path)] if encoding in exact else [])
         for run in runs:

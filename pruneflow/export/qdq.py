@@ -88,6 +88,10 @@ class PassReport:
     smooth_quant_folded: int = 0
     #: cpu form: output channels whose weights were re-gridded to fit x86 u8s8 pair sums (``fit_u8s8_pairs``)
     u8s8_channels_fitted: int = 0
+    #: cpu form: data-movement ops given a Q/DQ after them so what reads them runs in int8 (``requantize_moves``)
+    moves_requantized: int = 0
+    #: cpu form: Gemm biases stored as int32 on the product of their input's and weights' scales
+    gemm_biases_quantized: int = 0
     #: weighted ops left in float (``float_ops``: ignored, or NNCF's choice)
     float_ops: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -740,6 +744,104 @@ def _subgraph_reads(nodes) -> set[str]:
     return names
 
 
+#: Ops that move, cut or zero-pad values without changing any: a Q/DQ after them with their input's scale and zero point
+#: is exact (a constant pad of 0 is the zero point).
+MOVES = ("Pad", "Flatten", "Reshape", "Squeeze", "Unsqueeze", "Transpose", "Slice")
+
+
+def requantize_moves(graph: _Graph, report: PassReport) -> None:
+    """A Q/DQ pair (the dequantized input's own scale and zero point, and its Clip in the guarded form) after a chain
+    of ``MOVES`` that leaves the int8 grid for an op that would otherwise read it in float: a Gemm after Flatten
+    (ResNet's classifier), an Add after a downsampling shortcut's Slice + Pad. Without it onnxruntime runs that
+    Gemm and Add in float between a DequantizeLinear and a QuantizeLinear; with it they fuse into QGemm and
+    QLinearAdd, as in onnxruntime's own ``quantize_static`` output (ResNet-56 had 2 float Adds and a float Gemm)."""
+    from onnx import helper
+
+    added = []
+    for end in [n for n in graph.g.node if n.op_type in MOVES and n.output[0] not in graph.outputs]:
+        users = graph.consumers.get(end.output[0], [])
+        dq = _moved_from(graph, end)
+        if dq is None or not users or not all(_int8_reader(graph, u, end.output[0]) for u in users):
+            continue
+        source = graph.producer.get(dq.input[0])
+        clip = source if source is not None and source.op_type == "Clip" else None
+        q_out = end.output[0] + "_requant"
+        nodes = [helper.make_node("QuantizeLinear", [end.output[0], *dq.input[1:3]], [q_out], name=end.name + "_requant")]
+        if clip is not None:  # the guarded u8s8 form: the same bound, so the u8s8 checks read the same range
+            nodes.append(helper.make_node("Clip", [q_out, *clip.input[1:]], [q_out + "_int8_range"],
+                                          name=end.name + "_requant_int8_range"))
+        nodes.append(helper.make_node("DequantizeLinear", [nodes[-1].output[0], *dq.input[1:3]], [end.output[0] + "_dq"],
+                                      name=end.name + "_requant_dq"))
+        for user in users:
+            user.input[:] = [nodes[-1].output[0] if i == end.output[0] else i for i in user.input]
+        added += nodes
+        report.moves_requantized += 1
+    if added:
+        graph.g.node.extend(added)
+        _toposort(graph)
+
+
+def quantize_gemm_biases(graph: _Graph, report: PassReport) -> None:
+    """A Gemm whose data and weights are dequantized gets its float bias as int32 on the scale ``a_scale * w_scale``
+    (per output channel, zero point 0) behind a DequantizeLinear: onnxruntime fuses DQ -> Gemm into QGemm only when
+    every input is dequantized (its QDQ Gemm selector wants an int32 bias), as its own ``quantize_static`` writes it.
+    The bias moves by at most half a step of that product, far below the int8 grid of the output."""
+    from onnx import helper
+
+    added = []
+    for node in [n for n in graph.g.node if n.op_type == "Gemm" and len(n.input) > 2 and n.input[2]]:
+        a_dq, w_dq = graph.producer.get(node.input[0]), graph.producer.get(node.input[1])
+        bias = graph.const(node.input[2])
+        if (a_dq is None or w_dq is None or a_dq.op_type != "DequantizeLinear" or w_dq.op_type != "DequantizeLinear"
+                or bias is None or bias.ndim != 1 or _attr(node, "beta", 1.0) != 1.0 or _attr(node, "alpha", 1.0) != 1.0):
+            continue
+        a_scale, w_scale = graph.const(a_dq.input[1]), graph.const(w_dq.input[1])
+        if a_scale is None or w_scale is None or a_scale.size != 1 or w_scale.size not in (1, bias.size):
+            continue
+        scale = (np.broadcast_to(w_scale.reshape(-1), bias.shape) * a_scale.reshape(())).astype(np.float32)
+        q = np.clip(np.round(bias / scale), np.iinfo(np.int32).min, np.iinfo(np.int32).max).astype(np.int32)
+        stored = graph.add_init(node.name + "_bias_int32", q)
+        scale_name = graph.add_init(node.name + "_bias_scale", scale)
+        zero = graph.add_init(node.name + "_bias_zero", np.zeros(bias.shape, np.int32))
+        dq = helper.make_node("DequantizeLinear", [stored, scale_name, zero], [node.name + "_bias_dq"],
+                              name=node.name + "_bias_dq", axis=0)
+        node.input[2] = dq.output[0]
+        added.append(dq)
+        report.gemm_biases_quantized += 1
+    if added:
+        graph.g.node.extend(added)
+        _toposort(graph)
+
+
+def _moved_from(graph: _Graph, end):
+    """The per-tensor DequantizeLinear a chain of ``MOVES`` ending at ``end`` starts from (a Pad only with value 0)."""
+    node = end
+    while node is not None and node.op_type in MOVES:
+        if node.op_type == "Pad":
+            value = graph.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+            if _attr(node, "mode", b"constant") not in (b"constant", "constant") or (value is not None and np.any(value != 0)):
+                return None
+        node = graph.producer.get(node.input[0])
+    if node is None or node.op_type != "DequantizeLinear":
+        return None
+    scale = graph.const(node.input[1])
+    return node if scale is not None and scale.size == 1 and len(node.input) > 2 and node.input[2] else None
+
+
+def _int8_reader(graph: _Graph, user, name: str) -> bool:
+    """Whether ``user`` would run in int8 given ``name`` dequantized: a weighted op reading it as its data (with
+    dequantized weights), or an
+    Add/Concat whose other inputs are dequantized and whose output only goes to QuantizeLinear."""
+    if user.op_type in WEIGHTED_OPS:  # its weights dequantized too (not two activations NNCF left in float)
+        return user.input[0] == name and len(user.input) > 1 and _dequantized(graph, user.input[1])
+    if user.op_type in ("Add", "Concat"):
+        others = [i for i in user.input if i != name]
+        outs = graph.consumers.get(user.output[0], [])
+        return (all(_dequantized(graph, i) for i in others) and bool(outs)
+                and all(o.op_type == "QuantizeLinear" for o in outs) and user.output[0] not in graph.outputs)
+    return False
+
+
 def _toposort(graph: _Graph) -> None:
     known = {i.name for i in graph.g.input} | set(graph.inits)
     produced = {o for n in graph.g.node for o in n.output}  # a subgraph also reads its own tensors: only these wait
@@ -780,6 +882,9 @@ def convert(model, form: Form, encoding: str = "u8s8") -> PassReport:
         report.notes.append(f"{report.activations_unsigned} non-negative activation(s) in the full uint8 range (no Clip at "
                             "NNCF's 127 steps): exact on CPUs with VNNI or AMX, may saturate on x86 CPUs without them")
     _remove_identities(graph)
+    if form == "cpu":
+        requantize_moves(graph, report)
+        quantize_gemm_biases(graph, report)
     if form == "tensorrt":
         place_residual_quantizers(graph, report)
     graph.prune_initializers()
@@ -951,6 +1056,8 @@ def _quantizer_problems(graph: _Graph, node, form: Form) -> list[str]:
     if scale is None:
         return [f"{node.name}: the scale is not a constant"]
     problems = []
+    if node.input[0] in graph.inits and zp.dtype == np.int32:  # a bias on its input x weight scale (``quantize_gemm_biases``)
+        return [] if node.op_type == "DequantizeLinear" and not np.any(zp) else [f"{node.name}: an int32 bias must be dequantized with zero point 0"]
     if node.input[0] in graph.inits:  # a weight
         if zp.dtype != np.int8 or np.any(zp != 0):
             problems.append(f"{node.name}: weight zero point must be int8 0")
