@@ -33,7 +33,8 @@ from ..artifacts import Artifact, publish_dir
 from ..deps import require
 from ..errors import ExportError, TargetUnavailableError
 from ..stage import Target, TargetConfig
-from .ascend_ops import OPS_DOCUMENTED_FOR, OPS_SOURCE, SOC_FAMILIES, SOC_VERSIONS, soc_family, unsupported_nodes
+from .ascend_ops import (OPS_DOCUMENTED_FOR, OPS_SOURCE, SOC_FAMILIES, SOC_VERSIONS, first_errors, onnx_inputs, soc_family,
+                         unsupported_nodes)
 
 if TYPE_CHECKING:
     import onnx
@@ -55,7 +56,6 @@ AMCT_NOT_ON_PATH = "prepared, not built: Ascend AMCT (amct_onnx) not on PATH"
 FALLBACK_OPSET = 17
 ATC_TIMEOUT_S = 3600
 NOT_ON_PATH = "prepared, not built: CANN atc not on PATH"
-ERROR_CODE = re.compile(r"\bE[A-Z0-9]\d{4}\b|\[ERROR\]|\bERROR\b|Error:")
 # YUV420SP (JPEG, BT.601 full range) -> RGB: ATC instructions, AIPP "CSC Configuration", JPEG column.
 JPEG_YUV_TO_RGB = ((256, 0, 359), (256, -88, -183), (256, 454, 0))
 JPEG_YUV_BIAS = (0, 128, 128)
@@ -327,15 +327,6 @@ def prepare_onnx(model: "torch.nn.Module", example: "Inputs", cfg: AscendConfig,
     return Prepared(proto, next(iter(shapes.values())), counts, parity, notes, shapes)
 
 
-def _inputs(model: "onnx.ModelProto") -> dict[str, dict[str, Any]]:
-    """Every graph input's static shape and dtype (numpy's name), for status.json and the README."""
-    import onnx
-
-    return {v.name: {"shape": [d.dim_value for d in v.type.tensor_type.shape.dim],
-                     "dtype": onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).name}
-            for v in model.graph.input}
-
-
 def _numpy_samples(samples: "Inputs", sequence: int) -> "np.ndarray | dict[str, np.ndarray]":
     """Parity samples as numpy; token inputs padded (0) or cut to the static ``sequence`` length."""
     if not isinstance(samples, dict):
@@ -488,7 +479,7 @@ def write_bundle(folder: Path, prepared: Prepared, cfg: AscendConfig, precision:
     onnx.save(prepared.model, str(folder / "model.onnx"))
     if aipp is not None:
         (folder / "aipp.cfg").write_text(aipp.cfg())
-    quant = prepare_amct(folder, prepared, amct_list) if amct_list is not None else None
+    quant = prepare_amct(folder, prepared.model, amct_list) if amct_list is not None else None
     precheck, convert = atc_commands(cfg, mode, prepared.input_shapes or prepared.input_shape, aipp is not None,
                                      model=quant["deploy_model"] if quant else "model.onnx")
     _write_script(folder, precheck, convert, quant)
@@ -497,7 +488,7 @@ def write_bundle(folder: Path, prepared: Prepared, cfg: AscendConfig, precision:
         "commands": {**({"amct": quant["command"]} if quant else {}), "precheck": shlex.join(precheck),
                      "convert": shlex.join(convert)},
         "onnx": {"opset": cfg.opset, "input_shape": list(prepared.input_shape),
-                 "inputs": _inputs(prepared.model),
+                 "inputs": onnx_inputs(prepared.model),
                  "ops": prepared.ops, "parity": prepared.parity,
                  "operator_list": OPS_SOURCE},
         "aipp": None if aipp is None else {"input_format": aipp.input_format, "input": aipp.input_contract()},
@@ -568,11 +559,6 @@ def _run(cmd: list[str], cwd: Path) -> tuple[int, str]:
     except OSError as exc:
         return 127, f"ERROR: could not start atc: {exc}\n"
     return done.returncode, done.stdout + done.stderr
-
-
-def first_errors(log: str, limit: int = 5) -> list[str]:
-    """ATC's first error lines (E-codes such as E19999, EZ3002, or [ERROR]), quoted as they are."""
-    return [line.strip() for line in log.splitlines() if ERROR_CODE.search(line)][:limit]
 
 
 def parse_check_result(path: Path) -> list[str]:

@@ -28,9 +28,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import ExportError
+from .ascend_ops import first_errors, onnx_inputs
 
 if TYPE_CHECKING:
-    from .ascend import Prepared
+    import onnx
 
 SAVE_PATH = "quant/model"
 DEPLOY_MODEL = "quant/model_deploy_model.onnx"
@@ -52,12 +53,10 @@ def read_amct_set(calibration_list: Path) -> dict[str, np.ndarray]:
     return out
 
 
-def prepare_amct(folder: Path, prepared: "Prepared", calibration_list: Path) -> dict[str, Any]:
-    """Write ``calibration/`` for AMCT into the bundle ``folder``, check it against model.onnx, and return the
-    ``amct`` entry of status.json (the command, its argv, the deploy model's path, what was checked)."""
-    from .ascend import _inputs
-
-    inputs = _inputs(prepared.model)
+def prepare_amct(folder: Path, model: "onnx.ModelProto", calibration_list: Path) -> dict[str, Any]:
+    """Write ``calibration/`` for AMCT into the bundle ``folder`` (beside ``model``, its model.onnx), check it against
+    model.onnx, and return the ``amct`` entry of status.json (the command, its argv, the deploy model, what was checked)."""
+    inputs = onnx_inputs(model)
     samples = read_amct_set(calibration_list)
     missing = [name for name in inputs if name not in samples]
     if missing:
@@ -113,8 +112,6 @@ def _check(folder: Path, inputs: dict[str, dict[str, Any]], count: int) -> str:
 
 def run_amct(folder: Path, amct: dict[str, Any], status: dict[str, Any], executable: str) -> bool:
     """AMCT's calibration in the bundle; True when it wrote the deploy model, else ``status`` says it failed."""
-    from .ascend import first_errors
-
     try:
         done = subprocess.run([executable, *amct["argv"][1:]], cwd=folder, capture_output=True, text=True,
                               timeout=AMCT_TIMEOUT_S, check=False)

@@ -20,7 +20,8 @@ CANN 8.0 toolkit).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+import re
+from typing import TYPE_CHECKING, Any, Iterable
 
 if TYPE_CHECKING:
     import onnx
@@ -98,3 +99,21 @@ def _nodes(graph) -> Iterable:
                 yield from _nodes(attr.g)
             for sub in attr.graphs:
                 yield from _nodes(sub)
+
+
+#: How ATC and AMCT mark an error line: an E-code (E19999, EZ3002), ``[ERROR]``, ``ERROR`` or ``Error:``.
+ERROR_CODE = re.compile(r"\bE[A-Z0-9]\d{4}\b|\[ERROR\]|\bERROR\b|Error:")
+
+
+def first_errors(log: str, limit: int = 5) -> list[str]:
+    """ATC's (or AMCT's) first error lines (E-codes such as E19999, EZ3002, or [ERROR]), quoted as they are."""
+    return [line.strip() for line in log.splitlines() if ERROR_CODE.search(line)][:limit]
+
+
+def onnx_inputs(model: "onnx.ModelProto") -> dict[str, dict[str, Any]]:
+    """Every graph input's static shape and dtype (numpy's name), for status.json, the README and AMCT's command."""
+    import onnx
+
+    return {v.name: {"shape": [d.dim_value for d in v.type.tensor_type.shape.dim],
+                     "dtype": onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type).name}
+            for v in model.graph.input}
