@@ -647,7 +647,7 @@ def _int8_readme(status: dict) -> list[str]:
                 "run's calibration set, the samples pruneflow's own quantization saw) and writes "
                 f"`{quant['deploy_model']}`, which ATC converts (the commands above, in that order in convert.sh). "
                 "AMCT also writes `quant/model_fake_quant_model.onnx`, its simulation in onnxruntime: compare its "
-                "accuracy with the run's FP32 and INT8 figures before deploying.",
+                "task metric with the run's FP32 and INT8 figures before deploying.",
                 f"- Checked here: {quant['checked']}.", f"- AMCT command: `{quant['command']}`"]
     lines = ["", "## INT8", "", "The run's `int8` precision on this target writes an AMCT + ATC bundle "
              "(`export/ascend/int8/`)."]
