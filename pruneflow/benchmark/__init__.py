@@ -52,8 +52,7 @@ def run_bench(sources: list[Path], settings: BenchSettings, reporter: Reporter |
     app = {"asked": settings.benchmark_app, "available": False, "how": "not asked (--benchmark-app)"}
     if settings.benchmark_app:
         app.update(_second_opinion(rows, settings, reporter))
-    host = {**host_info(), "label": settings.host_label} if settings.host_label else host_info()
-    return BenchResult(host, settings, variants, rows, baseline, inputs, app)
+    return BenchResult(this_host(settings.host_label), settings, variants, rows, baseline, inputs, app)
 
 
 def price_for_this_host(text: str | None, host_label: str | None = None) -> tuple[float | None, str | None]:
@@ -62,8 +61,12 @@ def price_for_this_host(text: str | None, host_label: str | None = None) -> tupl
     prices = Prices.parse(text)
     if prices is None:
         return None, None
-    host = {**host_info(), "label": host_label} if host_label else host_info()
-    return prices.for_host(host)
+    return prices.for_host(this_host(host_label))
+
+
+def this_host(label: str | None) -> dict[str, Any]:
+    """``host_info()`` with the ``--host-label`` it was given (a copy: host_info is cached)."""
+    return {**host_info(), "label": label} if label else host_info()
 
 
 #: One batch's input may take at most this share of the memory available: the runtime's activations, its copy of the
