@@ -435,6 +435,9 @@ def test_openvino_and_nncf_telemetry_stay_off_unless_asked_for(tmp_path, setting
     env = {k: v for k, v in os.environ.items() if k not in ("CI", "NNCF_CI", "PRUNEFLOW_OPENVINO_TELEMETRY")}
     if setting:
         env["PRUNEFLOW_OPENVINO_TELEMETRY"] = setting
+    # the user's own answer, declined: with telemetry left on, the real senders load but this test sends nothing
+    (tmp_path / "intel").mkdir()
+    (tmp_path / "intel" / "openvino_telemetry").write_text("0\n")
     out = subprocess.run([sys.executable, "-c", probe], env={**env, "HOME": str(tmp_path)}, cwd=ROOT,
                          capture_output=True, text=True, timeout=120, check=True).stdout.split()
     if setting:
