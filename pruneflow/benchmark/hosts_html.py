@@ -15,8 +15,9 @@ from .html import CSS, PALETTE, budget_html, latency_and_throughput
 def merged_html(merged: MergedBench) -> str:
     names = [h["name"] for h in merged.hosts]
     budget = merged.p99_budget_ms
-    latency = {h: _series(merged, h, "p99_ms") for h in names}
-    throughput = {h: _series(merged, h, "throughput") for h in names}
+    chosen = merged.under_budget()
+    latency = {h: _series(merged, h, "p99_ms", chosen) for h in names}
+    throughput = {h: _series(merged, h, "throughput", chosen) for h in names}
     axes = (Axes.shared(list(latency.values()), budget), Axes.shared(list(throughput.values())))
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>pruneflow bench: hosts compared</title>"
              f"<style>{CSS}</style></head><body><h1>pruneflow bench: {len(names)} hosts compared</h1>",
@@ -25,7 +26,7 @@ def merged_html(merged: MergedBench) -> str:
     for name in names:
         parts += [f"<h2>{escape(name)}: latency and throughput against batch size</h2>",
                   *latency_and_throughput(latency[name], throughput[name], budget, axes)]
-    parts += budget_html(merged.under_budget(), any(h["price_per_hour"] for h in merged.hosts))
+    parts += budget_html(chosen, any(h["price_per_hour"] for h in merged.hosts))
     for batch in merged.batches():
         parts += [f"<h2>Batch {batch}, side by side</h2>", side_by_side(merged, batch)]
     return "\n".join(parts + ["</body></html>"])
@@ -36,11 +37,12 @@ def _colours(merged: MergedBench) -> dict[str, str]:
     return {v: PALETTE[i % len(PALETTE)] for i, v in enumerate(variants)}
 
 
-def _series(merged: MergedBench, host: str, figure: str) -> list[Series]:
-    """One line per artifact x runtime lane of ``host``; colour by artifact and dash by lane, alike on every host."""
+def _series(merged: MergedBench, host: str, figure: str, chosen: list[dict]) -> list[Series]:
+    """One line per artifact x runtime lane of ``host``; colour by artifact and dash by lane, alike on every host;
+    ``chosen``: the best batches under the budget (``MergedBench.under_budget``), ringed."""
     colour = _colours(merged)
     dashes = {lane: DASHES[i % len(DASHES)] for i, lane in enumerate(dict.fromkeys(lane for _, lane in merged.lanes()))}
-    best = {(e["variant"], e["runtime_label"]): e.get("batch") for e in merged.under_budget() if e["host"] == host}
+    best = {(e["variant"], e["runtime_label"]): e.get("batch") for e in chosen if e["host"] == host}
     one_model = len({r["model"] for r in merged.rows}) == 1
     short = {r["variant"]: r["label"] if one_model else r["variant"] for r in merged.rows}
     out = []

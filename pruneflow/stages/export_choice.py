@@ -31,7 +31,7 @@ def choose_precisions(auto_targets: list[str], artifacts: list[Artifact], gates:
             continue
         scored = [(a, _score(a, batch_sizes), [g for g in gates if g.name.startswith(f"{a.label}.")]) for a in built]
         fit = [(a, score) for a, score, own in scored if score is not None and all(g.passed for g in own)]
-        chosen = min(fit, key=lambda pair: pair[1])[0] if fit else None
+        chosen, best = min(fit, key=lambda pair: pair[1]) if fit else (None, None)
         for a, score, own in scored:
             a.metrics["precision_chosen"] = 1.0 if a is chosen else 0.0
             rows.append(_row(target, a, score, own, batch_sizes, a is chosen))
@@ -44,9 +44,9 @@ def choose_precisions(auto_targets: list[str], artifacts: list[Artifact], gates:
             continue
         gates = _set_aside(gates, [a for a in built if a is not chosen])
         chosen.notes.append(f"chosen by precision: auto: the fastest of {', '.join(a.label for a in built)} that holds "
-                            f"every gate here ({_ms(_score(chosen, batch_sizes))} geometric-mean p50 as deployed)")
+                            f"every gate here ({_ms(best)} geometric-mean p50 as deployed)")
         gates.append(GateResult(f"{target}.precision_auto", True, f"{chosen.label} ({chosen.path}): the fastest of "
-                                f"{len(built)} that holds the gates", _score(chosen, batch_sizes)))
+                                f"{len(built)} that holds the gates", best))
     return gates, rows
 
 
