@@ -276,7 +276,16 @@ def test_tiny_minilm_recipe_end_to_end(tmp_path):
     for label in ("onnx.int8", "openvino.int8"):
         assert flat[f"{label}.accuracy"] >= flat["onnx.fp32.accuracy"] - 0.03, label
         assert flat[f"{label}.top1_agreement"] >= 0.95, label
-    assert flat["onnx.int8.ort_integer_ops"] >= 14 and flat["onnx.int8.size_ratio_fp32"] >= 3.0
+    built = {a.label: a for a in result.artifacts if a.status == "built"}
+    fused = built["onnx.int8"].metrics["int8_form"] in ("fused", "fused_dynamic")
+    # QDQ forms: 6 Linear + the score MatMul per layer; fused: QAttention + 3 MatMulIntegerToFloat per layer
+    assert flat["onnx.int8.ort_integer_ops"] >= (8 if fused else 14) and flat["onnx.int8.size_ratio_fp32"] >= 3.0
+    # issue 25, item 2: the FP32 ONNX in onnxruntime's fused ops (2 Attention, 2 BiasGelu); the OpenVINO IR is
+    # converted from a standard export of its own, not from that file
+    assert flat["onnx.fp32.fused_ops"] == 2 + 2
+    assert built["openvino.fp32"].parent is None
+    if fused:
+        assert built["openvino.int8"].parent is None
     # SmoothQuant: q/k/v (one shared input), attention output, FFN in and out per layer, then pooler and classifier
     assert flat["qat.smooth_quant_inputs"] == 2 * 4 + 2
     # Deliver 2: the classifier head is reported as new; the fine-tuned model is also a from_pretrained folder,

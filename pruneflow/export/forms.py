@@ -57,7 +57,7 @@ def exact_encodings(host: dict[str, Any] | None = None) -> tuple[list[str], str]
 def needs_vnni(form: str) -> bool:
     """Whether an artifact of this form can saturate on an x86 CPU without VNNI (int8 activations too: the
     kernels there shift them to uint8 and add product pairs in int16 all the same)."""
-    return form in ("u8s8_vnni", "s8s8", "tensorrt")
+    return form in ("u8s8_vnni", "s8s8", "tensorrt", "fused", "fused_dynamic")
 
 
 @dataclass

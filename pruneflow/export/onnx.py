@@ -21,9 +21,11 @@ from ..inputs import Inputs, bind, fresh, is_token, take, to
 from ..stage import Target, TargetConfig
 from .attention_mask import soften_mask_fill
 from .forms import record_choice
+from .fused_int8 import FUSED_ENCODINGS
 
 if TYPE_CHECKING:
     from .forms import Choice
+    from .fusion import Fusion
     from .qdq import Form, PassReport
 
 
@@ -41,7 +43,16 @@ class OnnxConfig(TargetConfig):
         "what onnxruntime and OpenVINO run fastest on x86) and `tensorrt` (model.int8.tensorrt.onnx: TensorRT's explicit "
         "quantization convention, int8 zero point 0 everywhere; precision int8, form tensorrt, named `onnx.int8_tensorrt` in metrics).",
     )
-    form: Literal["auto", "u8s8", "u8s8_vnni", "s8s8"] = Field(
+    fuse: Literal["auto", "off"] = Field(
+        default="auto",
+        description="`auto`: a BERT-like encoder is written in onnxruntime's fused ops (its transformer optimizer, each "
+        "layer's own head count pinned first, so pruned layers fuse right): fp32 with Attention, SkipLayerNormalization "
+        "and BiasGelu, kept only when it computes what the unfused graph does on real samples; int8 adds `fused` "
+        "(QAttention and integer MatMuls on the trained scales) and `fused_dynamic` (activation scales measured per call) "
+        "to the candidates of `form: auto`. Such files hold com.microsoft ops: onnxruntime runs them, other runtimes "
+        "do not (the openvino and tensorrt targets then export their own standard ONNX). `off`: standard ONNX ops only.",
+    )
+    form: Literal["auto", "u8s8", "u8s8_vnni", "s8s8", "fused", "fused_dynamic"] = Field(
         default="auto",
         description="How model.int8.onnx (the `cpu` file) encodes activations. `auto`: build every encoding this CPU's int8 "
         "kernels compute exactly, check each against the quantized torch model, time them interleaved in onnxruntime "
@@ -50,6 +61,7 @@ class OnnxConfig(TargetConfig):
         "can differ between hosts and runs. `u8s8`: uint8 activations with a Clip and weights fitted so x86 CPUs without "
         "VNNI cannot saturate (exact everywhere; the only candidate there). `u8s8_vnni`: the same without the Clips and "
         "the fit (one op fewer per activation; needs VNNI, AMX or ARM). `s8s8`: int8 activations as NNCF trained them. "
+        "`fused`, `fused_dynamic`: a transformer in onnxruntime's fused ops (see `fuse`; needs VNNI, AMX or ARM). "
         "Pin one to build for another machine than this one, or for byte-identical rebuilds.",
     )
 
@@ -79,13 +91,28 @@ class OnnxTarget(Target[OnnxConfig]):
                 to_fp16(Path(tmp) / "fp32.onnx", path, metadata=(record, "fp16"))
         else:
             export(path, metadata=(record, "fp32"))
+        fusion = self._fuse(state, path) if precision == "fp32" else None
         artifact = Artifact.from_file(ctx.run_dir, path, kind="onnx", producer="export", target="onnx", precision=precision,
                                       deployment=record)
         _component_bytes(artifact, path)
+        if fusion is not None:
+            artifact.notes.append(fusion.note())
+            artifact.metrics["fused_ops"] = sum(fusion.ops.values()) if fusion.kept else 0
         if state.handle.quantized:
             artifact.notes.append("the float model that entered quantization (the float base of the quantized checkpoint), "
                                   "not the quantized model's float weights")
         return artifact
+
+    def _fuse(self, state, path: Path) -> "Fusion | None":
+        """``path`` rewritten in onnxruntime's fused transformer ops when ``fuse: auto`` and the model is a BERT-like
+        encoder the fusions hold for (``fusion.py``); None for a model with no attention layer to fuse."""
+        from .forms import parity_samples
+        from .fusion import fuse_for_onnxruntime
+
+        if self.config.fuse == "off" or not isinstance(state.example_input, dict):
+            return None
+        fusion = fuse_for_onnxruntime(path, path, parity_samples(state))
+        return fusion if fusion.heads else None
 
     def _int8_or_failed(self, stripped: torch.nn.Module, state, ctx, out_dir: Path, form: Form, record: dict) -> Artifact:
         """One INT8 form, or its ``failed`` record: one form that cannot be written leaves the other (the export
@@ -121,7 +148,11 @@ class OnnxTarget(Target[OnnxConfig]):
         artifact.notes += report.notes
         if form == "cpu":
             artifact.metrics["u8s8_channels_fitted"] = report.u8s8_channels_fitted
-            _check_runs_in_openvino(path, state.example_input)
+            encoding = choice.form if choice is not None else cfg.form
+            if encoding in FUSED_ENCODINGS:  # onnxruntime's contrib ops: the openvino target converts a QDQ form
+                artifact.metrics["fused_ops"] = sum(n.domain == "com.microsoft" for n in _load(path).graph.node)
+            else:
+                _check_runs_in_openvino(path, state.example_input)
             _integer_ops_record(artifact, path)
             fp32 = out_dir / "model.fp32.onnx"  # written first when precisions list fp32 before int8
             if fp32.is_file():
@@ -144,12 +175,20 @@ class OnnxTarget(Target[OnnxConfig]):
             record["runtime"] = int8_cpu_runtime(encoding)
             report = write_int8_onnx(raw, path, form="cpu", encoding=encoding, metadata=record)
             return report, None if self.config.form != "auto" else decide([], state, self.latency, why=why, only=encoding)
+        if self.config.fuse == "auto" and isinstance(state.example_input, dict):
+            encodings = encodings + list(FUSED_ENCODINGS)  # tried; a model the fusions do not fit is no candidate
         ctx.reporter.info(f"onnx int8: timing the encodings {', '.join(encodings)} in onnxruntime to keep the fastest")
         with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
             reports, candidates = {}, []
             for encoding in encodings:
                 file = Path(tmp) / f"{encoding}.onnx"
-                reports[encoding] = write_int8_onnx(raw, file, form="cpu", encoding=encoding, metadata=None)
+                try:
+                    reports[encoding] = write_int8_onnx(raw, file, form="cpu", encoding=encoding, metadata=None)
+                except ExportError as exc:
+                    if encoding not in FUSED_ENCODINGS:
+                        raise
+                    ctx.reporter.info(f"onnx int8: the {encoding} form is not a candidate: {exc.message}")
+                    continue
                 run = open_artifact(file, runtime="onnxruntime", threads=self.latency.threads if self.latency else 1)
                 candidates.append(Candidate(encoding, file, run))
             choice = decide(candidates, state, self.latency, static=not self.config.dynamic_batch)
@@ -183,6 +222,10 @@ def _traced(model: torch.nn.Module, example: Inputs, dynamic_batch: bool, output
     if dynamic_batch:
         axes[output] = {0: "batch"}
     return _Keyed(model, names), tuple(x.values()), names, axes or None
+
+
+def _load(path: Path):
+    return require("onnx", "pip install onnx", "the onnx target").load(str(path), load_external_data=False)
 
 
 def _component_bytes(artifact: Artifact, path: Path) -> None:
@@ -416,14 +459,17 @@ def write_int8_onnx(raw, path: Path, *, form: "Form", encoding: str = "u8s8", me
     onnx = require("onnx", "pip install onnx", "INT8 ONNX export")
     model_proto = type(raw)()
     model_proto.CopyFrom(raw)
-    report = convert(model_proto, form, encoding)
+    fused = encoding in FUSED_ENCODINGS
+    report = convert(model_proto, form, "s8s8" if fused else encoding)
     model_proto = fold_constants(model_proto)
     soften_mask_fill(model_proto)  # finfo.min attention-mask fill -> -60: onnxruntime's exp is 6x slower on it
-    if form == "cpu":  # embedding tables the quantization stage snapped, in int8 (weight-only, per-row scales): export/embedding.py
+    if fused:  # onnxruntime's fused transformer ops on the trained parameters (fused_int8.py), tables int8 inside
+        model_proto = _fused_int8(model_proto, encoding, report)
+    elif form == "cpu":  # embedding tables the quantization stage snapped, in int8 (weight-only, per-row scales): export/embedding.py
         report.notes += quantize_embeddings(model_proto, on_grid=True).notes()
     if metadata is not None:
         stamp_onnx(model_proto, metadata, "int8")
-    problems = check_convention(model_proto, form)
+    problems = [] if fused else check_convention(model_proto, form)
     if problems:
         raise ExportError(f"the INT8 ONNX ({form}) does not meet its convention: " + "; ".join(problems[:3])
                           + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""),
@@ -439,6 +485,19 @@ def write_int8_onnx(raw, path: Path, *, form: "Form", encoding: str = "u8s8", me
         onnx.save(canonical_initializers(model_proto), str(tmp_path))
         onnx.checker.check_model(str(tmp_path))
     return report
+
+
+def _fused_int8(model_proto, encoding: str, report: "PassReport"):
+    """The s8s8 graph rebuilt in onnxruntime's fused ops (``fused_int8.build``), its summary in ``report``'s notes."""
+    from .fused_int8 import build
+
+    fused, summary = build(model_proto, "dynamic" if encoding == "fused_dynamic" else "static")
+    report.notes += summary.notes
+    report.notes.append(f"onnxruntime's fused transformer ops on the trained INT8 parameters: {summary.attention} QAttention "
+                        f"(heads per layer {summary.heads}), {summary.matmuls} MatMulIntegerToFloat, activations quantized "
+                        + ("per call (DynamicQuantizeLinear)" if encoding == "fused_dynamic" else "with the trained scales")
+                        + f"; {summary.smooth_folded} SmoothQuant vector(s) folded into V projections")
+    return fused
 
 
 def onnx_latency(model: torch.nn.Module, example: Inputs, samples: Inputs, batch_sizes: list[int],

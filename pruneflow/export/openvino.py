@@ -190,8 +190,9 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
     def _onnx_artifact(self, label: str, run_dir: Path | None = None) -> Artifact | None:
         """The ONNX the onnx target built in this stage under ``label`` (``onnx.fp32``: the fp32 and fp16 IR
         come from it, fp16 by compressing its weights; ``onnx.int8``: the CPU-form INT8), if any and (given
-        ``run_dir`` to read it) with the batch dimension this target asks for."""
-        found = [a for a in self.upstream if a.label == label and a.status == "built"]
+        ``run_dir`` to read it) with the batch dimension this target asks for; never a file fused for onnxruntime
+        (``fused_ops``: com.microsoft ops OpenVINO does not read)."""
+        found = [a for a in self.upstream if a.label == label and a.status == "built" and not a.metrics.get("fused_ops")]
         if not found or (run_dir is not None and _dynamic_batch(run_dir / found[0].path) != self.config.dynamic_batch):
             return None
         return found[0]

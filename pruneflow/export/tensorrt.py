@@ -131,7 +131,8 @@ class TensorRtTarget(Target[TensorRtConfig]):
 
     def _source(self, state, ctx, tmp: Path, precision: str) -> tuple[Path, Artifact | None]:
         """The ONNX to build from: the onnx target's (same precision and form) or one exported into ``tmp``."""
-        found = [a for a in self.upstream if a.label == UPSTREAM_LABELS[precision] and a.status == "built"]
+        found = [a for a in self.upstream if a.label == UPSTREAM_LABELS[precision] and a.status == "built"
+                 and not a.metrics.get("fused_ops")]  # onnxruntime's fused contrib ops: TensorRT reads standard ONNX
         if found:
             return ctx.run_dir / found[0].path, found[0]
         from .onnx import export_int8_onnx, export_onnx, to_fp16
