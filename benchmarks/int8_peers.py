@@ -1,18 +1,26 @@
 """pruneflow's INT8 artifacts against what each runtime's own tools make of the same FP32 model (issue 25).
 
-Takes a finished run with an FP32 reference export and an INT8 export (recipes/resnet56-cifar10-ptq.yaml) and
-builds the peers from that run's FP32 files and its calibration set (the same 512 samples pruneflow calibrated on):
+Takes a finished run with an FP32 export and an INT8 export (recipes/resnet56-cifar10-ptq.yaml; a MiniLM run) and
+builds the peers from that run's FP32 files and its calibration set (the same samples pruneflow calibrated on):
 
 - onnxruntime ``quantize_static``, QDQ, per-channel weights, after its ``quant_pre_process``: S8S8 (int8
   activations, onnxruntime's advice where the CPU has VNNI) and U8S8 (uint8 activations);
-- NNCF's ``nncf.quantize`` on the OpenVINO FP32 IR (default preset), the path OpenVINO documents.
+- for a transformer (token inputs), onnxruntime's BERT recipe: ``quantize_dynamic`` on the FP32 graph, and its
+  transformer optimizer then ``quantize_dynamic`` (its default fusions; the head counts pinned first with
+  ``pruneflow.export.fusion.pin_head_counts``, without which it fuses nothing in a pruned model);
+- NNCF's ``nncf.quantize`` on the OpenVINO FP32 IR (default preset; ``ModelType.TRANSFORMER`` for a
+  transformer), the path OpenVINO documents.
 
 Every artifact's accuracy is measured on the run's eval split in its runtime, run as it would be deployed
-(pruneflow's INT8 IR with the f32 hint of its record, every other IR at OpenVINO's default), and all of them are
-timed in ONE interleaved loop per batch size (1 thread; a fresh eval batch), with the FP32 files at each runtime's
-default (and OpenVINO's also with f32 forced), so machine load hits all alike. Writes a markdown table and JSON.
+(pruneflow's INT8 IR with the hint of its record, every other IR at OpenVINO's default), and all of them are timed
+in ONE interleaved loop per batch size (1 thread; a fresh batch of real eval rows, text cut to its longest row),
+with the FP32 files at each runtime's default (and OpenVINO's also with f32 forced), so machine load hits all
+alike. Writes a markdown table and JSON.
 
     python benchmarks/int8_peers.py runs/ptq/resnet56-cifar10-ptq --out benchmarks/results/int8_peers_resnet56
+    # a MiniLM run whose onnx target fused its FP32 file for onnxruntime: --fp32-onnx names a standard one;
+    # --also adds a lane (NAME=PATH), e.g. the INT8 file an earlier export wrote
+    python benchmarks/int8_peers.py runs/minilm/minilm-sst2 --fp32-onnx runs/minilm/fp32.onnx --out OUT
 """
 
 from __future__ import annotations
@@ -40,20 +48,26 @@ from pruneflow.runtime import host_info, interleaved_times, open_artifact  # noq
 from pruneflow.tasks import make_task  # noqa: E402
 
 
-def find(run: Path, pattern: str) -> Path:
-    found = sorted(run.glob(pattern))
-    if not found:
-        raise SystemExit(f"{run}: no {pattern} (run recipes/resnet56-cifar10-ptq.yaml first)")
-    return found[0]
+def find(run: Path, *patterns: str) -> Path:
+    """The first of ``patterns`` (globs under the run) that exists."""
+    for pattern in patterns:
+        found = sorted(run.glob(pattern))
+        if found:
+            return found[0]
+    raise SystemExit(f"{run}: none of {', '.join(patterns)} (run recipes/resnet56-cifar10-ptq.yaml first)")
 
 
-def ort_peers(fp32_onnx: Path, calib: CalibrationSet, out: Path) -> dict[str, Path]:
-    """onnxruntime's own static quantization of the FP32 ONNX: QDQ, per-channel, S8S8 and U8S8."""
-    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+def ort_peers(fp32_onnx: Path, calib: CalibrationSet, out: Path, transformer: bool) -> dict[str, Path]:
+    """onnxruntime's own quantization of the FP32 ONNX: static QDQ per-channel S8S8 and U8S8; for a transformer
+    also dynamic, on the graph as it is and after onnxruntime's transformer optimizer."""
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_dynamic, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     pre = out / "fp32.pre.onnx"
-    quant_pre_process(str(fp32_onnx), str(pre))
+    try:
+        quant_pre_process(str(fp32_onnx), str(pre))
+    except Exception:  # noqa: BLE001 - its symbolic shape inference gives up on a BERT's mask arithmetic
+        quant_pre_process(str(fp32_onnx), str(pre), skip_symbolic_shape=True)
     peers = {}
     for name, activations in (("ort quantize_static S8S8", QuantType.QInt8), ("ort quantize_static U8S8", QuantType.QUInt8)):
         path = out / f"{name.split()[-1].lower()}.onnx"
@@ -61,42 +75,79 @@ def ort_peers(fp32_onnx: Path, calib: CalibrationSet, out: Path) -> dict[str, Pa
                         activation_type=activations, weight_type=QuantType.QInt8, per_channel=True,
                         calibrate_method=CalibrationMethod.MinMax)
         peers[name] = path
+    if transformer:
+        dynamic = {"weight_type": QuantType.QInt8, "extra_options": {"DefaultTensorType": 1}}  # 1: float (contrib ops)
+        quantize_dynamic(str(fp32_onnx), str(out / "dynamic.onnx"), **dynamic)
+        peers["ort quantize_dynamic"] = out / "dynamic.onnx"
+        quantize_dynamic(str(ort_optimized(fp32_onnx, out)), str(out / "optimized_dynamic.onnx"), **dynamic)
+        peers["ort optimizer + quantize_dynamic"] = out / "optimized_dynamic.onnx"
     return peers
 
 
-def nncf_peer(fp32_xml: Path, calib: CalibrationSet, out: Path) -> Path:
+def ort_optimized(fp32_onnx: Path, out: Path) -> Path:
+    """onnxruntime's transformer optimizer with its BERT defaults, the head counts pinned first."""
+    import onnx
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    from pruneflow.export.fusion import pin_head_counts
+
+    model = onnx.load(str(fp32_onnx))
+    pin_head_counts(model)
+    onnx.save(model, str(out / "pinned.onnx"))
+    optimize_model(str(out / "pinned.onnx"), model_type="bert", num_heads=0, hidden_size=0).save_model_to_file(str(out / "optimized.onnx"))
+    return out / "optimized.onnx"
+
+
+def nncf_peer(fp32_xml: Path, calib: CalibrationSet, out: Path, transformer: bool) -> Path:
     """NNCF post-training quantization of the OpenVINO FP32 IR, with the same calibration samples."""
     import nncf
     import openvino as ov
 
     from pruneflow.inputs import as_numpy
 
+    model = ov.Core().read_model(str(fp32_xml))
+    names = {i.get_any_name() for i in model.inputs}
     batches = [as_numpy(b) for b in calib.batches(1)]
-    quantized = nncf.quantize(ov.Core().read_model(str(fp32_xml)), nncf.Dataset(batches), subset_size=len(batches))
+    batches = [{k: v for k, v in b.items() if k in names} if isinstance(b, dict) else b for b in batches]
+    options = {"model_type": nncf.ModelType.TRANSFORMER} if transformer else {}
+    quantized = nncf.quantize(model, nncf.Dataset(batches), subset_size=len(batches), **options)
     path = out / "nncf_ptq.xml"
     ov.save_model(quantized, str(path))
     return path
 
 
-def lanes(run: Path, peers: dict[str, Path]) -> dict[str, tuple[Path, dict]]:
+def lanes(run: Path, peers: dict[str, Path], fp32_onnx: Path, fp32_xml: Path, also: dict[str, Path]) -> dict[str, tuple[Path, dict]]:
     """name → (file, open_artifact options): each as deployed, the FP32 files also at OpenVINO's f32."""
-    fp32_onnx, fp32_xml = find(run, "export/reference/onnx/model.fp32.onnx"), find(run, "export/reference/openvino/model.fp32.xml")
+    ours_ir = find(run, "export/openvino/model.int8.xml")
+    pruneflow_fp32 = find(run, "export/onnx/model.fp32.onnx", "export/reference/onnx/model.fp32.onnx")
     return {
         "onnxruntime fp32": (fp32_onnx, {}),
+        **({"onnxruntime pruneflow fp32 (fused)": (pruneflow_fp32, {})} if pruneflow_fp32 != fp32_onnx else {}),
         "onnxruntime pruneflow int8": (find(run, "export/onnx/model.int8.onnx"), {}),
+        **{name: (path, {}) for name, path in also.items()},
         **{f"onnxruntime {k.removeprefix('ort ')}": (v, {}) for k, v in peers.items() if v.suffix == ".onnx"},
         "openvino fp32 (default)": (fp32_xml, {}),
         "openvino fp32 (f32)": (fp32_xml, {"precision_hint": "f32"}),
-        "openvino pruneflow int8 (f32 hint, as deployed)": (find(run, "export/openvino/model.int8.xml"), {"precision_hint": "f32"}),
+        "openvino pruneflow int8 (as deployed)": (ours_ir, {"precision_hint": _record_hint(ours_ir)}),
+        "openvino pruneflow int8 (default)": (ours_ir, {}),
         "openvino nncf ptq (default)": (peers["nncf"], {}),
     }
 
 
+def _record_hint(xml: Path) -> str | None:
+    from pruneflow.deployment import read_ir
+
+    return ((read_ir(xml).get("runtime") or {}).get("openvino") or {}).get("INFERENCE_PRECISION_HINT")
+
+
 def measure(run: Path, chosen: dict[str, tuple[Path, dict]], batches: list[int], runs: int) -> dict[str, dict]:
+    from pruneflow.inputs import take
+    from pruneflow.runtime import fresh_batch
+
     recipe = yaml.safe_load((run / "recipe.resolved.yaml").read_text())
     task = make_task(recipe.get("task"))
     data = load_data(DataSpec.model_validate(recipe["data"]), seed=int(recipe.get("seed", 0)), with_train=False, task=task)
-    runners = {name: open_artifact(path, threads=1, **options) for name, (path, options) in chosen.items()}
+    runners = {name: open_artifact(path, threads=1, **{k: v for k, v in options.items() if v}) for name, (path, options) in chosen.items()}
     out: dict[str, dict] = {}
     for name, runner in runners.items():
         metrics = evaluate_runtime(runner, data.eval, task, 256)
@@ -104,13 +155,13 @@ def measure(run: Path, chosen: dict[str, tuple[Path, dict]], batches: list[int],
                      "computed_in": runner.info.get("inference_precision")}
         print(f"[acc ] {name}: {metrics['accuracy']:.4f}", flush=True)
     rng = np.random.default_rng(0)
-    x = np.asarray(data.eval.x)
     for batch in batches:
-        sample = np.ascontiguousarray(x[rng.choice(len(x), size=batch, replace=False)])
+        sample = fresh_batch(take(data.eval.x, rng.choice(len(data.eval), size=batch, replace=False).tolist()), batch)
         times = interleaved_times(runners, sample, warmup=5, runs=runs)
         for name, values in times.items():
             out[name][f"b{batch}"] = {"p50_ms": statistics.median(values), "p99_ms": float(np.percentile(values, 99))}
-        print(f"[time] batch {batch}: " + ", ".join(f"{n} {statistics.median(v):.2f}" for n, v in times.items()), flush=True)
+        shape = {k: list(v.shape) for k, v in sample.items()} if isinstance(sample, dict) else list(sample.shape)
+        print(f"[time] batch {batch} {shape}: " + ", ".join(f"{n} {statistics.median(v):.2f}" for n, v in times.items()), flush=True)
     return out
 
 
@@ -136,14 +187,21 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True, help="writes OUT.md and OUT.json")
     parser.add_argument("--batch", default="1,32")
     parser.add_argument("--runs", type=int, default=100)
+    parser.add_argument("--fp32-onnx", type=Path, help="the standard FP32 ONNX the onnxruntime peers start from "
+                        "(default: the run's reference or onnx export)")
+    parser.add_argument("--also", action="append", default=[], metavar="NAME=PATH", help="one more onnxruntime lane")
     args = parser.parse_args()
     batches = [int(b) for b in args.batch.split(",")]
     calib = CalibrationSet.load(args.run / "calibration")
+    transformer = isinstance(calib.x, dict)
+    fp32_onnx = args.fp32_onnx or find(args.run, "export/reference/onnx/model.fp32.onnx", "export/onnx/model.fp32.onnx")
+    fp32_xml = find(args.run, "export/reference/openvino/model.fp32.xml", "export/openvino/model.fp32.xml")
+    also = {name: Path(path) for name, path in (item.split("=", 1) for item in args.also)}
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        peers = ort_peers(find(args.run, "export/reference/onnx/model.fp32.onnx"), calib, Path(tmp))
-        peers["nncf"] = nncf_peer(find(args.run, "export/reference/openvino/model.fp32.xml"), calib, Path(tmp))
-        figures = measure(args.run, lanes(args.run, peers), batches, args.runs)
+        peers = ort_peers(fp32_onnx, calib, Path(tmp), transformer)
+        peers["nncf"] = nncf_peer(fp32_xml, calib, Path(tmp), transformer)
+        figures = measure(args.run, lanes(args.run, peers, fp32_onnx, fp32_xml, also), batches, args.runs)
     results = {"run": str(args.run), "date": time.strftime("%Y-%m-%d"), "runs": args.runs, "host": host_info(),
                "seconds": round(time.perf_counter() - start, 1), "artifacts": figures}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -71,6 +71,10 @@ class Candidate:
     passed: bool = False
     p50_ms: dict[int, float] = field(default_factory=dict)
     score: float = float("nan")
+    #: another candidate's form whose agreement with the reference (the task's figure: top-1 for classification)
+    #: this one must equal or beat to be kept (the same IR at another precision hint)
+    at_least_as: str | None = None
+    agreement: float = float("nan")
 
 
 @dataclass
@@ -96,8 +100,14 @@ def choose(candidates: list[Candidate], state, ref: np.ndarray, min_cosine: floa
     x = parity_samples(state)
     for c in candidates:
         got = np.asarray(c.run(x), dtype=np.float32)
-        c.cosine = float(state.task.agree(ref, got)["cosine"]) if np.isfinite(got).all() else float("nan")
+        figures = state.task.agree(ref, got) if np.isfinite(got).all() else {}
+        c.cosine = float(figures.get("cosine", float("nan")))
+        c.agreement = float(figures.get(state.task.agreement.name, c.cosine))
         c.passed = bool(c.cosine >= min_cosine)
+    by_form = {c.form: c for c in candidates}
+    for c in candidates:
+        if c.at_least_as is not None and c.at_least_as in by_form:
+            c.passed = c.passed and c.agreement >= by_form[c.at_least_as].agreement
     kept = [c for c in candidates if c.passed]
     if not kept:
         raise ExportError("no INT8 form holds parity with the quantized torch model on this host: "
@@ -149,9 +159,10 @@ def decide(candidates: list[Candidate], state, latency: Any, *, static: bool = F
 
 def record_choice(artifact, choice: Choice, target, runtime: str) -> None:
     """The choice on the artifact (``int8_form``, a note) and its table on the target (the report's "int8 forms")."""
-    artifact.metrics["int8_form"] = choice.form
+    form = choice.form.partition("@")[0]  # FORM@default: the openvino target's IR at OpenVINO's default precision
+    artifact.metrics["int8_form"] = form
     artifact.notes.append(choice.note(runtime) if choice.rows else f"INT8 form {choice.form}: {choice.why}")
-    if needs_vnni(choice.form):
-        artifact.notes.append(f"the {choice.form} form needs an x86 CPU with VNNI or AMX (or a non-x86 one): without them "
+    if needs_vnni(form):
+        artifact.notes.append(f"the {form} form needs an x86 CPU with VNNI or AMX (or a non-x86 one): without them "
                               "its int8 kernels can saturate; pin `form: u8s8` to build for such a host")
     target.tables.setdefault("int8 forms", []).extend({"artifact": artifact.label, "runtime": runtime, **row} for row in choice.rows)

@@ -15,7 +15,8 @@ from typing import Literal
 from pydantic import Field
 
 from ..artifacts import Artifact
-from ..deployment import deployment_record, int8_cpu_runtime, openvino_bf16_runtime, openvino_int8_runtime, stamp_ir
+from ..deployment import (deployment_record, int8_cpu_runtime, openvino_bf16_runtime, openvino_int8_default_runtime,
+                          openvino_int8_runtime, stamp_ir)
 from ..deps import require
 from ..errors import ExportError
 from ..inputs import to
@@ -43,6 +44,10 @@ def canonical_names(model) -> None:
         op.set_friendly_name(name)
 
 
+#: The name of a candidate INT8 IR timed at OpenVINO's default precision rather than f32 (``FORM@default``).
+DEFAULT_HINT = "@default"
+
+
 class OpenVinoConfig(TargetConfig):
     type: Literal["openvino"] = Field(default="openvino", description="OpenVINO IR (model.xml + model.bin) run by the OpenVINO CPU plugin.")
     dynamic_batch: bool = Field(default=True, description="Leave the batch dimension dynamic.")
@@ -54,6 +59,15 @@ class OpenVinoConfig(TargetConfig):
         "the stage's `latency` batch sizes) and keep the first, in the order above, within 3 % of the fastest. A form the "
         "onnx target built is converted from its file; any other is written here first. Being measured, the choice can "
         "differ between hosts and runs: pin a form for byte-identical rebuilds.",
+    )
+    int8_hint: Literal["auto", "f32", "default"] = Field(
+        default="auto",
+        description="How the INT8 IR's float parts (LayerNorm, softmax, GELU, residual adds) are to be computed, written "
+        "into its deployment record. `f32`: as they were trained (the record pins INFERENCE_PRECISION_HINT f32). "
+        "`default`: OpenVINO's default (bf16 on CPUs with AVX-512 BF16 or AMX; the record pins nothing). `auto`: on a "
+        "CPU whose default is bf16, each form is also timed at the default and kept there only when it is at least 3 % "
+        "faster than every form at f32 and agrees with the quantized torch model as well as at f32 (the task's "
+        "agreement figure on the parity samples); elsewhere f32.",
     )
 
 
@@ -117,8 +131,7 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
 
     def _int8(self, state, ctx, xml: Path, record: dict) -> Artifact:
         """The INT8 IR, converted from the form the recipe names or (``auto``) the one OpenVINO runs fastest here."""
-        from ..runtime import open_artifact
-        from .forms import Candidate, decide, exact_encodings, needs_vnni, record_choice
+        from .forms import decide, exact_encodings, needs_vnni, record_choice
 
         exact, why = exact_encodings()
         forms: list[str] = [self.config.form] if self.config.form != "auto" else exact + (["tensorrt"] if len(exact) > 1 else [])
@@ -126,30 +139,49 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
         with tempfile.TemporaryDirectory(dir=xml.parent) as tmp:
             sources = self._int8_sources(forms, state, ctx, Path(tmp))
             models = {form: self._convert(path, upstream is not None) for form, (path, upstream) in sources.items()}
-            if len(models) == 1:
-                form = next(iter(models))
+            candidates = self._candidates(models, Path(tmp))
+            if len(candidates) == 1:
                 choice = decide([], state, self.latency, why=why if self.config.form == "auto" else "set in the recipe",
-                                only=form)
+                                only=next(iter(models)))
             else:
-                ctx.reporter.info(f"openvino int8: timing the IR of each form ({', '.join(models)}) to keep the fastest")
-                ov = require("openvino", "pip install openvino", "the openvino target")
-                candidates = []
-                for form, model in models.items():
-                    ov.save_model(model, str(Path(tmp) / f"{form}.xml"))
-                    run = open_artifact(Path(tmp) / f"{form}.xml", runtime="openvino", precision_hint="f32",
-                                        threads=self.latency.threads if self.latency else 1)
-                    candidates.append(Candidate(form, Path(tmp) / f"{form}.xml", run))
+                ctx.reporter.info(f"openvino int8: timing {', '.join(c.form for c in candidates)} to keep the fastest")
                 choice = decide(candidates, state, self.latency, static=not self.config.dynamic_batch)
-            cpu_need = int8_cpu_runtime(choice.form) if needs_vnni(choice.form) else None
+            form, at_default = choice.form.removesuffix(DEFAULT_HINT), choice.form.endswith(DEFAULT_HINT)
+            if at_default or self.config.int8_hint == "default":
+                record["runtime"] = openvino_int8_default_runtime()
+            cpu_need = int8_cpu_runtime(form) if needs_vnni(form) else None
             if cpu_need is not None:
                 record["runtime"]["cpu"] = cpu_need["cpu"]
-            self._save(models[choice.form], xml, record, "int8")
-            path, upstream = sources[choice.form]
+            self._save(models[form], xml, record, "int8")
+            path, upstream = sources[form]
         artifact = self._artifact(ctx, xml, record, "int8", upstream)
         if upstream is None:
-            artifact.notes.append(f"converted from the {choice.form} INT8 ONNX, written for it from the quantized model")
-        record_choice(artifact, choice, self, "openvino (f32 hint)")
+            artifact.notes.append(f"converted from the {form} INT8 ONNX, written for it from the quantized model")
+        record_choice(artifact, choice, self, "openvino (f32 hint; @default: OpenVINO's default)")
+        artifact.metrics["int8_hint"] = "default" if at_default or self.config.int8_hint == "default" else "f32"
         return artifact
+
+    def _candidates(self, models: dict, tmp: Path) -> list:
+        """Each form's IR opened at the f32 hint and, under ``int8_hint: auto`` on a CPU whose OpenVINO default is bf16,
+        also at that default (``FORM@default``, after every f32 one: kept only when clearly faster, ``forms._pick``,
+        and agreeing with the quantized model as well as the same IR at f32)."""
+        from ..runtime import host_info, open_artifact
+        from .forms import Candidate
+
+        ov = require("openvino", "pip install openvino", "the openvino target")
+        threads = self.latency.threads if self.latency else 1
+        isa = set(host_info()["cpu"].get("isa") or ())
+        hints = {"f32": ["f32"], "default": [None]}.get(self.config.int8_hint) or (
+            ["f32", None] if isa & set(openvino_bf16_runtime()["fast_with_any_of"]) else ["f32"])
+        candidates = []
+        for hint in hints:
+            for form, model in models.items():
+                if hint == hints[0]:
+                    ov.save_model(model, str(tmp / f"{form}.xml"))
+                run = open_artifact(tmp / f"{form}.xml", runtime="openvino", precision_hint=hint, threads=threads)
+                name = form if hint == "f32" or len(hints) == 1 else form + DEFAULT_HINT
+                candidates.append(Candidate(name, tmp / f"{form}.xml", run, at_least_as=form if name != form else None))
+        return candidates
 
     def _int8_sources(self, forms: list[str], state, ctx, tmp: Path) -> dict[str, tuple[Path, Artifact | None]]:
         """``{form: (INT8 ONNX, the onnx target's artifact or None)}``: the onnx target's file of that form when it
