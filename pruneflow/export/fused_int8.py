@@ -83,9 +83,8 @@ def _weight(graph: _Graph, name: str) -> tuple[np.ndarray, np.ndarray] | None:
     zero = graph.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
     if q is None or scale is None or q.dtype != np.int8 or q.ndim != 2 or (zero is not None and np.any(zero != 0)):
         return None
-    axis = _attr(node, "axis", 1) % 2
-    out_axis = 1 - axis if transposed else axis
-    if scale.size not in (1, q.shape[axis] if scale.size > 1 else 1) or (scale.size > 1 and out_axis != 1):
+    axis = _attr(node, "axis", 1) % 2  # per-channel scales must lie on the MatMul's output axis (1 of [in, out])
+    if scale.size > 1 and (scale.size != q.shape[axis] or (1 - axis if transposed else axis) != 1):
         return None
     q = q.T if transposed else q
     return q, np.broadcast_to(scale.reshape(-1).astype(np.float32), (q.shape[1],)).copy()
@@ -112,11 +111,12 @@ def _activation(graph: _Graph, name: str) -> tuple[str, float, int, np.ndarray |
     return source, float(scale.reshape(-1)[0]), u8_zero, smooth
 
 
-def scaffold(model) -> dict[str, _Trained]:
+def scaffold(model) -> dict[str, _Trained | None]:
     """Turn the s8s8 QDQ graph into its float scaffold in place (see the module docstring); return what each
-    weighted MatMul was trained with, keyed by its float weights' bytes."""
+    weighted MatMul was trained with, keyed by its float weights' bytes (None for weights two MatMuls share with
+    different input quantizers: ambiguous, left in float)."""
     graph = _Graph(model)
-    trained: dict[str, _Trained] = {}
+    trained: dict[str, _Trained | None] = {}
     for node in [n for n in graph.g.node if n.op_type == "MatMul"]:
         weight, act = _weight(graph, node.input[1]), _activation(graph, node.input[0])
         if weight is None or act is None:
@@ -124,7 +124,9 @@ def scaffold(model) -> dict[str, _Trained]:
         q, scale = weight
         w = (q.astype(np.float32) * scale[None, :]).astype(np.float32)
         source, a_scale, a_zero, smooth = act
-        trained[_key(w)] = _Trained(q, scale, a_scale, a_zero, smooth)
+        found, key = _Trained(q, scale, a_scale, a_zero, smooth), _key(w)
+        earlier = trained.get(key)
+        trained[key] = found if key not in trained or (earlier is not None and _same_trained(earlier, found)) else None
         node.input[1] = graph.add_init(node.name + "_w", w)
         node.input[0] = source
     graph.refresh()
@@ -179,14 +181,16 @@ class _Quantizers:
     """One input quantizer per (tensor, scale, zero point, SmoothQuant vector), shared by the ops that read it."""
 
     def __init__(self, graph: _Graph, mode: Mode):
-        self.graph, self.mode, self.made = graph, mode, {}
+        self.graph, self.mode = graph, mode
+        self.made: dict[tuple, tuple[str, str, str]] = {}
         self.nodes: list = []
 
     def __call__(self, x: str, scale: float, zero: int, smooth: np.ndarray | None) -> tuple[str, str, str]:
         """(quantized tensor, its scale, its zero point)."""
         from onnx import helper
 
-        key = (x, scale, zero, None if smooth is None else _key(smooth)) if self.mode == "static" else (x, _key(smooth) if smooth is not None else None)
+        vec = None if smooth is None else _key(smooth)
+        key = (x, scale, zero, vec) if self.mode == "static" else (x, vec)  # dynamic: the scale is measured per call
         if key in self.made:
             return self.made[key]
         g, base = self.graph, f"{x}_q{len(self.made)}"
@@ -195,17 +199,17 @@ class _Quantizers:
             self.nodes.append(helper.make_node("Mul", [x, c], [base + "_smoothed"], name=base + "_smooth"))
             x = base + "_smoothed"
         if self.mode == "dynamic":
-            outs = [base, base + "_scale", base + "_zero"]
-            self.nodes.append(helper.make_node("DynamicQuantizeLinear", [x], outs, name=base))
+            outs = (base, base + "_scale", base + "_zero")
+            self.nodes.append(helper.make_node("DynamicQuantizeLinear", [x], list(outs), name=base))
         else:
             s, z = g.add_init(base + "_scale", np.array(scale, np.float32)), g.add_init(base + "_zero", np.array(zero, np.uint8))
             self.nodes.append(helper.make_node("QuantizeLinear", [x, s, z], [base], name=base))
-            outs = [base, s, z]
-        self.made[key] = tuple(outs)
-        return self.made[key]
+            outs = (base, s, z)
+        self.made[key] = outs
+        return outs
 
 
-def _quantize(graph: _Graph, trained: dict[str, _Trained], mode: Mode, report: FusedReport) -> None:
+def _quantize(graph: _Graph, trained: dict[str, _Trained | None], mode: Mode, report: FusedReport) -> None:
     """Replace each fused Attention by QAttention and each MatMul with trained weights by MatMulIntegerToFloat."""
     quantize = _Quantizers(graph, mode)
     smooth_on = _attention_output_smoothing(graph, trained)
@@ -214,8 +218,8 @@ def _quantize(graph: _Graph, trained: dict[str, _Trained], mode: Mode, report: F
         if node.op_type == "Attention" and node.domain == MS:
             new.append(_qattention(graph, node, trained, quantize, smooth_on.get(node.output[0]), report))
             dead.append(node)
-        elif node.op_type == "MatMul" and graph.const(node.input[1]) is not None:
-            t = trained.get(_key(graph.const(node.input[1])))
+        elif node.op_type == "MatMul" and (w := graph.const(node.input[1])) is not None:
+            t = trained.get(_key(w))
             if t is None:
                 report.float_matmuls += 1
                 continue
@@ -231,31 +235,32 @@ def _quantize(graph: _Graph, trained: dict[str, _Trained], mode: Mode, report: F
         report.notes.append(f"{report.float_matmuls} MatMul(s) with float weights left in float (NNCF did not quantize them)")
 
 
-def _attention_output_smoothing(graph: _Graph, trained: dict[str, _Trained]) -> dict[str, np.ndarray]:
+def _attention_output_smoothing(graph: _Graph, trained: dict[str, _Trained | None]) -> dict[str, np.ndarray]:
     """{Attention output: SmoothQuant vector} where every reader of the output is a trained MatMul with the same
     vector on its input: folded into the V projection (``_qattention``)."""
-    out = {}
+    out: dict[str, np.ndarray] = {}
     for node in graph.g.node:
         if node.op_type != "Attention" or node.domain != MS:
             continue
-        readers = graph.consumers.get(node.output[0], [])
-        vecs = []
-        for r in readers:
+        vecs: list[np.ndarray | None] = []
+        for r in graph.consumers.get(node.output[0], []):
             w = graph.const(r.input[1]) if r.op_type == "MatMul" and r.input[0] == node.output[0] else None
             t = trained.get(_key(w)) if w is not None else None
             vecs.append(t.smooth if t is not None else None)
-        if vecs and all(v is not None and np.array_equal(v, vecs[0]) for v in vecs):
-            out[node.output[0]] = vecs[0]
+        first = vecs[0] if vecs else None
+        if first is not None and all(_same(v, first) for v in vecs):
+            out[node.output[0]] = first
     return out
 
 
-def _qattention(graph: _Graph, node, trained: dict[str, _Trained], quantize: _Quantizers, v_smooth: np.ndarray | None,
+def _qattention(graph: _Graph, node, trained: dict[str, _Trained | None], quantize: _Quantizers, v_smooth: np.ndarray | None,
                 report: FusedReport):
     from onnx import helper
 
     w, bias = graph.const(node.input[1]), graph.const(node.input[2])
-    blocks = [trained.get(_key(b)) for b in np.split(w, 3, axis=1)]
-    if any(b is None for b in blocks) or bias is None:
+    found = [trained.get(_key(b)) for b in np.split(w, 3, axis=1)] if w is not None else []
+    blocks = [b for b in found if b is not None]
+    if len(blocks) != 3 or bias is None:
         raise ExportError(f"fused attention {node.name}: its Q, K and V weights have no trained INT8 counterpart")
     if len({b.a_zero for b in blocks}) != 1 or not all(_same(b.smooth, blocks[0].smooth) for b in blocks):
         raise ExportError(f"fused attention {node.name}: Q, K and V were trained with different input zero points or "
@@ -295,6 +300,10 @@ def _matmul(graph: _Graph, node, t: _Trained, quantize: _Quantizers) -> tuple[An
         output = add.output[0]
         replaced.append(add)
     return helper.make_node("MatMulIntegerToFloat", inputs, [output], name=name, domain=MS), replaced
+
+
+def _same_trained(a: _Trained, b: _Trained) -> bool:
+    return (a.a_scale, a.a_zero) == (b.a_scale, b.a_zero) and np.array_equal(a.q, b.q) and _same(a.smooth, b.smooth)
 
 
 def _same(a: np.ndarray | None, b: np.ndarray | None) -> bool:

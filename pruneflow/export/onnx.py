@@ -46,8 +46,9 @@ class OnnxConfig(TargetConfig):
     fuse: Literal["auto", "off"] = Field(
         default="auto",
         description="`auto`: a BERT-like encoder is written in onnxruntime's fused ops (its transformer optimizer, each "
-        "layer's own head count pinned first, so pruned layers fuse right): fp32 with Attention, SkipLayerNormalization "
-        "and BiasGelu, kept only when it computes what the unfused graph does on real samples; int8 adds `fused` "
+        "layer's own head count pinned first, so pruned layers fuse right): fp32 with Attention and BiasGelu (residual "
+        "Add + LayerNormalization kept: faster in onnxruntime than its SkipLayerNormalization), kept only when it "
+        "computes what the unfused graph does on real samples; int8 adds `fused` "
         "(QAttention and integer MatMuls on the trained scales) and `fused_dynamic` (activation scales measured per call) "
         "to the candidates of `form: auto`. Such files hold com.microsoft ops: onnxruntime runs them, other runtimes "
         "do not (the openvino and tensorrt targets then export their own standard ONNX). `off`: standard ONNX ops only.",

@@ -174,8 +174,8 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
         ov = require("openvino", "pip install openvino", "the openvino target")
         threads = self.latency.threads if self.latency else 1
         isa = set(host_info()["cpu"].get("isa") or ())
-        hints = {"f32": ["f32"], "default": [None]}.get(self.config.int8_hint) or (
-            [None, "f32"] if isa & set(openvino_bf16_runtime()["fast_with_any_of"]) else ["f32"])
+        pinned: dict[str, list[str | None]] = {"f32": ["f32"], "default": [None]}
+        hints = pinned.get(self.config.int8_hint) or ([None, "f32"] if isa & set(openvino_bf16_runtime()["fast_with_any_of"]) else ["f32"])
         candidates = []
         for hint in hints:
             for form, model in models.items():
