@@ -181,7 +181,24 @@ def markdown(results: dict, batches: list[int]) -> str:
         base = figures["onnxruntime fp32" if name.startswith("onnxruntime") else "openvino fp32 (default)"]
         cells = [f"{row[f'b{b}']['p50_ms']:.2f} | {base[f'b{b}']['p50_ms'] / row[f'b{b}']['p50_ms']:.2f}x" for b in batches]
         lines.append(f"| {name} | {row['computed_in'] or '-'} | {row['accuracy']:.4f} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + forms_tables(Path(results["run"]))) + "\n"
+
+
+def forms_tables(run: Path) -> list[str]:
+    """The run's own "int8 forms" tables (each target's candidates as its export timed them), when it has them."""
+    metrics = run / "metrics.json"
+    rows = [r for t in json.loads(metrics.read_text()).get("tables", {}).values() for r in t.get("int8 forms", [])] if metrics.is_file() else []
+    if not rows:
+        return []
+    times = sorted({k for r in rows for k in r if k.startswith("p50_ms_")})
+    out = ["", "The forms the run's export timed (its own loop, earlier; `relative`: geometric mean over batch sizes of "
+           "the time over the best):", "", "| artifact | form | cosine | " + " | ".join(times) + " | relative | chosen |",
+           "|---|---|---|" + "---|" * len(times) + "---|---|"]
+    for r in rows:
+        cells = " | ".join(f"{r[k]:.2f}" if k in r else "-" for k in times)
+        rel = f"{r['relative']:.3f}" if r.get("relative") is not None else "not kept (parity or agreement)" if not r["passed"] else "-"
+        out.append(f"| {r['artifact']} | {r['form']} | {r['cosine']:.6f} | {cells} | {rel} | {'yes' if r['chosen'] else ''} |")
+    return out
 
 
 def main() -> int:

@@ -85,3 +85,28 @@ def test_bench_does_not_time_an_artifact_this_cpu_would_compute_wrongly(tmp_path
     assert variant.shortfall and "u8s8_vnni" in variant.shortfall
     lanes = measure.open_lanes([variant], measure.BenchSettings(threads=1))
     assert lanes and all(la.executor is None and la.error.startswith("not timed: ") for la in lanes)
+
+
+def test_an_ir_at_openvinos_default_counts_only_when_it_agrees_as_well_as_at_f32():
+    """openvino `int8_hint: auto`: FORM@default is kept only when its agreement with the quantized model (top-1 here)
+    is not below the same IR's at f32, even when its cosine passes."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    import torch
+
+    from pruneflow.export.forms import choose
+    from pruneflow.tasks import make_task
+
+    ref = np.tile(np.array([[2.0, 1.0]], np.float32), (64, 1))
+    flipped = ref.copy()
+    flipped[0] = [1.0, 2.0]  # one near-tie moved: cosine still 0.997, top-1 agreement 63/64
+    state = SimpleNamespace(task=make_task(None), data=SimpleNamespace(eval=SimpleNamespace(x=torch.randn(64, 4))))
+    outputs = {"u8s8@default": flipped, "tensorrt@default": ref, "u8s8": ref, "tensorrt": ref}
+    candidates = [Candidate(form, None, (lambda out: lambda x: out[: len(x)])(out), at_least_as=form.partition("@")[0]
+                            if "@" in form else None) for form, out in outputs.items()]
+    choice = choose(candidates, state, ref, min_cosine=0.99, batches=[1], runs=3)
+    rows = {r["form"]: r for r in choice.rows}
+    assert rows["u8s8@default"]["cosine"] > 0.99 and not rows["u8s8@default"]["passed"]
+    assert rows["tensorrt@default"]["passed"] and rows["u8s8"]["passed"]
+    assert choice.form != "u8s8@default"
