@@ -157,6 +157,9 @@ def measure(run: Path, chosen: dict[str, tuple[Path, dict]], batches: list[int],
         out[name] = {"file": str(chosen[name][0]), "accuracy": metrics["accuracy"],
                      "computed_in": runner.info.get("inference_precision")}
         print(f"[acc ] {name}: {metrics['accuracy']:.4f}", flush=True)
+    for name, (path, options) in chosen.items():
+        if path.suffix == ".xml":
+            out[name]["runtime_graph"] = openvino_runtime_ops(path, options.get("precision_hint"))
     rng = np.random.default_rng(0)
     for batch in batches:
         sample = fresh_batch(take(data.eval.x, rng.choice(len(data.eval), size=batch, replace=False).tolist()), batch)
@@ -166,6 +169,19 @@ def measure(run: Path, chosen: dict[str, tuple[Path, dict]], batches: list[int],
         shape = {k: list(v.shape) for k, v in sample.items()} if isinstance(sample, dict) else list(sample.shape)
         print(f"[time] batch {batch} {shape}: " + ", ".join(f"{n} {statistics.median(v):.2f}" for n, v in times.items()), flush=True)
     return out
+
+
+def openvino_runtime_ops(xml: Path, hint: str | None) -> dict[str, int]:
+    """What OpenVINO's CPU plugin runs for an IR (its compiled runtime graph): FakeQuantize left standalone,
+    Reorder (layout or precision conversions), and FullyConnected/MatMul/Convolution run in int8."""
+    import openvino as ov
+
+    config = {"INFERENCE_NUM_THREADS": 1, **({"INFERENCE_PRECISION_HINT": hint} if hint else {})}
+    ops = ov.Core().compile_model(str(xml), "CPU", config).get_runtime_model().get_ops()
+    kinds = [(op.get_rt_info()["layerType"].astype(str), op.get_rt_info()["runtimePrecision"].astype(str)) for op in ops]
+    weighted = ("FullyConnected", "MatMul", "Convolution")
+    return {"FakeQuantize": sum(k == "FakeQuantize" for k, _ in kinds), "Reorder": sum(k == "Reorder" for k, _ in kinds),
+            "weighted": sum(k in weighted for k, _ in kinds), "weighted_int8": sum(k in weighted and p in ("i8", "u8") for k, p in kinds)}
 
 
 def markdown(results: dict, batches: list[int]) -> str:
@@ -181,6 +197,11 @@ def markdown(results: dict, batches: list[int]) -> str:
         base = figures["onnxruntime fp32" if name.startswith("onnxruntime") else "openvino fp32 (default)"]
         cells = [f"{row[f'b{b}']['p50_ms']:.2f} | {base[f'b{b}']['p50_ms'] / row[f'b{b}']['p50_ms']:.2f}x" for b in batches]
         lines.append(f"| {name} | {row['computed_in'] or '-'} | {row['accuracy']:.4f} | " + " | ".join(cells) + " |")
+    graphs = {name: row["runtime_graph"] for name, row in figures.items() if "runtime_graph" in row}
+    if graphs:
+        lines += ["", "What OpenVINO's CPU plugin runs for each IR (its compiled runtime graph, as timed above):", "",
+                  "| IR | standalone FakeQuantize | Reorder | FullyConnected/MatMul/Conv | of them in int8 |", "|---|---|---|---|---|"]
+        lines += [f"| {n} | {g['FakeQuantize']} | {g['Reorder']} | {g['weighted']} | {g['weighted_int8']} |" for n, g in graphs.items()]
     return "\n".join(lines + forms_tables(Path(results["run"]))) + "\n"
 
 
