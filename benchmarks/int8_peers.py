@@ -44,6 +44,7 @@ from calibrate.calibset import CalibrationSet  # noqa: E402
 from calibrate.consumers import ort_reader  # noqa: E402
 from pruneflow.data import load_data  # noqa: E402
 from pruneflow.evaluate import evaluate_runtime  # noqa: E402
+from pruneflow.export.fusion import is_portable  # noqa: E402
 from pruneflow.recipe.models import DataSpec  # noqa: E402
 from pruneflow.runtime import host_info, interleaved_times, open_artifact  # noqa: E402
 from pruneflow.tasks import make_task  # noqa: E402
@@ -236,6 +237,9 @@ def main() -> int:
     calib = CalibrationSet.load(args.run / "calibration")
     transformer = isinstance(calib.x, dict)
     fp32_onnx = args.fp32_onnx or find(args.run, "export/reference/onnx/model.fp32.onnx", "export/onnx/model.fp32.onnx")
+    if not is_portable(fp32_onnx):
+        raise SystemExit(f"{fp32_onnx} is fused for onnxruntime (com.microsoft ops): the peers need a standard FP32 ONNX, "
+                         "name one with --fp32-onnx (an export with the onnx target's `fuse: off`)")
     fp32_xml = find(args.run, "export/reference/openvino/model.fp32.xml", "export/openvino/model.fp32.xml")
     also = {name: Path(path) for name, path in (item.split("=", 1) for item in args.also)}
     start = time.perf_counter()

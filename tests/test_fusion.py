@@ -91,6 +91,25 @@ def test_pinned_head_counts_fuse_every_pruned_layer_and_compute_the_same(pruned_
                                atol=1e-5)
 
 
+def test_three_layers_with_their_own_head_counts_and_a_static_batch(tmp_path):
+    """Each layer's count read from its own projections (not every third reshape), and a graph exported for batch 1
+    checked a row at a time."""
+    from pruneflow.zoo.hf import bert_classifier
+
+    model = bert_classifier(vocab_size=1000, hidden_size=64, num_layers=3, num_heads=4, intermediate_size=128,
+                            max_positions=64, seed=0).eval()
+    for site, remove in zip(attention_sites(model), ([0], [1, 2, 3], [0, 3])):
+        prune_heads(site, remove)
+    x = _tokens(16)
+    export_onnx(model, x, tmp_path / "static.onnx", dynamic_batch=False)
+    assert pin_head_counts(onnx.load(str(tmp_path / "static.onnx"))) == [3, 1, 2]
+    fusion = fuse_for_onnxruntime(tmp_path / "static.onnx", tmp_path / "fused.onnx", {k: v.numpy() for k, v in x.items()})
+    assert fusion.kept and fusion.heads == [3, 1, 2] and fusion.ops["Attention"] == 3, fusion.note()
+    with torch.no_grad():
+        expected = model(**{k: v[:1] for k, v in x.items()}).numpy()
+    np.testing.assert_allclose(_run(tmp_path / "fused.onnx", {k: v[:1].numpy() for k, v in x.items()}), expected, atol=1e-4)
+
+
 def test_a_graph_without_attention_is_left_alone(tmp_path):
     net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)).eval()
     export_onnx(net, torch.randn(4, 8), tmp_path / "mlp.onnx")

@@ -110,3 +110,22 @@ def test_an_ir_at_openvinos_default_counts_only_when_it_agrees_as_well_as_at_f32
     assert rows["u8s8@default"]["cosine"] > 0.99 and not rows["u8s8@default"]["passed"]
     assert rows["tensorrt@default"]["passed"] and rows["u8s8"]["passed"]
     assert choice.form != "u8s8@default"
+
+
+def test_the_agreement_rule_follows_the_figures_direction():
+    """A binary classifier's agreement figure is a mean |difference of probabilities|: lower is better."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    import torch
+
+    from pruneflow.export.forms import choose
+    from pruneflow.tasks import make_task
+
+    ref = np.linspace(-2, 2, 64, dtype=np.float32).reshape(64, 1)
+    outputs = {"u8s8@default": ref + 0.2, "u8s8": ref + 0.05, "s8s8@default": ref + 0.01, "s8s8": ref + 0.05}
+    state = SimpleNamespace(task=make_task("binary"), data=SimpleNamespace(eval=SimpleNamespace(x=torch.randn(64, 4))))
+    candidates = [Candidate(form, None, (lambda out: lambda x: out[: len(x)])(out), at_least_as=form.partition("@")[0]
+                            if "@" in form else None) for form, out in outputs.items()]
+    rows = {r["form"]: r for r in choose(candidates, state, ref, min_cosine=0.9, batches=[1], runs=3).rows}
+    assert not rows["u8s8@default"]["passed"] and rows["s8s8@default"]["passed"]

@@ -104,10 +104,10 @@ def choose(candidates: list[Candidate], state, ref: np.ndarray, min_cosine: floa
         c.cosine = float(figures.get("cosine", float("nan")))
         c.agreement = float(figures.get(state.task.agreement.name, c.cosine))
         c.passed = bool(c.cosine >= min_cosine)
-    by_form = {c.form: c for c in candidates}
-    for c in candidates:
+    by_form, figure = {c.form: c for c in candidates}, state.task.agreement
+    for c in candidates:  # in the figure's own direction (top-1: higher; a probability or relative error: lower)
         if c.at_least_as is not None and c.at_least_as in by_form:
-            c.passed = c.passed and c.agreement >= by_form[c.at_least_as].agreement
+            c.passed = c.passed and figure.at_least_as_good(c.agreement, by_form[c.at_least_as].agreement)
     kept = [c for c in candidates if c.passed]
     if not kept:
         raise ExportError("no INT8 form holds parity with the quantized torch model on this host: "
@@ -134,7 +134,8 @@ def _pick(candidates: list[Candidate], batches: list[int]) -> Choice:
     elif chosen is fastest:
         why = "the fastest"
     else:
-        why = f"within {PORTABLE_MARGIN:.0%} of the fastest ({fastest.form}), and it comes first (runs on more CPUs)"
+        why = (f"within {PORTABLE_MARGIN:.0%} of the fastest ({fastest.form}), and it comes first in the order of "
+               "preference (a form more CPUs run exactly, an IR that needs no precision hint)")
     rows = [{"form": c.form, "passed": c.passed, "cosine": round(c.cosine, 6),
              **{f"p50_ms_b{bs}": round(c.p50_ms[bs], 4) for bs in batches if bs in c.p50_ms},
              "relative": round(c.score, 4) if c.passed else None, "chosen": c is chosen} for c in candidates]

@@ -16,13 +16,18 @@ on every attention input. This module builds the fused graph with the trained pa
    their inputs are quantized with the trained scale (``static``: one ``QuantizeLinear``, the SmoothQuant ``Mul``
    before it) or measured per call (``dynamic``: ``DynamicQuantizeLinear``, as ``quantize_dynamic`` does).
    A SmoothQuant vector on an attention output is folded into the V projection's scales and bias (exact: the
-   attention output is linear in V channel by channel).
+   attention output is linear in V channel by channel); the bias of a MatMul goes into its MatMulIntegerToFloat.
+   The others (after a LayerNorm whose output also feeds the residual stream, after a GELU) stay a ``Mul``:
+   folded into a per-channel ``QuantizeLinear`` instead, onnxruntime 1.32 ran the model 5x slower.
 
 The scores and softmax run in float inside ``QAttention`` (NNCF had quantized the Q and K inputs of the score
-MatMul): the one place the graph computes more precisely than the trained model. The caller compares the
-result with the quantized torch model (``forms.choose``) and times it against the QDQ forms; none of this is
-in onnxruntime, NNCF or torch, so it is written here. Activations are uint8 with zero point 128 (the int8 grid,
-shifted): exact where the CPU has VNNI, AMX or no int16 pair sums, like the ``u8s8_vnni`` form.
+MatMul), as do the pooler and classifier Gemms (their activation Q/DQ bypassed with the rest): where the graph
+computes more precisely than the trained model. The caller compares the result with the quantized torch model
+(``forms.choose``) and times it against the QDQ forms; none of this is in onnxruntime, NNCF or torch, so it is
+written here. Static activations are uint8 with zero point 128 (the int8 grid, shifted; ``dynamic``: whatever
+``DynamicQuantizeLinear`` measures): exact where the CPU has VNNI, AMX or no int16 pair sums, like ``u8s8_vnni``.
+``dynamic`` makes a row's result depend on the rows batched with it (the scale is the batch's), so the onnx
+target times it only when the recipe pins `form: fused_dynamic`.
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ from .qdq import _attr, _Graph
 Mode = Literal["static", "dynamic"]
 #: The onnx target's cpu-form encodings this module writes (``fused``: static, ``fused_dynamic``: dynamic).
 FUSED_ENCODINGS = ("fused", "fused_dynamic")
+#: Those ``form: auto`` tries: a dynamic one's outputs for a row depend on its batch-mates, never chosen unasked.
+AUTO_FUSED = ("fused",)
 MS = "com.microsoft"
 
 
@@ -117,18 +124,21 @@ def scaffold(model) -> dict[str, _Trained | None]:
     different input quantizers: ambiguous, left in float)."""
     graph = _Graph(model)
     trained: dict[str, _Trained | None] = {}
+    matched = []
     for node in [n for n in graph.g.node if n.op_type == "MatMul"]:
         weight, act = _weight(graph, node.input[1]), _activation(graph, node.input[0])
         if weight is None or act is None:
             continue
         q, scale = weight
         w = (q.astype(np.float32) * scale[None, :]).astype(np.float32)
-        source, a_scale, a_zero, smooth = act
-        found, key = _Trained(q, scale, a_scale, a_zero, smooth), _key(w)
+        found, key = _Trained(q, scale, *act[1:]), _key(w)
         earlier = trained.get(key)
         trained[key] = found if key not in trained or (earlier is not None and _same_trained(earlier, found)) else None
-        node.input[1] = graph.add_init(node.name + "_w", w)
-        node.input[0] = source
+        matched.append((node, key, w, act[0]))
+    for node, key, w, source in matched:  # an ambiguous one keeps its Mul and Q/DQ: a float MatMul the fusion skips
+        if trained[key] is not None:
+            node.input[1] = graph.add_init(node.name + "_w", w)
+            node.input[0] = source
     graph.refresh()
     for dq in [n for n in graph.g.node if n.op_type == "DequantizeLinear"]:  # the activation pairs left (attention inputs)
         qn = graph.producer.get(dq.input[0])
@@ -154,6 +164,8 @@ def build(model, mode: Mode = "static") -> tuple[object, FusedReport]:
     Raises ExportError when the optimizer fuses no attention or a fused weight has no trained counterpart."""
     from onnxruntime.transformers.onnx_model import OnnxModel
 
+    if not any(n.op_type == "Softmax" for n in model.graph.node):
+        raise ExportError("no attention (no Softmax): not a BERT-like encoder")
     work = type(model)()
     work.CopyFrom(model)
     trained = scaffold(work)
@@ -232,7 +244,8 @@ def _quantize(graph: _Graph, trained: dict[str, _Trained | None], mode: Mode, re
     graph.g.node.extend(quantize.nodes + new)
     graph.remove(dead)
     if report.float_matmuls:
-        report.notes.append(f"{report.float_matmuls} MatMul(s) with float weights left in float (NNCF did not quantize them)")
+        report.notes.append(f"{report.float_matmuls} MatMul(s) left in float (weights NNCF did not quantize, or that two "
+                            "MatMuls share with different input quantizers)")
 
 
 def _attention_output_smoothing(graph: _Graph, trained: dict[str, _Trained | None]) -> dict[str, np.ndarray]:
@@ -265,6 +278,11 @@ def _qattention(graph: _Graph, node, trained: dict[str, _Trained | None], quanti
     if len({b.a_zero for b in blocks}) != 1 or not all(_same(b.smooth, blocks[0].smooth) for b in blocks):
         raise ExportError(f"fused attention {node.name}: Q, K and V were trained with different input zero points or "
                           "SmoothQuant vectors")
+    if any(a.name == "qkv_hidden_sizes" for a in node.attribute):
+        raise ExportError(f"fused attention {node.name}: Q, K and V of different widths (QAttention has one width)")
+    if len({b.a_scale for b in blocks}) > 1:  # one quantizer reads the shared input: the widest of the trained grids
+        report.notes.append(f"{node.name}: Q, K and V read their shared input on trained scales "
+                            f"{', '.join(f'{b.a_scale:.6g}' for b in blocks)}; QAttention quantizes it once, on the largest")
     scales = np.concatenate([b.scale for b in blocks]).astype(np.float32)
     bias = bias.astype(np.float32).copy()
     if v_smooth is not None:  # attention output channel j is V's channel j
@@ -278,7 +296,8 @@ def _qattention(graph: _Graph, node, trained: dict[str, _Trained | None], quanti
               graph.add_init(name + "_b", bias), s, graph.add_init(name + "_wscale", scales),
               node.input[3] if len(node.input) > 3 else "", z,
               graph.add_init(name + "_wzero", np.zeros(scales.size, np.int8))]
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute if a.name in ("num_heads", "unidirectional")}
+    kept = ("num_heads", "unidirectional", "scale", "mask_filter_value", "do_rotary", "past_present_share_buffer")
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute if a.name in kept}
     return helper.make_node("QAttention", inputs, list(node.output[:1]), name=name, domain=MS, **attrs)
 
 

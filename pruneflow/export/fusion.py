@@ -13,8 +13,9 @@ layer. The fused graph is then run beside the unfused one on real samples; a dif
 keeps the unfused graph and says why. What is written by hand here is only the pinning and the check: the fusions
 are onnxruntime's.
 
-The fused file holds com.microsoft ops that only onnxruntime runs; the targets that convert an ONNX (OpenVINO,
-TensorRT, Ascend) read a portable export instead (``is_portable``).
+The fused file holds com.microsoft ops that only onnxruntime runs: the openvino and tensorrt targets convert a
+standard export of their own (the onnx artifact's ``fused_ops`` metric says it is fused), `pruneflow bench`
+opens it in onnxruntime only (``is_portable``), and the ascend target uses it only as its onnxruntime reference.
 """
 
 from __future__ import annotations
@@ -62,45 +63,61 @@ def _values(graph) -> dict[str, np.ndarray]:
     return values
 
 
-def _projection_width(node, producer: dict, values: dict) -> int | None:
-    """The output width of the ``MatMul(x, W) [+ b]`` feeding ``node``'s first input, when W is a constant."""
+def _projection_width(node, producer: dict, values: dict) -> tuple[int, str] | None:
+    """(output width, input tensor) of the ``MatMul(x, W) [+ b]`` feeding ``node``'s first input, W a constant."""
     source = producer.get(node.input[0])
     if source is not None and source.op_type == "Add":
         source = next((producer[i] for i in source.input if i in producer and producer[i].op_type == "MatMul"), None)
     if source is None or source.op_type != "MatMul":
         return None
     w = values.get(source.input[1])
-    return int(w.shape[-1]) if w is not None and w.ndim == 2 else None
+    return (int(w.shape[-1]), source.input[0]) if w is not None and w.ndim == 2 else None
 
 
 def pin_head_counts(model) -> list[int]:
     """Write each attention layer's head count into the ``Concat(batch, sequence, -1, head_size)`` shapes its Q, K
-    and V projections are reshaped with (in place), and return the counts in graph order (Q's, one per layer)."""
+    and V projections are reshaped with (in place), and return the counts, one per layer (the projections reading
+    one tensor), in graph order. Returns [] (the graph is then not to be fused) when a shape shared by projections
+    of different widths cannot hold one count, or the three projections of a layer disagree."""
     from onnx import numpy_helper
 
     graph = model.graph
     values = _values(graph)
     producer = {out: node for node in graph.node for out in node.output}
-    pinned: dict[str, int] = {}
-    heads = []
+    per_concat: dict[str, int] = {}  # by the Concat's output
+    layers: dict[str, set[int]] = {}
     for node in graph.node:
         concat = producer.get(node.input[1]) if node.op_type == "Reshape" and len(node.input) > 1 else None
-        if concat is None or concat.op_type != "Concat" or len(concat.input) != 4:
+        found = _head_count(node, concat, producer, values) if concat is not None else None
+        if concat is None or found is None:
             continue
-        count, size = values.get(concat.input[2]), values.get(concat.input[3])
-        width = _projection_width(node, producer, values)
-        if count is None or size is None or count.size != 1 or size.size != 1 or width is None:
-            continue
-        if int(count.reshape(-1)[0]) != -1 or int(size.reshape(-1)[0]) <= 0 or width % int(size.reshape(-1)[0]):
-            continue
-        n = width // int(size.reshape(-1)[0])
-        name = f"{concat.input[2]}_heads{n}"
-        if name not in pinned:
-            graph.initializer.append(numpy_helper.from_array(np.array([n], dtype=count.dtype), name))
-            pinned[name] = n
-        concat.input[2] = name
-        heads.append(n)
-    return heads[::3] if len(heads) % 3 == 0 else heads
+        n, root = found
+        if per_concat.setdefault(concat.output[0], n) != n:
+            return []
+        layers.setdefault(root, set()).add(n)
+    if any(len(counts) != 1 for counts in layers.values()):
+        return []
+    for node in graph.node:  # every shape read, then every shape written: a shared Concat is pinned once
+        pinned = per_concat.get(node.output[0]) if node.op_type == "Concat" else None
+        if pinned is not None:
+            name = f"{node.output[0]}_heads{pinned}"
+            graph.initializer.append(numpy_helper.from_array(np.array([pinned], dtype=np.int64), name))
+            node.input[2] = name
+    return [next(iter(counts)) for counts in layers.values()]
+
+
+def _head_count(reshape, concat, producer: dict, values: dict) -> tuple[int, str] | None:
+    """(head count, the tensor the projection reads) for ``Reshape(MatMul(x, W) [+ b], Concat(b, s, -1, size))``."""
+    if concat.op_type != "Concat" or len(concat.input) != 4:
+        return None
+    count, size = values.get(concat.input[2]), values.get(concat.input[3])
+    width = _projection_width(reshape, producer, values)
+    if count is None or size is None or count.size != 1 or size.size != 1 or width is None:
+        return None
+    head_size = int(size.reshape(-1)[0])
+    if int(count.reshape(-1)[0]) != -1 or head_size <= 0 or width[0] % head_size:
+        return None
+    return width[0] // head_size, width[1]
 
 
 def fuse_for_onnxruntime(src: Path, dst: Path, samples: Any) -> Fusion:
@@ -113,6 +130,14 @@ def fuse_for_onnxruntime(src: Path, dst: Path, samples: Any) -> Fusion:
     if not fusion.heads:
         fusion.why = "no attention layer whose head count could be read from its projections"
         return fusion
+    try:
+        return _fuse_pinned(model, src, dst, samples, fusion)
+    except Exception as exc:  # noqa: BLE001 - the optimizer or the check failing leaves the file as exported
+        fusion.why = f"onnxruntime's transformer optimizer failed on it: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        return fusion
+
+
+def _fuse_pinned(model, src: Path, dst: Path, samples: Any, fusion: Fusion) -> Fusion:
     with tempfile.TemporaryDirectory(dir=dst.parent) as tmp:
         optimized = optimize_bert(model, Path(tmp))
         fusion.ops = {op: n for op, n in optimized.get_fused_operator_statistics().items() if n}
@@ -165,7 +190,11 @@ def _max_difference(a: Path, b: Path, samples: Any) -> float:
         options.log_severity_level = 3
         session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         names = {i.name for i in session.get_inputs()}
-        outs.append(session.run(None, {k: v for k, v in samples.items() if k in names}))
+        feed = {k: v for k, v in samples.items() if k in names}
+        static = isinstance(session.get_inputs()[0].shape[0], int)  # a graph exported for batch 1: a row at a time
+        rows = [{k: v[i : i + 1] for k, v in feed.items()} for i in range(len(next(iter(feed.values()))))] if static else [feed]
+        runs = [session.run(None, row) for row in rows]
+        outs.append([np.concatenate([r[i] for r in runs]) for i in range(len(runs[0]))])
     diff = max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64)))) for x, y in zip(*outs))
     scale = max(1.0, max(float(np.max(np.abs(x))) for x in outs[0]))
     return diff / scale

@@ -21,7 +21,7 @@ from ..inputs import Inputs, bind, fresh, is_token, take, to
 from ..stage import Target, TargetConfig
 from .attention_mask import soften_mask_fill
 from .forms import record_choice
-from .fused_int8 import FUSED_ENCODINGS
+from .fused_int8 import AUTO_FUSED, FUSED_ENCODINGS
 
 if TYPE_CHECKING:
     from .forms import Choice
@@ -49,8 +49,8 @@ class OnnxConfig(TargetConfig):
         "layer's own head count pinned first, so pruned layers fuse right): fp32 with Attention and BiasGelu (residual "
         "Add + LayerNormalization kept: faster in onnxruntime than its SkipLayerNormalization), kept only when it "
         "computes what the unfused graph does on real samples; int8 adds `fused` "
-        "(QAttention and integer MatMuls on the trained scales) and `fused_dynamic` (activation scales measured per call) "
-        "to the candidates of `form: auto`. Such files hold com.microsoft ops: onnxruntime runs them, other runtimes "
+        "(QAttention and integer MatMuls on the trained scales) to the candidates of `form: auto` (`fused_dynamic`, with "
+        "activation scales measured per call, only when pinned: a row's result then depends on its batch-mates). Such files hold com.microsoft ops: onnxruntime runs them, other runtimes "
         "do not (the openvino and tensorrt targets then export their own standard ONNX). `off`: standard ONNX ops only.",
     )
     form: Literal["auto", "u8s8", "u8s8_vnni", "s8s8", "fused", "fused_dynamic"] = Field(
@@ -98,7 +98,7 @@ class OnnxTarget(Target[OnnxConfig]):
         _component_bytes(artifact, path)
         if fusion is not None:
             artifact.notes.append(fusion.note())
-            artifact.metrics["fused_ops"] = sum(fusion.ops.values()) if fusion.kept else 0
+            artifact.metrics["fused_ops"] = sum(n.domain == "com.microsoft" for n in _load(path).graph.node)
         if state.handle.quantized:
             artifact.notes.append("the float model that entered quantization (the float base of the quantized checkpoint), "
                                   "not the quantized model's float weights")
@@ -177,7 +177,7 @@ class OnnxTarget(Target[OnnxConfig]):
             report = write_int8_onnx(raw, path, form="cpu", encoding=encoding, metadata=record)
             return report, None if self.config.form != "auto" else decide([], state, self.latency, why=why, only=encoding)
         if self.config.fuse == "auto" and isinstance(state.example_input, dict):
-            encodings = encodings + list(FUSED_ENCODINGS)  # tried; a model the fusions do not fit is no candidate
+            encodings = encodings + list(AUTO_FUSED)  # tried; a model the fusions do not fit is no candidate
         ctx.reporter.info(f"onnx int8: timing the encodings {', '.join(encodings)} in onnxruntime to keep the fastest")
         with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
             reports, candidates = {}, []
@@ -185,12 +185,13 @@ class OnnxTarget(Target[OnnxConfig]):
                 file = Path(tmp) / f"{encoding}.onnx"
                 try:
                     reports[encoding] = write_int8_onnx(raw, file, form="cpu", encoding=encoding, metadata=None)
-                except ExportError as exc:
+                    run = open_artifact(file, runtime="onnxruntime", threads=self.latency.threads if self.latency else 1)
+                except Exception as exc:  # noqa: BLE001 - an optional fused form that fails is no candidate
                     if encoding not in FUSED_ENCODINGS:
                         raise
-                    ctx.reporter.info(f"onnx int8: the {encoding} form is not a candidate: {exc.message}")
+                    why = exc.message if isinstance(exc, PruneflowError) else f"{type(exc).__name__}: {exc}"
+                    ctx.reporter.info(f"onnx int8: the {encoding} form is not a candidate: {why}")
                     continue
-                run = open_artifact(file, runtime="onnxruntime", threads=self.latency.threads if self.latency else 1)
                 candidates.append(Candidate(encoding, file, run))
             choice = decide(candidates, state, self.latency, static=not self.config.dynamic_batch)
             record["runtime"] = int8_cpu_runtime(choice.form)
