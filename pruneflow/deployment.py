@@ -76,6 +76,18 @@ def int8_cpu_runtime(encoding: str) -> dict[str, Any] | None:
                    "there, export with the onnx target's `form: u8s8`"}
 
 
+def onnxruntime_fused_runtime(runtime: dict[str, Any] | None) -> dict[str, Any]:
+    """``runtime`` (a record's entry, or None) for an ONNX written in onnxruntime's fused contrib ops."""
+    return {**(runtime or {}), "onnxruntime": {"contrib_ops": "com.microsoft"},
+            "why_onnxruntime": "fused transformer ops (Attention/QAttention, BiasGelu) that only onnxruntime runs; "
+                               "the onnx target's `fuse: off` writes standard ops"}
+
+
+def onnxruntime_only(record: dict[str, Any] | None) -> bool:
+    """Whether a record says its file holds ops only onnxruntime runs (``onnxruntime_fused_runtime``)."""
+    return bool(((record or {}).get("runtime") or {}).get("onnxruntime"))
+
+
 def cpu_shortfall(record: dict[str, Any] | None, host: dict[str, Any] | None = None) -> str | None:
     """Why this host cannot run an artifact exactly, from its deployment record's ``runtime.cpu`` (an INT8 form
     that needs VNNI, on an x86 CPU without it), or None when it can (or the record asks nothing)."""

@@ -104,7 +104,7 @@ def open_lanes(variants: list[Variant], settings: BenchSettings) -> list[Lane]:
     for variant in (v for v in variants if v.timed):
         assert variant.path is not None
         runtimes = [r for r in runtimes_for(variant.path) if settings.runtimes is None or r in settings.runtimes]
-        if variant.path.suffix == ".onnx" and "openvino" in runtimes and not _portable(variant.path):
+        if variant.onnxruntime_only and "openvino" in runtimes:
             runtimes.remove("openvino")
             variant.notes.append("onnxruntime's fused contrib ops (com.microsoft): OpenVINO does not read this file")
         if not runtimes:
@@ -117,15 +117,6 @@ def open_lanes(variants: list[Variant], settings: BenchSettings) -> list[Lane]:
             opened = [_open(variant, runtime, hint, settings.threads) for hint in hints]
             lanes += _without_duplicate_f32(opened)
     return lanes
-
-
-def _portable(path) -> bool:
-    from ..export.fusion import is_portable
-
-    try:
-        return is_portable(path)
-    except Exception:  # noqa: BLE001 - a file onnx cannot read fails to load in its lanes, with the reason
-        return True
 
 
 def _open(variant: Variant, runtime: str, hint: str | None, threads: int | None) -> Lane:

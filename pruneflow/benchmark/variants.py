@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..artifacts import check_run_sizes, manifest_entries, read_record, run_file
-from ..deployment import cpu_shortfall
+from ..deployment import cpu_shortfall, onnxruntime_only
 from ..errors import InputError, UsageError
 from ..runtime import runtimes_for
 
@@ -54,6 +54,8 @@ class Variant:
     notes: list[str] = field(default_factory=list)
     #: Why this host cannot run the artifact exactly (``deployment.cpu_shortfall``): its lanes are not timed.
     shortfall: str | None = None
+    #: Its record says only onnxruntime runs it (fused contrib ops): no OpenVINO lane.
+    onnxruntime_only: bool = False
 
     @property
     def timed(self) -> bool:
@@ -133,6 +135,7 @@ def _from_entry(run_dir: Path, run_name: str, entry: dict[str, Any], task: dict[
     elif status == "built" and runtimes_for(path):
         variant.input = read_input_spec(path)
         variant.shortfall = cpu_shortfall(entry.get("deployment"))
+        variant.onnxruntime_only = onnxruntime_only(entry.get("deployment"))
     elif status == "built":
         variant.notes.append(f"no runtime here loads {path.suffix or 'this'} files")
     return variant
@@ -156,10 +159,11 @@ def _from_file(path: Path) -> Variant:
         return owner
     companion = path.with_suffix(".bin") if path.suffix == ".xml" else Path(f"{path}.data")
     precision = next((p for p in PRECISIONS if p in path.name.split(".")), None)
+    record = _file_record(path)
     return Variant(name=str(path), model=path.stem, label=path.name, path=path, precision=precision,
                    target={".onnx": "onnx", ".xml": "openvino"}.get(path.suffix),
                    size_bytes=disk_size([path, companion]), input=read_input_spec(path),
-                   shortfall=cpu_shortfall(_file_record(path)))
+                   shortfall=cpu_shortfall(record), onnxruntime_only=onnxruntime_only(record))
 
 
 def _file_record(path: Path) -> dict[str, Any] | None:

@@ -43,6 +43,8 @@ class Fusion:
     ops: dict[str, int] = field(default_factory=dict)
     max_diff: float = float("nan")
     kept: bool = False
+    #: com.microsoft nodes in the fused file (what only onnxruntime runs)
+    contrib_ops: int = 0
     why: str = ""
 
     def note(self) -> str:

@@ -14,7 +14,8 @@ import torch
 from pydantic import Field
 
 from ..artifacts import Artifact, atomic_path
-from ..deployment import INPUT_NAME, OUTPUT_NAME, deployment_record, int8_cpu_runtime, stamp_onnx
+from ..deployment import (INPUT_NAME, OUTPUT_NAME, deployment_record, int8_cpu_runtime, onnxruntime_fused_runtime,
+                          stamp_onnx)
 from ..deps import require
 from ..errors import ExportError, InputError, MissingDependencyError, PruneflowError
 from ..inputs import Inputs, bind, fresh, is_token, take, to
@@ -92,28 +93,36 @@ class OnnxTarget(Target[OnnxConfig]):
                 to_fp16(Path(tmp) / "fp32.onnx", path, metadata=(record, "fp16"))
         else:
             export(path, metadata=(record, "fp32"))
-        fusion = self._fuse(state, path) if precision == "fp32" else None
+        fusion, record = self._fuse(state, path, record) if precision == "fp32" else (None, record)
         artifact = Artifact.from_file(ctx.run_dir, path, kind="onnx", producer="export", target="onnx", precision=precision,
                                       deployment=record)
         _component_bytes(artifact, path)
         if fusion is not None:
             artifact.notes.append(fusion.note())
-            artifact.metrics["fused_ops"] = sum(n.domain == "com.microsoft" for n in _load(path).graph.node)
+            artifact.metrics["fused_ops"] = fusion.contrib_ops
         if state.handle.quantized:
             artifact.notes.append("the float model that entered quantization (the float base of the quantized checkpoint), "
                                   "not the quantized model's float weights")
         return artifact
 
-    def _fuse(self, state, path: Path) -> "Fusion | None":
+    def _fuse(self, state, path: Path, record: dict) -> "tuple[Fusion | None, dict]":
         """``path`` rewritten in onnxruntime's fused transformer ops when ``fuse: auto`` and the model is a BERT-like
-        encoder the fusions hold for (``fusion.py``); None for a model with no attention layer to fuse."""
+        encoder the fusions hold for (``fusion.py``), its record then saying it needs onnxruntime; (None, record) for
+        a model with no attention layer to fuse."""
         from .forms import parity_samples
         from .fusion import fuse_for_onnxruntime
 
         if self.config.fuse == "off" or not isinstance(state.example_input, dict):
-            return None
+            return None, record
         fusion = fuse_for_onnxruntime(path, path, parity_samples(state))
-        return fusion if fusion.heads else None
+        if fusion.kept:
+            record = {**record, "runtime": onnxruntime_fused_runtime(record.get("runtime"))}
+            proto = _load(path)
+            stamp_onnx(proto, record, "fp32")
+            fusion.contrib_ops = sum(n.domain == "com.microsoft" for n in proto.graph.node)
+            with atomic_path(path) as tmp:
+                require("onnx", "pip install onnx", "the onnx target").save(proto, str(tmp))
+        return (fusion if fusion.heads else None), record
 
     def _int8_or_failed(self, stripped: torch.nn.Module, state, ctx, out_dir: Path, form: Form, record: dict) -> Artifact:
         """One INT8 form, or its ``failed`` record: one form that cannot be written leaves the other (the export
@@ -174,6 +183,8 @@ class OnnxTarget(Target[OnnxConfig]):
         if self.config.form != "auto" or len(encodings) == 1:
             encoding = encodings[0] if self.config.form == "auto" else self.config.form
             record["runtime"] = int8_cpu_runtime(encoding)
+            if encoding in FUSED_ENCODINGS:
+                record["runtime"] = onnxruntime_fused_runtime(record["runtime"])
             report = write_int8_onnx(raw, path, form="cpu", encoding=encoding, metadata=record)
             return report, None if self.config.form != "auto" else decide([], state, self.latency, why=why, only=encoding)
         if self.config.fuse == "auto" and isinstance(state.example_input, dict):
@@ -195,6 +206,8 @@ class OnnxTarget(Target[OnnxConfig]):
                 candidates.append(Candidate(encoding, file, run))
             choice = decide(candidates, state, self.latency, static=not self.config.dynamic_batch)
             record["runtime"] = int8_cpu_runtime(choice.form)
+            if choice.form in FUSED_ENCODINGS:
+                record["runtime"] = onnxruntime_fused_runtime(record["runtime"])
             return write_int8_onnx(raw, path, form="cpu", encoding=choice.form, metadata=record), choice
 
 
