@@ -18,9 +18,9 @@ with the FP32 files at each runtime's default (and OpenVINO's also with f32 forc
 alike. Writes a markdown table and JSON.
 
     python benchmarks/int8_peers.py runs/ptq/resnet56-cifar10-ptq --out benchmarks/results/int8_peers_resnet56
-    # a MiniLM run whose onnx target fused its FP32 file for onnxruntime: --fp32-onnx names a standard one;
-    # --also adds a lane (NAME=PATH), e.g. the INT8 file an earlier export wrote
-    python benchmarks/int8_peers.py runs/minilm/minilm-sst2 --fp32-onnx runs/minilm/fp32.onnx --out OUT
+    # a MiniLM run (its onnx FP32 fused for onnxruntime: the peers start from a standard export of its pruned
+    # checkpoint); --also NAME=PATH adds a lane, e.g. the INT8 file an earlier export wrote
+    python benchmarks/int8_peers.py runs/minilm/minilm-sst2 --out benchmarks/results/int8_peers_minilm
 """
 
 from __future__ import annotations
@@ -57,6 +57,24 @@ def find(run: Path, *patterns: str) -> Path:
         if found:
             return found[0]
     raise SystemExit(f"{run}: none of {', '.join(patterns)} (run recipes/resnet56-cifar10-ptq.yaml first)")
+
+
+def portable_fp32(run: Path, out: Path) -> Path:
+    """A standard FP32 ONNX of the model that entered quantization (the run's pruned checkpoint, else its first
+    one), exported as the onnx target does with `fuse: off`: what the peers start from when the run's is fused."""
+    from pruneflow.checkpoint import load_checkpoint
+    from pruneflow.export.onnx import export_onnx
+    from pruneflow.inputs import fresh, take
+    from pruneflow.models import build_model
+    from pruneflow.recipe.models import ModelSpec
+
+    recipe = yaml.safe_load((run / "recipe.resolved.yaml").read_text())
+    checkpoint = find(run, "stages/*prune*/model.pt", "stages/*/model.pt")
+    module = load_checkpoint(checkpoint, into=build_model(ModelSpec.model_validate(recipe["model"]))).module.eval()
+    calib = CalibrationSet.load(run / "calibration")
+    export_onnx(module, fresh(take(calib.x, slice(0, 2)), 2), out / "fp32.portable.onnx")
+    print(f"[fp32] {checkpoint} -> a standard FP32 ONNX", flush=True)
+    return out / "fp32.portable.onnx"
 
 
 def ort_peers(fp32_onnx: Path, calib: CalibrationSet, out: Path, transformer: bool) -> dict[str, Path]:
@@ -230,20 +248,19 @@ def main() -> int:
     parser.add_argument("--batch", default="1,32")
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--fp32-onnx", type=Path, help="the standard FP32 ONNX the onnxruntime peers start from "
-                        "(default: the run's reference or onnx export)")
+                        "(default: the run's reference or onnx export; exported from its checkpoint when that is fused)")
     parser.add_argument("--also", action="append", default=[], metavar="NAME=PATH", help="one more onnxruntime lane")
     args = parser.parse_args()
     batches = [int(b) for b in args.batch.split(",")]
     calib = CalibrationSet.load(args.run / "calibration")
     transformer = isinstance(calib.x, dict)
     fp32_onnx = args.fp32_onnx or find(args.run, "export/reference/onnx/model.fp32.onnx", "export/onnx/model.fp32.onnx")
-    if not is_portable(fp32_onnx):
-        raise SystemExit(f"{fp32_onnx} is fused for onnxruntime (com.microsoft ops): the peers need a standard FP32 ONNX, "
-                         "name one with --fp32-onnx (an export with the onnx target's `fuse: off`)")
     fp32_xml = find(args.run, "export/reference/openvino/model.fp32.xml", "export/openvino/model.fp32.xml")
     also = {name: Path(path) for name, path in (item.split("=", 1) for item in args.also)}
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
+        if not is_portable(fp32_onnx):  # fused for onnxruntime: the peers start from a standard export of the same model
+            fp32_onnx = portable_fp32(args.run, Path(tmp))
         peers = ort_peers(fp32_onnx, calib, Path(tmp), transformer)
         peers["nncf"] = nncf_peer(fp32_xml, calib, Path(tmp), transformer)
         figures = measure(args.run, lanes(args.run, peers, fp32_onnx, fp32_xml, also), batches, args.runs)
