@@ -60,8 +60,8 @@ def find(run: Path, *patterns: str) -> Path:
 
 
 def portable_fp32(run: Path, out: Path) -> Path:
-    """A standard FP32 ONNX of the model that entered quantization (the run's pruned checkpoint, else its first
-    one), exported as the onnx target does with `fuse: off`: what the peers start from when the run's is fused."""
+    """A standard FP32 ONNX of the model that entered quantization (the float base of the run's last checkpoint, as
+    the onnx target exports it), without `fuse`: what the peers start from when the run's FP32 ONNX is fused."""
     from pruneflow.checkpoint import load_checkpoint
     from pruneflow.export.onnx import export_onnx
     from pruneflow.inputs import fresh, take
@@ -69,8 +69,8 @@ def portable_fp32(run: Path, out: Path) -> Path:
     from pruneflow.recipe.models import ModelSpec
 
     recipe = yaml.safe_load((run / "recipe.resolved.yaml").read_text())
-    checkpoint = find(run, "stages/*prune*/model.pt", "stages/*/model.pt")
-    module = load_checkpoint(checkpoint, into=build_model(ModelSpec.model_validate(recipe["model"]))).module.eval()
+    checkpoint = sorted(run.glob("stages/*/model.pt"))[-1]
+    module = load_checkpoint(checkpoint, into=build_model(ModelSpec.model_validate(recipe["model"]))).float_module().eval()
     calib = CalibrationSet.load(run / "calibration")
     export_onnx(module, fresh(take(calib.x, slice(0, 2)), 2), out / "fp32.portable.onnx")
     print(f"[fp32] {checkpoint} -> a standard FP32 ONNX", flush=True)
