@@ -24,7 +24,7 @@ import logging
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -122,10 +122,11 @@ def _head_count(reshape, concat, producer: dict, values: dict) -> tuple[int, str
     return width[0] // head_size, width[1]
 
 
-def fuse_for_onnxruntime(src: Path, dst: Path, samples: Any) -> Fusion:
+def fuse_for_onnxruntime(src: Path, dst: Path, samples: Any, stamp: Callable[[Any], None] | None = None) -> Fusion:
     """Write ``src`` fused with onnxruntime's transformer optimizer to ``dst`` when it is a BERT-like encoder the
     optimizer fuses (``Fusion.kept``) and the fused graph computes what ``src`` does on ``samples`` (a dict of
-    numpy token arrays); otherwise write nothing and say why (``Fusion.why``)."""
+    numpy token arrays); otherwise write nothing and say why (``Fusion.why``). ``stamp`` changes the fused
+    ModelProto (its metadata) before it is written."""
     onnx = require("onnx", "pip install onnx", "the onnx target")
     model = onnx.load(str(src))
     fusion = Fusion(heads=pin_head_counts(model))
@@ -133,13 +134,13 @@ def fuse_for_onnxruntime(src: Path, dst: Path, samples: Any) -> Fusion:
         fusion.why = "no attention layer whose head count could be read from its projections"
         return fusion
     try:
-        return _fuse_pinned(model, src, dst, samples, fusion)
+        return _fuse_pinned(model, src, dst, samples, fusion, stamp)
     except Exception as exc:  # noqa: BLE001 - the optimizer or the check failing leaves the file as exported
         fusion.why = f"onnxruntime's transformer optimizer failed on it: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         return fusion
 
 
-def _fuse_pinned(model, src: Path, dst: Path, samples: Any, fusion: Fusion) -> Fusion:
+def _fuse_pinned(model, src: Path, dst: Path, samples: Any, fusion: Fusion, stamp: Callable[[Any], None] | None) -> Fusion:
     with tempfile.TemporaryDirectory(dir=dst.parent) as tmp:
         optimized = optimize_bert(model, Path(tmp))
         fusion.ops = {op: n for op, n in optimized.get_fused_operator_statistics().items() if n}
@@ -148,6 +149,9 @@ def _fuse_pinned(model, src: Path, dst: Path, samples: Any, fusion: Fusion) -> F
                           "layers")
             return fusion
         fused = Path(tmp) / "fused.onnx"
+        if stamp is not None:
+            stamp(optimized.model)
+        fusion.contrib_ops = sum(n.domain == "com.microsoft" for n in optimized.model.graph.node)
         optimized.save_model_to_file(str(fused))
         fusion.max_diff = _max_difference(src, fused, samples)
         if not fusion.max_diff <= TOLERANCE:

@@ -114,15 +114,9 @@ class OnnxTarget(Target[OnnxConfig]):
 
         if self.config.fuse == "off" or not isinstance(state.example_input, dict):
             return None, record
-        fusion = fuse_for_onnxruntime(path, path, parity_samples(state))
-        if fusion.kept:
-            record = {**record, "runtime": onnxruntime_fused_runtime(record.get("runtime"))}
-            proto = _load(path)
-            stamp_onnx(proto, record, "fp32")
-            fusion.contrib_ops = sum(n.domain == "com.microsoft" for n in proto.graph.node)
-            with atomic_path(path) as tmp:
-                require("onnx", "pip install onnx", "the onnx target").save(proto, str(tmp))
-        return (fusion if fusion.heads else None), record
+        fused_record = {**record, "runtime": onnxruntime_fused_runtime(record.get("runtime"))}
+        fusion = fuse_for_onnxruntime(path, path, parity_samples(state), stamp=lambda proto: stamp_onnx(proto, fused_record, "fp32"))
+        return (fusion if fusion.heads else None), (fused_record if fusion.kept else record)
 
     def _int8_or_failed(self, stripped: torch.nn.Module, state, ctx, out_dir: Path, form: Form, record: dict) -> Artifact:
         """One INT8 form, or its ``failed`` record: one form that cannot be written leaves the other (the export
