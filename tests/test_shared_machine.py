@@ -347,8 +347,10 @@ def test_a_resumed_export_writes_the_same_bytes_as_an_uninterrupted_run(tmp_path
                "finetune": {"epochs": 1, "batch_size": 32}},
               {"type": "calibrate", "size": 64},
               {"type": "qat", "schedule": [{"precision": "int8", "epochs": 1}]},
-              # `form: auto` times candidates and may choose differently in two runs; this is about the bytes of one form
-              {"type": "export", "targets": [{"type": "onnx", "form": "u8s8"}, {"type": "openvino", "form": "u8s8"}],
+              # `form: auto` and `int8_hint: auto` time candidates and may choose differently in two runs (the IR's
+              # deployment record names the hint chosen); this is about the bytes of one form at one hint
+              {"type": "export", "targets": [{"type": "onnx", "form": "u8s8"},
+                                             {"type": "openvino", "form": "u8s8", "int8_hint": "f32"}],
                "precisions": ["fp32", "int8"], "latency": None}]
     path = write(tmp_path / "r.yaml", tiny_recipe_dict(stages=stages))
     assert invoke("optimize", path, "--out", tmp_path / "a").exit_code == 0
