@@ -210,6 +210,9 @@ class Target(Generic[T]):
         #: The export stage's ``latency`` settings (``batch_sizes``, ``runs``, ``threads``; None when it times
         #: nothing), set with ``upstream``: a target that chooses between forms by measuring times them alike.
         self.latency: Any = None
+        #: The stage's onnx target's ``opset`` and ``exporter`` ({} when it has none), set with ``upstream``: a target
+        #: that exports an ONNX of its own (the onnx target's file being fused for onnxruntime, say) exports it alike.
+        self.onnx_export: dict[str, Any] = {}
         #: Tables for the report (list of row dicts by name), e.g. the INT8 forms a target measured to choose one;
         #: the export stage adds them to its own.
         self.tables: dict[str, list[dict]] = {}

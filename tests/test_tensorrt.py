@@ -440,7 +440,8 @@ def bert_run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("trt_bert")
     recipe = {"name": "trt_bert", "seed": 0, "device": "cpu", "model": BERT, "data": text_data(folder / "data"),
               "stages": [{"type": "evaluate"},
-                         {"type": "export", "targets": ["onnx", {"type": "tensorrt", "shapes": {"min": 1, "opt": 32, "max": 64},
+                         {"type": "export", "targets": [{"type": "onnx", "opset": 18},
+                                                        {"type": "tensorrt", "shapes": {"min": 1, "opt": 32, "max": 64},
                                                                  "sequence": {"min": 8, "opt": 16, "max": 24}}],
                           "precisions": ["fp32", "fp16"], "latency": None},
                          {"type": "export", "name": "trt_default", "targets": ["tensorrt"], "precisions": ["fp32"], "latency": None}]}
@@ -469,6 +470,17 @@ def test_a_text_model_gets_one_profile_over_every_input_in_each_command(bert_run
     assert "sequence lengths (tokens) min 8, opt 16, max 24" in readme and "int64 bindings" in readme
     onnx_inputs = [(i.name, i.type.tensor_type.elem_type) for i in onnx.load(str(bundle / "model.fp16.onnx")).graph.input]
     assert onnx_inputs == [(n, onnx.TensorProto.INT64) for n in TEXT_INPUTS]
+
+
+def test_tensorrt_exports_its_own_standard_onnx_at_the_onnx_targets_opset_when_that_file_is_fused(bert_run):
+    """The onnx target's FP32 file is in onnxruntime's fused ops (`fuse: auto`), which TensorRT does not read: the
+    bundle's ONNX is exported again, standard, at the opset the recipe gave the onnx target (18 here, not 17)."""
+    export = bert_run.run_dir / "export"
+    fused = onnx.load(str(export / "onnx" / "model.fp32.onnx"))
+    assert any(n.domain == "com.microsoft" for n in fused.graph.node)
+    own = onnx.load(str(export / "tensorrt" / "fp32" / "model.fp32.onnx"))
+    assert not any(n.domain == "com.microsoft" for n in own.graph.node)
+    assert {o.domain: o.version for o in own.opset_import}[""] == 18 == {o.domain: o.version for o in fused.opset_import}[""]
 
 
 def test_the_default_sequence_range_comes_from_max_length_and_the_eval_lengths(bert_run):

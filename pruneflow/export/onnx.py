@@ -32,11 +32,13 @@ if TYPE_CHECKING:
 
 class OnnxConfig(TargetConfig):
     type: Literal["onnx"] = Field(default="onnx", description="ONNX model run by onnxruntime.")
-    opset: int = Field(default=17, ge=13, le=23, description="ONNX opset version.")
+    opset: int = Field(default=17, ge=13, le=23, description="ONNX opset version (also of the ONNX the openvino and tensorrt "
+                       "targets of this stage export for themselves, e.g. when this target's file is fused for onnxruntime).")
     dynamic_batch: bool = Field(default=True, description="Make the batch dimension dynamic.")
     exporter: Literal["legacy", "dynamo"] = Field(
         default="legacy",
-        description="`legacy` (TorchScript tracing; fast, handles most CNNs) or `dynamo` (torch.export; needs onnxscript).",
+        description="`legacy` (TorchScript tracing; fast, handles most CNNs) or `dynamo` (torch.export; needs onnxscript); "
+        "the openvino and tensorrt targets of this stage export their own float ONNX with it too.",
     )
     int8_forms: list[Literal["cpu", "tensorrt"]] = Field(
         default=["cpu", "tensorrt"], min_length=1,

@@ -203,8 +203,9 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
                 continue
             if raw is None:
                 example = to(state.example_input, "cpu")
+                opset = {"opset": self.onnx_export["opset"]} if "opset" in self.onnx_export else {}
                 raw = export_raw_qdq(state.handle.int8_module(example), example, tmp, dynamic_batch=self.config.dynamic_batch,
-                                     output_name=state.task.output_name)
+                                     output_name=state.task.output_name, **opset)
             try:
                 write_int8_onnx(raw, tmp / f"{form}.onnx", form="tensorrt" if form == "tensorrt" else "cpu",
                                 encoding="u8s8" if form == "tensorrt" else form)
@@ -236,12 +237,13 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
 
     def _export_onnx(self, state, tmp: Path, precision: str) -> Path:
         """The ONNX to convert, exported into ``tmp`` when the onnx target did not build it in this stage: the
-        same exporter, names and constant folding as the onnx target's, so every artifact reads alike."""
+        same exporter (and the onnx target's ``opset`` and ``exporter``), names and constant folding as the onnx
+        target's, so every artifact reads alike."""
         from .onnx import export_onnx
 
         path = tmp / f"{precision}.onnx"
         export_onnx(state.handle.float_module(), to(state.example_input, "cpu"), path, dynamic_batch=self.config.dynamic_batch,
-                    output_name=state.task.output_name)
+                    output_name=state.task.output_name, **self.onnx_export)
         return path
 
 

@@ -130,7 +130,8 @@ class TensorRtTarget(Target[TensorRtConfig]):
             return self._prepare(ctx, out_dir, precision, source, parent, shapes, reason)
 
     def _source(self, state, ctx, tmp: Path, precision: str) -> tuple[Path, Artifact | None]:
-        """The ONNX to build from: the onnx target's (same precision and form) or one exported into ``tmp``."""
+        """The ONNX to build from: the onnx target's (same precision and form) or one exported into ``tmp`` at the
+        onnx target's ``opset`` and ``exporter`` (its int8: at its opset, QDQ being written by the legacy exporter)."""
         found = [a for a in self.upstream if a.label == UPSTREAM_LABELS[precision] and a.status == "built"
                  and not a.metrics.get("fused_ops")]  # onnxruntime's fused contrib ops: TensorRT reads standard ONNX
         if found:
@@ -140,15 +141,17 @@ class TensorRtTarget(Target[TensorRtConfig]):
         path = tmp / SOURCE_NAMES[precision]
         example = to(state.example_input, "cpu")
         if precision == "int8":
+            opset = {"opset": self.onnx_export["opset"]} if "opset" in self.onnx_export else {}
             report = export_int8_onnx(state.handle.int8_module(example), example, path, form="tensorrt",
-                                      output_name=state.task.output_name)
+                                      output_name=state.task.output_name, **opset)
             for note in report.notes:
                 ctx.reporter.info(f"tensorrt int8: {note}")
         elif precision == "fp16":
-            export_onnx(state.handle.float_module(), example, tmp / "fp32.onnx", output_name=state.task.output_name)
+            export_onnx(state.handle.float_module(), example, tmp / "fp32.onnx", output_name=state.task.output_name,
+                        **self.onnx_export)
             to_fp16(tmp / "fp32.onnx", path)
         else:
-            export_onnx(state.handle.float_module(), example, path, output_name=state.task.output_name)
+            export_onnx(state.handle.float_module(), example, path, output_name=state.task.output_name, **self.onnx_export)
         return path, None
 
     def _check_profile(self, source: Path, sequence: TensorRtSequence) -> dict:

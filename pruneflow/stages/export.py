@@ -218,6 +218,12 @@ class ExportStage(Stage[ExportConfig]):
 
         return export_checks(self, state, ctx)
 
+    def onnx_export(self) -> dict:
+        """This stage's onnx target's ``opset`` and ``exporter`` ({} without one): what the recipe asked of every ONNX
+        the stage exports, the ones the openvino and tensorrt targets export for themselves included."""
+        onnx = next((t for t in self.config.targets if t.type == "onnx"), None)
+        return {} if onnx is None else {"opset": onnx.opset, "exporter": onnx.exporter}
+
     def preflight(self, ctx) -> list[str]:
         """Each target's toolchain (what it writes was checked with the recipe, see ``recipe_rules``)."""
         notes = []
@@ -268,6 +274,7 @@ class ExportStage(Stage[ExportConfig]):
         the other targets and precisions are still built and measured."""
         ctx.reporter.info(f"{self.id}: building {name} {precision}")
         target.upstream = upstream  # what this stage built before: a target may convert it (OpenVINO INT8 from ONNX)
+        target.onnx_export = self.onnx_export()
         target.latency = self.config.latency  # how this stage times: a target choosing a form by measuring does the same
         try:
             built = target.build(state, ctx, out_dir, precision)

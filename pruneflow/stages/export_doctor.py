@@ -33,6 +33,7 @@ def export_checks(stage, state, ctx) -> list[Check]:
             if precision == "fp16" and "fp32" in precisions:  # the same graph, converted: tried as fp32 (below)
                 continue
             target.upstream = list(built)
+            target.onnx_export = stage.onnx_export()
             try:
                 made = target.build(state, ctx, out_dir, precision)
             except Exception as exc:  # noqa: BLE001
