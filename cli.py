@@ -950,6 +950,8 @@ def _print_bench(result, written: list[Path]) -> None:
         for row, c in zip(rows, cells):
             table.add_row(*(c[i] for i in keep), style="bold" if row.lane.variant is result.baseline else None)
         console.print(table)
+    if (note := result.metric_note()) is not None:
+        console.print(note, markup=False)
     for v in result.variants:
         if not v.timed:
             console.print(f"{v.name}: {v.untimed_detail()}", markup=False)

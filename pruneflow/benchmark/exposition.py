@@ -61,9 +61,9 @@ def row_json(row: "Row", result: "BenchResult") -> dict[str, Any]:
             "runtime_label": lane.label, "precision_hint": lane.hint or ("default" if lane.runtime == "openvino" else None),
             "inference_precision": lane.inference_precision if lane.runtime == "openvino" else None,
             "batch": row.batch, "shape": row.shape, **figures, "size_bytes": variant.size_bytes,
-            "metric": variant.metric, "metric_value": variant.metric_value, "metric_direction": variant.metric_direction,
-            "speedup": row.speedup, "baseline_runtime": row.baseline_runtime,
-            "size_reduction": result.size_reduction(variant), "metric_delta": result.metric_delta(variant),
+            "metric": variant.metric, "metric_value": result.row_metric(row), "metric_direction": variant.metric_direction,
+            "variant_metric_value": variant.metric_value, "speedup": row.speedup, "baseline_runtime": row.baseline_runtime,
+            "size_reduction": result.size_reduction(variant), "metric_delta": result.row_metric_delta(row),
             "benchmark_app": row.benchmark_app, "error": row.error, **result.economics(row)}
 
 
@@ -120,8 +120,9 @@ def _samples(host: str, rows: list[dict[str, Any]],
         labels, row = entry["labels"], entry["row"]
         if row.get("size_bytes") is not None:
             yield "pruneflow_size_bytes", labels, row["size_bytes"]
-        if row.get("metric_value") is not None:
-            yield "pruneflow_metric", {**labels, "metric": row["metric"], "direction": row["metric_direction"] or ""}, row["metric_value"]
+        value = row.get("variant_metric_value", row.get("metric_value"))  # the run's figure (older JSON: per row)
+        if value is not None:
+            yield "pruneflow_metric", {**labels, "metric": row["metric"], "direction": row["metric_direction"] or ""}, value
     for e in chosen:
         if e.get("batch") is not None and e["variant"] in variants:
             labels = {**variants[e["variant"]]["labels"], "runtime": e["runtime_label"], "p99_budget_ms": f"{e['p99_budget_ms']:g}"}

@@ -48,7 +48,9 @@ def html_report(result: "BenchResult") -> str:
              "<h2>Latency and throughput against batch size</h2>", *curve_svgs(result, colour),
              *budget_html(result.under_budget(), result.settings.price_per_hour is not None),
              "<h2>Latency per batch size (bar: p50, tick: p99)</h2>", *latency_svgs(result, colour),
-             "<h2>All figures</h2>", table_html(result), "<h2>Host</h2>", host_html(result), "</body></html>"]
+             "<h2>All figures</h2>", table_html(result),
+             *([f'<p class="muted">{escape(note)}</p>'] if (note := result.metric_note()) else []),
+             "<h2>Host</h2>", host_html(result), "</body></html>"]
     return "\n".join(parts)
 
 
@@ -109,12 +111,12 @@ def scatter_svg(result: "BenchResult", colour: dict[str, str]) -> str:
     """One marker per variant x runtime at the largest batch: median latency (x) against the headline metric (y);
     colour names the variant, shape the runtime."""
     batch = max(result.settings.batches)
-    points = [r for r in result.rows if r.stats is not None and r.batch == batch and r.lane.variant.metric_value is not None]
+    points = [r for r in result.rows if r.stats is not None and r.batch == batch and result.row_metric(r) is not None]
     if not points:
         return '<p class="muted">No metric recorded (bare artifacts carry none): nothing to plot.</p>'
     height, left, bottom, top, right = 340, 70, 40, 20, 260
     xs = [r.stats.p50_ms for r in points if r.stats is not None]
-    ys = [float(r.lane.variant.metric_value or 0.0) for r in points]
+    ys = [float(result.row_metric(r) or 0.0) for r in points]
     x_max = max(xs) * 1.1 or 1.0
     pad = max((max(ys) - min(ys)) * 0.15, 0.005)
     y_lo, y_hi = min(ys) - pad, max(ys) + pad
@@ -213,11 +215,11 @@ def table_html(result: "BenchResult") -> str:
 def table_cells(result: "BenchResult", row: "Row") -> list[str]:
     """One row of the side-by-side table, formatted (shared by the terminal table and the HTML one)."""
     v, s = row.lane.variant, row.stats
-    delta = result.metric_delta(v)
+    value, delta = result.row_metric(row), result.row_metric_delta(row)
     app = (row.benchmark_app or {}).get("throughput")
     timing = [f"{s.p50_ms:.3f}", f"{s.p90_ms:.3f}", f"{s.p99_ms:.3f}", f"{s.throughput:,.0f}"] if s else ["–"] * 4
     return [v.name, row.lane.label, str(row.batch), *timing, _ratio(row.speedup), human_bytes(v.size_bytes),
-            _ratio(result.size_reduction(v)), "–" if v.metric_value is None else f"{v.metric_value:.4f}",
+            _ratio(result.size_reduction(v)), "–" if value is None else f"{value:.4f}",
             "–" if delta is None else f"{delta:+.4f}", "–" if app is None else f"{app:,.0f}",
             row.error or (row.benchmark_app or {}).get("error") or ""]
 

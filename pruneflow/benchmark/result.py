@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .measure import BenchSettings, Row
-from .variants import Variant
+from .variants import Variant, metric_key
 
 FORMAT = "pruneflow-bench/1"
 
@@ -34,6 +34,33 @@ class BenchResult:
         if variant.metric_value is None or base.metric_value is None or variant.metric != base.metric:
             return None
         return variant.metric_value - base.metric_value
+
+    def row_metric(self, row: Row) -> float | None:
+        """The headline as the run measured it in this row's runtime and precision (None where it did not: an
+        ONNX timed in OpenVINO, an IR at a hint it was not evaluated at); the variant's one figure for a manifest
+        that does not say where it measured."""
+        v = row.lane.variant
+        if not v.measured_in:
+            return v.metric_value
+        precision = row.lane.inference_precision if row.lane.runtime == "openvino" else None
+        return v.measured_in.get(metric_key(row.lane.runtime, precision))
+
+    def row_metric_delta(self, row: Row) -> float | None:
+        """``row_metric`` − the baseline's headline (as its run measured it); None unless both have the same one."""
+        value, base = self.row_metric(row), self.baseline
+        if value is None or base.metric_value is None or row.lane.variant.metric != base.metric:
+            return None
+        return value - base.metric_value
+
+    def metric_note(self) -> str | None:
+        """What a blank headline cell means, when some row has one: the run measured that artifact, elsewhere."""
+        blank = sorted({f"{r.lane.variant.name} in {r.lane.label}" for r in self.rows
+                        if r.lane.variant.metric_value is not None and self.row_metric(r) is None})
+        if not blank:
+            return None
+        return (f"{self.metric_name()}: as each run measured it in that runtime and precision; – where it did not "
+                f"({', '.join(blank[:3])}{', ...' if len(blank) > 3 else ''}): a figure from another runtime or "
+                "precision is not shown as this one's")
 
     def metric_name(self) -> str:
         """The headline metric the variants carry (``metric`` when they carry several, or none)."""

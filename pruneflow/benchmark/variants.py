@@ -49,6 +49,10 @@ class Variant:
     metric: str | None = None
     metric_value: float | None = None
     metric_direction: str | None = None
+    #: The headline as the run measured it per runtime and precision (``metric_key``: ``onnxruntime``,
+    #: ``openvino/bf16``, ``openvino/f32``); empty for a manifest that did not say where (``metric_value`` then
+    #: stands for every lane).
+    measured_in: dict[str, float] = field(default_factory=dict)
     run_dir: Path | None = None
     input: InputSpec | None = None
     notes: list[str] = field(default_factory=list)
@@ -73,7 +77,7 @@ class Variant:
         return {"name": self.name, "model": self.model, "label": self.label, "status": self.status,
                 "path": str(self.path) if self.path else None, "precision": self.precision, "target": self.target,
                 "size_bytes": self.size_bytes, "metric": self.metric, "metric_value": self.metric_value,
-                "metric_direction": self.metric_direction,
+                "metric_direction": self.metric_direction, "measured_in": self.measured_in,
                 "run_dir": str(self.run_dir) if self.run_dir else None,
                 "input": None if self.input is None else {"name": self.input.name, "shape": list(self.input.shape),
                                                           "dtype": self.input.dtype},
@@ -107,6 +111,22 @@ def _from_run(run_dir: Path) -> list[Variant]:
     return found
 
 
+def metric_key(runtime: str, inference_precision: str | None) -> str:
+    """Where a figure was computed: ``onnxruntime``, or ``openvino/<what it computed in>`` (``bf16``, ``f32``)."""
+    return runtime if runtime != "openvino" else f"openvino/{inference_precision or 'f32'}"
+
+
+def _measured_in(metrics: dict[str, Any], metric: str | None) -> dict[str, float]:
+    """``{metric_key: value}`` from the export stage's figures: ``<metric>`` computed in ``runtime`` (e.g.
+    ``openvino/CPU (default: bf16)``) at ``inference_precision``, and the same with ``_f32`` for OpenVINO's f32 twin."""
+    found: dict[str, float] = {}
+    for suffix in ("", "_f32"):
+        runtime, value = metrics.get(f"runtime{suffix}"), metrics.get(f"{metric}{suffix}") if metric else None
+        if isinstance(runtime, str) and isinstance(value, (int, float)):
+            found[metric_key(runtime.split("/")[0], metrics.get(f"inference_precision{suffix}"))] = float(value)
+    return found
+
+
 def _task(manifest: dict[str, Any]) -> dict[str, Any]:
     task = manifest.get("task")
     return task if isinstance(task, dict) else {}
@@ -124,7 +144,7 @@ def _from_entry(run_dir: Path, run_name: str, entry: dict[str, Any], task: dict[
                       precision=entry.get("precision"), target=entry.get("target"), metric=metric,
                       metric_value=value if isinstance(value, (int, float)) else None,
                       metric_direction=(task.get("metrics") or {}).get(metric), run_dir=run_dir,
-                      notes=list(entry.get("notes") or []))
+                      notes=list(entry.get("notes") or []), measured_in=_measured_in(entry.get("metrics") or {}, metric))
     companions = [run_file(run_dir, rel, record) for rel in (entry.get("files") or {})]
     if status == "built":
         check_run_sizes(record, [path, *companions], entry.get("size_bytes"))
