@@ -11,7 +11,7 @@ A plugin's config subclasses these::
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -72,6 +72,11 @@ class TargetConfig(StrictModel):
         "The others stay in the run folder marked `precision_chosen: 0`, their failed gates moved into their notes; "
         "report.md's `precision chosen` table shows what decided it. Needs the stage's `latency`.",
     )
+
+    def onnx_export(self) -> dict[str, Any]:
+        """What this target asks of every ONNX its stage exports (``opset``, ``exporter``; {}: nothing), the ones
+        other targets export for themselves included."""
+        return {}
 
 
 def usable_cpus() -> int:

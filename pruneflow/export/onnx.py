@@ -8,7 +8,7 @@ import functools
 import tempfile
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Literal
+from typing import TYPE_CHECKING, Any, Iterator, Literal
 
 import torch
 from pydantic import Field
@@ -68,6 +68,9 @@ class OnnxConfig(TargetConfig):
         "`fused`, `fused_dynamic`: a transformer in onnxruntime's fused ops (see `fuse`; needs VNNI, AMX or ARM). "
         "Pin one to build for another machine than this one, or for byte-identical rebuilds.",
     )
+
+    def onnx_export(self) -> dict[str, Any]:
+        return {"opset": self.opset, "exporter": self.exporter}
 
 
 class OnnxTarget(Target[OnnxConfig]):

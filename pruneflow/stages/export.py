@@ -219,10 +219,9 @@ class ExportStage(Stage[ExportConfig]):
         return export_checks(self, state, ctx)
 
     def onnx_export(self) -> dict:
-        """This stage's onnx target's ``opset`` and ``exporter`` ({} without one): what the recipe asked of every ONNX
-        the stage exports, the ones the openvino and tensorrt targets export for themselves included."""
-        onnx = next((t for t in self.config.targets if t.type == "onnx"), None)
-        return {} if onnx is None else {"opset": onnx.opset, "exporter": onnx.exporter}
+        """What a target of this stage asks of every ONNX the stage exports (the onnx target's ``opset`` and
+        ``exporter``; {} without one), the ones the openvino and tensorrt targets export for themselves included."""
+        return next((asked for t in self.config.targets if (asked := t.onnx_export())), {})
 
     def preflight(self, ctx) -> list[str]:
         """Each target's toolchain (what it writes was checked with the recipe, see ``recipe_rules``)."""
