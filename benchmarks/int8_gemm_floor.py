@@ -87,9 +87,9 @@ def eval_batch(run: Path, batch: int):
 
 
 def _record_hint(xml: Path) -> str | None:
-    from pruneflow.deployment import read_ir
+    from pruneflow.deployment import openvino_hint, read_ir
 
-    return ((read_ir(xml).get("runtime") or {}).get("openvino") or {}).get("INFERENCE_PRECISION_HINT")
+    return openvino_hint(read_ir(xml))
 
 
 def measure(run: Path, batch: int, runs: int) -> dict:

@@ -157,9 +157,9 @@ def lanes(run: Path, peers: dict[str, Path], fp32_onnx: Path, fp32_xml: Path, al
 
 
 def _record_hint(xml: Path) -> str | None:
-    from pruneflow.deployment import read_ir
+    from pruneflow.deployment import openvino_hint, read_ir
 
-    return ((read_ir(xml).get("runtime") or {}).get("openvino") or {}).get("INFERENCE_PRECISION_HINT")
+    return openvino_hint(read_ir(xml))
 
 
 def measure(run: Path, chosen: dict[str, tuple[Path, dict]], batches: list[int], runs: int) -> dict[str, dict]:

@@ -227,6 +227,11 @@ def read_onnx(source: Any) -> dict[str, Any]:
     return {key: json.loads(props[f"pruneflow.{key}"]) for key in KEYS if f"pruneflow.{key}" in props}
 
 
+def openvino_hint(record: dict[str, Any] | None) -> str | None:
+    """The INFERENCE_PRECISION_HINT a deployment record tells OpenVINO to compile with (None: its default)."""
+    return (((record or {}).get("runtime") or {}).get("openvino") or {}).get("INFERENCE_PRECISION_HINT")
+
+
 def read_ir(path: str | Path) -> dict[str, Any]:
     """The record written into an OpenVINO IR's rt_info ({} for an IR pruneflow did not write)."""
     import openvino as ov

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .deployment import openvino_hint
+
 if TYPE_CHECKING:
     from .context import RunContext, RunState
     from .handle import ModelHandle
@@ -155,7 +157,7 @@ def as_deployed(after, suffix: str, batch: int) -> tuple[str, str]:
     """The metrics suffix and label to compare a start lane with: at the runtime's default (``suffix`` ""), an
     artifact whose deployment record names an OpenVINO precision hint is taken as deployed, with that hint (an
     INT8 IR: f32, which is also faster than bf16 for its float parts at batch 1), against the start's default."""
-    hint = (((after.deployment or {}).get("runtime") or {}).get("openvino") or {}).get("INFERENCE_PRECISION_HINT")
+    hint = openvino_hint(after.deployment)
     if suffix or not hint or f"latency_b{batch}_median_ms_{hint}" not in after.metrics:
         return suffix, after.label
     return f"_{hint}", f"{after.label} as deployed, {hint} hint"

@@ -217,6 +217,10 @@ class Target(Generic[T]):
         #: the export stage adds them to its own.
         self.tables: dict[str, list[dict]] = {}
 
+    def onnx_opset(self) -> dict[str, Any]:
+        """``onnx_export``'s ``opset`` alone, for the int8 QDQ exports (written by the legacy exporter whatever it says)."""
+        return {k: v for k, v in self.onnx_export.items() if k == "opset"}
+
     def preflight(self) -> list[str]:
         """Raise MissingDependencyError when the toolchain is absent; return notes otherwise."""
         return []

@@ -203,9 +203,8 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
                 continue
             if raw is None:
                 example = to(state.example_input, "cpu")
-                opset = {"opset": self.onnx_export["opset"]} if "opset" in self.onnx_export else {}
                 raw = export_raw_qdq(state.handle.int8_module(example), example, tmp, dynamic_batch=self.config.dynamic_batch,
-                                     output_name=state.task.output_name, **opset)
+                                     output_name=state.task.output_name, **self.onnx_opset())
             try:
                 write_int8_onnx(raw, tmp / f"{form}.onnx", form="tensorrt" if form == "tensorrt" else "cpu",
                                 encoding="u8s8" if form == "tensorrt" else form)

@@ -141,9 +141,8 @@ class TensorRtTarget(Target[TensorRtConfig]):
         path = tmp / SOURCE_NAMES[precision]
         example = to(state.example_input, "cpu")
         if precision == "int8":
-            opset = {"opset": self.onnx_export["opset"]} if "opset" in self.onnx_export else {}
             report = export_int8_onnx(state.handle.int8_module(example), example, path, form="tensorrt",
-                                      output_name=state.task.output_name, **opset)
+                                      output_name=state.task.output_name, **self.onnx_opset())
             for note in report.notes:
                 ctx.reporter.info(f"tensorrt int8: {note}")
         elif precision == "fp16":
