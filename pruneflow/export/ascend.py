@@ -33,6 +33,7 @@ from ..artifacts import Artifact, publish_dir
 from ..deps import require
 from ..errors import ExportError, TargetUnavailableError
 from ..stage import Target, TargetConfig
+from .bags import swap_bags
 from .ascend_ops import (OPS_DOCUMENTED_FOR, OPS_SOURCE, SOC_FAMILIES, SOC_VERSIONS, first_errors, onnx_inputs, soc_family,
                          unsupported_nodes)
 
@@ -352,7 +353,7 @@ def export_static(model: "torch.nn.Module", example: "Inputs", path: Path, *, ba
     from ..inputs import bind
     from .onnx import _Keyed
 
-    model = copy.deepcopy(model).cpu().eval()
+    model, _ = swap_bags(copy.deepcopy(model).cpu().eval())  # nn.EmbeddingBag in plain ops (bags.py)
     if isinstance(example, dict):
         bound = bind(model, {k: _static_like(v, batch, sequence) for k, v in example.items()})
         assert isinstance(bound, dict)

@@ -18,7 +18,7 @@ from ..errors import PruneflowError
 from ..handle import ModelHandle
 from ..inputs import Inputs, call, to
 from ..stage import Check
-from .tp_adapter import embedding_coupled
+from .tp_adapter import BAG_PRUNERS, embedding_coupled
 
 #: The criterion doctor's trial round scores with when the recipe's is slow (``Criterion.slow``).
 STAND_IN = "taylor"
@@ -72,7 +72,7 @@ def coupling_rows(model: torch.nn.Module, example: Inputs) -> list[Check]:
                  if n and (isinstance(m, torch.nn.MultiheadAttention) or hasattr(m, "num_attention_heads"))]
     try:
         traced = copy.deepcopy(model).eval()
-        graph = tp.DependencyGraph().build_dependency(traced, example_inputs=example)
+        graph = tp.DependencyGraph().build_dependency(traced, example_inputs=example, customized_pruners=BAG_PRUNERS)
         # tables and the layers tied to their columns are never channel roots (the stage keeps them whole, and
         # torch-pruning's group search from them does not finish on a DeepFM: tp_adapter.embedding_coupled)
         kept = [traced.get_submodule(n) for n in embedding_coupled(traced, example)]

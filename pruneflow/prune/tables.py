@@ -20,6 +20,12 @@ hook on every table, so shared tables, offsets and custom lookups are counted as
 Written by hand: torch-pruning prunes a table's columns together with every layer that reads them (for a
 DeepFM, all of them), never rows; NNCF has no embedding pruning. Tables under ``min_rows`` rows are left whole
 (a small vocabulary's rows each carry a category, and factoring a small table adds bytes).
+
+``nn.EmbeddingBag`` tables (multi-hot fields: ``zoo/bags.py``) are left whole, and the stage says so
+(``bag_note``): a compacted table is an ``nn.Embedding`` (``CompactEmbedding``) whose ``index`` remaps ids one by
+one, and a bag table would need its own class that keeps its padding row out of the merge, its ``mode`` and
+its ``per_sample_weights``, counts the reads of its non-padding ids only, and that the export's bag rewrite
+(``export/bags.py``) knows. Not written yet.
 """
 
 from __future__ import annotations
@@ -82,7 +88,8 @@ class CompactEmbedding(nn.Embedding):
 
 
 def candidate_tables(model: nn.Module, min_rows: int, ignored: tuple[str, ...] = ()) -> list[str]:
-    """Names of the ``nn.Embedding`` tables of at least ``min_rows`` (original) rows, not ``ignored``."""
+    """Names of the ``nn.Embedding`` tables of at least ``min_rows`` (original) rows, not ``ignored`` (never an
+    ``nn.EmbeddingBag``: ``bag_note``)."""
     out = []
     for name, module in model.named_modules():
         if type(module) not in (nn.Embedding, CompactEmbedding) or any(name == i or name.startswith(i + ".") for i in ignored):
@@ -90,6 +97,16 @@ def candidate_tables(model: nn.Module, min_rows: int, ignored: tuple[str, ...] =
         if source_rows(module) >= min_rows:
             out.append(name)
     return out
+
+
+def bag_note(model: nn.Module) -> str | None:
+    """Why the model's ``nn.EmbeddingBag`` tables stay whole (None: it has none)."""
+    bags = [f"{n} ({m.num_embeddings} rows)" for n, m in model.named_modules() if isinstance(m, nn.EmbeddingBag)]
+    if not bags:
+        return None
+    return (f"{len(bags)} nn.EmbeddingBag table(s) left whole ({', '.join(bags[:4])}{', ...' if len(bags) > 4 else ''}): "
+            "`granularity: tables` merges rows of nn.Embedding tables only (a merged bag table must keep its padding "
+            "row and mode, which no compacted table class does yet)")
 
 
 def tables_of(model: nn.Module, names: list[str]) -> dict[str, nn.Embedding]:
@@ -267,9 +284,11 @@ class TableStrategy(Strategy):
         self.names = candidate_tables(self.model, cfg.min_rows, self._ignored())
         if not self.names:
             found = [f"{n} ({source_rows(m)} rows)" for n, m in self.model.named_modules() if isinstance(m, nn.Embedding)]
+            bags = bag_note(self.model)
             raise ConfigError(self.loc("min_rows"), f"the model has no embedding table of at least {cfg.min_rows} rows"
                               + (" outside `ignore`" if cfg.ignore else "") + (f"; its tables: {', '.join(found[:6])}"
-                                                                              if found else "; it has no nn.Embedding"),
+                                                                              if found else "; it has no nn.Embedding")
+                              + (f"; {bags}" if bags else ""),
                               value=cfg.min_rows, hint="lower min_rows, or prune this model by channels")
         self.before = self.measure()
         self.start = {n: (m.num_embeddings, rank(m), table_bytes(m)) for n, m in self._tables().items()}
@@ -374,4 +393,5 @@ class TableStrategy(Strategy):
                         "rows_before": rows, "rows": module.num_embeddings, "columns_before": width,
                         "columns": rank(module), "width_read": out_width(module),
                         "mib_before": round(size / 2**20, 3), "mib": round(table_bytes(module) / 2**20, 3)})
-        return {"embedding_tables": out}
+        note = bag_note(self.model)
+        return {"embedding_tables": out, **({"notes": [{"note": note}]} if note else {})}

@@ -37,6 +37,23 @@ _NORM = (function.prune_batchnorm_out_channels, function.prune_layernorm_out_cha
 Role = Literal["out", "in", "norm", "other"]
 
 
+class _BagPruner(function.EmbeddingPruner):
+    """torch-pruning's pruner for ``nn.Embedding`` (columns), for ``nn.EmbeddingBag`` too.
+
+    torch-pruning registers ``nn.Embedding`` only. A bag's weight was therefore an "unwrapped parameter" of no
+    module, pruned on its last dimension (the columns) with whatever Linear its rows meet (a DLRM's bottom MLP):
+    ignoring the bag module did not cover its weight, and ``embedding_coupled``'s reachability, which looks for
+    modules, never reached it: channel pruning cut bag tables' columns (issue 37: three of them from 16 to 13),
+    against "tables are kept whole". Registered for the class (``BAG_PRUNERS``, in every graph built here), a bag
+    is a module node like a table: kept whole when ignored, and found from the layers tied to its columns."""
+
+    TARGET_MODULES = nn.EmbeddingBag
+
+
+#: torch-pruning's ``customized_pruners`` for every dependency graph and pruner built here.
+BAG_PRUNERS: dict = {nn.EmbeddingBag: _BagPruner()}
+
+
 class Selection(NamedTuple):
     """A group's root layer, torch-pruning's handler for it and the root's channel indices chosen."""
 
@@ -148,7 +165,7 @@ class GroupPruner:
                 # 1 when unset: the rule then keeps at least one channel of a group selected whole (once the global
                 # threshold reaches the +inf floor scores), and the cap restores the floor; torch-pruning would
                 # otherwise reject such a group and prune nothing there.
-                round_to=rule.step, rule=rule,
+                round_to=rule.step, rule=rule, customized_pruners=BAG_PRUNERS,
             )
         for module, (out_ch, in_ch) in (initial_widths or {}).items():
             if module in self._pruner.layer_init_out_ch:
@@ -202,7 +219,8 @@ def embedding_coupled(model: nn.Module, example: "Inputs") -> list[str]:
     tables = [m for m in model.modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag))]
     if not tables:
         return []
-    graph = tp.DependencyGraph().build_dependency(model, example_inputs=model_inputs.bind(model, example))
+    graph = tp.DependencyGraph().build_dependency(model, example_inputs=model_inputs.bind(model, example),
+                                                  customized_pruners=BAG_PRUNERS)
     names = {m: n for n, m in model.named_modules()}
     coupled = [names[t] for t in tables]
     for name, module in model.named_modules():
