@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -79,10 +79,11 @@ def write(out: Path, rows: int, eval_fraction: float = 0.1, **kwargs) -> dict:
     return summary
 
 
-def cached(spec: Any) -> Path:
+def cached(spec: Any, kind: str = "clicklog", writer: "Callable[[Path, Any], Any] | None" = None) -> Path:
     """The folder of the log ``spec`` (``recipe.models.ClickLogSpec``) describes, generated on first use into the user
     cache and reused after (deterministic: one folder per settings). Written beside, then renamed into place, so a
-    run killed mid-write or a concurrent one never reads half a log."""
+    run killed mid-write or a concurrent one never reads half a log. ``kind`` and ``writer(folder, spec)`` serve
+    another generated log the same way (``pruneflow.seqlog``)."""
     import hashlib
     import os
     import shutil
@@ -90,14 +91,17 @@ def cached(spec: Any) -> Path:
 
     settings = spec.model_dump()
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
-    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "pruneflow" / "clicklog"
+    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "pruneflow" / kind
     folder = root / key
     if (folder / "planted.json").is_file():
         return folder
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))
     try:
-        write(tmp, spec.rows, eval_fraction=spec.eval_fraction, users=spec.users, items=spec.items, seed=spec.seed)
+        if writer is not None:
+            writer(tmp, spec)
+        else:
+            write(tmp, spec.rows, eval_fraction=spec.eval_fraction, users=spec.users, items=spec.items, seed=spec.seed)
         try:
             tmp.rename(folder)
         except OSError:  # another run made it meanwhile: its copy is the same bytes

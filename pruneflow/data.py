@@ -124,6 +124,16 @@ def _sources(spec: DataSpec, seed: int, with_train: bool, task: Task):
         train_ds = _load_source("parquet", str(folder / "train.parquet"), "data.clicklog")[0] if with_train else None
         eval_ds = _load_source("parquet", str(folder / "eval.parquet"), "data.clicklog")[0]
         where = f"generated click log ({log.rows:,} rows, seed {log.seed}) in {folder}"
+    elif spec.format == "seqlog":
+        from .clicklog import cached
+        from .recipe.models import SeqLogSpec
+        from .seqlog import write_spec
+
+        seqs = spec.seqlog or SeqLogSpec()
+        folder = cached(seqs, "seqlog", write_spec)
+        train_ds = _load_source("parquet", str(folder / "train.parquet"), "data.seqlog")[0] if with_train else None
+        eval_ds = _load_source("parquet", str(folder / "eval.parquet"), "data.seqlog")[0]
+        where = f"generated interaction log ({seqs.rows:,} rows, {seqs.items:,} items, seed {seqs.seed}) in {folder}"
     elif spec.path:
         loaded, class_names = _load_source(spec.format, spec.path, "data.path")
         for part in loaded if isinstance(loaded, tuple) else (loaded,):
@@ -457,7 +467,15 @@ def _to_split(ds, spec: DataSpec, role: str, require_label: bool = True, task: "
             x = x[:, None]  # one scalar feature a sample: (N,) -> (N, 1), so input_shape is (1,), not ()
     if len(y) == 0:
         raise InputError(f"data: the {role} split is empty", hint="use more data or a smaller eval_fraction")
+    if len(columns) == 1 and is_ids(x):  # item ids, token ids: int64 to the model, never scaled or cast to float
+        return Split(torch.from_numpy(np.ascontiguousarray(x).astype(np.int64)), torch.from_numpy(y))
     return Split(_preprocess(x, spec, layout), torch.from_numpy(y))
+
+
+def is_ids(arr: np.ndarray) -> bool:
+    """An integer column of at most two dimensions (ids, id sequences, lengths): it reaches the model as int64.
+    uint8 is pixels, scaled to floats; an integer feature a float model reads belongs in ``data.features.numeric``."""
+    return np.issubdtype(arr.dtype, np.integer) and arr.ndim <= 2 and arr.dtype != np.uint8
 
 
 _TOKENIZERS: dict[str, object] = {}
@@ -517,7 +535,7 @@ def _named_inputs(ds, spec: DataSpec, role: str) -> dict[str, torch.Tensor]:
         if arr.dtype == object:
             raise InputError(f"data.input_column.{name}: column {column!r} holds values of different shapes or non-numbers",
                              hint="use equal-sized arrays")
-        if np.issubdtype(arr.dtype, np.integer) and arr.ndim <= 2 and arr.dtype != np.uint8:
+        if is_ids(arr):
             out[name] = torch.from_numpy(arr.astype(np.int64))
             continue
         arr = arr[:, None] if arr.ndim == 1 else arr

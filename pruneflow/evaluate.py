@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -76,67 +77,104 @@ def evaluate_runtime(run: "Callable[[Any], np.ndarray] | str | Path", split: Spl
 
 
 def count_macs_params(model: nn.Module, example: Inputs) -> tuple[int, int]:
-    """MACs and parameters of one forward pass (torch-pruning's op counter; a dict is passed as keywords)."""
-    import torch_pruning as tp
+    """MACs of one forward pass on ``example`` (``macs_by_module``'s total) and the model's parameters, a tied
+    parameter (an item table that is also the output projection) counted once."""
+    return macs_by_module(model, example)[""], sum(p.numel() for p in model.parameters())
 
+
+def macs_by_module(model: nn.Module, example: Inputs) -> dict[str, int]:
+    """Multiply-accumulates of one forward pass, per module name (``""``: the whole model), from torch's own
+    ``FlopCounterMode`` (FLOPs / 2): it counts at the dispatcher what runs, wherever it is written.
+
+    torch-pruning's op counter, used before, counts module hooks: a matmul written in a forward (a SASRec's scores
+    against its tied item table, ``h @ items.weight.T``: half the model) did not count, and an ``nn.GRU`` counted
+    59.2 M where it runs 2.2 M (issue 37). Two gaps of the FlopCounter are closed here: CPU attention
+    (``_scaled_dot_product_flash_attention_for_cpu`` has no formula in torch 2.13; the generic one is registered),
+    and ``nn.MultiheadAttention``'s fused eval path (turned off while counting, as an export turns it off, so the
+    projections and the attention are counted as the exported graph runs them). Elementwise ops (norms,
+    activations) are not MACs and count 0, as in every FLOP counter of the field."""
+    from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
+
+    def cpu_attention(query, key, value, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+        return int(sdpa_flop_count(query, key, value))  # (shapes: FlopCounterMode wraps the formula)
+
+    mapping: dict[Any, Any] = {}
+    cpu_sdpa = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    if cpu_sdpa is not None:
+        mapping[cpu_sdpa] = cpu_attention
     was_training = model.training
     model.eval()
-    with _counter_quiet():
-        macs, params = tp.utils.count_ops_and_params(model, _tp_example(model, example))
-    model.train(was_training)
-    return int(macs), int(params)
+    try:
+        with no_attention_fastpath(), torch.no_grad(), FlopCounterMode(display=False, custom_mapping=mapping) as counter:
+            call(model, example)
+    finally:
+        model.train(was_training)
+    counts = counter.get_flop_counts()
+    root = type(model).__name__
+    out = {"": int(sum(counts.get("Global", {}).values()) // 2)}
+    for key, ops in counts.items():
+        if key.startswith(root + "."):
+            out[key[len(root) + 1:]] = int(sum(ops.values()) // 2)
+    return out
 
 
-def _counter_quiet():
-    """torch-pruning's counter prints "Warning! No positional inputs found for a module, assuming batch size is 1."
-    for every module a model calls with keywords only (a Hugging Face BERT's layers), on stdout: five lines a
-    count. Our examples are one sample, so the assumption holds; the lines are dropped."""
-    import contextlib
-    import io
+@contextlib.contextmanager
+def no_attention_fastpath() -> Iterator[None]:
+    """Exports (and the MAC count) see the composite ops of ``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer``.
 
-    return contextlib.redirect_stdout(io.StringIO())
-
-
-def _tp_example(model: nn.Module, example: Inputs) -> "Inputs | tuple[torch.Tensor, ...]":
-    """What forward takes, positionally where it can be (torch-pruning's counter reads the batch size from
-    the first positional input, and calls ``model(**example)`` for a dict)."""
-    bound = bind(model, example)
-    if isinstance(bound, dict) and list(bound) == (forward_names(model) or [])[: len(bound)]:
-        return tuple(bound.values())
-    return bound
+    In eval mode, with gradients off or the parameters frozen (a float base, a distillation teacher,
+    an export under ``torch.no_grad()``), torch runs those modules through one fused kernel
+    (``aten::_transformer_encoder_layer_fwd``, ``aten::_native_multi_head_attention``) that no ONNX
+    exporter or OpenVINO converter knows. torch's own switch turns that fast path off for the export.
+    """
+    was = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(was)
 
 
 def layer_table(model: nn.Module, example: Inputs) -> tuple[list[dict], int, int]:
     """Per-layer rows (name, type, shape summary, params, MACs) and the totals (MACs, params), from
-    torch-pruning's op counter.
+    ``macs_by_module``.
 
-    A row is a module the counter counts as one unit (a leaf, or one it counts whole such as
-    ``nn.MultiheadAttention``, whose ``out_proj`` is inside its MACs) that holds parameters, plus one for the
-    parameters a container holds itself (a class token, a position embedding): the rows' params sum to the total.
-    """
-    import torch_pruning as tp
-
-    was_training = model.training
-    model.eval()
-    with _counter_quiet():
-        total_macs, total_params, macs, _ = tp.utils.count_ops_and_params(model, _tp_example(model, example), layer_wise=True)
-    model.train(was_training)
-    rows = []
+    A row is a module that does its own work (a leaf, or one that runs its children's weights itself such as
+    ``nn.MultiheadAttention``, whose ``out_proj`` it applies functionally) and holds parameters, plus one for what a
+    container holds and computes itself (a class token, a position embedding, a tied output projection written as a
+    matmul in its forward): the rows' params and MACs sum to the totals."""
+    macs = macs_by_module(model, example)
+    rows: list[dict] = []
+    whole: list[str] = []
+    seen: set[int] = set()  # whole: units whose subtree is in their row; seen: parameters shown (tied: once)
     for name, module in model.named_modules():
-        if macs.get(module) is None:  # inside a module counted whole
+        if any(name.startswith(w + ".") for w in whole):
             continue
-        unit = all(macs.get(child) is None for child in module.children())
-        params = sum(p.numel() for p in (module.parameters() if unit else module.parameters(recurse=False)))
-        if not params:
-            continue
-        rows.append({
-            "name": (name or "(model)") + ("" if unit else " (own parameters)"),
-            "type": type(module).__name__,
-            "shape": _shape(module) if unit else "",
-            "params": int(params),
-            "macs": int(macs[module]) if unit else 0,
-        })
-    return rows, int(total_macs), int(total_params)
+        called = _called_below(module, name, macs)
+        unit = not called
+        params = [p for p in (module.parameters() if unit else module.parameters(recurse=False)) if id(p) not in seen]
+        seen.update(id(p) for p in params)
+        work = macs.get(name, 0) - sum(macs[c] for c in called)  # a container: what its own forward computes
+        if unit and name:
+            whole.append(name)
+        if params or work > 0:
+            rows.append({"name": (name or "(model)") + ("" if unit else " (own parameters)"), "type": type(module).__name__,
+                         "shape": _shape(module) if unit else "", "params": int(sum(p.numel() for p in params)),
+                         "macs": int(work)})
+    return rows, macs[""], sum(p.numel() for p in model.parameters())
+
+
+def _called_below(module: nn.Module, name: str, macs: dict[str, int]) -> list[str]:
+    """The nearest descendants of ``module`` that ran as modules (have a count), through containers that did not
+    (an ``nn.ModuleList`` is never called itself)."""
+    found, stack = [], [(f"{name}.{c}" if name else c, m) for c, m in module.named_children()]
+    while stack:
+        path, child = stack.pop()
+        if path in macs:
+            found.append(path)
+        else:
+            stack.extend((f"{path}.{c}", m) for c, m in child.named_children())
+    return found
 
 
 def _shape(module: nn.Module) -> str:

@@ -206,6 +206,23 @@ def quantize(model: nn.Module, calib: CalibrationSet, settings: NncfSettings | N
     return quantized
 
 
+def deepcopyable_property_getters() -> None:
+    """Let ``copy.deepcopy`` pass a property getter (a ``method-wrapper``) through as it is.
+
+    NNCF records every tensor operation of the traced model in its graph, a tensor property read included: a
+    tied output ``h @ table.weight.T`` becomes a ``__get__`` node whose layer attributes hold
+    ``Tensor.T.__get__``, a method-wrapper of a C ``getset_descriptor``. The min-max algorithm then deep-copies
+    the graph (``find_quantization_setup``), and a method-wrapper cannot be pickled: ``TypeError: cannot pickle
+    'getset_descriptor' object``, for every model type, whatever the model's inputs (issue 37 met it on a SASRec
+    scoring against its item table). A method-wrapper is immutable and bound to its object, so copying it as
+    itself, as ``deepcopy`` already does for functions and types, is the right copy; NNCF 3.4 has no switch for it.
+    """
+    import copy
+    import types
+
+    copy._deepcopy_dispatch.setdefault(types.MethodWrapperType, copy._deepcopy_atomic)  # type: ignore[attr-defined]
+
+
 def nncf_quantize(model: nn.Module, dataset, items: int, example: Inputs, settings: NncfSettings, ignore_loc: tuple) -> nn.Module:
     """``nncf.quantize`` on ``model`` (rooted, see ``SequentialRoot``) with ``settings`` (its ``ignore`` resolved, its
     ``model_type`` resolved on ``model``: ``resolve_model_type``); a TorchScript module or an ``ignore`` entry
@@ -219,6 +236,7 @@ def nncf_quantize(model: nn.Module, dataset, items: int, example: Inputs, settin
     """
     import nncf
 
+    deepcopyable_property_getters()
     ignore, model_type = settings.ignore, resolve_model_type(model, settings.model_type)
     refuse_scripted(model, ignore_loc[:-1])
     attention_fastpath_off(model)

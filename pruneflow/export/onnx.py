@@ -18,9 +18,11 @@ from ..deployment import (INPUT_NAME, OUTPUT_NAME, deployment_record, int8_cpu_r
                           stamp_onnx)
 from ..deps import require
 from ..errors import ExportError, InputError, MissingDependencyError, PruneflowError
+from ..evaluate import no_attention_fastpath
 from ..inputs import Inputs, bind, fresh, is_token, take, to
 from ..stage import Target, TargetConfig
 from .attention_mask import soften_mask_fill
+from .bags import export_error_in, swap_bags
 from .forms import record_choice
 from .fused_int8 import AUTO_FUSED, FUSED_ENCODINGS
 
@@ -274,6 +276,8 @@ def export_onnx(model: torch.nn.Module, example: Inputs, path: Path, *, opset: i
     onnx.checker. A model that will not trace raises ExportError."""
     onnx = require("onnx", "pip install onnx", "ONNX export")
     model = copy.deepcopy(model).cpu().eval()  # the live model may be on a GPU and still in use
+    # nn.EmbeddingBag in plain ops (export/bags.py): the legacy exporter refuses padding_idx, both write a Loop
+    model, _ = swap_bags(model)
     output = output_name or (metadata[0]["output"]["name"] if metadata is not None else OUTPUT_NAME)
     traced, args, names, axes = _traced(model, example, dynamic_batch, output)
     with atomic_path(path) as tmp:
@@ -292,6 +296,9 @@ def export_onnx(model: torch.nn.Module, example: Inputs, path: Path, *, opset: i
                     torch.onnx.export(traced, args, str(tmp), dynamo=False, opset_version=opset,
                                       input_names=names, output_names=[output], dynamic_axes=axes)
         except Exception as exc:  # noqa: BLE001 - torch raises many types when a model will not trace
+            ours = export_error_in(exc)  # our own modules' refusal while tracing (bags.py), which dynamo wraps
+            if ours is not None:
+                raise ours from None
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ExportError(
                 f"the model could not be exported to ONNX ({exporter} exporter): {type(exc).__name__}: {first}",
@@ -310,23 +317,6 @@ def export_onnx(model: torch.nn.Module, example: Inputs, path: Path, *, opset: i
             onnx.checker.check_model(str(tmp))
         except Exception as exc:  # noqa: BLE001
             raise ExportError(f"the exported ONNX model failed onnx.checker: {exc}") from exc
-
-
-@contextlib.contextmanager
-def no_attention_fastpath() -> Iterator[None]:
-    """Exports see the composite ops of ``nn.MultiheadAttention`` and ``nn.TransformerEncoderLayer``.
-
-    In eval mode, with gradients off or the parameters frozen (a float base, a distillation teacher,
-    an export under ``torch.no_grad()``), torch runs those modules through one fused kernel
-    (``aten::_transformer_encoder_layer_fwd``, ``aten::_native_multi_head_attention``) that no ONNX
-    exporter or OpenVINO converter knows. torch's own switch turns that fast path off for the export.
-    """
-    was = torch.backends.mha.get_fastpath_enabled()
-    torch.backends.mha.set_fastpath_enabled(False)
-    try:
-        yield
-    finally:
-        torch.backends.mha.set_fastpath_enabled(was)
 
 
 #: Never folded: weight quantizers stay Q/DQ pairs (the INT8 passes and runtimes read them), and the

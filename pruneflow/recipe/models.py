@@ -126,15 +126,31 @@ class ClickLogSpec(StrictModel):
     eval_fraction: float = Field(default=0.1, gt=0, lt=1, description="The last share of the rows, held out for eval.")
 
 
+class SeqLogSpec(StrictModel):
+    """A generated interaction log (``pruneflow.seqlog``): made once into the user cache, then read as parquet."""
+
+    rows: int = Field(default=100_000, ge=1_000, le=10_000_000, description="Users (one row each: their last items and the next).")
+    items: int = Field(default=20_000, ge=10, le=10_000_000, description="Catalogue size, counting the padding id 0.")
+    topics: int = Field(default=100, ge=1, le=100_000, description="Item topics (popularity is Zipf within each).")
+    length: int = Field(default=20, ge=2, le=1000, description="Items of history a row (`seq`), left-padded with 0.")
+    seed: int = Field(default=0, ge=0, le=2**32 - 1, description="Generator seed (the log is deterministic).")
+    eval_fraction: float = Field(default=0.1, gt=0, lt=1, description="The last share of the rows, held out for eval.")
+
+
 class DataSpec(StrictModel):
-    format: Literal["digits", "clicklog", "npz", "csv", "json", "parquet", "imagefolder", "disk"] = Field(
+    format: Literal["digits", "clicklog", "seqlog", "npz", "csv", "json", "parquet", "imagefolder", "disk"] = Field(
         description="Where samples come from: `digits` (scikit-learn's bundled 8x8 digits), `clicklog` (a generated "
-        "click log, see `clicklog`), `npz` (named numpy arrays), "
+        "click log, see `clicklog`), `seqlog` (a generated interaction log for sequential recommenders, see `seqlog`), "
+        "`npz` (named numpy arrays), "
         "`csv`/`json`/`parquet` (one row a sample), `imagefolder` (class sub-folders), `disk` (a `datasets` save_to_disk folder)."
     )
     clicklog: ClickLogSpec | None = Field(
         default=None, description="`format: clicklog`: the log to generate (once, into ~/.cache/pruneflow/clicklog; "
         "columns user_id, item_id, category, device, hour, price, item_age_days, user_activity, clicked)."
+    )
+    seqlog: SeqLogSpec | None = Field(
+        default=None, description="`format: seqlog`: the log to generate (once, into ~/.cache/pruneflow/seqlog; columns "
+        "seq (int64 item ids, oldest first, 0 = padding), next_item, history)."
     )
     path: str | None = PathField(
         description="One source that is split into train and eval (seeded, stratified) by `eval_fraction`."
@@ -184,7 +200,9 @@ class DataSpec(StrictModel):
         self._tabular()
         if self.clicklog is not None and self.format != "clicklog":
             raise ValueError("`clicklog` settings go with `format: clicklog`")
-        if self.format in ("digits", "clicklog"):
+        if self.seqlog is not None and self.format != "seqlog":
+            raise ValueError("`seqlog` settings go with `format: seqlog`")
+        if self.format in ("digits", "clicklog", "seqlog"):
             if self.path or self.train or self.eval:
                 raise ValueError(f"the built-in `{self.format}` format takes no path, train or eval")
             return self

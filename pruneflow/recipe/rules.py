@@ -55,7 +55,7 @@ def stage_ids(stages: Sequence[StageConfig]) -> list[str]:
 def has_train_split(data: DataSpec) -> bool:
     """True when the data gives a training split: the built-in and generated sets and `path` are split, else `train`
     must be set (what ``pruneflow.data.load_data`` does; an `eval`-only recipe has no train split)."""
-    return data.format in ("digits", "clicklog") or bool(data.path) or bool(data.train)
+    return data.format in ("digits", "clicklog", "seqlog") or bool(data.path) or bool(data.train)
 
 
 def quantized_before(recipe: RecipeBase, index: int) -> bool:

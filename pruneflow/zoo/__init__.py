@@ -7,12 +7,14 @@ from typing import Callable
 
 from torch import nn
 
+from .bags import dlrm_bags
 from .digits import digits_cnn
 from .hf import bert_classifier, bert_classifier_with_new_parameters, bert_embedder
 from .fcn import tiny_fcn, tiny_unet
 from .mlp import mlp
 from .ranker import deepfm, dlrm
 from .resnet_cifar import resnet20, resnet32, resnet44, resnet56
+from .sequence import gru4rec, sasrec
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,13 @@ ZOO: dict[str, ZooEntry] = {
                        "(cardinalities and num_dense come from data.features)"),
     "dlrm": ZooEntry(dlrm, None, "DLRM click ranker: bottom MLP, pairwise dot products, top MLP (cardinalities and "
                      "num_dense come from data.features)"),
+    "sasrec": ZooEntry(sasrec, None, "SASRec sequential recommender: the last items (int64 [B, L], 0 = padding) through causal "
+                       "self-attention blocks, scored against the tied item table -> [B, num_items] (for task: next_item)"),
+    "gru4rec": ZooEntry(gru4rec, None, "GRU4Rec session recommender: item embedding, nn.GRU, a Linear over the catalogue -> "
+                        "[B, num_items] (for task: next_item)"),
+    "dlrm_bags": ZooEntry(dlrm_bags, None, "DLRM click ranker with multi-hot bags: ids [B, F] through nn.Embedding tables, "
+                          "bags [B, N, L] (0 = padding) through nn.EmbeddingBag tables, dense [B, D] through a bottom MLP; "
+                          "pairwise dot products, top MLP -> one logit (cardinalities, bag_cardinalities, bag_length, num_dense)"),
     "tiny_unet": ZooEntry(tiny_unet, None, "Tiny U-Net for masks: ConvTranspose upsampling, skip connections (in_channels, "
                           "num_classes, width)"),
     "tiny_fcn": ZooEntry(tiny_fcn, None, "Tiny fully convolutional net for masks (in_channels, num_classes, width)"),
@@ -45,4 +54,4 @@ ZOO: dict[str, ZooEntry] = {
                               "MiniLM-L6, or a config; needs transformers): for task: embedding"),
 }
 
-__all__ = ["ZOO", "ZooEntry", "bert_classifier", "bert_embedder", "deepfm", "digits_cnn", "dlrm", "mlp", "tiny_fcn", "tiny_unet", "resnet20", "resnet32", "resnet44", "resnet56"]
+__all__ = ["ZOO", "ZooEntry", "bert_classifier", "bert_embedder", "deepfm", "digits_cnn", "dlrm", "dlrm_bags", "gru4rec", "mlp", "sasrec", "tiny_fcn", "tiny_unet", "resnet20", "resnet32", "resnet44", "resnet56"]
