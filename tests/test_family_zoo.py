@@ -57,14 +57,12 @@ def _data(name: str, folder: Path) -> dict:
 
 
 def _stages(name: str, quantize: str = "qat") -> list[dict]:
-    """train → prune (heads, then channels, for the ViT; none for lstm_text) → calibrate → qat (fp16, int8) →
+    """train → prune (heads, then channels, for the ViT; the LSTM's hidden units for lstm_text) → calibrate → qat (fp16, int8) →
     export fp32 + int8, or with ``quantize="ptq"``: ... → calibrate → ptq → export int8."""
     lr = {"lr": 0.01 if name == "lstm_text" else 0.003, "optimizer": "adamw"} if name in ("vit", "convnext", "lstm_text") else {"lr": 0.05}
     slow = name in ("vit", "convnext")  # transformer-style blocks learn the digits in ~250 AdamW steps, not 60
     prune = [{"type": "prune", "name": "prune", "target": {"macs": 0.7}, "rounds": 1, "latency": None,
               "finetune": {"epochs": 1, **lr}}]
-    if name == "lstm_text":  # nothing to prune by channels: refused before training (test below)
-        prune = []
     if name == "vit":
         prune.insert(0, {"type": "prune", "name": "heads", "target": {"heads": 0.5}, "rounds": 1, "importance": "taylor",
                          "latency": None, "finetune": {"epochs": 1, **lr}})
@@ -158,9 +156,8 @@ def test_family_prunes_quantizes_and_exports_int8(name, tmp_path):
     metrics = _optimize(zoo_recipe(name, tmp_path), tmp_path / "runs")
     run, stages = tmp_path / "runs" / name, metrics["stages"]
     assert stages["train"]["accuracy"] > (0.8 if name == "lstm_text" else 0.5)  # the figures below are about real predictions
-    entering = stages["prune" if "prune" in stages else "train"]
-    if name != "lstm_text":
-        assert stages["prune"]["macs"] < 0.8 * stages["prune"]["macs_before"]
+    entering = stages["prune"]
+    assert stages["prune"]["macs"] < 0.8 * stages["prune"]["macs_before"]
     assert stages["qat"]["accuracy_int8"] > entering["accuracy"] - 0.1
     figures = _runtime_figures(metrics["artifacts"], ARTIFACTS, stages["qat"]["accuracy_int8"], TOP1_FLOOR.get(name))
     if name == "vit":
@@ -204,19 +201,37 @@ def test_nncf_preflight_takes_named_inputs():
     assert check_quantizable(two_input.build(), both, NncfSettings(), loc=("stages", 2)) == []
 
 
-def test_channel_pruning_an_lstm_classifier_is_refused_before_training(tmp_path):
-    """lstm_text's only Conv/Linear is its classifier: a channel prune stage used to fail after training with
-    "every prunable layer is ignored ... shorten `ignore`" (the recipe has no ignore). Now exit 2 before any
-    training, naming the modules channel pruning does not prune and the fix."""
-    stages = [{"type": "train", "epochs": 1}, {"type": "prune", "target": {"macs": 0.7}}]
-    recipe = zoo_recipe("lstm_text", tmp_path, stages)
-    result = invoke("optimize", recipe, "--out", tmp_path / "runs")
-    assert result.exit_code == 2, result.output
-    text = " ".join(result.output.split())
-    assert "stages.1" in text and "channel pruning finds nothing to prune" in text
-    # kept whole: the classifier and the embedding table (tables are not channels); not pruned by channels: the LSTM
-    assert "fc (Linear), embed (Embedding)" in text and "modules (rnn (LSTM))" in text and "remove this prune stage" in text
-    assert not (tmp_path / "runs" / "lstm_text" / "stages").exists()  # refused before the train stage ran
+def test_channel_pruning_an_lstm_classifier_removes_hidden_units():
+    """lstm_text's only Conv/Linear is its classifier, and channel pruning was refused before training (nothing to
+    prune). Its LSTM's hidden units are channels now (prune/rnn.py, issue 37): they go, with every gate's rows and the
+    classifier's columns, and the model still runs."""
+    import torch
+    from families import lstm_text
+
+    from pruneflow.context import Reporter
+    from pruneflow.prune.channels import ChannelStrategy
+    from pruneflow.prune.config import ChannelPruneConfig
+    from pruneflow.prune.rounds import run_rounds
+
+    torch.manual_seed(0)
+    model = lstm_text.build(vocab_size=64, embed_dim=16, hidden=16)
+    ids = torch.randint(1, 64, (16, 12))
+    x, y = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, torch.randint(0, 2, (16,))
+    cfg = ChannelPruneConfig(target={"ratio": 0.3}, rounds=1, importance="magnitude", finetune=None, latency=None)
+    strategy = ChannelStrategy(cfg, model, {k: v[:1] for k, v in x.items()}, torch.nn.functional.cross_entropy,
+                               lambda *k: ("stages", 1, *k))
+    strategy.entering()
+    strategy.prepare()
+
+    class Tuner:
+        metric = "accuracy"
+
+        def after_round(self, m, index, rounds, on_step_end=None) -> float:
+            return float((m(**x).argmax(-1) == y).float().mean())
+
+    run_rounds(strategy, Tuner(), lambda k: [(x, y)], Reporter(), "prune")
+    assert model.rnn.hidden_size < 16 and model.fc.in_features == model.rnn.hidden_size * (2 if model.rnn.bidirectional else 1)
+    assert model(**x).shape == (16, 2)
 
 
 def test_a_quantizer_shared_by_a_concat_is_stripped_at_every_hook():

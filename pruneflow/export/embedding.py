@@ -197,7 +197,7 @@ def _rewrite(graph, name: str, q: np.ndarray, scale: np.ndarray, layout: str) ->
                               name=f"{name}_DequantizeLinear", axis=0)
         _insert_before_first_reader(graph, name, [dq])
     else:
-        _gather_rows(graph, name)
+        gather_rows(graph, name)
     return new_inits
 
 
@@ -252,18 +252,21 @@ def _insert_before_first_reader(graph, name: str, nodes: list) -> None:
         graph.node.insert(index + offset, node)
 
 
-def _gather_rows(graph, name: str) -> None:
-    """Rewrite every ``Gather(name, ids)`` as a gather of int8 rows and of their scales, then Cast and Mul."""
+def gather_rows(graph, name: str, q: str | None = None, scale: str | None = None) -> None:
+    """Rewrite every ``Gather(name, ids)`` as a gather of int8 rows (initializer ``q``, default ``<name>_int8``) and of
+    their scales (``scale``, default ``<name>_scale``), then Cast and Mul. ``tied.py`` passes the int8 weight and
+    per-row scales of the output projection a table is tied to."""
     from onnx import TensorProto, helper, numpy_helper
 
+    q, scale = q or f"{name}_int8", scale or f"{name}_scale"
     axes = f"{name}_last_axis"
     graph.initializer.append(numpy_helper.from_array(np.array([-1], np.int64), axes))
     for i, node in enumerate([n for n in graph.node if n.op_type == "Gather" and n.input[0] == name]):
         out, ids, tag = node.output[0], node.input[1], f"{name}_{i}"
         new = [
-            helper.make_node("Gather", [f"{name}_int8", ids], [f"{tag}_rows_int8"], name=f"{tag}_GatherRows", axis=0),
+            helper.make_node("Gather", [q, ids], [f"{tag}_rows_int8"], name=f"{tag}_GatherRows", axis=0),
             helper.make_node("Cast", [f"{tag}_rows_int8"], [f"{tag}_rows"], name=f"{tag}_Cast", to=TensorProto.FLOAT),
-            helper.make_node("Gather", [f"{name}_scale", ids], [f"{tag}_row_scale"], name=f"{tag}_GatherScales", axis=0),
+            helper.make_node("Gather", [scale, ids], [f"{tag}_row_scale"], name=f"{tag}_GatherScales", axis=0),
             helper.make_node("Unsqueeze", [f"{tag}_row_scale", axes], [f"{tag}_row_scale_1"], name=f"{tag}_Unsqueeze"),
             helper.make_node("Mul", [f"{tag}_rows", f"{tag}_row_scale_1"], [out], name=f"{tag}_Mul"),
         ]
@@ -275,12 +278,24 @@ def _gather_rows(graph, name: str) -> None:
 
 def component_bytes(model) -> dict[str, int]:
     """Bytes of an ONNX ``model``'s initializers by component: ``table_bytes``, what Gathers read rows of (embedding
-    tables, float or int8/int4 with their per-row scales), and ``other_bytes`` (the MLP, attention, norms...)."""
+    tables, float or int8/int4 with their per-row scales, or int8 through a DequantizeLinear: a table tied to an INT8
+    output projection, ``tied.py``; counted once however many ops read it), and ``other_bytes`` (the MLP, attention,
+    norms...)."""
     from onnx import numpy_helper
 
     inits = {t.name: t for t in model.graph.initializer}
-    tables = {n.input[0] for n in model.graph.node if n.op_type == "Gather" and n.input[0] in inits
-              and len(inits[n.input[0]].dims) >= 1 and int(np.prod(inits[n.input[0]].dims)) > 64}
+    producer = {o: n for n in model.graph.node for o in n.output}
+    tables: set[str] = set()
+    for node in model.graph.node:
+        if node.op_type != "Gather":
+            continue
+        source = producer.get(node.input[0])
+        if source is not None and source.op_type == "DequantizeLinear" and source.input[0] in inits:
+            read = [i for i in source.input if i in inits]
+        else:
+            read = [node.input[0]]
+        if read[0] in inits and len(inits[read[0]].dims) >= 1 and int(np.prod(inits[read[0]].dims)) > 64:
+            tables.update(read)
     sizes = {name: numpy_helper.to_array(t).nbytes for name, t in inits.items()}
     in_tables = sum(v for k, v in sizes.items() if k in tables)
     return {"table_bytes": in_tables, "other_bytes": sum(sizes.values()) - in_tables}

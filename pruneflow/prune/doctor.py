@@ -18,7 +18,8 @@ from ..errors import PruneflowError
 from ..handle import ModelHandle
 from ..inputs import Inputs, call, to
 from ..stage import Check
-from .tp_adapter import BAG_PRUNERS, embedding_coupled
+from .mha import attention_modules
+from .tp_adapter import ROOT_TYPES, build_graph, embedding_coupled
 
 #: The criterion doctor's trial round scores with when the recipe's is slow (``Criterion.slow``).
 STAND_IN = "taylor"
@@ -51,32 +52,32 @@ def prune_checks(stage, state, ctx) -> list[Check]:
     except PruneflowError:
         raise
     except Exception as exc:  # noqa: BLE001
+        # (torch-pruning's own failures come as a ConfigError naming the layer and the `ignore` list: channels.py)
+        heads = ", or prune attention by whole heads (granularity: heads)" if attention_modules(state.model) else ""
         return rows + [Check.failed("pruning to the target in one round", exc, "`ignore` the module named (its class is in "
-                                    "`pruneflow inspect`), or prune attention by whole heads")]
+                                    f"`pruneflow inspect`){heads}")]
     after = strategy.measure()
     state.handle = ModelHandle(model)
     return rows + [Check("pruning to the target in one round", "ok", f"MACs {before['macs']:,} -> {after['macs']:,}, "
                          f"parameters {before['params']:,} -> {after['params']:,} (the run takes {rounds} rounds"
                          f"{f'; channels scored by {STAND_IN} here, {scored} in the run' if scored != getattr(cfg, 'importance', None) else ''}); "
-                         "the pruned model runs on one batch",
+                         "the pruned model runs on one batch" + "".join(f"; {note}" for note in getattr(strategy, "kept_notes", [])),
                          figures={"macs_before": before["macs"], "macs_after": after["macs"], "params_before": before["params"],
                                   "params_after": after["params"], "rounds": rounds})]
 
 
 def coupling_rows(model: torch.nn.Module, example: Inputs) -> list[Check]:
     """torch-pruning's dependency graph of the model: how many coupled groups, and the attention modules in it."""
-    import torch_pruning as tp
-
     attention = [f"{n} ({type(m).__name__}, {getattr(m, 'num_heads', getattr(m, 'num_attention_heads', '?'))} heads)"
                  for n, m in model.named_modules()
                  if n and (isinstance(m, torch.nn.MultiheadAttention) or hasattr(m, "num_attention_heads"))]
     try:
         traced = copy.deepcopy(model).eval()
-        graph = tp.DependencyGraph().build_dependency(traced, example_inputs=example, customized_pruners=BAG_PRUNERS)
+        graph = build_graph(traced, example)
         # tables and the layers tied to their columns are never channel roots (the stage keeps them whole, and
         # torch-pruning's group search from them does not finish on a DeepFM: tp_adapter.embedding_coupled)
         kept = [traced.get_submodule(n) for n in embedding_coupled(traced, example)]
-        groups = list(graph.get_all_groups(ignored_layers=kept, root_module_types=[torch.nn.Conv2d, torch.nn.Conv1d, torch.nn.Linear]))
+        groups = list(graph.get_all_groups(ignored_layers=kept, root_module_types=list(ROOT_TYPES)))
     except Exception as exc:  # noqa: BLE001 - torch-pruning traces the forward pass
         return [Check.failed("torch-pruning dependency graph", exc, "a forward pass torch-pruning cannot trace cannot be pruned; "
                              "`ignore` the module that fails or drop the prune stage")]

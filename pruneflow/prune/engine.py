@@ -19,13 +19,15 @@ from torch import nn
 from ..errors import ConfigError, InputError
 from ..evaluate import count_macs_params
 from ..inputs import Inputs, bind, call, take
+from . import rnn as rnn_units
 from .importance import SaliencyImportance
 from .keep import KeepRule
 from .surgery import ChannelEmbedConv
 from .tp_adapter import GroupPruner, Selection, prune, selection_members
 
 Metric = Literal["channels", "macs", "params"]
-PrunableLayer = nn.Conv2d | nn.Conv1d | nn.Linear
+#: What channel pruning removes output channels of: a recurrent layer's are its hidden units (``rnn.py``).
+PrunableLayer = nn.Conv2d | nn.Conv1d | nn.Linear | nn.RNNBase
 
 
 @dataclass
@@ -51,6 +53,8 @@ def layer_widths(model: nn.Module) -> dict[str, tuple[int, int]]:
             out[name] = (m.out_channels, m.in_channels)
         elif isinstance(m, nn.Linear):
             out[name] = (m.out_features, m.in_features)
+        elif isinstance(m, nn.RNNBase):
+            out[name] = (m.hidden_size, m.input_size)
     return out
 
 
@@ -79,14 +83,20 @@ def resolve_ignored(model: nn.Module, patterns: list[str] | None, loc: tuple = (
 def prunable_layers(model: nn.Module, ignored: tuple[str, ...]) -> list[tuple[str, PrunableLayer]]:
     out: list[tuple[str, PrunableLayer]] = []
     for name, m in model.named_modules():
-        if isinstance(m, (nn.Conv2d, nn.Conv1d, nn.Linear)) and not isinstance(m, ChannelEmbedConv):
+        if isinstance(m, (nn.Conv2d, nn.Conv1d, nn.Linear, nn.RNNBase)) and not isinstance(m, ChannelEmbedConv):
             if not any(name == i or name.startswith(i + ".") for i in ignored):
                 out.append((name, m))
     return out
 
 
+def _width(m: PrunableLayer) -> int:
+    if isinstance(m, nn.Linear):
+        return m.out_features
+    return m.hidden_size if isinstance(m, nn.RNNBase) else m.out_channels
+
+
 def channel_count(model: nn.Module, ignored: tuple[str, ...]) -> int:
-    return sum(m.out_features if isinstance(m, nn.Linear) else m.out_channels for _, m in prunable_layers(model, ignored))
+    return sum(_width(m) for _, m in prunable_layers(model, ignored))
 
 
 def measure(model: nn.Module, example: "Inputs", ignored: tuple[str, ...]) -> dict[str, int]:
@@ -116,14 +126,19 @@ def _floors(model: nn.Module, opts: PruneOptions) -> dict[nn.Module, int]:
 
 @torch.no_grad()
 def output_positions(model: nn.Module, example: Inputs) -> dict[nn.Module, int]:
-    """Output positions per sample (H*W for a conv, tokens for a Linear) of every conv and Linear layer."""
+    """Output positions per sample (H*W for a conv, tokens for a Linear, time steps for a recurrent layer) of every
+    conv, Linear and recurrent layer."""
     out: dict[nn.Module, int] = {}
 
     def hook(module, inputs, output):
+        output = output[0] if isinstance(output, tuple) else output  # a recurrent layer's (outputs, state)
+        if isinstance(output, nn.utils.rnn.PackedSequence):
+            output = output.data
         channels = output.shape[1] if isinstance(module, nn.modules.conv._ConvNd) else output.shape[-1]
         out[module] = int(output[0].numel() // channels)
 
-    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, (nn.modules.conv._ConvNd, nn.Linear))]
+    kinds = (nn.modules.conv._ConvNd, nn.Linear, nn.RNNBase)
+    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, kinds)]
     was = model.training
     model.eval()
     try:
@@ -198,6 +213,10 @@ class PrunePlan:
                         params = [(layer.weight, 0), (layer.bias, 0)]
                     elif isinstance(layer, nn.Linear) or layer.groups == 1:
                         params = [(layer.weight, 1)]
+                elif isinstance(layer, nn.RNNBase):  # every gate's rows of the units and their columns (rnn.py)
+                    found = (rnn_units.unit_slices if member.out_channels else rnn_units.input_slices)(layer, member.idxs)
+                    out += [(getattr(layer, name).data, dim, i) for name, dim, i in found]
+                    continue
                 # Other layers (grouped convs' inputs, norms without affine terms) keep their values: the
                 # faded producers already silence those channels.
                 out += [(p.data, dim, idx.to(p.device)) for p, dim in params if p is not None]
@@ -309,6 +328,6 @@ def layer_channels(model: nn.Module) -> dict[str, int]:
     for name, m in model.named_modules():
         if isinstance(m, (nn.Conv2d, nn.Conv1d)) and not isinstance(m, ChannelEmbedConv):
             out[name] = m.out_channels
-        elif isinstance(m, nn.Linear):
-            out[name] = m.out_features
+        elif isinstance(m, (nn.Linear, nn.RNNBase)):
+            out[name] = _width(m)
     return out

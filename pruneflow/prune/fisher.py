@@ -52,7 +52,9 @@ def fisher_diagonal(model: nn.Module, batches: "Iterable[tuple[Inputs, torch.Ten
         out = functional_call(model, (p, buffers), (one,)) if isinstance(one, torch.Tensor) else functional_call(model, (p, buffers), (), one)
         return loss_fn(out, y.unsqueeze(0))
 
-    per_sample_grad = vmap(grad(sample_loss), in_dims=(None, 0, 0))
+    vectorised = vmap(grad(sample_loss), in_dims=(None, 0, 0))
+    one_by_one = _looped(grad(sample_loss))
+    per_sample_grad = vectorised
     fisher = {n: torch.zeros_like(p) for n, p in params.items()}
     mean = {n: torch.zeros_like(p) for n, p in params.items()}
     count = 0
@@ -61,7 +63,16 @@ def fisher_diagonal(model: nn.Module, batches: "Iterable[tuple[Inputs, torch.Ten
             for start in range(0, len(y), chunk):
                 xs, ys = take(x, slice(start, start + chunk)), y[start : start + chunk]
                 with torch.enable_grad():
-                    g = per_sample_grad(params, xs, ys)
+                    try:
+                        g = per_sample_grad(params, xs, ys)
+                    except RuntimeError:
+                        if per_sample_grad is one_by_one:
+                            raise
+                        # vmap has no batching rule for some ops: an nn.GRU's CPU kernel writes its
+                        # state in place ("output with shape [1, 64] doesn't match the broadcast shape
+                        # [32, 1, 64]", issue 37). The same gradients, one sample at a time.
+                        per_sample_grad = one_by_one
+                        g = per_sample_grad(params, xs, ys)
                 for n in params:
                     fisher[n] += g[n].pow(2).sum(0)
                     mean[n] += g[n].sum(0)
@@ -69,3 +80,13 @@ def fisher_diagonal(model: nn.Module, batches: "Iterable[tuple[Inputs, torch.Ten
     model.train(was)
     samples = max(count, 1)
     return {k: v / samples for k, v in fisher.items()}, {k: v / samples for k, v in mean.items()}
+
+
+def _looped(per_sample: Callable) -> Callable:
+    """``vmap(per_sample, in_dims=(None, 0, 0))`` as a loop over the samples (for models vmap cannot batch)."""
+
+    def run(params: dict[str, torch.Tensor], xs: Inputs, ys: torch.Tensor) -> dict[str, torch.Tensor]:
+        grads = [per_sample(params, take(xs, i), ys[i]) for i in range(len(ys))]
+        return {n: torch.stack([g[n] for g in grads]) for n in params}
+
+    return run

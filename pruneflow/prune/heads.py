@@ -39,7 +39,9 @@ class HeadStrategy(Strategy):
                               hint="use target: {macs: 0.5}, {params: 0.5} or {ratio: 0.3}")
         if self.config.target.ffn and not ffn_sites(self.model):
             raise ConfigError(self.loc("target", "ffn"), "ffn counts the FFN neurons of BERT-style layers "
-                              "(intermediate.dense, output.dense); this model has none", value=self.config.target.ffn,
+                              "(intermediate.dense, output.dense) or of a pointwise FFN beside an attention module "
+                              "(nn.Sequential(Linear(d, f), activation, [Dropout], Linear(f, d))); this model has none",
+                              value=self.config.target.ffn,
                               hint="drop ffn here and prune the MLP's hidden neurons in a later `granularity: channels` stage")
 
     def _heads(self) -> dict[str, int]:

@@ -37,6 +37,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from . import rnn as rnn_units
 from .criteria import Evidence, Scores
 from .fisher import fisher_diagonal, mean_gradients
 from .surgery import ChannelEmbedConv
@@ -75,6 +76,8 @@ class SaliencyImportance(GroupImportance):
             k = float(torch.tensor(layer.kernel_size).prod())
             other = layer.in_channels // layer.groups if role == "out" else layer.out_channels // layer.groups
             return k * other * positions
+        if isinstance(layer, nn.RNNBase):
+            return rnn_units.unit_cost(layer, role, positions)
         return 0.0
 
     def _sal(self, param: torch.Tensor | None) -> torch.Tensor | None:
@@ -85,6 +88,9 @@ class SaliencyImportance(GroupImportance):
     def _local(self, member: Member) -> torch.Tensor | None:
         """Per-channel saliency sums of one member, in its own channel numbering (None: not scored)."""
         layer = member.module
+        if isinstance(layer, nn.RNNBase):  # a hidden unit: its rows in every gate and its columns (rnn.py)
+            own = {n: sal for n, p in layer.named_parameters() if (sal := self._sal(p)) is not None}
+            return rnn_units.unit_saliency(layer, own, member.role, member.idxs) if member.role in ("out", "in") else None
         s = None if isinstance(layer, ChannelEmbedConv) else self._sal(getattr(layer, "weight", None))
         if s is None:
             return None

@@ -17,24 +17,26 @@ it) and a :class:`GroupPruner` (one global or uniform step, yielded group by gro
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Iterator, Literal, NamedTuple
 
 import torch
 import torch_pruning as tp
 from torch import nn
 from torch_pruning.pruner import function
 
+from . import rnn as rnn_units
+
 if TYPE_CHECKING:
     from ..inputs import Inputs
     from .keep import KeepRule
 
-_OUT = (function.prune_conv_out_channels, function.prune_linear_out_channels)
-_IN = (function.prune_conv_in_channels, function.prune_linear_in_channels)
-_NORM = (function.prune_batchnorm_out_channels, function.prune_layernorm_out_channels, function.prune_groupnorm_out_channels)
-
 Role = Literal["out", "in", "norm", "other"]
+
+#: The layer types a group may start from: a layer whose output channels (hidden units) channel pruning removes.
+ROOT_TYPES: tuple[type[nn.Module], ...] = (nn.Conv1d, nn.Conv2d, nn.Linear, nn.RNNBase)
 
 
 class _BagPruner(function.EmbeddingPruner):
@@ -44,14 +46,90 @@ class _BagPruner(function.EmbeddingPruner):
     module, pruned on its last dimension (the columns) with whatever Linear its rows meet (a DLRM's bottom MLP):
     ignoring the bag module did not cover its weight, and ``embedding_coupled``'s reachability, which looks for
     modules, never reached it: channel pruning cut bag tables' columns (issue 37: three of them from 16 to 13),
-    against "tables are kept whole". Registered for the class (``BAG_PRUNERS``, in every graph built here), a bag
+    against "tables are kept whole". Registered for the class (``CUSTOM_PRUNERS``, in every graph built here), a bag
     is a module node like a table: kept whole when ignored, and found from the layers tied to its columns."""
 
     TARGET_MODULES = nn.EmbeddingBag
 
 
-#: torch-pruning's ``customized_pruners`` for every dependency graph and pruner built here.
-BAG_PRUNERS: dict = {nn.EmbeddingBag: _BagPruner()}
+class _RnnPruner(function.BasePruningFunc):
+    """Hidden units of ``nn.GRU``/``nn.LSTM``/``nn.RNN`` as output channels, input features as input channels
+    (the surgery: ``rnn.py``). torch-pruning 1.6.1 has nothing for a GRU, and its ``LSTMPruner`` cuts an LSTM's
+    gates inconsistently (``rnn.py`` says how)."""
+
+    TARGET_MODULES = nn.RNNBase
+
+    def prune_out_channels(self, layer: nn.Module, idxs: list) -> nn.Module:
+        assert isinstance(layer, nn.RNNBase)
+        return rnn_units.prune_hidden(layer, list(idxs))
+
+    def prune_in_channels(self, layer: nn.Module, idxs: list) -> nn.Module:
+        assert isinstance(layer, nn.RNNBase)
+        return rnn_units.prune_input(layer, list(idxs))
+
+    def get_out_channels(self, layer: nn.Module) -> int:
+        return int(getattr(layer, "hidden_size"))
+
+    def get_in_channels(self, layer: nn.Module) -> int:
+        return int(getattr(layer, "input_size"))
+
+
+_RNN = _RnnPruner()
+
+#: torch-pruning's ``customized_pruners`` for every dependency graph and pruner built here (``build_graph``,
+#: ``GroupPruner``): a customized pruner is registered for its class in all of them, nowhere else.
+CUSTOM_PRUNERS: dict = {nn.EmbeddingBag: _BagPruner(), nn.GRU: _RNN, nn.LSTM: _RNN, nn.RNN: _RNN}
+
+_OUT = (function.prune_conv_out_channels, function.prune_linear_out_channels, _RNN.prune_out_channels)
+_IN = (function.prune_conv_in_channels, function.prune_linear_in_channels, _RNN.prune_in_channels)
+_NORM = (function.prune_batchnorm_out_channels, function.prune_layernorm_out_channels, function.prune_groupnorm_out_channels)
+
+
+def _traced_rnn(module: nn.RNNBase, input: Any, hx: Any = None) -> Any:
+    """The module's outputs with one autograd path back to its input, for torch-pruning's tracer.
+
+    On CPU a GRU runs as a loop of small ops (matmuls, a split into gates, a stack over time steps); torch-pruning
+    follows channel indices through each of them, and the split into gates couples the units with the input's
+    features. Traced opaque (the real outputs, computed without autograd, plus ``0 * sum`` of the input), the
+    module is one node between its input's producer and its outputs' consumers, as a Linear is."""
+    real = type(module).forward
+    if isinstance(input, nn.utils.rnn.PackedSequence):
+        return real(module, input, hx)
+    with torch.no_grad():
+        out, state = real(module, input, hx)
+    out = out + input.sum(-1, keepdim=True) * 0
+    link = out.sum() * 0  # the final state (h_n; c_n) is the units' too: coupled with the output
+    state = tuple(s + link for s in state) if isinstance(state, tuple) else state + link
+    return out, state
+
+
+@contextlib.contextmanager
+def _opaque_rnns(model: nn.Module) -> Iterator[None]:
+    """While torch-pruning traces ``model``, its recurrent layers run :func:`_traced_rnn`."""
+    patched = [m for m in model.modules() if isinstance(m, nn.RNNBase) and "forward" not in vars(m)]
+    for m in patched:
+        setattr(m, "forward", lambda *args, _m=m, **kwargs: _traced_rnn(_m, *args, **kwargs))
+    try:
+        yield
+    finally:
+        for m in patched:
+            delattr(m, "forward")
+
+
+def build_graph(model: nn.Module, example: Any) -> tp.DependencyGraph:
+    """torch-pruning's dependency graph of ``model`` on ``example`` (bound inputs), with our customized pruners
+    and recurrent layers traced as one node each."""
+    with _opaque_rnns(model):
+        return tp.DependencyGraph().build_dependency(model, example_inputs=example, customized_pruners=CUSTOM_PRUNERS)
+
+
+class GroupFailure(RuntimeError):
+    """torch-pruning's group of ``root`` (``name`` in its model: the stage's, or a trial copy's) could not be scored
+    or removed (``cause`` says why): the stage names the layer and the `ignore` entry that keeps its group whole."""
+
+    def __init__(self, root: nn.Module, cause: BaseException, name: str | None = None):
+        super().__init__(f"{name or type(root).__name__}: {type(cause).__name__}: {cause}")
+        self.root, self.cause, self.name = root, cause, name
 
 
 class Selection(NamedTuple):
@@ -101,7 +179,10 @@ def selection_members(graph: tp.DependencyGraph, selection: Selection) -> list[M
 
 def prune(graph: tp.DependencyGraph, selection: Selection) -> None:
     """Remove ``selection``'s channels and every coupled one (indices derived now, as torch-pruning does)."""
-    graph.get_pruning_group(selection.module, selection.handler, selection.idxs).prune()
+    try:
+        graph.get_pruning_group(selection.module, selection.handler, selection.idxs).prune()
+    except Exception as exc:  # noqa: BLE001 - torch-pruning's own failures (an index past a layer's width)
+        raise GroupFailure(selection.module, exc, graph._module2name.get(selection.module)) from exc
 
 
 class GroupImportance(tp.importance.GroupMagnitudeImportance):
@@ -129,7 +210,10 @@ class GroupImportance(tp.importance.GroupMagnitudeImportance):
 
     @torch.no_grad()
     def __call__(self, group):
-        return self.score(members(group))
+        try:
+            return self.score(members(group))
+        except Exception as exc:  # noqa: BLE001 - e.g. an index past a coupled layer's width (issue 37: MMoE's gates)
+            raise GroupFailure(group[0][0].target.module, exc) from exc
 
 
 class _NearestRoundingPruner(tp.pruner.MetaPruner):
@@ -155,7 +239,7 @@ class GroupPruner:
     def __init__(self, model: nn.Module, example: Inputs, importance: GroupImportance, rule: "KeepRule", *,
                  ratio: float, global_pruning: bool, ignored: list[nn.Module],
                  initial_widths: dict[nn.Module, tuple[int, int]] | None = None):
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _opaque_rnns(model):
             # Bare parameters (a ViT's class token and position embedding, ConvNeXt's layer scale) are pruned on
             # their last non-singleton dimension, the channel one in each: right, and not worth a warning a run.
             warnings.filterwarnings("ignore", message="Unwrapped parameters detected")
@@ -165,7 +249,7 @@ class GroupPruner:
                 # 1 when unset: the rule then keeps at least one channel of a group selected whole (once the global
                 # threshold reaches the +inf floor scores), and the cap restores the floor; torch-pruning would
                 # otherwise reject such a group and prune nothing there.
-                round_to=rule.step, rule=rule, customized_pruners=BAG_PRUNERS,
+                round_to=rule.step, rule=rule, customized_pruners=CUSTOM_PRUNERS, root_module_types=list(ROOT_TYPES),
             )
         for module, (out_ch, in_ch) in (initial_widths or {}).items():
             if module in self._pruner.layer_init_out_ch:
@@ -178,9 +262,12 @@ class GroupPruner:
 
     def selections(self) -> Iterator[Selection]:
         """The step's choice, one group at a time (root layer first); nothing is pruned."""
-        for group in self._pruner.step(interactive=True):
-            dep, idxs = group[0]
-            yield Selection(dep.target.module, dep.handler, list(idxs))
+        try:
+            for group in self._pruner.step(interactive=True):
+                dep, idxs = group[0]
+                yield Selection(dep.target.module, dep.handler, list(idxs))
+        except GroupFailure as exc:  # raised while scoring: name the root as the model names it
+            raise GroupFailure(exc.root, exc.cause, self.graph._module2name.get(exc.root)) from exc.cause
 
     def prunes_out_channels(self, selection: Selection) -> bool:
         return self.graph.is_out_channel_pruning_fn(selection.handler)
@@ -191,8 +278,11 @@ class GroupPruner:
     def scores(self, selection: Selection) -> torch.Tensor | None:
         """The importance of every channel of ``selection``'s root layer (None: torch-pruning could not score it)."""
         current = self.out_channels(selection.module)
-        return self._pruner.estimate_importance(self.graph.get_pruning_group(selection.module, selection.handler,
-                                                                             list(range(current))))
+        try:
+            return self._pruner.estimate_importance(self.graph.get_pruning_group(selection.module, selection.handler,
+                                                                                 list(range(current))))
+        except GroupFailure as exc:
+            raise GroupFailure(exc.root, exc.cause, self.graph._module2name.get(exc.root)) from exc.cause
 
 
 def count_ops_as(cls: type[nn.Module], hook) -> None:
@@ -219,8 +309,7 @@ def embedding_coupled(model: nn.Module, example: "Inputs") -> list[str]:
     tables = [m for m in model.modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag))]
     if not tables:
         return []
-    graph = tp.DependencyGraph().build_dependency(model, example_inputs=model_inputs.bind(model, example),
-                                                  customized_pruners=BAG_PRUNERS)
+    graph = build_graph(model, model_inputs.bind(model, example))
     names = {m: n for n, m in model.named_modules()}
     coupled = [names[t] for t in tables]
     for name, module in model.named_modules():
@@ -247,3 +336,66 @@ def _reaches(graph: tp.DependencyGraph, start, handler, targets: set[nn.Module])
                 seen.add(key)
                 stack.append(key)
     return False
+
+
+@dataclass(frozen=True)
+class WholeGroup:
+    """A coupled group channel pruning must leave whole: its ``root`` layer's name, ``why``, and the names of
+    every layer whose output channels are in it (ignored, they keep torch-pruning from selecting the group)."""
+
+    root: str
+    why: str
+    layers: tuple[str, ...]
+
+
+def whole_groups(model: nn.Module, example: "Inputs", ignored: tuple[str, ...], tied: set[str]) -> list[WholeGroup]:
+    """The groups, rooted at layers outside ``ignored``, that no channel of can go:
+
+    - **mis-coupled**: a member's channel indices run past its own width. torch-pruning takes every op it does
+      not know (``torch.stack``, a broadcast multiply) as element-wise on dimension 1, so an MMoE's softmax gate
+      (one output per expert) lands in one group with the experts' 64 output channels it weighs, and scoring
+      index 4 of the gate's 4 rows crashed (issue 37); pruning such a group would cut the expert count;
+    - **tied**: a member shares its weight with another module (``tied``: a SASRec's item table that is also its
+      output projection): torch-pruning rebuilds a member's weight as a new Parameter, which unties the pair and
+      prunes one side only.
+    """
+    from .. import inputs as model_inputs
+
+    graph = build_graph(model, model_inputs.bind(model, example))
+    names = {m: n for n, m in model.named_modules()}
+    out: list[WholeGroup] = []
+    for name, module in model.named_modules():
+        if not isinstance(module, ROOT_TYPES) or module not in graph.module2node or _covered(name, ignored):
+            continue
+        if any(name in g.layers for g in out):
+            continue
+        pruner = graph.get_pruner_of_module(module)
+        group = members(graph.get_pruning_group(module, pruner.prune_out_channels,
+                                                list(range(pruner.get_out_channels(module)))), graph)
+        why = _whole_because(graph, group, names, tied)
+        if why:
+            layers = tuple(dict.fromkeys(names[m.module] for m in group if m.out_channels and m.module in names))
+            out.append(WholeGroup(name, why, layers))
+    return out
+
+
+def _covered(name: str, ignored: tuple[str, ...]) -> bool:
+    return any(name == i or name.startswith(i + ".") for i in ignored)
+
+
+def _whole_because(graph: tp.DependencyGraph, group: list[Member], names: dict, tied: set[str]) -> str | None:
+    """Why no channel of ``group`` may go (None: it is a plain group)."""
+    root = names.get(group[0].module, "?")
+    for member in group:
+        module = member.module
+        if module not in names or type(module).__module__.startswith("torch_pruning"):
+            continue  # torch-pruning's stand-ins for ops and bare parameters
+        if names[module] in tied:
+            return f"{names[module]} shares its weight with another module (tied)"
+        width = graph.get_out_channels(module) if member.out_channels else graph.get_in_channels(module)
+        if width is not None and member.idxs and max(member.idxs) >= width:
+            return (f"{names[module]} ({type(module).__name__}, {width} {'output' if member.out_channels else 'input'} "
+                    f"channels) is coupled with the {len(member.root_idxs)} output channels of {root} through an op "
+                    "torch-pruning follows on another dimension (a stack or a broadcast: an MMoE gate's one weight per "
+                    "expert)")
+    return None

@@ -4,7 +4,9 @@ transformers 5.x removed ``prune_heads`` and the ``head_mask`` argument, and tor
 pruning still leaves each attention module's head counts for the caller to fix, so the surgery is
 written here: remove the heads' rows from query/key/value and their columns from the output
 projection, then update ``num_attention_heads`` and ``all_head_size``. FFN neurons: rows of
-``intermediate.dense``, columns of ``output.dense``. ``nn.MultiheadAttention`` modules are first turned
+``intermediate.dense``, columns of ``output.dense``, or of the first and last Linear of a pointwise FFN written
+as ``nn.Sequential(Linear(d, f), activation, [Dropout], Linear(f, d))`` beside an attention module in the same
+block (a SASRec's or a torchvision ViT's ``CausalBlock.ffn`` / ``EncoderBlock.mlp``). ``nn.MultiheadAttention`` modules are first turned
 into the equivalent :class:`~pruneflow.prune.mha.HeadAttention` (see ``mha.py``), whose heads are sites too.
 
 Importance uses per-sample *masks*: the head outputs (and FFN activations) are multiplied by a
@@ -49,6 +51,8 @@ class FfnSite:
     name: str
     up: nn.Linear
     down: nn.Linear
+    # The module whose output is the FFN's activation (batch, ..., neurons): importance masks hook here.
+    act: nn.Module
 
     @property
     def neurons(self) -> int:
@@ -80,8 +84,26 @@ def ffn_sites(model: nn.Module) -> list[FfnSite]:
         up = getattr(getattr(m, "intermediate", None), "dense", None)
         down = getattr(getattr(m, "output", None), "dense", None)
         if isinstance(up, nn.Linear) and isinstance(down, nn.Linear) and down.in_features == up.out_features:
-            sites.append(FfnSite(name, up, down))
+            sites.append(FfnSite(name, up, down, getattr(m, "intermediate")))
+        elif any(isinstance(child, HeadAttention) for child in m.children()):
+            sites += [site for child, seq in m.named_children() if (site := _sequential_ffn(f"{name}.{child}".lstrip("."), seq))]
     return sites
+
+
+def _sequential_ffn(name: str, seq: nn.Module) -> FfnSite | None:
+    """``seq`` as a pointwise FFN: ``nn.Sequential(Linear(d, f), activation, [Dropout...], Linear(f, d))``, the
+    modules between the two Linears parameter-free (so masking the activation's output masks neuron j and
+    nothing else), else None. Only beside an attention module: an MLP elsewhere is channel pruning's."""
+    if not isinstance(seq, nn.Sequential) or len(seq) < 3:
+        return None
+    up, *between, down = list(seq)
+    if not (isinstance(up, nn.Linear) and isinstance(down, nn.Linear)) or any(isinstance(m, nn.Linear) for m in between):
+        return None
+    if down.in_features != up.out_features or down.out_features != up.in_features:
+        return None
+    if any(True for m in between for _ in m.parameters()):
+        return None
+    return FfnSite(name, up, down, between[0])
 
 
 def is_transformer(model: nn.Module) -> bool:
@@ -181,17 +203,11 @@ def unit_masks(model: nn.Module, head_mask: dict[str, torch.Tensor] | None = Non
         if head_mask is not None or per_sample:
             handles += [(s.hook or s.attn).register_forward_hook(head_hook(s)) for s in attention_sites(model)]
         if ffn_mask is not None or per_sample:
-            handles += [_activation_module(model, s).register_forward_hook(ffn_hook(s)) for s in ffn_sites(model)]
+            handles += [s.act.register_forward_hook(ffn_hook(s)) for s in ffn_sites(model)]
         yield captured
     finally:
         for h in handles:
             h.remove()
-
-
-def _activation_module(model: nn.Module, site: FfnSite) -> nn.Module:
-    """The module whose output is the FFN activation (BertIntermediate: dense + activation)."""
-    parent = model.get_submodule(site.name)
-    return getattr(parent, "intermediate")
 
 
 class UnitEvidence(Evidence):
