@@ -18,14 +18,36 @@ from .sampling import content_hashes, first_occurrences, select_diverse, select_
 STRATEGIES = ("random", "stratified", "diverse")
 
 
-def penultimate_features(model: nn.Module, x: Inputs, batch_size: int = 256) -> np.ndarray:
-    """The input of the model's last Linear layer (the classifier's features), for every sample."""
+def feature_layer(model: nn.Module) -> tuple[nn.Module, str] | None:
+    """The layer whose input is the model's features, and how to say so: the last Linear (a classifier's or a
+    ranker's features, a sequence model's last state), else the last convolution (a mask model's decoder features,
+    averaged over space); None for a model with neither."""
+    names = {m: n for n, m in model.named_modules()}
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
-    if not linears:
-        raise ConfigError(("features",), "model features need a model ending in a Linear layer", value="model",
-                          hint="use features: inputs")
+    if linears:
+        return linears[-1], f"model: the input of {names[linears[-1]]!r}, its last Linear"
+    convs = [m for m in model.modules() if isinstance(m, nn.modules.conv._ConvNd)]
+    if convs:
+        return convs[-1], f"model: the input of {names[convs[-1]]!r}, its last convolution, averaged over space"
+    return None
+
+
+def penultimate_features(model: nn.Module, x: Inputs, batch_size: int = 256) -> np.ndarray:
+    """The model's features (``feature_layer``'s input) for every sample: flattened for a Linear, one value a channel for
+    a convolution."""
+    found = feature_layer(model)
+    if found is None:
+        raise ConfigError(("features",), "model features need a model with a Linear or convolution layer", value="model",
+                          hint="use features: inputs (or auto, which does so for such a model)")
+    layer = found[0]
+    conv = isinstance(layer, nn.modules.conv._ConvNd)
+
+    def keep(m, inp, out) -> None:
+        t = inp[0].detach()
+        captured.append((t.float().mean(dim=tuple(range(2, t.dim()))) if conv and t.dim() > 2 else t.flatten(1)).cpu())
+
     captured: list[torch.Tensor] = []
-    handle = linears[-1].register_forward_hook(lambda m, inp, out: captured.append(inp[0].detach().flatten(1).cpu()))
+    handle = layer.register_forward_hook(keep)
     was = model.training
     model.eval()
     device = next(model.parameters()).device

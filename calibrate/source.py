@@ -12,7 +12,7 @@ import numpy as np
 
 from pruneflow.errors import ConfigError, InputError, UsageError
 
-from .build import STRATEGIES, build_calibration_set, penultimate_features
+from .build import STRATEGIES, build_calibration_set, feature_layer, penultimate_features
 from .consumers import save_set
 from .sampling import length_buckets
 
@@ -81,11 +81,12 @@ def calibrate_source(source: Path, out: Path, *, size: int, strategy: str, by: s
         if by not in ds.column_names:
             raise UsageError(f"--by: the source has no column {by!r}; columns: {', '.join(ds.column_names)}")
         groups = np.asarray([str(v) for v in ds[by]])
-    features = (lambda x: penultimate_features(model, x)) if model is not None else None
+    layer = feature_layer(model) if model is not None else None  # a model with no Linear or convolution: its inputs
+    features = (lambda x: penultimate_features(model, x)) if layer is not None and model is not None else None
     try:
         calib = build_calibration_set(split, size=size, strategy=strategy, seed=seed, groups=groups, features=features,
                                       meta={"source": str(source), "by": by if strategy == "stratified" else None,
-                                            "features": ("model" if model is not None else "inputs") if strategy == "diverse" else None},
+                                            "features": (layer[1] if layer is not None else "inputs") if strategy == "diverse" else None},
                                       warn=warn)
     except ConfigError as exc:  # a setting of the build (e.g. `by`): here it is the command-line option
         option = "--recipe" if exc.loc == ("features",) else f"--{exc.loc[-1]}"

@@ -13,7 +13,7 @@ from pruneflow.recipe.models import PathField
 from pruneflow.recipe.rules import has_train_split
 from pruneflow.stage import Stage, StageConfig, StageResult, StrictModel
 
-from .build import build_calibration_set, penultimate_features
+from .build import build_calibration_set, feature_layer, penultimate_features
 from .consumers import save_set
 
 
@@ -37,7 +37,9 @@ class CalibrateConfig(StageConfig):
     by: str = Field(default="label", description="`stratified`: the label, any column of the source, or `length` (tokenized text: "
                     "buckets of the token count, 1-8, 9-16, 17-32, ..., so short and long requests keep their shares).")
     features: Literal["auto", "inputs", "model"] = Field(
-        default="auto", description="`diverse`: the model's penultimate features (`auto` when a model is present) or the raw inputs."
+        default="auto", description="`diverse`: compare samples by the model's features (the input of its last Linear, else "
+        "of its last convolution averaged over space) or by the raw inputs; `auto`: the model's where it has such a layer, "
+        "else the inputs. The set's `features` says which was used."
     )
     dedupe: bool = Field(default=True, description="Drop samples whose content is identical to an earlier one.")
     seed: int | None = Field(default=None, ge=0, description="Sampling seed (default: the recipe's).")
@@ -112,8 +114,11 @@ class CalibrateStage(Stage[CalibrateConfig]):
             where = f"recipe data ({cfg.split} split)"
         if cfg.strategy == "stratified" and cfg.by == "length":  # token-count buckets, even where a column is named so
             groups = self._length_buckets(split)
-        use_model = cfg.features == "model" or (cfg.features == "auto" and state.model is not None)
+        layer = feature_layer(state.model) if state.model is not None else None
+        use_model = cfg.features == "model" or (cfg.features == "auto" and layer is not None)
         features = (lambda x: penultimate_features(state.model, x)) if use_model else None
+        said = (layer[1] if layer is not None else "model") if use_model else (
+            "inputs" + (" (the model has no Linear or convolution layer)" if cfg.features == "auto" and state.model is not None else ""))
         import numpy as np
 
         try:
@@ -121,7 +126,7 @@ class CalibrateStage(Stage[CalibrateConfig]):
                 split, size=cfg.size, strategy=cfg.strategy, seed=ctx.seed if cfg.seed is None else cfg.seed,
                 groups=np.asarray(groups) if groups is not None else None, features=features, dedupe=cfg.dedupe,
                 meta={"source": where, "by": cfg.by if cfg.strategy == "stratified" else None,
-                      "features": ("model" if use_model else "inputs") if cfg.strategy == "diverse" else None},
+                      "features": said if cfg.strategy == "diverse" else None},
                 warn=ctx.reporter.warning,
             )
         except ConfigError as exc:  # located at this stage's key (e.g. stages.1.by)

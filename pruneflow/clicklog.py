@@ -7,7 +7,12 @@ most are rare, as in a real log), ``item_id`` (Zipf over ``items``), the item's 
 (text), ``hour``, and three numbers: ``price`` (log-normal), ``item_age_days`` (exponential), ``user_activity``
 (a count). ``clicked`` is drawn from a logistic model planted in the generator: a bias per user and per item,
 a user's taste for a category (a dot product of two 4-d vectors), a device and an hour-of-day effect, and
-the log price. AUC therefore means something: the planted logit's own AUC on the eval rows (printed, and
+the log price. ``finished`` (the user watched or read the item to its end: a feed's second objective, for a
+multi-task ranker) is drawn from a second logistic model that shares the user's taste but has its own item
+quality, a user's patience, a device effect of its own, the item's age and the quality of the item's tags.
+Two multi-hot columns (lists, for ``data.features.multi_hot`` and an ``nn.EmbeddingBag``): ``item_tags``, the
+item's 1-3 tags of 64, and ``recent_categories``, the 1-4 categories the user viewed last (drawn by the user's
+taste, so they tell a model what the user likes beyond the one category of the row). AUC therefore means something: the planted logit's own AUC on the eval rows (printed, and
 written to ``planted.json``) is the ceiling a model can approach, and a model that ignores the user table
 loses most of the per-user part. Everything comes from one seed: the same arguments give the same bytes.
 """
@@ -34,7 +39,19 @@ def _zipf_ids(gen: np.random.Generator, n: int, count: int, exponent: float) -> 
 
 
 def generate(rows: int, users: int = 1_000_000, items: int = 100_000, categories: int = 200, seed: int = 0) -> dict[str, np.ndarray]:
-    """The log's columns (see the module docstring), plus ``planted_logit``."""
+    """The log's columns (see the module docstring), plus ``planted_logit`` and ``planted_finish_logit``; a list
+    column is an object array of int64 arrays, one a row."""
+    columns = _generate(rows, users, items, categories, seed)
+    for name, value in columns.items():
+        if isinstance(value, tuple):  # (flat values, offsets)
+            rows_of = np.empty(rows, dtype=object)
+            rows_of[:] = np.split(value[0], value[1][1:-1])
+            columns[name] = rows_of
+    return columns
+
+
+def _generate(rows: int, users: int, items: int, categories: int, seed: int) -> dict[str, Any]:
+    """``generate``'s columns, a list column as (flat values, offsets), which ``write`` stores without a list a row."""
     gen = np.random.default_rng(seed)
     user_bias, item_bias = gen.normal(0, 0.8, users), gen.normal(0, 0.6, items)
     taste, flavour = gen.normal(0, 0.6, (users, 4)), gen.normal(0, 0.6, (categories, 4))
@@ -51,9 +68,52 @@ def generate(rows: int, users: int = 1_000_000, items: int = 100_000, categories
              + np.array([0.3, 0.1, -0.2, -0.5, 0.0])[device] + 0.4 * np.sin(hour / 24 * 2 * np.pi)
              - 0.25 * (np.log(price) - 3.0) - 0.01 * age + 0.03 * activity)
     clicked = (gen.random(rows) < 1 / (1 + np.exp(-logit))).astype(np.int64)
+    # drawn after every column above, so they keep their bytes
+    tags, tag_count = gen.integers(1, TAGS + 1, (items, 3)), gen.integers(1, 4, items)
+    recent = _recent_categories(gen, taste[user], flavour)
+    finish = _finish_logit(gen, users, items, user, item, (taste[user] * flavour[category]).sum(1), device, age,
+                           _tag_quality(gen, tags, tag_count)[item])
+    finished = (gen.random(rows) < 1 / (1 + np.exp(-finish))).astype(np.int64)
     return {"user_id": user.astype(np.int64), "item_id": item.astype(np.int64), "category": category.astype(np.int64),
             "device": DEVICES[device], "hour": hour.astype(np.int64), "price": price, "item_age_days": age,
-            "user_activity": activity.astype(np.int64), "clicked": clicked, "planted_logit": logit}
+            "user_activity": activity.astype(np.int64), "clicked": clicked, "finished": finished,
+            "item_tags": _ragged(tags[item], tag_count[item]), "recent_categories": recent,
+            "planted_logit": logit, "planted_finish_logit": finish}
+
+
+#: Distinct item tags (ids 1..TAGS).
+TAGS = 64
+
+
+def _ragged(values: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A list column as (flat values, offsets): row i holds values[i, :counts[i]]."""
+    keep = np.arange(values.shape[1])[None, :] < counts[:, None]
+    return values[keep].astype(np.int64), np.r_[0, np.cumsum(counts)].astype(np.int32)
+
+
+def _tag_quality(gen: np.random.Generator, tags: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """Each item's mean tag quality (a planted effect on ``finished``)."""
+    quality = gen.normal(0, 0.8, TAGS + 1)
+    keep = np.arange(3)[None, :] < count[:, None]
+    return (quality[tags] * keep).sum(1) / count
+
+
+def _recent_categories(gen: np.random.Generator, taste: np.ndarray, flavour: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, the 1-4 categories of 8 random candidates that the user's taste (plus Gumbel noise) ranks first."""
+    rows = len(taste)
+    candidates = gen.integers(0, len(flavour), (rows, 8))
+    score = np.einsum("rk,rck->rc", taste.astype(np.float32), flavour[candidates].astype(np.float32))
+    score += gen.gumbel(0, 0.5, score.shape).astype(np.float32)
+    best = np.take_along_axis(candidates, np.argsort(-score, axis=1)[:, :4], axis=1)
+    return _ragged(best, gen.integers(1, 5, rows))
+
+
+def _finish_logit(gen: np.random.Generator, users: int, items: int, user: np.ndarray, item: np.ndarray, taste: np.ndarray,
+                  device: np.ndarray, age: np.ndarray, tag_quality: np.ndarray) -> np.ndarray:
+    """The planted log-odds of ``finished``: drawn after every column of the log, so ``clicked`` keeps its bytes."""
+    quality, patience = gen.normal(0, 0.9, items), gen.normal(0, 0.7, users)
+    return (-0.4 + quality[item] + patience[user] + 0.5 * taste + np.array([0.2, 0.3, -0.4, 0.6, 0.0])[device]
+            - 0.004 * age + tag_quality)
 
 
 def write(out: Path, rows: int, eval_fraction: float = 0.1, **kwargs) -> dict:
@@ -64,19 +124,31 @@ def write(out: Path, rows: int, eval_fraction: float = 0.1, **kwargs) -> dict:
 
     from .tasks.binary import auc
 
-    columns = generate(rows, **kwargs)
+    columns = _generate(rows, **{"users": 1_000_000, "items": 100_000, "categories": 200, "seed": 0, **kwargs})
     logit = columns.pop("planted_logit")
+    finish = columns.pop("planted_finish_logit")
     cut = rows - int(rows * eval_fraction)
     out.mkdir(parents=True, exist_ok=True)
     for name, part in (("train", slice(0, cut)), ("eval", slice(cut, rows))):
-        table = pa.table({k: v[part] for k, v in columns.items()})
+        table = pa.table({k: _column(v, part, pa) for k, v in columns.items()})
         tmp = out / f".{name}.parquet.tmp"
         pq.write_table(table, tmp)
         tmp.replace(out / f"{name}.parquet")
     summary = {"rows": rows, "eval_rows": rows - cut, **kwargs, "click_rate": float(columns["clicked"].mean()),
-               "planted_auc_eval": auc(logit[cut:], columns["clicked"][cut:].astype(np.float64))}
+               "planted_auc_eval": auc(logit[cut:], columns["clicked"][cut:].astype(np.float64)),
+               "finish_rate": float(columns["finished"].mean()),
+               "planted_finish_auc_eval": auc(finish[cut:], columns["finished"][cut:].astype(np.float64))}
     (out / "planted.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _column(values: Any, part: slice, pa: Any) -> Any:
+    """Rows ``part`` of a column: an array, or a list column given as (flat values, offsets)."""
+    if not isinstance(values, tuple):
+        return values[part]
+    flat, offsets = values
+    cut = offsets[part.start:(part.stop + 1 if part.stop is not None else None)]
+    return pa.ListArray.from_arrays(pa.array(cut - cut[0], pa.int32()), pa.array(flat[cut[0]:cut[-1]]))
 
 
 def cached(spec: Any, kind: str = "clicklog", writer: "Callable[[Path, Any], Any] | None" = None) -> Path:
@@ -89,7 +161,7 @@ def cached(spec: Any, kind: str = "clicklog", writer: "Callable[[Path, Any], Any
     import shutil
     import tempfile
 
-    settings = spec.model_dump()
+    settings = spec.model_dump() | ({"columns": 3} if kind == "clicklog" else {})  # 3: finished, item_tags, recent_categories
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
     root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "pruneflow" / kind
     folder = root / key

@@ -50,7 +50,7 @@ def load_data(spec: DataSpec, seed: int = 0, with_train: bool = True, task: "Tas
     datasets.logging.set_verbosity_error()
     train_ds, eval_ds, class_names, where = _sources(spec, seed, with_train or spec.features is not None, task)
     # a task whose targets are the reference model's outputs (embedding) needs no label column
-    labelled = not task.targets_from_model or any(n in eval_ds.column_names for n in (spec.label_column,) + LABEL_FALLBACKS)
+    labelled = not task.targets_from_model or any(n in eval_ds.column_names for n in label_columns(spec) + LABEL_FALLBACKS)
     label = _label_column(eval_ds, spec) if labelled else ""
     if class_names is None:
         feature = eval_ds.features.get(label)
@@ -94,7 +94,7 @@ def _feature_columns(ds, spec: DataSpec, where: str) -> dict[str, np.ndarray]:
     """The columns ``data.features`` names, as numpy arrays (text stays text)."""
     features = spec.features
     assert features is not None
-    wanted = features.categorical + features.numeric
+    wanted = features.categorical + features.numeric + features.multi_hot
     missing = [c for c in wanted if c not in ds.column_names]
     if missing:
         import difflib
@@ -312,7 +312,24 @@ def _npz(path: Path):
     return datasets.Dataset.from_dict(columns, features=datasets.Features(features)), class_names
 
 
+def label_columns(spec: DataSpec) -> tuple[str, ...]:
+    """Every label column the data section names (one a head for a multi-head task)."""
+    return tuple(spec.label_column.values()) if isinstance(spec.label_column, dict) else (spec.label_column,)
+
+
+def _targets(ds, spec: DataSpec, task: "Task") -> np.ndarray:
+    """The task's reading of the label column, or of one column a head (``label_column: {head: column}``)."""
+    if isinstance(spec.label_column, dict):
+        for column in spec.label_column.values():
+            _label_column(ds, spec.model_copy(update={"label_column": column}))  # names a missing one
+        return task.read_targets({h: column_array(ds, c) for h, c in spec.label_column.items()}, spec.label_column)
+    label = _label_column(ds, spec)
+    return task.read_targets(column_array(ds, label), label)
+
+
 def _label_column(ds, spec: DataSpec) -> str:
+    if isinstance(spec.label_column, dict):  # several heads: the first stands for them where one is asked for
+        return _label_column(ds, spec.model_copy(update={"label_column": next(iter(spec.label_column.values()))}))
     for name in (spec.label_column,) + LABEL_FALLBACKS:
         if name in ds.column_names:
             return name
@@ -336,7 +353,7 @@ def _input_columns(ds, spec: DataSpec, label: str) -> list[str]:
     for name in INPUT_CANDIDATES:
         if name in ds.column_names:
             return [name]
-    numeric = [c for c, f in ds.features.items() if c != label and getattr(f, "dtype", "") in _NUMERIC]
+    numeric = [c for c, f in ds.features.items() if c != label and c not in label_columns(spec) and getattr(f, "dtype", "") in _NUMERIC]
     if numeric:
         return numeric
     raise InputError(
@@ -372,7 +389,7 @@ def _check_finite(ds, spec: DataSpec, source: str) -> None:
     subsample reorders the rows). Images and text cannot hold them."""
     if spec.tokenizer:
         return
-    label = next((n for n in (spec.label_column,) + LABEL_FALLBACKS if n in ds.column_names), "")
+    label = next((n for n in label_columns(spec) + LABEL_FALLBACKS if n in ds.column_names), "")
     columns = _input_columns(ds, spec, label)
     for column in columns:
         feature = ds.features[column]
@@ -437,9 +454,9 @@ def _to_split(ds, spec: DataSpec, role: str, require_label: bool = True, task: "
               schema: TabularSchema | None = None, table: dict[str, np.ndarray] | None = None) -> Split:
     import datasets
 
-    if require_label or any(n in ds.column_names for n in (spec.label_column,) + LABEL_FALLBACKS):
+    if require_label or any(n in ds.column_names for n in label_columns(spec) + LABEL_FALLBACKS):
         label = _label_column(ds, spec)
-        y = (task or Classification()).read_targets(column_array(ds, label), label)
+        y = _targets(ds, spec, task or Classification())
     else:
         label, y = "", np.full(len(ds), -1, dtype=np.int64)
     if spec.tokenizer:

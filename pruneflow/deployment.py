@@ -130,10 +130,28 @@ def deployment_record(state: "RunState", ctx: "RunContext", *, dynamic_batch: bo
     return {
         "format": FORMAT,
         "input": record_in,
-        "output": {"name": state.task.output_name, "shape": [batch, *map(int, out.shape[1:])], "dtype": "float32"},
+        "output": _output_record(state.task, out, batch),
         "preprocessing": state.data.tabular.record() if state.data.tabular is not None else preprocessing(spec),
         "labels": list(state.data.class_names) if state.data.class_names else None,
     }
+
+
+def _output_record(task: Any, out: Any, batch: Any) -> dict[str, Any]:
+    """The output an artifact gives: the task's one, or, for a multi-head task, one named output a head (``names``,
+    each head's shape under ``heads``) that a runtime reads back concatenated in that order (``shape``)."""
+    record = {"name": task.output_name, "shape": [batch, *map(int, out.shape[1:])], "dtype": "float32"}
+    names = task.output_names
+    if len(names) > 1:
+        parts = task.export_output(out)
+        record |= {"name": names[0], "names": names,
+                   "heads": {n: {"shape": [batch, *map(int, p.shape[1:])], "dtype": "float32"} for n, p in zip(names, parts)}}
+    return record
+
+
+def record_outputs(record: dict) -> "str | list[str]":
+    """The output name(s) a deployment record gives an artifact: one name, or one a head (``_output_record``)."""
+    out = record["output"]
+    return list(out["names"]) if "names" in out else str(out["name"])
 
 
 def _layout(dims: int, spec: "DataSpec") -> str:

@@ -91,17 +91,23 @@ def macs_by_module(model: nn.Module, example: Inputs) -> dict[str, int]:
     59.2 M where it runs 2.2 M (issue 37). Two gaps of the FlopCounter are closed here: CPU attention
     (``_scaled_dot_product_flash_attention_for_cpu`` has no formula in torch 2.13; the generic one is registered),
     and ``nn.MultiheadAttention``'s fused eval path (turned off while counting, as an export turns it off, so the
-    projections and the attention are counted as the exported graph runs them). Elementwise ops (norms,
-    activations) are not MACs and count 0, as in every FLOP counter of the field."""
+    projections and the attention are counted as the exported graph runs them); and an ``nn.LSTM`` on the CPU, which
+    runs as oneDNN's ``mkldnn_rnn_layer``, a kernel the counter has no formula for (it counted 0). Elementwise ops
+    (norms, activations) are not MACs and count 0, as in every FLOP counter of the field."""
     from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
     def cpu_attention(query, key, value, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
         return int(sdpa_flop_count(query, key, value))  # (shapes: FlopCounterMode wraps the formula)
 
+    def cpu_lstm_layer(input, w_ih, w_hh, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+        # oneDNN's LSTM layer: every step (input [steps, batch, in]) multiplies both gate matrices, 4H rows each
+        return 2 * int(input[0]) * int(input[1]) * (int(w_ih[0]) * int(w_ih[1]) + int(w_hh[0]) * int(w_hh[1]))
+
     mapping: dict[Any, Any] = {}
-    cpu_sdpa = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-    if cpu_sdpa is not None:
-        mapping[cpu_sdpa] = cpu_attention
+    for name, formula in (("_scaled_dot_product_flash_attention_for_cpu", cpu_attention), ("mkldnn_rnn_layer", cpu_lstm_layer)):
+        op = getattr(torch.ops.aten, name, None)
+        if op is not None:
+            mapping[op] = formula
     was_training = model.training
     model.eval()
     try:

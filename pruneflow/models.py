@@ -203,7 +203,7 @@ def _import_file(path: Path, factory: str):
 
 #: Factory arguments that tabular data fills in (``data.features``) when the factory takes them and ``model.kwargs``
 #: does not set them: the tables' row counts follow from the vocabularies, which only the data knows.
-DATA_KWARGS = ("cardinalities", "num_dense")
+DATA_KWARGS = ("cardinalities", "num_dense", "bag_cardinalities", "bag_length")
 
 
 def with_data_kwargs(spec: ModelSpec, schema: Any) -> tuple[ModelSpec, dict[str, Any]]:
@@ -218,7 +218,8 @@ def with_data_kwargs(spec: ModelSpec, schema: Any) -> tuple[ModelSpec, dict[str,
         params = pyinspect.signature(fn).parameters
     except (TypeError, ValueError):
         return spec, {}
-    values = {"cardinalities": schema.cardinalities, "num_dense": len(schema.numeric)}
+    values = {"cardinalities": schema.cardinalities, "num_dense": len(schema.numeric),
+              "bag_cardinalities": [f.size for f in schema.multi_hot], "bag_length": schema.bag_length}
     filled = {k: values[k] for k in DATA_KWARGS if k in params and k not in spec.kwargs}
     return spec.model_copy(update={"kwargs": {**spec.kwargs, **filled}}), filled
 

@@ -149,6 +149,7 @@ def headline_section(result: "RunResult") -> list[str]:
     if not rows or not result.start:
         return []
     noisy = any(r.get("noisy") for r in rows)
+    slower = [r["what"].removeprefix("latency ") for r in rows if r.get("slower")]
     return [
         "## Against the model you started from",
         "",
@@ -157,6 +158,8 @@ def headline_section(result: "RunResult") -> list[str]:
         "the export stage, on the host under Latency; p50 ratio, with the larger p90/p50 of the two."
         + (" A ratio flagged NOISY moved more between runs than it claims: time it again with `pruneflow bench`." if noisy else ""),
         "",
+        *([f"**Slower, not faster:** {'; '.join(slower)}. The result is smaller but loses on speed at that batch on this host; "
+           "serve the faster artifact there (Notes name it), or time other batches with `pruneflow bench`.", ""] if slower else []),
     ]
 
 

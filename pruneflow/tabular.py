@@ -11,6 +11,10 @@ a ``save_to_disk`` folder) into
 - ``dense``: float32 ``[B, D]``, one value per numeric field: ``log1p`` first where asked (sign kept:
   ``sign(x) * log1p(|x|)``, for heavy-tailed counts), a missing value replaced by the training mean, then
   standardised with the training mean and standard deviation.
+- ``bags``: int64 ``[B, N, bag_length]``, one bag per ``multi_hot`` field (a list of values a row: recent
+  categories, tags): each value's id in the field's vocabulary (fitted over every value of every training list,
+  from 1), the first ``bag_length`` kept, 0 padding the rest. A value outside the vocabulary is 0 too: it adds
+  nothing to the bag, where a one-hot field's out-of-vocabulary id has a row of its own.
 
 Everything fitted (vocabularies, buckets, means, deviations) is in :meth:`TabularSchema.record`, which goes
 into the deployment record of every artifact (ONNX metadata, IR rt_info): a server rebuilds the inputs from
@@ -30,7 +34,7 @@ from .errors import InputError
 from .recipe.models import FeaturesSpec
 
 #: The forward parameters (and artifact input names) of a tabular model.
-IDS, DENSE = "ids", "dense"
+IDS, DENSE, BAGS = "ids", "dense", "bags"
 #: The id of a value outside a field's vocabulary.
 OOV = 0
 _FNV_OFFSET, _FNV_PRIME = 0xCBF29CE484222325, 0x100000001B3
@@ -72,10 +76,32 @@ class NumericField:
 
 
 @dataclass
+class MultiHotField:
+    name: str
+    vocabulary: list[str] = field(default_factory=list)  # id i + 1 is vocabulary[i]; 0 pads (and drops the unknown)
+    train_values: int = 0
+
+    @property
+    def size(self) -> int:
+        return len(self.vocabulary) + 1
+
+    def encode(self, values: np.ndarray, length: int) -> np.ndarray:
+        """``[rows, length]`` ids of each row's list (its first ``length`` values; 0 after)."""
+        index = {v: i + 1 for i, v in enumerate(self.vocabulary)}
+        out = np.zeros((len(values), length), dtype=np.int64)
+        for row, items in enumerate(_lists(values, self.name)):
+            ids = [index.get(v, 0) for v in items[:length]]
+            out[row, :len(ids)] = ids
+        return out
+
+
+@dataclass
 class TabularSchema:
     categorical: list[CategoricalField]
     numeric: list[NumericField]
     min_count: int = 1
+    multi_hot: list[MultiHotField] = field(default_factory=list)
+    bag_length: int = 8
 
     @classmethod
     def fit(cls, columns: dict[str, np.ndarray], spec: FeaturesSpec, source: str) -> "TabularSchema":
@@ -99,7 +125,12 @@ class TabularSchema:
                                  hint="drop it from data.features.numeric")
             std = float(seen.std())
             nums.append(NumericField(name, float(seen.mean()), std if std > 0 else 1.0, log))
-        return cls(cats, nums, spec.min_count)
+        bags = []
+        for name in spec.multi_hot:
+            flat = np.asarray([v for items in _lists(columns[name], name, source) for v in items], dtype=str)
+            vocabulary = _vocabulary(name, flat, spec.min_count)
+            bags.append(MultiHotField(name, vocabulary.vocabulary, vocabulary.train_values))
+        return cls(cats, nums, spec.min_count, bags, spec.bag_length)
 
     @property
     def cardinalities(self) -> list[int]:
@@ -110,6 +141,8 @@ class TabularSchema:
         out: dict[str, torch.Tensor] = {}
         if self.categorical:
             out[IDS] = torch.from_numpy(np.stack([f.encode(columns[f.name]) for f in self.categorical], axis=1))
+        if self.multi_hot:
+            out[BAGS] = torch.from_numpy(np.stack([f.encode(columns[f.name], self.bag_length) for f in self.multi_hot], axis=1))
         if self.numeric:
             out[DENSE] = torch.from_numpy(np.stack([f.encode(columns[f.name]) for f in self.numeric], axis=1))
         return out
@@ -125,11 +158,15 @@ class TabularSchema:
                 IDS: [{"field": f.name, "vocabulary": f.vocabulary, "oov_id": OOV} if f.buckets is None
                       else {"field": f.name, "hash_buckets": f.buckets} for f in self.categorical],
                 DENSE: [{"field": f.name, "log1p": f.log1p, "mean": f.mean, "std": f.std} for f in self.numeric],
+                **({BAGS: [{"field": f.name, "vocabulary": f.vocabulary, "padding_id": 0, "bag_length": self.bag_length}
+                           for f in self.multi_hot]} if self.multi_hot else {}),
             },
             "steps": f"{IDS}[:, i] = 1 + the value's index in field i's vocabulary (a value outside it: {OOV}); a hashed "
                      "field: int(value) mod hash_buckets for an integer, else 64-bit FNV-1a of its UTF-8 text mod "
                      f"hash_buckets. {DENSE}[:, j] = (x - mean) / std, x = sign(v) * log1p(|v|) where log1p, a missing "
-                     "value taken as mean. Text values are compared with surrounding spaces removed.",
+                     "value taken as mean. Text values are compared with surrounding spaces removed."
+                     + (f" {BAGS}[:, k, :] = 1 + each list value's index in bag field k's vocabulary, its first bag_length "
+                        "values, 0 after them and for a value outside the vocabulary." if self.multi_hot else ""),
         }
 
     def describe(self) -> str:
@@ -139,6 +176,9 @@ class TabularSchema:
             parts.append(f"{len(self.categorical)} categorical field(s), {rows:,} table rows (min_count {self.min_count})")
         if self.numeric:
             parts.append(f"{len(self.numeric)} numeric")
+        if self.multi_hot:
+            parts.append(f"{len(self.multi_hot)} multi-hot bag(s) of {self.bag_length}, "
+                         f"{sum(f.size for f in self.multi_hot):,} bag rows")
         return ", ".join(parts)
 
 
@@ -162,6 +202,26 @@ def _text(values: np.ndarray) -> np.ndarray:
         text = np.where(whole == np.round(whole), np.round(whole).astype(np.int64).astype(str), arr.astype(str))
         return np.where(np.isnan(arr), "", text)
     return np.char.strip(np.array(["" if v is None else str(v) for v in arr], dtype=str))
+
+
+def _lists(values: np.ndarray, name: str, source: str = "the data") -> list[list[str]]:
+    """A multi-hot column as lists of stripped text, one a row: from lists or arrays (parquet, json), a 2-D array
+    (npz; a padding 0 is no value there when the column is integer), or text separated by ``|`` (csv)."""
+    arr = values if isinstance(values, np.ndarray) else np.asarray(values, dtype=object)
+    if arr.ndim == 2:
+        return [[v for v, raw in zip(_text(row), row) if not (arr.dtype.kind in "iu" and raw == 0)] for row in arr]
+    out: list[list[str]] = []
+    for item in arr:
+        if item is None or (isinstance(item, float) and np.isnan(item)):
+            out.append([])
+        elif isinstance(item, str):
+            out.append([v.strip() for v in item.split("|") if v.strip()])
+        elif hasattr(item, "__len__"):
+            out.append([v for v in _text(np.asarray(item)) if v])
+        else:
+            raise InputError(f"data.features.multi_hot: column {name!r} of {source} holds {type(item).__name__} values, "
+                             "not lists", hint="store a list a row (parquet, json), a 2-D array (npz) or `a|b|c` text (csv)")
+    return out
 
 
 def _numbers(values: np.ndarray, name: str, source: str = "the data") -> np.ndarray:

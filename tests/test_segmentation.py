@@ -77,13 +77,16 @@ def test_a_tiny_fcn_prunes_quantizes_and_exports_with_int8_miou_close_to_fp32(tm
              "augment": False},
             {"type": "prune", "importance": "taylor", "target": {"macs": 0.6},
              "finetune": {"epochs": 2, "batch_size": 32, "optimizer": "adamw", "lr": 0.002, "augment": False}},
-            {"type": "ptq", "calibration_size": 128},
+            {"type": "calibrate", "size": 128},  # the default `diverse` strategy on the model's features (issue 37)
+            {"type": "ptq"},
             {"type": "export", "targets": ["onnx", "openvino"], "precisions": ["fp32", "int8"], "latency": None},
         ],
         "gates": [{"metric": "onnx.int8.miou", "baseline": "onnx.fp32.miou", "max_drop": 0.01}],
     }
     out, stages, artifacts = optimize_json(recipe, tmp_path)
     assert stages["train"]["miou"] > 0.6 and stages["prune"]["macs_reduction"] > 1.4
+    calibration = json.loads((tmp_path / "runs" / "masks" / "calibration" / "calibration.json").read_text())
+    assert calibration["count"] == 128 and "last convolution" in calibration["features"]  # a model with no Linear
     fp32 = artifacts["model.fp32.onnx"]
     assert fp32["pixel_agreement"] > 0.999
     for name in ("model.int8.onnx", "model.int8.xml"):  # the issue's bar: INT8 mIoU within 1 pt of FP32

@@ -15,7 +15,7 @@ from pydantic import Field
 
 from ..artifacts import Artifact, atomic_path
 from ..deployment import (INPUT_NAME, OUTPUT_NAME, deployment_record, int8_cpu_runtime, onnxruntime_fused_runtime,
-                          stamp_onnx)
+                          record_outputs, stamp_onnx)
 from ..deps import require
 from ..errors import ExportError, InputError, MissingDependencyError, PruneflowError
 from ..evaluate import no_attention_fastpath
@@ -25,6 +25,7 @@ from .attention_mask import soften_mask_fill
 from .bags import export_error_in, swap_bags
 from .forms import record_choice
 from .fused_int8 import AUTO_FUSED, FUSED_ENCODINGS
+from .tied import share_tied_tables
 
 if TYPE_CHECKING:
     from .forms import Choice
@@ -93,7 +94,7 @@ class OnnxTarget(Target[OnnxConfig]):
             return [self._int8_or_failed(stripped, state, ctx, out_dir, form, record) for form in dict.fromkeys(cfg.int8_forms)]
         # fp32/fp16: the float model that entered quantization, when a ptq/qat stage ran (handle.float_module).
         export = functools.partial(export_onnx, state.handle.float_module(), state.example_input, opset=cfg.opset,
-                                   dynamic_batch=cfg.dynamic_batch, exporter=cfg.exporter, output_name=state.task.output_name)
+                                   dynamic_batch=cfg.dynamic_batch, exporter=cfg.exporter, output_name=state.task.output_names)
         if precision == "fp16":
             with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
                 export(Path(tmp) / "fp32.onnx")
@@ -142,7 +143,7 @@ class OnnxTarget(Target[OnnxConfig]):
         cfg = self.config
         path = out_dir / ("model.int8.onnx" if form == "cpu" else "model.int8.tensorrt.onnx")
         raw = export_raw_qdq(stripped, state.example_input, out_dir, opset=max(cfg.opset, 13), dynamic_batch=cfg.dynamic_batch,
-                             output_name=record["output"]["name"])
+                             output_name=record_outputs(record))
         choice = None
         if form == "cpu":
             record = dict(record)
@@ -223,20 +224,25 @@ class _Keyed(torch.nn.Module):
         return self.model(**dict(zip(self.names, args)))
 
 
-def _traced(model: torch.nn.Module, example: Inputs, dynamic_batch: bool, output: str = OUTPUT_NAME):
+def _names(output: "str | list[str]") -> list[str]:
+    """The graph's output names: the task's one, or one a head of a multi-head task."""
+    return [output] if isinstance(output, str) else list(output)
+
+
+def _traced(model: torch.nn.Module, example: Inputs, dynamic_batch: bool, output: "str | list[str]" = OUTPUT_NAME):
     """(module, args, input names, dynamic axes) to export: one tensor named ``input``, or forward's parameters
     in forward's order, their batch axis dynamic and, for int64 token inputs, their sequence axis too.
     A fresh batch of 2: a sliced example or batch 1 can fix the batch dimension in the graph; a static
     graph is exported for batch 1 (the measuring step then feeds it one sample at a time)."""
     x = bind(model, fresh(example, 2 if dynamic_batch else 1))
     if isinstance(x, torch.Tensor):
-        axes = {INPUT_NAME: {0: "batch"}, output: {0: "batch"}} if dynamic_batch else None
+        axes = {INPUT_NAME: {0: "batch"}, **{o: {0: "batch"} for o in _names(output)}} if dynamic_batch else None
         return model, (x,), [INPUT_NAME], axes
     names = list(x)
     axes = {n: ({0: "batch"} if dynamic_batch else {}) | ({1: "sequence"} if is_token(x[n]) else {}) for n in names}
     axes = {n: a for n, a in axes.items() if a}
     if dynamic_batch:
-        axes[output] = {0: "batch"}
+        axes.update({o: {0: "batch"} for o in _names(output)})
     return _Keyed(model, names), tuple(x.values()), names, axes or None
 
 
@@ -269,7 +275,7 @@ def canonical_initializers(proto):
 
 def export_onnx(model: torch.nn.Module, example: Inputs, path: Path, *, opset: int = 17,
                 dynamic_batch: bool = True, exporter: str = "legacy", fold: bool = True,
-                metadata: "tuple[dict, str] | None" = None, output_name: str | None = None) -> None:
+                metadata: "tuple[dict, str] | None" = None, output_name: "str | list[str] | None" = None) -> None:
     """Export atomically (input ``input``, or forward's parameter names for several; output ``output_name``, default
     the name ``metadata``'s record gives it (the task's: ``Task.output_name``), else ``logits``), fold what is computed from constants
     (``fold``), write ``metadata`` (deployment record, precision) into the file, then validate with
@@ -278,7 +284,7 @@ def export_onnx(model: torch.nn.Module, example: Inputs, path: Path, *, opset: i
     model = copy.deepcopy(model).cpu().eval()  # the live model may be on a GPU and still in use
     # nn.EmbeddingBag in plain ops (export/bags.py): the legacy exporter refuses padding_idx, both write a Loop
     model, _ = swap_bags(model)
-    output = output_name or (metadata[0]["output"]["name"] if metadata is not None else OUTPUT_NAME)
+    output = output_name or (record_outputs(metadata[0]) if metadata is not None else OUTPUT_NAME)
     traced, args, names, axes = _traced(model, example, dynamic_batch, output)
     with atomic_path(path) as tmp:
         try:
@@ -289,12 +295,12 @@ def export_onnx(model: torch.nn.Module, example: Inputs, path: Path, *, opset: i
                     dims = {0: torch.export.Dim("batch")} if dynamic_batch else None
                     shapes = ({"x": dims} if traced is model else {"args": tuple(dims for _ in args)}) if dims else None
                     program = torch.onnx.export(traced, args, dynamo=True, opset_version=opset, dynamic_shapes=shapes,
-                                                input_names=names, output_names=[output])
+                                                input_names=names, output_names=_names(output))
                     assert program is not None  # None only from the legacy exporter (dynamo=False)
                     program.save(str(tmp), external_data=False)
                 else:
                     torch.onnx.export(traced, args, str(tmp), dynamo=False, opset_version=opset,
-                                      input_names=names, output_names=[output], dynamic_axes=axes)
+                                      input_names=names, output_names=_names(output), dynamic_axes=axes)
         except Exception as exc:  # noqa: BLE001 - torch raises many types when a model will not trace
             ours = export_error_in(exc)  # our own modules' refusal while tracing (bags.py), which dynamo wraps
             if ours is not None:
@@ -310,6 +316,8 @@ def export_onnx(model: torch.nn.Module, example: Inputs, path: Path, *, opset: i
         proto = fold_constants(onnx.load(str(tmp))) if fold else onnx.load(str(tmp))
         if fold:  # (an INT8 export folds, and softens, after its Q/DQ conversion)
             soften_mask_fill(proto)
+            # after folding, which wrote a tied output projection's transposed table as a second initializer (tied.py)
+            share_tied_tables(proto)
         if metadata:
             stamp_onnx(proto, *metadata)
         onnx.save(canonical_initializers(proto), str(tmp))
@@ -433,17 +441,17 @@ def _integer_ops_record(artifact: Artifact, path: Path) -> None:
 
 def export_int8_onnx(stripped: torch.nn.Module, example: Inputs, path: Path, *, form: "Form", encoding: str = "u8s8",
                      opset: int = 17, dynamic_batch: bool = True, metadata: dict | None = None,
-                     output_name: str | None = None) -> "PassReport":
+                     output_name: "str | list[str] | None" = None) -> "PassReport":
     """Export a model stripped to torch's fake-quant ops (``handle.int8_module(example)``), convert it to
     ``form`` (the cpu form in ``encoding``), fold what is computed from constants (Q/DQ kept) and write the
     deployment ``metadata``."""
-    output = output_name or (metadata["output"]["name"] if metadata is not None else None)
+    output = output_name or (record_outputs(metadata) if metadata is not None else None)
     raw = export_raw_qdq(stripped, example, path.parent, opset=opset, dynamic_batch=dynamic_batch, output_name=output)
     return write_int8_onnx(raw, path, form=form, encoding=encoding, metadata=metadata)
 
 
 def export_raw_qdq(stripped: torch.nn.Module, example: Inputs, folder: Path, *, opset: int = 17, dynamic_batch: bool = True,
-                   output_name: str | None = None):
+                   output_name: "str | list[str] | None" = None):
     """The stripped model as torch exports it (Q/DQ around float weights, BatchNorm unfolded), as an
     onnx.ModelProto: what ``write_int8_onnx`` converts, once per form."""
     onnx = require("onnx", "pip install onnx", "INT8 ONNX export")
@@ -467,6 +475,8 @@ def write_int8_onnx(raw, path: Path, *, form: "Form", encoding: str = "u8s8", me
     report = convert(model_proto, form, "s8s8" if fused else encoding)
     model_proto = fold_constants(model_proto)
     soften_mask_fill(model_proto)  # finfo.min attention-mask fill -> -60: onnxruntime's exp is 6x slower on it
+    if not fused:  # a table tied to the output's int8 weight read from that weight, before quantize_embeddings (tied.py)
+        report.notes += share_tied_tables(model_proto, form).notes()
     if fused:  # onnxruntime's fused transformer ops on the trained parameters (fused_int8.py), tables int8 inside
         model_proto = _fused_int8(model_proto, encoding, report)
     elif form == "cpu":  # embedding tables the quantization stage snapped, in int8 (weight-only, per-row scales): export/embedding.py

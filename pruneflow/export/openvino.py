@@ -99,12 +99,14 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
             self._save(self._convert(onnx_file, source is not None), xml, record, precision)
         return self._artifact(ctx, xml, record, precision, source)
 
-    def _convert(self, onnx_file: Path, from_target: bool):
+    def _convert(self, onnx_file: Path, from_target: bool, int8: bool = False):
+        from .ov_workarounds import keepdims_reductions
+
         ov = require("openvino", "pip install openvino", "the openvino target")
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                return ov.convert_model(str(onnx_file))
+            with warnings.catch_warnings(), tempfile.TemporaryDirectory(dir=onnx_file.parent) as tmp:
+                warnings.simplefilter("ignore")  # (a rewritten copy where OpenVINO would compute the graph wrongly)
+                return ov.convert_model(str(keepdims_reductions(onnx_file, Path(tmp), int8_tables=int8)))
         except Exception as exc:  # noqa: BLE001
             raise ExportError(f"OpenVINO could not convert {onnx_file.name if from_target else 'the model'} (converted from "
                               f"ONNX, never traced from torch): {type(exc).__name__}: {str(exc).splitlines()[0]}",
@@ -139,7 +141,7 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
         record["runtime"] = openvino_int8_runtime()
         with tempfile.TemporaryDirectory(dir=xml.parent) as tmp:
             sources = self._int8_sources(forms, state, ctx, Path(tmp))
-            models = {form: self._convert(path, upstream is not None) for form, (path, upstream) in sources.items()}
+            models = {form: self._convert(path, upstream is not None, int8=True) for form, (path, upstream) in sources.items()}
             candidates = self._candidates(models, Path(tmp))
             if len(candidates) == 1:
                 choice = decide([], state, self.latency, why=why if self.config.form == "auto" else "set in the recipe",
@@ -204,7 +206,7 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
             if raw is None:
                 example = to(state.example_input, "cpu")
                 raw = export_raw_qdq(state.handle.int8_module(example), example, tmp, dynamic_batch=self.config.dynamic_batch,
-                                     output_name=state.task.output_name, **self.onnx_opset())
+                                     output_name=state.task.output_names, **self.onnx_opset())
             try:
                 write_int8_onnx(raw, tmp / f"{form}.onnx", form="tensorrt" if form == "tensorrt" else "cpu",
                                 encoding="u8s8" if form == "tensorrt" else form)
@@ -242,7 +244,7 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
 
         path = tmp / f"{precision}.onnx"
         export_onnx(state.handle.float_module(), to(state.example_input, "cpu"), path, dynamic_batch=self.config.dynamic_batch,
-                    output_name=state.task.output_name, **self.onnx_export)
+                    output_name=state.task.output_names, **self.onnx_export)
         return path
 
 

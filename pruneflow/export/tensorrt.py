@@ -142,15 +142,15 @@ class TensorRtTarget(Target[TensorRtConfig]):
         example = to(state.example_input, "cpu")
         if precision == "int8":
             report = export_int8_onnx(state.handle.int8_module(example), example, path, form="tensorrt",
-                                      output_name=state.task.output_name, **self.onnx_opset())
+                                      output_name=state.task.output_names, **self.onnx_opset())
             for note in report.notes:
                 ctx.reporter.info(f"tensorrt int8: {note}")
         elif precision == "fp16":
-            export_onnx(state.handle.float_module(), example, tmp / "fp32.onnx", output_name=state.task.output_name,
+            export_onnx(state.handle.float_module(), example, tmp / "fp32.onnx", output_name=state.task.output_names,
                         **self.onnx_export)
             to_fp16(tmp / "fp32.onnx", path)
         else:
-            export_onnx(state.handle.float_module(), example, path, output_name=state.task.output_name, **self.onnx_export)
+            export_onnx(state.handle.float_module(), example, path, output_name=state.task.output_names, **self.onnx_export)
         return path, None
 
     def _check_profile(self, source: Path, sequence: TensorRtSequence) -> dict:

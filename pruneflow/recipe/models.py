@@ -97,15 +97,23 @@ class FeaturesSpec(StrictModel):
         default_factory=dict,
         description="Categorical columns hashed into this many ids instead of a vocabulary (`{user_id: 1000000}`): an "
         "integer value modulo the count, text by 64-bit FNV-1a; for id spaces too large to list.")
+    multi_hot: list[str] = Field(
+        default_factory=list,
+        description="Columns holding a list of categorical values a row (a user's recent categories, an item's tags): each "
+        "becomes one bag of the `bags` input, int64 [B, N, bag_length], ids from its own vocabulary (1..), 0 padding the "
+        "bag (and standing for a value outside the vocabulary, which then adds nothing): an `nn.EmbeddingBag` with "
+        "`padding_idx=0` reads it (zoo `dlrm_bags`).")
+    bag_length: int = Field(default=8, ge=1, le=4096, description="`multi_hot`: values kept a bag (the first ones; a "
+                            "shorter list is padded with 0).")
 
     @model_validator(mode="after")
     def _columns(self) -> "FeaturesSpec":
-        if not self.categorical and not self.numeric:
-            raise ValueError("name at least one column in `categorical` or `numeric`")
-        named = self.categorical + self.numeric
+        if not self.categorical and not self.numeric and not self.multi_hot:
+            raise ValueError("name at least one column in `categorical`, `numeric` or `multi_hot`")
+        named = self.categorical + self.numeric + self.multi_hot
         twice = sorted({c for c in named if named.count(c) > 1})
         if twice:
-            raise ValueError(f"column(s) {twice} named more than once: each is categorical or numeric, once")
+            raise ValueError(f"column(s) {twice} named more than once: each is categorical, numeric or multi_hot, once")
         for key, within, kind in (("log1p", self.numeric, "numeric"), ("hash_buckets", self.categorical, "categorical")):
             stray = [c for c in getattr(self, key) if c not in within]
             if stray:
@@ -165,7 +173,9 @@ class DataSpec(StrictModel):
         "features}`), each named so in artifacts. "
         "Default: the first of image, images, pixel_values, input, inputs, x, features, sentence, text.",
     )
-    label_column: str = Field(default="label", description="Column holding the integer class label (`labels` and `y` are tried too).")
+    label_column: str | dict[str, str] = Field(
+        default="label", description="Column holding the label (`labels` and `y` are tried too); for `task: {type: multi}`, "
+        "one column a head: `{click: clicked, finish: finished}`.")
     eval_fraction: float = Field(default=0.2, gt=0, lt=1, description="Share of `path` held out for evaluation.")
     layout: Literal["auto", "nchw", "nhwc"] = Field(
         default="auto", description="Image layout of array inputs; `auto` treats (N, H, W, C) with C in 1, 3, 4 as channels-last."
@@ -237,9 +247,11 @@ class DataSpec(StrictModel):
         clash = [key for key in ("tokenizer", "input_column", "mean", "std") if getattr(self, key) is not None]
         if clash:
             raise ValueError(f"`features` builds the model's inputs itself; drop {', '.join(clash)}")
-        if self.label_column in self.features.categorical + self.features.numeric:
-            raise ValueError(f"the label column {self.label_column!r} is also named in `features`: a model fed its own "
-                             "label learns nothing")
+        labels = set(self.label_column.values()) if isinstance(self.label_column, dict) else {self.label_column}
+        fed = labels & set(self.features.categorical + self.features.numeric + self.features.multi_hot)
+        if fed:
+            named = ", ".join(repr(c) for c in sorted(fed))
+            raise ValueError(f"the label column {named} is also named in `features`: a model fed its own label learns nothing")
 
     def _normalisation(self) -> None:
         """For every format (the built-in digits too): mean and std come together, one of each per channel."""

@@ -61,3 +61,11 @@ class Executor:
             return f"{self.runtime}/{self.device}"
         shown = hint if hint else f"default: {self.info['inference_precision']}"
         return f"{self.runtime}/{self.device} ({shown})"
+
+
+def joined(outputs: "list[Any]") -> Any:
+    """An artifact's output as one array: its only output, or its outputs (a multi-head task's, one a head, in the
+    order the deployment record names them) flattened per sample and concatenated, as ``Task.output`` reads them."""
+    if len(outputs) == 1:
+        return outputs[0]
+    return np.concatenate([np.asarray(o).reshape(len(o), -1) for o in outputs], axis=1)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from ..deps import require
-from .base import Executor, RuntimeUnavailable, feed_for
+from .base import Executor, RuntimeUnavailable, feed_for, joined
 
 #: Runtimes that can load each file type, the first being the default.
 RUNTIMES = {".onnx": ("onnxruntime", "openvino"), ".xml": ("openvino",), ".engine": ("tensorrt",), ".plan": ("tensorrt",)}
@@ -73,7 +74,7 @@ def _onnxruntime(path: Path, device: str | None, threads: int | None, hint: str 
     names = [i.name for i in session.get_inputs()]
     used = session.get_providers()
     return Executor(path, "onnxruntime", "CUDA" if used[0].startswith("CUDA") else "CPU",
-                    lambda x: session.run(None, feed_for(x, names))[0],
+                    lambda x: joined(session.run(None, feed_for(x, names))),
                     {"providers": used, "version": ort.__version__, "threads": threads or 0, "exact_int8": exact_int8})
 
 
@@ -90,13 +91,17 @@ def _openvino(path: Path, device: str | None, threads: int | None, hint: str | N
     if threads:
         config["INFERENCE_NUM_THREADS"] = threads
     compiled = core.compile_model(str(path), device, config)
-    output = compiled.output(0)
+    outputs = list(compiled.outputs)  # one a head for a multi-head task
     names = [i.get_any_name() for i in compiled.inputs]
     used = compiled.get_property("INFERENCE_PRECISION_HINT")
     used_name = used.to_string() if hasattr(used, "to_string") else str(used)  # an ov.Type: "bf16", "f32"
-    return Executor(path, "openvino", device, lambda x: compiled(feed_for(x, names))[output],
+    return Executor(path, "openvino", device, lambda x: joined(_in_order(compiled(feed_for(x, names)), outputs)),
                     {"precision_hint": hint, "inference_precision": used_name, "version": ov.get_version(),
                      "threads": threads or 0})
+
+
+def _in_order(result: Any, outputs: list) -> list:
+    return [result[o] for o in outputs]
 
 
 def _tensorrt(path: Path, device: str | None, threads: int | None, hint: str | None) -> Executor:

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import Executor, Feed, RuntimeUnavailable, feed_for
+from .base import Executor, Feed, RuntimeUnavailable, feed_for, joined
 
 
 def load_engine(path: Path, device: str | None = None) -> Executor:
@@ -86,7 +86,7 @@ class TrtSession:
         if not self.context.execute_async_v3(self.stream.cuda_stream):
             raise RuntimeError("TensorRT execute_async_v3 failed (see TensorRT's log above)")
         self.stream.synchronize()
-        return outputs[self.outputs[0]].float().cpu().numpy()
+        return joined([outputs[name].float().cpu().numpy() for name in self.outputs])
 
 
 def _torch_dtype(np_dtype: Any) -> Any:

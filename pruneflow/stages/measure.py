@@ -240,3 +240,22 @@ def _speedups(opened: list[Opened], batch_sizes: list[int]) -> None:
                 mine, theirs = o.artifact.metrics.get(key), base.metrics.get(key)
                 if mine and theirs:
                     o.artifact.metrics[f"speedup_b{bs}{suffix}"] = theirs / mine
+                    _flag_slower(o, base, bs, suffix, theirs / mine)
+
+
+#: A quantized artifact this much slower than its target's FP32 one, in the same interleaved loop, is flagged
+#: (the INT8 forms' choice keeps a form within 3 % of the fastest as equal).
+SLOWER_THAN_FP32 = 0.97
+
+
+def _flag_slower(o: Opened, base: "Artifact", bs: int, suffix: str, speedup: float) -> None:
+    """A note (report.md's Notes, ``--json``) and ``slower_than_fp32_b{bs}`` where a quantized artifact runs slower than
+    the FP32 artifact of its target at a batch the recipe serves: smaller, but not faster there (issue 37 met an INT8
+    ranker 1.57x slower at batch 1 in onnxruntime, unflagged)."""
+    artifact = o.artifact
+    if artifact.precision in ("fp32", None) or speedup >= SLOWER_THAN_FP32:
+        return
+    artifact.metrics[f"slower_than_fp32_b{bs}{suffix}"] = 1
+    how = f" at the {suffix.lstrip('_')} hint" if suffix else ""
+    artifact.notes.append(f"{artifact.precision.upper()} slower than FP32: {1 / speedup:.2f}x slower than {base.path} at batch "
+                          f"{bs}{how} on this host, timed interleaved: at this batch the FP32 artifact serves faster")

@@ -106,6 +106,8 @@ class MetricState:
     count: int = 0
     outputs: list[torch.Tensor] = field(default_factory=list)
     targets: list[torch.Tensor] = field(default_factory=list)
+    #: A multi-head task's state per head (``tasks.multi``).
+    parts: dict[str, "MetricState"] = field(default_factory=dict)
 
     def add(self, **values: float) -> None:
         for key, value in values.items():
@@ -168,6 +170,17 @@ class Task:
         task's own (binary ``logit``, regression ``prediction``; classification ``logits``)."""
         part = self.config.output
         return part if isinstance(part, str) and part.isidentifier() else self.default_output_name
+
+    @property
+    def output_names(self) -> list[str]:
+        """Every output an artifact has, in order (several for a multi-head task, whose runtime outputs are read back
+        concatenated in this order)."""
+        return [self.output_name]
+
+    def export_output(self, out: Any) -> Any:
+        """What an exported artifact outputs of the model's output ``out``: the part the task reads (a multi-head task:
+        one tensor a head, each its own named output)."""
+        return self.output(out)
 
     def output(self, out: Any) -> torch.Tensor:
         """The tensor this task reads from a model's output: ``config.output`` names it (a key or attribute,
@@ -236,11 +249,11 @@ class Task:
 
     # ---------------------------------------------------------------- labels
 
-    def read_targets(self, values: np.ndarray, column: str) -> np.ndarray:  # pragma: no cover
+    def read_targets(self, values: Any, column: Any) -> np.ndarray:  # pragma: no cover
         """The data's label column as this task trains on it (checked; e.g. int64 class ids, float32 values)."""
         raise NotImplementedError
 
-    def check_targets(self, targets: Mapping[str, torch.Tensor], data: Any, column: str) -> None:
+    def check_targets(self, targets: Mapping[str, torch.Tensor], data: Any, column: Any) -> None:
         """Every split's labels make sense for this task (``targets``: split name → labels; ``data``: the
         ``DataBundle``); raises ``InputError``. Default: every split holds samples."""
         for role, y in targets.items():
@@ -311,8 +324,8 @@ class ReadOutput(nn.Module):
         self.reads = model
         self.task = task
 
-    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        return self.task.output(self.reads(*args, **kwargs))
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.task.export_output(self.reads(*args, **kwargs))
 
 
 def output_rows(ref: np.ndarray, got: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -12,6 +12,7 @@ from .digits import digits_cnn
 from .hf import bert_classifier, bert_classifier_with_new_parameters, bert_embedder
 from .fcn import tiny_fcn, tiny_unet
 from .mlp import mlp
+from .mmoe import mmoe
 from .ranker import deepfm, dlrm
 from .resnet_cifar import resnet20, resnet32, resnet44, resnet56
 from .sequence import gru4rec, sasrec
@@ -38,6 +39,8 @@ ZOO: dict[str, ZooEntry] = {
                        "(cardinalities and num_dense come from data.features)"),
     "dlrm": ZooEntry(dlrm, None, "DLRM click ranker: bottom MLP, pairwise dot products, top MLP (cardinalities and "
                      "num_dense come from data.features)"),
+    "mmoe": ZooEntry(mmoe, None, "Multi-task ranker (MMoE): shared id tables, expert MLPs, a softmax gate and a tower per task "
+                     "-> {task: logit} (tasks: [click, finish] by default; cardinalities and num_dense come from data.features)"),
     "sasrec": ZooEntry(sasrec, None, "SASRec sequential recommender: the last items (int64 [B, L], 0 = padding) through causal "
                        "self-attention blocks, scored against the tied item table -> [B, num_items] (for task: next_item)"),
     "gru4rec": ZooEntry(gru4rec, None, "GRU4Rec session recommender: item embedding, nn.GRU, a Linear over the catalogue -> "
@@ -54,4 +57,4 @@ ZOO: dict[str, ZooEntry] = {
                               "MiniLM-L6, or a config; needs transformers): for task: embedding"),
 }
 
-__all__ = ["ZOO", "ZooEntry", "bert_classifier", "bert_embedder", "deepfm", "digits_cnn", "dlrm", "dlrm_bags", "gru4rec", "mlp", "sasrec", "tiny_fcn", "tiny_unet", "resnet20", "resnet32", "resnet44", "resnet56"]
+__all__ = ["ZOO", "ZooEntry", "bert_classifier", "bert_embedder", "deepfm", "digits_cnn", "dlrm", "dlrm_bags", "gru4rec", "mlp", "mmoe", "sasrec", "tiny_fcn", "tiny_unet", "resnet20", "resnet32", "resnet44", "resnet56"]
