@@ -40,8 +40,12 @@ def artifact_rows(result: "RunResult") -> list[dict]:
     """One row per artifact: status, size, the task's headline metric in its runtime, parity (largest difference
     and the task's agreement figure with the torch model it came from; an INT8 one's with the float model too)
     and latency."""
-    headline, agreement = result.headline, str(result.task.get("agreement", ""))
+    agreement = str(result.task.get("agreement", ""))
     agreement_column = str(result.task.get("agreement_label") or agreement.replace("_", " "))
+    heads = result.task.get("heads") or {}  # a multi-head task: every head's headline, not the first head's only
+    shown = [f"{h}.{t['headline']}" for h, t in heads.items()] or [result.headline]
+    timed = sorted({int(k[len("latency_b"):-len("_median_ms")]) for a in result.artifacts for k in a.metrics
+                    if k.startswith("latency_b") and k.endswith("_median_ms") and k[len("latency_b"):-len("_median_ms")].isdigit()})
     rows = []
     for a in result.artifacts:
         m = a.metrics
@@ -49,12 +53,11 @@ def artifact_rows(result: "RunResult") -> list[dict]:
             "artifact": a.path.replace("stages/", "").replace("export/", ""),
             "status": STATUS_WORDS.get(a.status, a.status) + status_marks(a),
             "size": human_bytes(a.size_bytes),
-            headline: m.get(headline),
+            **{name: m.get(name) for name in shown},
             "max abs diff": m.get("max_abs_diff"),
             agreement_column: m.get(agreement),
             f"{agreement_column} vs fp32": m.get(f"{agreement}_fp32"),
-            "lat b1 ms": m.get("latency_b1_median_ms"),
-            "lat b32 ms": m.get("latency_b32_median_ms"),
+            **{f"lat b{bs} ms": m.get(f"latency_b{bs}_median_ms") for bs in timed[:3]},
         })
     return rows
 

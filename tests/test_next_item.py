@@ -232,3 +232,23 @@ def test_sequence_artifacts_take_int64_ids(sequence_run):
         assert inp.type.tensor_type.elem_type == onnx.TensorProto.INT64
         record = json.loads({p.key: p.value for p in model.metadata_props}["pruneflow.input"])
         assert record["dtype"] == "int64" and record["shape"][1:] == [20]  # the last 20 items, left-padded with 0
+
+
+def test_an_fp16_sasrec_opens_in_onnxruntime(tmp_path):
+    """onnxruntime 1.32's NchwcTransformer segfaulted loading an FP16 SASRec (the run died, exit 139, no message);
+    the runtime layer turns that pass off for float16 graphs. In a subprocess: a regression kills it, not pytest."""
+    import subprocess
+    import sys
+
+    from pruneflow.export.onnx import export_onnx, to_fp16
+    from pruneflow.zoo import ZOO
+
+    torch.manual_seed(0)
+    model = ZOO["sasrec"].factory(num_items=500, dim=32, heads=2, blocks=1, max_len=8).eval()
+    export_onnx(model, torch.randint(1, 500, (2, 8)), tmp_path / "fp32.onnx")
+    to_fp16(tmp_path / "fp32.onnx", tmp_path / "fp16.onnx")
+    code = ("import numpy as np; from pruneflow.runtime import open_artifact; "
+            f"out = open_artifact({str(tmp_path / 'fp16.onnx')!r}).run(np.ones((3, 8), np.int64)); print(out.shape)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "(3, 500)"

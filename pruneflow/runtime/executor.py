@@ -70,7 +70,11 @@ def _onnxruntime(path: Path, device: str | None, threads: int | None, hint: str 
     if threads:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
-    session = ort.InferenceSession(str(path), options, providers=[provider])
+    # onnxruntime 1.32's NchwcTransformer (a CPU layout pass of ORT_ENABLE_ALL) segfaults loading an FP16 SASRec: the
+    # process dies with no message (exit 139). It only re-lays convolutions for AVX-512 float32 kernels, so it is
+    # turned off for float16 graphs alone.
+    skip = ["NchwcTransformer"] if provider == "CPUExecutionProvider" and _float16(path) else []
+    session = ort.InferenceSession(str(path), options, providers=[provider], disabled_optimizers=skip)
     names = [i.name for i in session.get_inputs()]
     used = session.get_providers()
     return Executor(path, "onnxruntime", "CUDA" if used[0].startswith("CUDA") else "CPU",
@@ -98,6 +102,15 @@ def _openvino(path: Path, device: str | None, threads: int | None, hint: str | N
     return Executor(path, "openvino", device, lambda x: joined(_in_order(compiled(feed_for(x, names)), outputs)),
                     {"precision_hint": hint, "inference_precision": used_name, "version": ov.get_version(),
                      "threads": threads or 0})
+
+
+def _float16(path: Path) -> bool:
+    """Whether the ONNX file holds float16 weights or inputs (an fp16 artifact)."""
+    onnx = require("onnx", "pip install onnx", "reading ONNX models")
+    model = onnx.load(str(path), load_external_data=False)
+    half = onnx.TensorProto.FLOAT16
+    return (any(t.data_type == half for t in model.graph.initializer)
+            or any(v.type.tensor_type.elem_type == half for v in model.graph.input))
 
 
 def _in_order(result: Any, outputs: list) -> list:
