@@ -543,7 +543,7 @@ def _print_summary(result) -> None:
         for c in ("", "start", "result", "change"):
             table.add_column(c, justify="left" if c in ("", "change") else "right")
         for r in headline:
-            table.add_row(r["what"], r["start"], r["result"], r["change"], style="red" if r.get("slower") else "yellow" if r.get("noisy") else None)
+            table.add_row(r["what"], r["start"], r["result"], r["change"], style="red" if r.get("slower") or r.get("fp32_faster") else "yellow" if r.get("noisy") else None)
         console.print(table)
     verdict = "[bold green]done[/]" if result.exit_code == 0 else f"[bold red]quality gate failed[/] (exit {result.exit_code})"
     console.print(f"{verdict} — run directory: {result.run_dir}  (report.md, manifest.json, metrics.json)")

@@ -109,7 +109,7 @@ def deployment_record(state: "RunState", ctx: "RunContext", *, dynamic_batch: bo
     """The record for an artifact of this run's current model (``dynamic_batch``: the file's batch dimension)."""
     import torch
 
-    from .inputs import bind, call, describe, take
+    from .inputs import bind, call, describe, padded_text, take
 
     example = state.example_input
     assert example is not None and state.data is not None  # set by the pipeline before any stage runs
@@ -118,11 +118,12 @@ def deployment_record(state: "RunState", ctx: "RunContext", *, dynamic_batch: bo
     with torch.no_grad():
         was = model.training
         model.eval()
-        out = state.task.output(call(model, take(example, slice(0, 1))))
+        raw = call(model, take(example, slice(0, 1)))
         model.train(was)
     spec = ctx.recipe.data
     if isinstance(example, dict):  # several inputs: each by name (token axes named "sequence")
-        inputs = {k: {"shape": [batch, *v["shape"]], "dtype": v["dtype"]} for k, v in describe(bind(model, example)).items()}
+        described = describe(bind(model, example), text=padded_text(example))
+        inputs = {k: {"shape": [batch, *v["shape"]], "dtype": v["dtype"]} for k, v in described.items()}
         record_in: dict[str, Any] = {"names": list(inputs), "inputs": inputs, "layout": "NL" if spec.tokenizer else "named"}
     else:
         record_in = {"name": INPUT_NAME, "shape": [batch, *map(int, example.shape[1:])],
@@ -130,19 +131,21 @@ def deployment_record(state: "RunState", ctx: "RunContext", *, dynamic_batch: bo
     return {
         "format": FORMAT,
         "input": record_in,
-        "output": _output_record(state.task, out, batch),
+        "output": _output_record(state.task, raw, batch),
         "preprocessing": state.data.tabular.record() if state.data.tabular is not None else preprocessing(spec),
         "labels": list(state.data.class_names) if state.data.class_names else None,
     }
 
 
-def _output_record(task: Any, out: Any, batch: Any) -> dict[str, Any]:
-    """The output an artifact gives: the task's one, or, for a multi-head task, one named output a head (``names``,
-    each head's shape under ``heads``) that a runtime reads back concatenated in that order (``shape``)."""
+def _output_record(task: Any, raw: Any, batch: Any) -> dict[str, Any]:
+    """The output an artifact gives (``raw``: the model's own output on one sample): the task's one, or, for a
+    multi-head task, one named output a head (``names``; under ``heads`` each shape as the model gives it, and so
+    as the artifact does) that a runtime reads back flattened and concatenated in that order (``shape``)."""
+    out = task.output(raw)
     record = {"name": task.output_name, "shape": [batch, *map(int, out.shape[1:])], "dtype": "float32"}
     names = task.output_names
     if len(names) > 1:
-        parts = task.export_output(out)
+        parts = task.export_output(raw)
         record |= {"name": names[0], "names": names,
                    "heads": {n: {"shape": [batch, *map(int, p.shape[1:])], "dtype": "float32"} for n, p in zip(names, parts)}}
     return record

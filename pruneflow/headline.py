@@ -146,13 +146,14 @@ def _latency_rows(result: RunResult) -> list[dict[str, Any]]:
         ratio = lane["p50_ms"] / p50
         noisy = spread > NOISY_SPREAD
         change = f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x SLOWER"
-        slower = after.metrics.get(f"slower_than_fp32_b{lane['batch']}{suffix}")
-        if slower:  # the artifact also lost to its own FP32 form in the export's loop (stages/measure.py)
-            change += f", slower than its fp32 {after.target} too"
+        loses = bool(after.metrics.get(f"slower_than_fp32_b{lane['batch']}{suffix}"))
+        if loses:  # it lost to its own target's FP32 artifact in the export's loop (stages/measure.py)
+            change += f"; the same model in FP32 ({after.target}.fp32) is faster at this batch"
         rows.append({"what": f"latency {lane['runtime']}, batch {lane['batch']} ({label})",
                      "start": f"{lane['p50_ms']:.3g} ms", "result": f"{p50:.3g} ms",
                      "change": change + f" (p90/p50 up to {spread:.2f}" + (": NOISY, time again with bench)" if noisy else ")"),
-                     "ratio": round(ratio, 4), "spread": round(spread, 3), "noisy": noisy, "slower": ratio < 1 or bool(slower)})
+                     "ratio": round(ratio, 4), "spread": round(spread, 3), "noisy": noisy, "slower": ratio < 1,
+                     "fp32_faster": loses})
     return rows
 
 

@@ -154,13 +154,22 @@ def as_numpy(batch: Inputs) -> "np.ndarray | dict[str, np.ndarray]":
     return feed(batch)
 
 
-def describe(batch: Inputs) -> dict[str, dict[str, Any]]:
-    """Per input: its per-sample shape (``"sequence"`` for a token axis) and dtype."""
+def padded_text(batch: Inputs) -> bool:
+    """Whether ``batch`` is tokenized text padded per batch (it holds an ``attention_mask``): then its token tensors'
+    axis 1 varies from batch to batch, and artifacts take it dynamic. Other integer inputs (a ranker's ``ids`` of one
+    id a field, a sequence model's fixed window of item ids) keep their width."""
+    return isinstance(batch, Mapping) and MASK in batch
+
+
+def describe(batch: Inputs, text: bool | None = None) -> dict[str, dict[str, Any]]:
+    """Per input: its per-sample shape (``"sequence"`` for a token axis of padded text, ``padded_text``; ``text``
+    says so for a batch already bound to a forward that does not take the mask) and dtype."""
     items = {SINGLE_NAME: batch} if isinstance(batch, torch.Tensor) else batch
+    text = padded_text(batch) if text is None else text
     out = {}
     for k, v in items.items():
         shape: list[Any] = list(map(int, v.shape[1:]))
-        if is_token(v):
+        if text and is_token(v):
             shape[0] = "sequence"
         out[k] = {"shape": shape, "dtype": str(v.dtype).removeprefix("torch.")}
     return out

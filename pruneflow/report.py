@@ -153,6 +153,7 @@ def headline_section(result: "RunResult") -> list[str]:
         return []
     noisy = any(r.get("noisy") for r in rows)
     slower = [r["what"].removeprefix("latency ") for r in rows if r.get("slower")]
+    fp32_faster = [r["what"].removeprefix("latency ") for r in rows if r.get("fp32_faster")]
     return [
         "## Against the model you started from",
         "",
@@ -161,8 +162,10 @@ def headline_section(result: "RunResult") -> list[str]:
         "the export stage, on the host under Latency; p50 ratio, with the larger p90/p50 of the two."
         + (" A ratio flagged NOISY moved more between runs than it claims: time it again with `pruneflow bench`." if noisy else ""),
         "",
-        *([f"**Slower, not faster:** {'; '.join(slower)}. The result is smaller but loses on speed at that batch on this host; "
-           "serve the faster artifact there (Notes name it), or time other batches with `pruneflow bench`.", ""] if slower else []),
+        *([f"**Slower than the start:** {'; '.join(slower)}. The result is smaller but loses on speed at that batch on this "
+           "host; time other batches with `pruneflow bench`.", ""] if slower else []),
+        *([f"**The FP32 artifact of the same model is faster:** {'; '.join(fp32_faster)}. Quantization made it smaller, not "
+           "faster, at that batch on this host: serve the FP32 artifact there (Notes give the factor).", ""] if fp32_faster else []),
     ]
 
 

@@ -131,8 +131,9 @@ def fit(model: nn.Module, data: DataBundle, task: Task, s: TrainSettings, ctx: R
         row = {"epoch": epoch, "train_loss": loss_sum / seen,
                f"train_{headline}": task.compute(figures)[headline], "lr": opt.param_groups[0]["lr"]}
         if (s.eval_every and epoch % s.eval_every == 0) or epoch == s.epochs:
-            row[f"eval_{headline}"] = evaluate_model(model, data.eval, task, device=ctx.device, reporter=ctx.reporter,
-                                                     description=f"{description} eval")[headline]
+            figures_eval = evaluate_model(model, data.eval, task, device=ctx.device, reporter=ctx.reporter,
+                                          description=f"{description} eval")
+            row.update({f"eval_{name}": figures_eval[name] for name in task.headline_names})
         history.append(row)
         ctx.reporter.info(_epoch_line(description, row, headline))
     for param in frozen:

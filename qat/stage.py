@@ -110,10 +110,10 @@ def _compared(task, fp32: dict, int8: dict, samples: int) -> dict:
     """The stage's headline figures: the task's headline metric of the quantized model, of the float model that
     entered the stage (``_fp32``), how much worse the first is in the metric's direction (``_drop``), and
     ``eval_samples``."""
-    headline = task.headline
-    name = headline.name
-    return {name: int8[name], f"{name}_fp32": fp32[name], f"{name}_drop": headline.worsening(fp32[name], int8[name]),
-            "eval_samples": samples}
+    figures: dict = {}
+    for name in task.headline_names:  # a multi-head task: every head's, the headline first
+        figures |= {name: int8[name], f"{name}_fp32": fp32[name], f"{name}_drop": task.metric(name).worsening(fp32[name], int8[name])}
+    return figures | {"eval_samples": samples}
 
 
 def _int8(stage: Stage, state, ctx, calibration: Callable) -> ModelHandle:

@@ -19,7 +19,7 @@ from ..deployment import (INPUT_NAME, OUTPUT_NAME, deployment_record, int8_cpu_r
 from ..deps import require
 from ..errors import ExportError, InputError, MissingDependencyError, PruneflowError
 from ..evaluate import no_attention_fastpath
-from ..inputs import Inputs, bind, fresh, is_token, take, to
+from ..inputs import Inputs, bind, fresh, is_token, padded_text, take, to
 from ..stage import Target, TargetConfig
 from .attention_mask import soften_mask_fill
 from .bags import export_error_in, swap_bags
@@ -235,11 +235,12 @@ def _traced(model: torch.nn.Module, example: Inputs, dynamic_batch: bool, output
     A fresh batch of 2: a sliced example or batch 1 can fix the batch dimension in the graph; a static
     graph is exported for batch 1 (the measuring step then feeds it one sample at a time)."""
     x = bind(model, fresh(example, 2 if dynamic_batch else 1))
+    text = padded_text(example)  # (before bind, which drops a mask forward does not take)
     if isinstance(x, torch.Tensor):
         axes = {INPUT_NAME: {0: "batch"}, **{o: {0: "batch"} for o in _names(output)}} if dynamic_batch else None
         return model, (x,), [INPUT_NAME], axes
     names = list(x)
-    axes = {n: ({0: "batch"} if dynamic_batch else {}) | ({1: "sequence"} if is_token(x[n]) else {}) for n in names}
+    axes = {n: ({0: "batch"} if dynamic_batch else {}) | ({1: "sequence"} if text and is_token(x[n]) else {}) for n in names}
     axes = {n: a for n, a in axes.items() if a}
     if dynamic_batch:
         axes.update({o: {0: "batch"} for o in _names(output)})

@@ -74,8 +74,9 @@ class PruneStage(Stage[AnyPruneConfig]):
         strategy = self.strategy(model, example, state.task.importance_loss, data=data)
         entering = strategy.entering()
         headline = state.task.headline_name
-        before = evaluate_model(model, data.eval, state.task, ctx.recipe.data.eval_batch_size, ctx.device,
-                                ctx.reporter, f"{self.id} baseline")[headline]
+        baseline = evaluate_model(model, data.eval, state.task, ctx.recipe.data.eval_batch_size, ctx.device,
+                                  ctx.reporter, f"{self.id} baseline")
+        before = baseline[headline]
         latency_before = onnx_latency(model, example, data.eval.x, latency.batch_sizes, latency.runs) if latency else {}
         strategy.prepare()
         tuner = Tuner(cfg, state, ctx, self.id, self.loc("distill"))
@@ -95,6 +96,11 @@ class PruneStage(Stage[AnyPruneConfig]):
             **strategy.summary(after),
             "rounds": len(records), "importance_seconds": round(importance_seconds, 3),
         }
+        others = [n for n in state.task.headline_names if n != headline]
+        if others:  # a multi-head task: every head's figure before and after, not the headline's alone
+            final_all = evaluate_model(model, data.eval, state.task, ctx.recipe.data.eval_batch_size, ctx.device,
+                                       ctx.reporter, f"{self.id} heads")
+            metrics.update({k: v for n in others for k, v in ((n, final_all[n]), (f"{n}_before", baseline[n]))})
         if latency:
             _add_latency(metrics, latency_before, onnx_latency(model, example, data.eval.x, latency.batch_sizes, latency.runs))
         tables = {"rounds": [strategy.row(r) for r in records], **strategy.tables(records)}

@@ -50,7 +50,7 @@ class TrainStage(Stage[TrainConfig]):
         macs, params = count_macs_params(state.model, state.example_input)
         headline = state.task.headline_name
         metrics = {
-            headline: last[f"eval_{headline}"],
+            **{name: last[f"eval_{name}"] for name in state.task.headline_names},
             "train_loss": last["train_loss"],
             f"train_{headline}": last[f"train_{headline}"],
             "epochs": cfg.epochs,

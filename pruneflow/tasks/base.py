@@ -149,6 +149,12 @@ class Task:
     def headline(self) -> Metric:
         return self.metric(self.headline_name)
 
+    @property
+    def headline_names(self) -> list[str]:
+        """Every figure a stage records as this task's headline: the headline, and for a multi-head task each head's
+        (a stage's metrics judge every head it serves, not the first one alone)."""
+        return [self.headline_name]
+
     def metric(self, name: str) -> Metric:
         """The metric a figure's name stands for: one of this task's, a common one (loss, cosine, latency...),
         or, for a derived name (``accuracy_fp32``, ``onnx.int8.mse_f32``, ``qat.accuracy_drop``), the metric

@@ -107,6 +107,10 @@ class MultiTask(Task):
     def output_names(self) -> list[str]:
         return list(self.heads)
 
+    @property
+    def headline_names(self) -> list[str]:
+        return list(dict.fromkeys([self.headline_name, *(f"{h}.{t.headline_name}" for h, t in self.heads.items())]))
+
     def output(self, out: Any) -> torch.Tensor:
         """Every head's output, flattened per sample and concatenated in the heads' order (an artifact's output,
         already so, as it is)."""
