@@ -151,7 +151,7 @@ def check_model_on_batch(model: torch.nn.Module, batch: "Inputs", factory: str,
         raise InputError(
             f"the model from {factory!r} fails on a batch of the data, {_shapes(batch)} "
             f"(the data's samples are {tuple(first(batch).shape[1:])}): {how}",
-            hint="check model.input_shape, model.kwargs and the data section (layout, input_column)",
+            hint=_table_hint(model, batch, exc) or "check model.input_shape, model.kwargs and the data section (layout, input_column)",
         ) from exc
     logits = read(out)
     if logits.is_floating_point() and not bool(torch.isfinite(logits).all()):
@@ -160,6 +160,23 @@ def check_model_on_batch(model: torch.nn.Module, batch: "Inputs", factory: str,
             hint="check model.checkpoint and the factory's initialisation (weights holding NaN), and the data's scale",
         )
     return logits
+
+
+def _table_hint(model: torch.nn.Module, batch: "Inputs", exc: BaseException) -> str | None:
+    """For an id beyond an embedding table (``IndexError: index out of range in self``, which names no table): the
+    model's tables and the batch's largest id a column, so the field whose table is too small shows."""
+    if not isinstance(exc, IndexError) or "out of range" not in str(exc):
+        return None
+    tables = [f"{n} {m.num_embeddings} rows" for n, m in model.named_modules()
+              if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag))]
+    if not tables:
+        return None
+    items = batch.items() if isinstance(batch, dict) else [("input", batch)]
+    ids = {k: (v.flatten(2).amax(dim=(0, 2)) if v.dim() > 2 else v.amax(dim=0) if v.dim() == 2 else v.amax()).tolist()
+           for k, v in items if not v.is_floating_point() and v.numel()}
+    return (f"an id is beyond an embedding table: the model's tables hold {', '.join(tables[:8])}; the batch's largest "
+            f"ids, per column: {ids}. Size each table for its field (a factory that takes `cardinalities`, "
+            "`bag_cardinalities` gets every field's rows from data.features)")
 
 
 #: The longest file or folder name Linux, macOS and Windows file systems take, in bytes.

@@ -88,12 +88,35 @@ def _calibration_of_run(stage: Stage, state, ctx) -> Callable:
     return functools.cache(functools.partial(_calibration, stage, state, ctx))
 
 
+def recurrent_float_notes(model) -> list[dict]:
+    """A row per recurrent layer (``nn.GRU``, ``nn.LSTM``, ``nn.RNN``): NNCF quantizes the inputs of Linear,
+    convolution and MatMul ops, not a recurrent cell's gates, so these stay float in every INT8 artifact; an owner
+    reading "INT8" should know (issue 37's owner trial found a GRU4Rec's GRU float, and nothing said so)."""
+    from torch import nn
+
+    total = sum(p.numel() for p in model.parameters()) or 1
+    rows = []
+    for name, module in model.named_modules():
+        if isinstance(module, nn.RNNBase):
+            params = sum(p.numel() for p in module.parameters())
+            rows.append({"layer": name, "type": type(module).__name__, "params": params,
+                         "note": f"{name} ({type(module).__name__}, {params:,} parameters, {params / total:.0%} of the model's) "
+                                 "stays float in every INT8 artifact: NNCF quantizes Linear, convolution and MatMul inputs, "
+                                 "not a recurrent cell's gates"})
+    return rows
+
+
 def _controlled(stage: Stage, state, ctx, result: StageResult, fp32: dict, int8: dict | None,
                 calibration: Callable) -> StageResult:
     """``sensitivity``: the sensitivity table and the max_drop fallback (qat/sensitivity.py) added to ``result``,
     after the quantized model's ``smooth_quant_inputs`` (both stages' results pass through here)."""
     if result.handle is not None:
         result.metrics["smooth_quant_inputs"] = smoothed_inputs(result.handle.module)
+    floats = recurrent_float_notes(state.model)
+    if floats:
+        result.tables["float_layers"] = floats
+        for row in floats:
+            ctx.reporter.info(f"{stage.id}: {row['note']}")
     spec = stage.config.sensitivity
     if spec is None or result.handle is None:
         return result

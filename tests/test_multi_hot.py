@@ -118,3 +118,15 @@ def test_the_dlrm_bags_recipe_holds_its_bars_end_to_end(tmp_path, monkeypatch):
     widths = {t.name: t.dims for t in onnx.load(str(run / "export" / "onnx" / "model.fp32.onnx")).graph.initializer}
     bag_tables = [dims for name, dims in widths.items() if ".bags." in f".{name}" and len(dims) == 2]
     assert len(bag_tables) == 2 and all(dims[1] == 16 for dims in bag_tables)  # kept whole by channel pruning
+
+
+def test_an_id_beyond_a_table_names_the_tables_and_the_largest_ids():
+    """An owner's table sized below its field's vocabulary gave a bare `IndexError: index out of range in self`."""
+    from pruneflow.errors import InputError
+    from pruneflow.preflight import check_model_on_batch
+    from pruneflow.zoo import ZOO
+
+    model = ZOO["dlrm"].factory(cardinalities=[5, 5], num_dense=2)
+    with pytest.raises(InputError) as err:
+        check_model_on_batch(model, {"ids": torch.tensor([[1, 7], [2, 3]]), "dense": torch.randn(2, 2)}, "dlrm", lambda o: o)
+    assert "tables.1 5 rows" in err.value.hint and "'ids': [2, 7]" in err.value.hint and "cardinalities" in err.value.hint

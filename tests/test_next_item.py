@@ -252,3 +252,12 @@ def test_an_fp16_sasrec_opens_in_onnxruntime(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "(3, 500)"
+
+
+def test_a_grus_float_weights_are_said():
+    from qat.stage import recurrent_float_notes
+    from pruneflow.zoo import ZOO
+
+    rows = recurrent_float_notes(ZOO["gru4rec"].factory(num_items=100, dim=8, hidden=16))
+    assert [(r["layer"], r["type"]) for r in rows] == [("gru", "GRU")] and "stays float" in rows[0]["note"]
+    assert recurrent_float_notes(ZOO["sasrec"].factory(num_items=100, dim=8)) == []
