@@ -50,7 +50,7 @@ def generate(rows: int, users: int = 1_000_000, items: int = 100_000, categories
     return columns
 
 
-def _generate(rows: int, users: int, items: int, categories: int, seed: int) -> dict[str, Any]:
+def _generate(rows: int, users: int = 1_000_000, items: int = 100_000, categories: int = 200, seed: int = 0) -> dict[str, Any]:
     """``generate``'s columns, a list column as (flat values, offsets), which ``write`` stores without a list a row."""
     gen = np.random.default_rng(seed)
     user_bias, item_bias = gen.normal(0, 0.8, users), gen.normal(0, 0.6, items)
@@ -124,7 +124,7 @@ def write(out: Path, rows: int, eval_fraction: float = 0.1, **kwargs) -> dict:
 
     from .tasks.binary import auc
 
-    columns = _generate(rows, **{"users": 1_000_000, "items": 100_000, "categories": 200, "seed": 0, **kwargs})
+    columns = _generate(rows, **kwargs)
     logit = columns.pop("planted_logit")
     finish = columns.pop("planted_finish_logit")
     cut = rows - int(rows * eval_fraction)

@@ -12,7 +12,7 @@ from torch import nn
 
 from .context import Reporter
 from .data import Split
-from .inputs import Inputs, as_numpy, bind, call, forward_names, lengths, to
+from .inputs import Inputs, as_numpy, call, lengths, to
 from .tasks import MetricState, Task
 
 

@@ -77,7 +77,7 @@ def test_openvino_computes_a_reduction_before_a_quantized_linear_after_the_rewri
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from pruneflow.export.ov_workarounds import keepdims_reductions
+    from pruneflow.export.ov_workarounds import prepared_for_openvino
 
     rng = np.random.default_rng(1)
     consts = {"axes": np.array([1], np.int64), "smooth": rng.uniform(0.5, 2, (1, 64)).astype(np.float32),
@@ -94,7 +94,7 @@ def test_openvino_computes_a_reduction_before_a_quantized_linear_after_the_rewri
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     x = rng.standard_normal((16, 4, 64)).astype(np.float32)
     want = ort.InferenceSession(str(path)).run(None, {"x": x})[0]
-    rewritten = keepdims_reductions(path, tmp_path)
+    rewritten = prepared_for_openvino(path, tmp_path)
     assert rewritten != path and [n.op_type for n in onnx.load(str(rewritten)).graph.node][:2] == ["ReduceSum", "Squeeze"]
     assert np.abs(ort.InferenceSession(str(rewritten)).run(None, {"x": x})[0] - want).max() < 1e-5  # the same function
     compiled = ov.Core().compile_model(ov.convert_model(str(rewritten)), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})

@@ -4,7 +4,6 @@ run accepts."""
 
 from __future__ import annotations
 
-import copy
 import re
 
 import pytest

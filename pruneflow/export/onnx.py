@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
 import tempfile
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from pydantic import Field

@@ -100,13 +100,13 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
         return self._artifact(ctx, xml, record, precision, source)
 
     def _convert(self, onnx_file: Path, from_target: bool, int8: bool = False):
-        from .ov_workarounds import keepdims_reductions
+        from .ov_workarounds import prepared_for_openvino
 
         ov = require("openvino", "pip install openvino", "the openvino target")
         try:
             with warnings.catch_warnings(), tempfile.TemporaryDirectory(dir=onnx_file.parent) as tmp:
                 warnings.simplefilter("ignore")  # (a rewritten copy where OpenVINO would compute the graph wrongly)
-                return ov.convert_model(str(keepdims_reductions(onnx_file, Path(tmp), int8_tables=int8)))
+                return ov.convert_model(str(prepared_for_openvino(onnx_file, Path(tmp), int8_tables=int8)))
         except Exception as exc:  # noqa: BLE001
             raise ExportError(f"OpenVINO could not convert {onnx_file.name if from_target else 'the model'} (converted from "
                               f"ONNX, never traced from torch): {type(exc).__name__}: {str(exc).splitlines()[0]}",

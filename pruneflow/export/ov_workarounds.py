@@ -9,7 +9,7 @@ followed by a ``Squeeze`` of the reduced axes computes the same tensor and OpenV
 4e-6, ``tests/test_multi_task.py``). No switch in OpenVINO turns the faulty fusion off, so the IR is converted
 from a rewritten copy of the ONNX; the ONNX artifacts are left as they are.
 
-    path = keepdims_reductions(onnx_file, tmp_dir)   # the same file when nothing needs rewriting
+    path = prepared_for_openvino(onnx_file, tmp_dir)   # the same file when nothing needs rewriting
 
 ``int8_tables`` does what the IR needs beside: the TensorRT form of the INT8 ONNX keeps the embedding tables float
 (TensorRT reads them so), and an IR converted from it, the one OpenVINO often runs fastest, stored a ranker's tables
@@ -26,7 +26,7 @@ from pathlib import Path
 REDUCTIONS = ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd")
 
 
-def keepdims_reductions(onnx_file: Path, folder: Path, int8_tables: bool = False) -> Path:
+def prepared_for_openvino(onnx_file: Path, folder: Path, int8_tables: bool = False) -> Path:
     """``onnx_file``, or a copy in ``folder`` where every ``keepdims=0`` reduction whose output a ``Mul`` reads
     reduces with ``keepdims=1`` and is followed by a ``Squeeze`` of its axes (see the module docstring), and, with
     ``int8_tables``, every float table on the int8 row grid is stored int8."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -105,9 +106,16 @@ def _openvino(path: Path, device: str | None, threads: int | None, hint: str | N
 
 
 def _float16(path: Path) -> bool:
-    """Whether the ONNX file holds float16 weights or inputs (an fp16 artifact)."""
+    """Whether the ONNX file holds float16 weights or inputs (an fp16 artifact); parsed once per file version (the
+    export stage and ``bench`` open an artifact several times)."""
+    stat = path.stat()
+    return _float16_file(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _float16_file(path: str, mtime_ns: int, size: int) -> bool:
     onnx = require("onnx", "pip install onnx", "reading ONNX models")
-    model = onnx.load(str(path), load_external_data=False)
+    model = onnx.load(path, load_external_data=False)
     half = onnx.TensorProto.FLOAT16
     return (any(t.data_type == half for t in model.graph.initializer)
             or any(v.type.tensor_type.elem_type == half for v in model.graph.input))

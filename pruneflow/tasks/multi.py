@@ -232,16 +232,13 @@ class MultiTask(Task):
         a, b = output_rows(ref, got)
         ra, rb = self.split(torch.from_numpy(a)), self.split(torch.from_numpy(b))
         figures: dict[str, float] = {**closeness(a, b), "parity_samples": int(len(a))}
-        worst_cosine = 1.0
-        for h, task in self.heads.items():
-            own = task.agree(ra[h].numpy(), rb[h].numpy())
+        heads = {h: task.agree(ra[h].numpy(), rb[h].numpy()) for h, task in self.heads.items()}
+        for h, own in heads.items():
             figures.update({f"{h}.{k}": v for k, v in own.items() if k != "parity_samples"})
-            worst_cosine = min(worst_cosine, own["cosine"])
-            name = self.agreement.name
-            if name in own and name != "cosine":
-                worse = figures.get(name)
-                figures[name] = own[name] if worse is None else (min if self.agreement.higher_is_better else max)(worse, own[name])
-        figures["cosine"] = worst_cosine
+        figures["cosine"] = min(own["cosine"] for own in heads.values())
+        name, worst = self.agreement.name, (min if self.agreement.higher_is_better else max)
+        if name != "cosine" and all(name in own for own in heads.values()):  # the heads share one agreement figure
+            figures[name] = worst(own[name] for own in heads.values())
         return figures
 
 
