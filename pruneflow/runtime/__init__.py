@@ -9,6 +9,9 @@ Used by the export stage's checks, evaluation and `pruneflow bench`::
     stats = time_interleaved({"fp32": fp32, "int8": ir}, batch, warmup=3, runs=50)
     stats["int8"].p50_ms, host_info()["cpu"]["model"]
 
+A service embeds :class:`Server` (``serving.py``): one artifact on a device behind a dynamic batcher, with live
+Prometheus metrics (``metrics.py``).
+
 An absent runtime or device raises ``RuntimeUnavailable`` (exit 3) naming what is missing; nothing is
 ever run on a substitute and reported as the one asked for.
 """
@@ -18,7 +21,8 @@ from __future__ import annotations
 from .base import Executor, RuntimeUnavailable
 from .executor import open_artifact, runtimes_for
 from .host import host_info
+from .serving import BatchPolicy, Server, ServerClosed
 from .timing import LatencyStats, fresh_batch, interleaved_times, time_interleaved
 
-__all__ = ["Executor", "LatencyStats", "RuntimeUnavailable", "fresh_batch", "host_info", "interleaved_times", "open_artifact",
+__all__ = ["BatchPolicy", "Executor", "Server", "ServerClosed", "LatencyStats", "RuntimeUnavailable", "fresh_batch", "host_info", "interleaved_times", "open_artifact",
            "runtimes_for", "time_interleaved"]

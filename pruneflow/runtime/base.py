@@ -49,9 +49,16 @@ class Executor:
     device: str
     run: Callable[[Any], np.ndarray]
     info: dict[str, Any] = field(default_factory=dict)
+    #: Every output as the artifact gives it (one a head of a multi-head task), in the order the deployment record
+    #: names them; None where the loader has only ``run`` (then its one array is the only output).
+    outputs: Callable[[Any], list[np.ndarray]] | None = None
 
     def __call__(self, x: Feed) -> np.ndarray:
         return self.run(x)
+
+    def run_outputs(self, x: Feed) -> list[np.ndarray]:
+        """Every output of one call, unjoined (``joined`` concatenates them for evaluation)."""
+        return self.outputs(x) if self.outputs is not None else [self.run(x)]
 
     @property
     def label(self) -> str:

@@ -78,9 +78,13 @@ def _onnxruntime(path: Path, device: str | None, threads: int | None, hint: str 
     session = ort.InferenceSession(str(path), options, providers=[provider], disabled_optimizers=skip)
     names = [i.name for i in session.get_inputs()]
     used = session.get_providers()
-    return Executor(path, "onnxruntime", "CUDA" if used[0].startswith("CUDA") else "CPU",
-                    lambda x: joined(session.run(None, feed_for(x, names))),
-                    {"providers": used, "version": ort.__version__, "threads": threads or 0, "exact_int8": exact_int8})
+
+    def outputs(x: Any) -> list:
+        return session.run(None, feed_for(x, names))
+
+    return Executor(path, "onnxruntime", "CUDA" if used[0].startswith("CUDA") else "CPU", lambda x: joined(outputs(x)),
+                    {"providers": used, "version": ort.__version__, "threads": threads or 0, "exact_int8": exact_int8},
+                    outputs)
 
 
 def _openvino(path: Path, device: str | None, threads: int | None, hint: str | None) -> Executor:
@@ -100,9 +104,14 @@ def _openvino(path: Path, device: str | None, threads: int | None, hint: str | N
     names = [i.get_any_name() for i in compiled.inputs]
     used = compiled.get_property("INFERENCE_PRECISION_HINT")
     used_name = used.to_string() if hasattr(used, "to_string") else str(used)  # an ov.Type: "bf16", "f32"
-    return Executor(path, "openvino", device, lambda x: joined(_in_order(compiled(feed_for(x, names)), outputs)),
+    request = compiled.create_infer_request()  # one per executor: an executor serves one thread at a time
+
+    def run_all(x: Any) -> list:
+        return _in_order(request.infer(feed_for(x, names)), outputs)
+
+    return Executor(path, "openvino", device, lambda x: joined(run_all(x)),
                     {"precision_hint": hint, "inference_precision": used_name, "version": ov.get_version(),
-                     "threads": threads or 0})
+                     "threads": threads or 0}, run_all)
 
 
 def _float16(path: Path) -> bool:
