@@ -223,3 +223,71 @@ def test_live_metrics_agree_with_the_requests_served(mlp):
     batches = scrape(text, "pruneflow_batch_size")
     assert batches["sum"] == 400 and 0 < batches["count"] <= 400
     assert scrape(text, "pruneflow_queue_depth")["value"] >= 0
+
+
+def test_the_example_service_answers_over_http_and_drains_on_sigterm(mlp, tmp_path):
+    """docs/examples/serve.py as a user runs it: a POST answers the sample's row, /metrics counts it, SIGTERM exits 0."""
+    import json
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+    from pathlib import Path
+
+    import onnx
+
+    from pruneflow.deployment import stamp_onnx
+
+    path, record = mlp
+    stamped = tmp_path / "mlp.onnx"
+    proto = onnx.load(str(path))
+    stamp_onnx(proto, record, "fp32")
+    onnx.save(proto, str(stamped))
+    example = Path(__file__).parents[1] / "docs" / "examples" / "serve.py"
+    proc = subprocess.Popen([sys.executable, str(example), str(stamped), "--port", "0", "--metrics-port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=os.environ | {"PYTHONPATH": str(Path(__file__).parents[1])})
+    try:
+        line = proc.stdout.readline()
+        urls = re.findall(r"http://127\.0\.0\.1:\d+/\w+", line)
+        assert len(urls) == 2, line + proc.stderr.read()
+        x = _x(3, seed=9)
+        answers = []
+        for row in x:
+            request = urllib.request.Request(urls[0], data=json.dumps({"input": row.tolist()}).encode(), method="POST")
+            answers.append(json.loads(urllib.request.urlopen(request, timeout=30).read())["output"])
+        np.testing.assert_allclose(np.array(answers), open_artifact(stamped)(x), rtol=1e-5, atol=1e-5)
+        text = urllib.request.urlopen(urls[1], timeout=5).read().decode()
+        assert scrape(text, "pruneflow_requests", {"outcome": "answered", "precision": "fp32"})["value"] == 3
+        bad = urllib.request.Request(urls[0], data=json.dumps({"input": [1.0, 2.0]}).encode(), method="POST")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(bad, timeout=30)
+        assert refused.value.code == 400 and "does not fit" in refused.value.read().decode()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_the_grafana_dashboard_plots_series_the_server_exposes():
+    import json
+    import re
+    from pathlib import Path
+
+    from prometheus_client import generate_latest
+
+    metrics = ServingMetrics({"model": "m", "version": "v", "precision": "int8", "runtime": "onnxruntime", "device": "cpu"})
+    metrics.on_queue(1)
+    metrics.on_batch(2, 0.001)
+    metrics.on_answer(0.002, True)
+    exposed = set(re.findall(r"^(pruneflow_\w+?)(?:\{| )", generate_latest(metrics.registry).decode(), re.M))
+    dashboard = json.loads((Path(__file__).parents[1] / "docs" / "grafana-pruneflow-serving.json").read_text())
+    queried = {name for p in dashboard["panels"] for t in p["targets"] for name in re.findall(r"pruneflow_\w+", t["expr"])}
+    assert queried and queried <= exposed, queried - exposed
+    titles = " ".join(p["title"] for p in dashboard["panels"])
+    assert all(word in titles for word in ("QPS", "P99", "Batch size", "Queue depth"))
+    labels = {"model", "version", "precision", "runtime", "device"}
+    assert all(labels <= set(re.findall(r"\w+", t["expr"])) for p in dashboard["panels"] for t in p["targets"])
