@@ -799,9 +799,9 @@ def bench(
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed runs of each artifact first (the export stage's default too).")] = 3,
     runs: Annotated[Optional[int], typer.Option("--runs", help="Timed repetitions per batch size [default: 50, as the export stage].", show_default=False)] = None,
     duration: Annotated[Optional[float], typer.Option("--duration", help="Seconds of timing per batch size, instead of --runs.", show_default=False)] = None,
-    threads: Annotated[int, typer.Option("--threads", min=0, help="Runtime threads, as the export stage times with; 0: the runtime's own choice.")] = 1,
+    threads: Annotated[str, typer.Option("--threads", help="Runtime threads, as the export stage times with; 0: the runtime's own choice. Under --load, a comma-separated list (each a lane).")] = "1",
     baseline: Annotated[Optional[str], typer.Option("--baseline", help="Variant the ratios are against: RUN/LABEL (e.g. quickstart/onnx.fp32), a label, or a file name [default: the first fp32 artifact].", show_default=False)] = None,
-    openvino_precision: Annotated[str, typer.Option("--openvino-precision", help="OpenVINO inference precision hints to time, comma-separated: default (bf16 on AVX-512 BF16/AMX CPUs), f32, bf16, f16.")] = "default,f32",
+    openvino_precision: Annotated[Optional[str], typer.Option("--openvino-precision", help="OpenVINO inference precision hints to time, comma-separated: default (bf16 on AVX-512 BF16/AMX CPUs), f32, bf16, f16 [default: default,f32; under --load: as each IR's deployment record says].", show_default=False)] = None,
     json_out: Annotated[Optional[str], typer.Option("--json", metavar="[FILE]", help="Every figure as JSON: alone on stdout (instead of the table), or into FILE (--json out.json, --json=FILE).", show_default=False)] = None,
     html: Annotated[Optional[Path], typer.Option("--html", help="A self-contained HTML report with charts.", show_default=False)] = None,
     prometheus: Annotated[Optional[Path], typer.Option("--prometheus", help="Prometheus text format for node-exporter's textfile collector.", show_default=False)] = None,
@@ -810,12 +810,24 @@ def bench(
     price_per_hour: Annotated[Optional[str], typer.Option("--price-per-hour", metavar="PRICE|FILE", help="What the machine costs an hour, or a YAML file of prices per host (host label or CPU model: price): adds the cost per million inferences to every row.", show_default=False)] = None,
     host_label: Annotated[Optional[str], typer.Option("--host-label", help="A name for this machine (e.g. its instance type), recorded in the JSON, matched in a price file and shown by --merge.", show_default=False)] = None,
     merge: Annotated[bool, typer.Option("--merge", help="Compare hosts: the arguments are bench --json files from several machines, merged into one table, HTML, JSON and Prometheus file (timing options do not apply).")] = False,
+    load: Annotated[bool, typer.Option("--load", help="Serve each artifact under offered load instead: open-loop Poisson arrivals, one request at a time, through the dynamic batcher (pruneflow.runtime.Server); p50/p95/p99 end to end, achieved QPS, batch sizes. Needs --rate, or --p99-budget-ms to search the highest rate that holds it.", rich_help_panel="Under load")] = False,
+    rate: Annotated[Optional[str], typer.Option("--rate", help="Offered rates in requests/s, comma-separated (a sweep; every lane at each rate in turn).", show_default=False, rich_help_panel="Under load")] = None,
+    max_batch: Annotated[str, typer.Option("--max-batch", help="Batching policies: the most rows a batch takes (1: one request at a time).", rich_help_panel="Under load")] = "1,8,32",
+    max_delay_ms: Annotated[str, typer.Option("--max-delay-ms", help="Batching policies: how long the oldest request may wait for a batch to fill.", rich_help_panel="Under load")] = "0,2,5",
+    workers: Annotated[int, typer.Option("--workers", min=1, help="Executors (streams) per lane, each with --threads threads.", rich_help_panel="Under load")] = 1,
+    requests: Annotated[int, typer.Option("--requests", min=10, help="At most this many requests per point (with --duration seconds of arrivals, default 3).", rich_help_panel="Under load")] = 6000,
+    metrics_port: Annotated[Optional[int], typer.Option("--metrics-port", min=0, help="Serve live /metrics on 127.0.0.1:PORT while the load runs (0: any free port); each point is checked against a scrape.", show_default=False, rich_help_panel="Under load")] = None,
     verbose: VerboseOpt = False,
 ) -> None:
     """Time artifacts side by side: p50/p90/p99 and throughput per artifact x runtime x batch, size, the task's headline metric,
     ratios against a baseline. All timings of a batch size run interleaved in one loop.
 
         pruneflow bench runs/dense runs/pruned --batch 1,32 --runs 100 --html bench.html --json bench.json
+
+    Serve one request at a time under load, and find the artifact, batching policy and threads that hold p99 at the highest rate:
+
+        pruneflow bench runs/ptq --load --p99-budget-ms 20 --max-batch 1,8,32 --max-delay-ms 0,2,5 --html load.html
+        pruneflow bench model.int8.xml --load --rate 200,400,800,1600 --metrics-port 9464
 
     Find the batch to serve at and what it costs, then compare machines:
 
@@ -829,13 +841,17 @@ def bench(
     with handle_errors(verbose, to_stdout):
         if merge:
             return _bench_merge(sources, price_per_hour, p99_budget_ms, json_out, html, prometheus)
+        if load:
+            return _bench_load(sources, runtime, openvino_precision, threads, rate, max_batch, max_delay_ms, workers,
+                               duration, requests, p99_budget_ms, price_per_hour, host_label, metrics_port, json_out,
+                               html, prometheus)
         if runs is not None and duration is not None:
             raise UsageError("--runs and --duration both given", hint="time a fixed number of runs or for a duration, not both")
         json_file = _json_file(json_out)
         price, price_source = price_for_this_host(price_per_hour, host_label)
         settings = BenchSettings(runtimes=_names(runtime), batches=_int_list("--batch", batch), warmup=warmup,
-                                 runs=runs or DEFAULT_RUNS, duration=duration, threads=threads or None, baseline=baseline,
-                                 openvino_precisions=_names(openvino_precision) or [], benchmark_app=benchmark_app,
+                                 runs=runs or DEFAULT_RUNS, duration=duration, threads=_one_threads(threads), baseline=baseline,
+                                 openvino_precisions=_names(openvino_precision or "default,f32") or [], benchmark_app=benchmark_app,
                                  p99_budget_ms=p99_budget_ms, price_per_hour=price, price_source=price_source,
                                  host_label=host_label)
         result = run_bench(list(sources), settings, RichReporter(_err_console(), quiet=to_stdout))
@@ -844,6 +860,95 @@ def bench(
             print(json.dumps(result_json(result), allow_nan=False))
         else:
             _print_bench(result, written)
+
+
+def _one_threads(text: str) -> int | None:
+    values = _int_list("--threads", text)
+    if len(values) != 1 or values[0] < 0:
+        raise UsageError(f"--threads {text!r}: one number >= 0 (0: the runtime's own choice)",
+                         hint="several thread counts are lanes of --load only")
+    return values[0] or None
+
+
+def _bench_load(sources: list[Path], runtime: str | None, openvino_precision: str | None, threads: str, rate: str | None,
+                max_batch: str, max_delay_ms: str, workers: int, duration: float | None, requests: int,
+                p99_budget_ms: float | None, price_per_hour: str | None, host_label: str | None, metrics_port: int | None,
+                json_out: str | None, html: Path | None, prometheus: Path | None) -> None:
+    """``bench --load``: every lane under offered load (``pruneflow.benchmark.load``); exit 1 when none holds."""
+    from pruneflow.benchmark import price_for_this_host
+    from pruneflow.benchmark.load import LoadSettings, run_load, write_load_outputs
+
+    to_stdout = json_out == "-"
+    price, price_source = price_for_this_host(price_per_hour, host_label)
+    settings = LoadSettings(
+        rates=[float(v) for v in _float_list("--rate", rate)] if rate else None, max_batches=_int_list("--max-batch", max_batch),
+        max_delays_ms=_float_list("--max-delay-ms", max_delay_ms), threads=_int_list("--threads", threads), workers=workers,
+        duration=duration or 3.0, max_requests=requests, p99_budget_ms=p99_budget_ms, runtimes=_names(runtime),
+        openvino_precisions=_names(openvino_precision), price_per_hour=price,
+        price_source=price_source, host_label=host_label, metrics_port=metrics_port)
+    result = run_load(list(sources), settings, RichReporter(_err_console(), quiet=to_stdout))
+    written = write_load_outputs(result, json_file=_json_file(json_out), html=html, prometheus=prometheus)
+    if to_stdout:
+        print(json.dumps(result.as_json(), allow_nan=False))
+    else:
+        _print_load(result, written)
+    if not result.holds_any():
+        raise typer.Exit(1)
+
+
+def _float_list(option: str, text: str) -> list[float]:
+    try:
+        return [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UsageError(f"{option} {text!r} is not a comma-separated list of numbers", hint=f"e.g. {option} 0,2,5") from None
+
+
+def _print_load(result, written: list[Path]) -> None:
+    """Per lane: each point's p99 (achieved QPS); then the best configuration per artifact, its cost and the ratio to
+    FP32 served one request at a time."""
+    console = _out_console()
+    if not console.is_terminal:
+        console = Console(highlight=False, soft_wrap=True, width=240)
+    doc = result.as_json()
+    budget = result.settings.p99_budget_ms
+    cpu = doc["host"]["cpu"]
+    console.print(f"host: {cpu['model']} ({cpu['arch']}), ISA {' '.join(cpu['isa'])}, {cpu['usable_cpus']} usable CPUs"
+                  + (f", label {doc['host']['label']}" if doc["host"].get("label") else ""), markup=False)
+    table = Table(title="p99 ms (achieved QPS) at each offered rate; * over the budget or not keeping up", title_justify="left")
+    for column in ("artifact", "runtime", "policy", "thr", "knee QPS", "points"):
+        table.add_column(column)
+    for lane in doc["lanes"]:
+        cells = []
+        for p in lane["points"]:
+            held = p["keeps_up"] and (budget is None or (p["p99_ms"] is not None and p["p99_ms"] <= budget))
+            p99 = "inf" if p["p99_ms"] is None else f"{p['p99_ms']:.3g}"
+            cells.append(f"{p['offered_qps']:,.0f}: {p99}{'' if held else '*'} ({p['achieved_qps']:,.0f})")
+        knee = f"{lane['knee_qps']:,.0f}" if lane["knee_qps"] else "–"
+        table.add_row(lane["variant"], lane["runtime_label"] or lane["runtime"], lane["policy"], str(lane["threads"]), knee,
+                      lane["error"] or "  ".join(cells))
+    console.print(table)
+    best = Table(title="best configuration per artifact" + (f", p99 within {budget:g} ms" if budget else ""), title_justify="left")
+    for column in ("artifact", "runtime", "policy", "thr", "QPS held", "p99 ms", "mean batch", "vs FP32 one at a time", "cost / 1M"):
+        best.add_column(column, justify="left" if column in ("artifact", "runtime", "policy") else "right")
+    for b in doc["best"]:
+        if b.get("qps") is None:
+            best.add_row(b["variant"], b["why"], "", "", "", "", "", "", "")
+            continue
+        best.add_row(b["variant"], b["runtime"], b["policy"], str(b["threads"]), f"{b['qps']:,.0f}", f"{b['p99_ms']:.3g}",
+                     f"{b['mean_batch']:.1f}", f"{b['vs_fp32_one_at_a_time']:.2f}x" if b.get("vs_fp32_one_at_a_time") else "–",
+                     f"{b['cost_per_million']:.4g}" if b.get("cost_per_million") is not None else "–")
+    console.print(best)
+    if doc.get("reference"):
+        console.print(f"FP32 one at a time: {doc['reference']}", markup=False)
+    scraped = [(p["scraped"], p) for lane in doc["lanes"] for p in lane["points"] if p.get("scraped")]
+    if scraped:
+        worst = max(max(abs(s["qps"] / p["achieved_qps"] - 1) if p["achieved_qps"] else 0,
+                        abs(s["p99_ms"] / p["p99_ms"] - 1) if p["p99_ms"] else 0) for s, p in scraped)
+        console.print(f"/metrics scraped around each of {len(scraped)} points: QPS and p99 within {worst:.1%} of bench's own", markup=False)
+    if not result.holds_any():
+        console.print("[red]no lane held any rate" + (f" within p99 {budget:g} ms" if budget else "") + " (exit 1)[/red]")
+    for path in written:
+        console.print(f"wrote {path}", markup=False)
 
 
 def _json_file(json_out: str | None) -> Path | None:

@@ -1,0 +1,115 @@
+"""`pruneflow bench --load`: real onnxruntime and OpenVINO sessions served open-loop through the dynamic batcher.
+
+Rates are kept far below what a small MLP sustains on any host, so what is asserted (every request answered once,
+the figures consistent with each other and with a scrape of /metrics) does not depend on the machine's speed."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from conftest import invoke
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory):
+    import onnx
+    import openvino as ov
+
+    from pruneflow.deployment import stamp_ir, stamp_onnx
+
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("load")
+    model = nn.Sequential(nn.Linear(12, 64), nn.ReLU(), nn.Linear(64, 5)).eval()
+    path = folder / "mlp.fp32.onnx"
+    torch.onnx.export(model, (torch.randn(2, 12),), str(path), input_names=["input"], output_names=["logits"],
+                      dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}}, opset_version=17, dynamo=False)
+    record = {"format": "pruneflow-deployment/1", "input": {"name": "input", "shape": ["batch", 12], "dtype": "float32"},
+              "output": {"name": "logits", "shape": ["batch", 5], "dtype": "float32"}}
+    proto = onnx.load(str(path))
+    stamp_onnx(proto, record, "fp32")
+    onnx.save(proto, str(path))
+    ir = ov.convert_model(str(path))
+    stamp_ir(ir, record | {"runtime": {"openvino": {"INFERENCE_PRECISION_HINT": "f32"}}}, "fp32")
+    xml = folder / "mlp.fp32.xml"
+    ov.save_model(ir, str(xml))
+    return path, xml
+
+
+def _load(*args):
+    result = invoke("bench", *map(str, args))
+    return result
+
+
+def test_sweep_serves_every_request_once_and_the_figures_agree(artifacts, tmp_path):
+    onnx_path, xml = artifacts
+    out = tmp_path / "load.json"
+    result = _load(onnx_path, xml, "--load", "--rate", "40,120", "--max-batch", "1,4", "--max-delay-ms", "1",
+                   "--duration", "0.5", "--metrics-port", "0", "--json", out, "--html", tmp_path / "load.html",
+                   "--prometheus", tmp_path / "load.prom")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    assert doc["format"] == "pruneflow-bench-load/1" and doc["host"]["cpu"]["model"]
+    lanes = doc["lanes"]
+    # each artifact in its own runtime (an .onnx in onnxruntime, an IR in OpenVINO at its record's hint) x 2 policies
+    assert sorted((la["runtime"], la["policy"]) for la in lanes) == [
+        ("onnxruntime", "b1/0ms"), ("onnxruntime", "b4/1ms"), ("openvino", "b1/0ms"), ("openvino", "b4/1ms")]
+    assert all("f32" in la["runtime_label"] for la in lanes if la["runtime"] == "openvino")
+    for lane in lanes:
+        assert [p["offered_qps"] for p in lane["points"]] == [40.0, 120.0]
+        for p in lane["points"]:
+            assert p["answered"] == p["requests"] == max(20, int(np.ceil(p["offered_qps"] * 0.5))) and p["unanswered"] == 0
+            assert sum(int(k) * v for k, v in p["batch_sizes"].items()) == p["requests"]  # every request ran once
+            assert max(map(int, p["batch_sizes"])) <= lane["max_batch"]
+            assert 0 < p["p50_ms"] <= p["p95_ms"] <= p["p99_ms"]
+            # /metrics, scraped before and after the point over HTTP, agrees with bench's own figures
+            assert p["scraped"]["answered"] == p["answered"]
+            assert p["scraped"]["p99_ms"] == pytest.approx(p["p99_ms"], rel=0.05)
+            assert p["scraped"]["qps"] == pytest.approx(p["achieved_qps"], rel=0.05)
+        if lane["max_batch"] == 1:
+            assert all(p["mean_batch"] == 1.0 for p in lane["points"])
+    best = {b["variant"]: b for b in doc["best"]}
+    assert set(best) == {str(onnx_path), str(xml)} and all(b["qps"] == 120.0 for b in best.values())
+    assert doc["reference"] and all(b["vs_fp32_one_at_a_time"] == 1.0 for b in best.values())
+    html = (tmp_path / "load.html").read_text()
+    assert html.count("<svg") == 2 and "p99 latency against offered load" in html
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families = {f.name: f for f in text_string_to_metric_families((tmp_path / "load.prom").read_text())}
+    latency = [s for s in families["pruneflow_load_latency_seconds"].samples if s.labels["quantile"] == "0.99"]
+    assert len(latency) == 8 and all(s.value < 1 for s in latency)  # seconds, not milliseconds
+    assert "best configuration per artifact" in result.output and "within" in result.output
+
+
+def test_search_finds_a_rate_and_an_impossible_budget_exits_1(artifacts, tmp_path):
+    onnx_path, _ = artifacts
+    out = tmp_path / "search.json"
+    held = _load(onnx_path, "--load", "--p99-budget-ms", "500", "--max-batch", "4", "--max-delay-ms", "1",
+                 "--duration", "0.3", "--requests", "300", "--json", out)
+    assert held.exit_code == 0, held.output
+    doc = json.loads(out.read_text())
+    (lane,) = doc["lanes"]
+    assert lane["knee_qps"] and len(lane["points"]) >= 2
+    assert lane["knee_qps"] == max(p["offered_qps"] for p in lane["points"] if p["keeps_up"] and p["p99_ms"] <= 500)
+    assert [p["offered_qps"] for p in lane["points"]] == sorted(p["offered_qps"] for p in lane["points"])
+
+    missed = _load(onnx_path, "--load", "--p99-budget-ms", "0.0001", "--max-batch", "1", "--duration", "0.2",
+                   "--requests", "50", "--json", tmp_path / "none.json")
+    assert missed.exit_code == 1, missed.output
+    assert "no lane held any rate within p99 0.0001 ms" in missed.output
+    assert json.loads((tmp_path / "none.json").read_text())["exit_code"] == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--load"], "needs offered rates or a budget"),
+    (["--load", "--rate", "0"], "rates must be positive"),
+    (["--load", "--rate", "10", "--max-delay-ms", "inf"], "delays must be finite"),
+    (["--threads", "1,2"], "several thread counts are lanes of --load only"),
+])
+def test_bad_load_options_are_usage_errors(artifacts, args, message):
+    result = _load(artifacts[0], *args)
+    assert result.exit_code == 2 and message in result.output
