@@ -84,6 +84,21 @@ def test_sweep_serves_every_request_once_and_the_figures_agree(artifacts, tmp_pa
     assert len(latency) == 8 and all(s.value < 1 for s in latency)  # seconds, not milliseconds
     assert "best configuration per artifact" in result.output and "within" in result.output
 
+    # a service takes the configuration bench found for its artifact on this host, and refuses one tuned elsewhere
+    from pruneflow.errors import UsageError
+    from pruneflow.runtime import Server, ServingConfig
+
+    chosen = best[str(onnx_path)]
+    with Server.tuned(onnx_path, out) as server:
+        assert (server.policy.max_batch, server.policy.max_delay_ms, server.config.threads) == (
+            chosen["max_batch"], chosen["max_delay_ms"], chosen["threads"])
+        assert server.executors[0].runtime == "onnxruntime" and server(np.zeros(12, np.float32)).shape == (5,)
+    elsewhere = {"cpu": {"model": "Some Other CPU", "isa": ["avx2"]}}
+    with pytest.raises(UsageError, match="was measured on .* not on this host's Some Other CPU"):
+        ServingConfig.from_bench(out, onnx_path, host=elsewhere)
+    with pytest.raises(UsageError, match="holds no best configuration for other.onnx"):
+        ServingConfig.from_bench(out, tmp_path / "other.onnx")
+
 
 def test_search_finds_a_rate_and_an_impossible_budget_exits_1(artifacts, tmp_path):
     onnx_path, _ = artifacts

@@ -83,6 +83,58 @@ class BatchPolicy:
         return f"b{self.max_batch}/{self.max_delay_ms:g}ms"
 
 
+@dataclass(frozen=True)
+class ServingConfig:
+    """How to serve an artifact on this host: runtime, policy, runtime threads and workers, as ``bench --load`` found
+    best for it (:meth:`from_bench`), or as you set them."""
+
+    policy: BatchPolicy = BatchPolicy()
+    threads: int = 1
+    workers: int = 1
+    runtime: str | None = None
+    #: Where it came from (a bench file and lane), for logs.
+    source: str = "given"
+
+    @classmethod
+    def from_bench(cls, bench_json: str | Path, artifact: str | Path, host: Mapping[str, Any] | None = None) -> "ServingConfig":
+        """The best lane ``bench --load --json`` found for ``artifact`` (matched by path, else by file name). The file
+        must have been measured on this host's CPU (model and instruction sets): a configuration tuned on another CPU is
+        refused with what differs, since its best batch and threads need not hold here."""
+        import json
+
+        from .host import host_info
+
+        path = Path(bench_json)
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"{path}: not a readable bench --load JSON ({exc})",
+                             hint="write one with: pruneflow bench ARTIFACT --load --p99-budget-ms MS --json FILE") from None
+        if not isinstance(doc, dict) or doc.get("format") != "pruneflow-bench-load/1":
+            raise UsageError(f"{path}: not a bench --load result (format {doc.get('format') if isinstance(doc, dict) else '?'})",
+                             hint="pass the --json file of `pruneflow bench --load`")
+        here = (host or host_info())["cpu"]
+        there = (doc.get("host") or {}).get("cpu") or {}
+        if (there.get("model"), sorted(there.get("isa") or [])) != (here.get("model"), sorted(here.get("isa") or [])):
+            raise UsageError(f"{path} was measured on {there.get('model')} ({' '.join(there.get('isa') or [])}), not on this "
+                             f"host's {here.get('model')} ({' '.join(here.get('isa') or [])})",
+                             hint="run `pruneflow bench --load` on this host, or set the policy and threads yourself")
+        artifact = Path(artifact)
+        best = [b for b in doc.get("best") or [] if b.get("qps") is not None]
+        match = ([b for b in best if Path(str(b["variant"])).resolve() == artifact.resolve()]
+                 or [b for b in best if Path(str(b["variant"])).name == artifact.name])
+        if not match:
+            raise UsageError(f"{path} holds no best configuration for {artifact.name} "
+                             f"(it has: {', '.join(str(b['variant']) for b in best) or 'none within its budget'})",
+                             hint="bench this artifact with --load, or pass the artifact the file was measured on")
+        b = match[0]
+        lane = next((la for la in doc.get("lanes") or [] if la.get("variant") == b["variant"]
+                     and la.get("policy") == b["policy"] and la.get("threads") == b["threads"]), {})
+        return cls(BatchPolicy(int(b["max_batch"]), float(b["max_delay_ms"])), int(b["threads"]), int(b.get("workers") or 1),
+                   lane.get("runtime"), f"{path}: {b['lane']} held {b['qps']:g} requests/s within p99 "
+                   f"{b['p99_budget_ms']} ms")
+
+
 class Metrics(Protocol):
     """What the server reports as it serves (:class:`pruneflow.runtime.metrics.ServingMetrics` is the Prometheus
     one); every method is called from the server's threads and must be thread-safe."""
@@ -134,6 +186,7 @@ class Server:
         self.executors = list(executors)
         self.metrics = metrics
         self.stats = ServerStats()
+        self.config: ServingConfig | None = None
         spec = self.record.get("input") or {}
         self._inputs = _input_specs(spec)
         self._sequence = {name for name, s in self._inputs.items() if "sequence" in map(str, s["shape"][1:])}
@@ -180,6 +233,17 @@ class Server:
                                    precision_hint=hint if runtime == "openvino" else None) for _ in range(workers)]
         server = cls(executors, record, policy, None)
         server.metrics = metrics(server) if callable(metrics) and not hasattr(metrics, "on_batch") else metrics  # type: ignore[assignment]
+        return server
+
+    @classmethod
+    def tuned(cls, path: str | Path, bench_json: str | Path, *, device: str = "cpu",
+              metrics: Metrics | Callable[["Server"], Metrics] | None = None) -> "Server":
+        """:meth:`open` with the runtime, policy, threads and workers ``bench --load`` found best for ``path`` on this
+        host (:meth:`ServingConfig.from_bench`)."""
+        config = ServingConfig.from_bench(bench_json, path)
+        server = cls.open(path, device=device, runtime=config.runtime, policy=config.policy, threads=config.threads,
+                          workers=config.workers, metrics=metrics)
+        server.config = config
         return server
 
     @property
