@@ -128,3 +128,50 @@ def test_search_finds_a_rate_and_an_impossible_budget_exits_1(artifacts, tmp_pat
 def test_bad_load_options_are_usage_errors(artifacts, args, message):
     result = _load(artifacts[0], *args)
     assert result.exit_code == 2 and message in result.output
+
+
+def test_load_files_of_two_hosts_merge_and_bad_files_are_named(artifacts, tmp_path):
+    from pruneflow.benchmark.hosts import Prices
+    from pruneflow.benchmark.load_merge import merge_load
+    from pruneflow.errors import UsageError
+
+    onnx_path, _ = artifacts
+    here = tmp_path / "here.json"
+    result = _load(onnx_path, "--load", "--rate", "30,60", "--max-batch", "1", "--duration", "0.3", "--json", here)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(here.read_text())
+    doc["host"] |= {"label": "other-host"}
+    for lane in doc["lanes"]:
+        lane["variant"] = "/elsewhere/" + onnx_path.name  # the same artifact, in another folder on the other host
+        lane["points"][-1]["p99_ms"] = 1e6  # the other host misses the budget at 60 requests/s
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(doc))
+    merged = merge_load([here, other], Prices(table={"other-host": 2.0, "default": 1.0}, file="prices.yaml"), 1000.0)
+    rows = {(r["host"], r["artifact"]): r for r in merged["best"]}
+    here_name = json.loads(here.read_text())["host"]["cpu"]["model"]
+    assert rows[(here_name, onnx_path.name)]["qps"] == 60.0 and rows[("other-host", onnx_path.name)]["qps"] == 30.0
+    # the other host's price is twice this one's and it holds half the rate: four times the cost per million
+    ratio = rows[("other-host", onnx_path.name)]["cost_per_million"] / rows[(here_name, onnx_path.name)]["cost_per_million"]
+    assert ratio == pytest.approx(4.0, rel=0.25)
+    assert [h["host"] for h in merged["best_per_host"]] == [here_name, "other-host"]
+
+    for mutate, message in [
+        (lambda d: d["lanes"][0]["points"][0].update(p99_ms=-3.0), r"points\[0\].p99_ms is -3.0"),
+        (lambda d: d["lanes"][0]["points"][0].update(offered_qps="fast"), "offered_qps is 'fast'"),
+        (lambda d: d.pop("host"), "host is missing"),
+        (lambda d: d["lanes"][0].update(threads=0), "threads is 0"),
+    ]:
+        bad = json.loads(here.read_text())
+        mutate(bad)
+        path = tmp_path / "bad.json"
+        path.write_text(json.dumps(bad))
+        with pytest.raises(UsageError, match=message):
+            merge_load([path])
+    nested = tmp_path / "nested.json"
+    nested.write_text('{"format": "pruneflow-bench-load/1", "host": ' + "[" * 200_000 + "]" * 200_000 + "}")
+    with pytest.raises(UsageError, match="not JSON|host is list"):
+        merge_load([nested])
+    nan = tmp_path / "nan.json"
+    nan.write_text(here.read_text().replace('"achieved_qps": ', '"achieved_qps": NaN, "x": ', 1))
+    with pytest.raises(UsageError, match="NaN is not a number JSON allows"):
+        merge_load([nan])
