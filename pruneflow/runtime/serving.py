@@ -356,6 +356,8 @@ class Server:
                     self._pending = deque(r for r in self._pending if id(r) not in taken)
                     if self._pending:
                         self._cond.notify()  # another worker may start the next batch
+                    if self.metrics is not None:
+                        self.metrics.on_queue(len(self._pending))
                     return batch
                 self._cond.wait(wait)
 
