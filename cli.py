@@ -359,7 +359,11 @@ def optimize(
     out: Annotated[Path, typer.Option("--out", "-o", help="Parent folder of the run directory (OUT/NAME).")] = Path("runs"),
     set_: SetOpt = None,
     allow_path: AllowPathOpt = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Skip stages whose checkpoint matches (same input, config, versions).")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="Skip stages whose checkpoint matches (same input, config, versions); "
+                                         "an export that runs again takes the choices the earlier run measured (delivered precision, "
+                                         "INT8 form, OpenVINO hint: manifest.json `choices`), so it writes the same files.")] = False,
+    retime: Annotated[bool, typer.Option("--retime", help="With --resume: measure those choices again on this host (the files "
+                                         "may then differ from the earlier run's).")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Validate, resolve stages and targets, check files and toolchains; run nothing.")] = False,
     json_out: JsonOpt = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or stage lines; the summary only.")] = False,
@@ -404,7 +408,7 @@ def optimize(
             raise typer.Exit(_optimize_worker(loaded, out, json_out, quiet, verbose))
         reporter = RichReporter(_err_console(), quiet=quiet or json_out)
         with stdout_to_stderr(json_out), sigterm_as_interrupt():
-            result = run_recipe(loaded, out=out, reporter=reporter, resume=resume)
+            result = run_recipe(loaded, out=out, reporter=reporter, resume=resume, retime=retime)
         if json_out:
             print(json_line(result.as_json()))
         else:
@@ -819,17 +823,8 @@ def bench(
     metrics_port: Annotated[Optional[int], typer.Option("--metrics-port", min=0, help="Serve live /metrics on 127.0.0.1:PORT while the load runs (0: any free port); each point is checked against a scrape.", show_default=False, rich_help_panel="Under load")] = None,
     verbose: VerboseOpt = False,
 ) -> None:
-    """Time artifacts side by side: p50/p90/p99 and throughput per artifact x runtime x batch, size, the task's headline metric,
-    ratios against a baseline. All timings of a batch size run interleaved in one loop.
-
-        pruneflow bench runs/dense runs/pruned --batch 1,32 --runs 100 --html bench.html --json bench.json
-
-    Serve one request at a time under load, and find the artifact, batching policy and threads that hold p99 at the highest rate:
-
-        pruneflow bench runs/ptq --load --p99-budget-ms 20 --max-batch 1,8,32 --max-delay-ms 0,2,5 --html load.html
-        pruneflow bench model.int8.xml --load --rate 200,400,800,1600 --metrics-port 9464
-
-    Find the batch to serve at and what it costs, then compare machines:
+    """Time artifacts side by side (p50/p90/p99, throughput, size, headline metric, ratios), interleaved per batch size;
+    with --load, one request at a time under offered load (docs/serving.md). The batch to serve at, its cost, two hosts:
 
         pruneflow bench runs/ptq --batch 1,2,4,8,16,32,64 --p99-budget-ms 20 --price-per-hour 0.36 --host-label c7i.large --json c7i.json
         pruneflow bench --merge c7i.json m7a.json --price-per-hour prices.yaml --p99-budget-ms 20 --html hosts.html
@@ -842,9 +837,8 @@ def bench(
         if merge:
             return _bench_merge(sources, price_per_hour, p99_budget_ms, json_out, html, prometheus)
         if load:
-            return _bench_load(sources, runtime, openvino_precision, threads, rate, max_batch, max_delay_ms, workers,
-                               duration, requests, p99_budget_ms, price_per_hour, host_label, metrics_port, json_out,
-                               html, prometheus)
+            return _bench_load(sources, runtime, openvino_precision, threads, rate, max_batch, max_delay_ms, workers, duration,
+                               requests, p99_budget_ms, price_per_hour, host_label, metrics_port, json_out, html, prometheus)
         if runs is not None and duration is not None:
             raise UsageError("--runs and --duration both given", hint="time a fixed number of runs or for a duration, not both")
         json_file = _json_file(json_out)

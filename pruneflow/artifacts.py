@@ -401,6 +401,10 @@ class Manifest:
         self.task: dict[str, Any] | None = None
         #: Set when a stage failed: the stage, the error (type, message, hint, exit code) and the files it left.
         self.failure: dict[str, Any] | None = None
+        #: What a stage chose by measuring on this host, by stage id (the export stage: per target the precision it
+        #: delivers, the INT8 form, OpenVINO's hint; with the stage's resume key and the host): ``--resume`` takes a
+        #: choice again while the key holds, so a resumed run writes the bytes an uninterrupted one writes.
+        self.choices: dict[str, Any] = {}
 
     def add_stage(self, record: dict[str, Any], artifacts: list[Artifact]) -> None:
         self.stages.append(record)
@@ -427,6 +431,7 @@ class Manifest:
             "deployment": self.deployment(),
             "stages": self.stages,
             "artifacts": [a.as_dict() for a in self.artifacts],
+            **({"choices": self.choices} if self.choices else {}),
             **({"failure": self.failure} if self.failure else {}),
         }
 

@@ -91,7 +91,7 @@ def onnxruntime_only(record: dict[str, Any] | None) -> bool:
 def cpu_shortfall(record: dict[str, Any] | None, host: dict[str, Any] | None = None) -> str | None:
     """Why this host cannot run an artifact exactly, from its deployment record's ``runtime.cpu`` (an INT8 form
     that needs VNNI, on an x86 CPU without it), or None when it can (or the record asks nothing)."""
-    from .runtime import host_info
+    from .runtime.host import host_info
 
     cpu_need = ((record or {}).get("runtime") or {}).get("cpu") if isinstance(record, dict) else None
     if not isinstance(cpu_need, dict):

@@ -75,12 +75,15 @@ def _start_bytes(state: "RunState", ctx: "RunContext", params: int | None) -> tu
 
 
 def result_artifact(result: RunResult, target: str | None = None, producer: str | None = None):
-    """The run's result: the built exported artifact of the lowest precision (int8, bf16, fp16, fp32; of a target with
-    ``precision: auto``, only the one it chose), CPU
+    """The run's result: the built exported artifact of the lowest precision (int8, bf16, fp16, fp32; of a target that
+    delivers one artifact, ``export_choice.py``, only the one it chose), CPU
     form first; of ``target`` and made by stage ``producer`` when given. None without an exported artifact."""
     order = {"int8": 0, "bf16": 1, "fp16": 2, "fp32": 3}
     built = [a for a in result.artifacts if a.status == "built" and a.target and (target is None or a.target == target)
              and (producer is None or a.producer == producer) and a.metrics.get("precision_chosen") != 0.0]
+    # a target that chose delivers its choice (a TensorRT-form file beside it is for another runtime, not the result)
+    chose = {(a.producer, a.target) for a in built if a.metrics.get("precision_chosen") == 1.0}
+    built = [a for a in built if (a.producer, a.target) not in chose or a.metrics.get("precision_chosen") == 1.0]
     built.sort(key=lambda a: (order.get(a.precision or "", 3), a.form not in (None, "cpu")))
     return built[0] if built else None
 
@@ -165,3 +168,20 @@ def as_deployed(after, suffix: str, batch: int) -> tuple[str, str]:
     if suffix or not hint or f"latency_b{batch}_median_ms_{hint}" not in after.metrics:
         return suffix, after.label
     return f"_{hint}", f"{after.label} as deployed, {hint} hint"
+
+
+def delivered_lines(result: RunResult) -> tuple[list[str], list[str]]:
+    """``(delivered, int8 loses)``: per target that chose its artifact, what it delivers and why; per target whose
+    precisions the recipe names, where its INT8 artifact loses to float on this host (the rule it would be chosen by,
+    ``stages/export_choice.py``) and what the default would deliver instead."""
+    delivered, loses = [], []
+    for stage in result.stages:
+        for row in stage.tables.get("precision chosen", []):
+            if row.get("choice", "").startswith("chosen"):
+                delivered.append(f"{row['target']}: {row.get('why') or row['artifact']}")
+            elif row.get("choice") == "the default would deliver this":
+                losing = [a for a in result.artifacts if a.producer == stage.id and a.target == row["target"]
+                          and a.metrics.get("int8_loses")]
+                if losing:
+                    loses.append(f"{row['target']}: {row.get('why') or row['artifact']}")
+    return delivered, loses

@@ -78,9 +78,13 @@ def _stat(path: str) -> list:
 
 
 def run_recipe(loaded: LoadedRecipe, out: str | Path = "runs", reporter: Reporter | None = None,
-               resume: bool = False) -> RunResult:
+               resume: bool = False, retime: bool = False) -> RunResult:
     """Run every stage of ``loaded`` into ``OUT/NAME``, holding that folder's lock (``run_dir_lock``) throughout:
     a second run into the same folder stops with exit 2 before touching it.
+
+    ``resume``: reuse the stages an earlier run finished, and the choices it made by measuring (manifest.json's
+    ``choices``: the precision, INT8 form and hint the export delivers), so the files come out as that run's;
+    ``retime`` with it measures those choices again.
 
     The data and the model are loaded and checked (``preflight.py``) before the lock and the run folder: a
     refused input writes nothing and leaves an earlier run in ``OUT/NAME`` as it was.
@@ -91,24 +95,27 @@ def run_recipe(loaded: LoadedRecipe, out: str | Path = "runs", reporter: Reporte
     with loaded.locating():
         inputs = load_inputs(loaded, stages, reporter)
     with run_dir_lock(Path(out) / loaded.recipe.name, notify=reporter.warning):
-        return _run_locked(loaded, stages, inputs, Path(out), reporter, resume)
+        return _run_locked(loaded, stages, inputs, Path(out), reporter, resume, retime)
 
 
 def _run_locked(loaded: LoadedRecipe, stages: list[Stage], inputs: RunInputs, out: Path, reporter: Reporter,
-                resume: bool) -> RunResult:
+                resume: bool, retime: bool = False) -> RunResult:
     recipe = loaded.recipe
     run_dir = prepare_run_dir(out, recipe.name, resume)
+    earlier = earlier_choices(run_dir) if resume else {}  # before this run's manifest replaces that run's
     write_text_atomic(run_dir / "recipe.resolved.yaml", dump_recipe(recipe))
     handler = _attach_log(run_dir)
     manifest = Manifest(run_dir, recipe.name)
     manifest.host = host_info()
     manifest.task = inputs.task.summary()
+    manifest.choices = dict(earlier)  # kept for the stages this run reuses; replaced for those it runs
     manifest.write()
     progress = Progress()
     try:
         # A rule that needs the model or data raises ConfigError(stage.loc(...)): reported at its FILE:LINE.
         with loaded.locating(), _disk_full_as_error():
-            result = _run(loaded, stages, inputs, run_dir, manifest, reporter, resume, progress)
+            result = _run(loaded, stages, inputs, run_dir, manifest, reporter, resume, progress,
+                          {} if retime else earlier)
         if resume:
             sweep_stale(run_dir, progress.records)
     except BaseException as exc:
@@ -131,6 +138,7 @@ class Progress:
     records: list[StageRecord] = field(default_factory=list)
     stage: Stage | None = None
     before: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    key: str = ""  # the resume key of the stage running now
 
 
 def record_failure(exc: BaseException, loaded: LoadedRecipe, inputs: RunInputs, manifest: Manifest,
@@ -148,6 +156,7 @@ def record_failure(exc: BaseException, loaded: LoadedRecipe, inputs: RunInputs, 
         log.error("%s failed (exit %d) with %s: %s%s", where, error["exit_code"], error["type"], error["message"],
                   f"\nFix: {error['hint']}" if error["hint"] else "", exc_info=not isinstance(exc, PruneflowError))
     try:
+        keep_choices(manifest, stage, progress.key)  # what the failed stage chose before it stopped: --resume takes it
         left = written_since(run_dir, progress.before) if stage else []
         earlier = (stale_files(run_dir, progress.records, left) if resume else None) or []
         manifest.failure = {"stage": stage.id if stage else None, "stage_type": stage.config.type if stage else None,
@@ -230,8 +239,31 @@ def remove_files(run_dir: Path, files: list[str]) -> None:
             folder.rmdir()
 
 
+def earlier_choices(run_dir: Path) -> dict[str, Any]:
+    """The ``choices`` of the manifest an earlier run left in ``run_dir`` ({} when there is none to read)."""
+    try:
+        found = json.loads((run_dir / Manifest.FILE).read_text()).get("choices")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def recorded_for(stage: Stage, key: str, earlier: dict[str, Any]) -> dict[str, Any] | None:
+    """What an earlier run of ``stage`` chose by measuring, when it ran with the same resume key (same model, settings
+    and tool versions); None otherwise: the stage measures."""
+    found = earlier.get(stage.id)
+    return found if isinstance(found, dict) and found.get("key") == key else None
+
+
+def keep_choices(manifest: Manifest, stage: Stage | None, key: str) -> None:
+    """The choices ``stage`` made (its ``choices``, when it has any) into the manifest, under its id, with its key."""
+    made = getattr(stage, "choices", None) if stage is not None else None
+    if stage is not None and isinstance(made, dict) and made.get("targets"):
+        manifest.choices[stage.id] = {"key": key, **made}
+
+
 def _run(loaded: LoadedRecipe, stages: list[Stage], inputs: RunInputs, run_dir: Path, manifest: Manifest,
-         reporter: Reporter, resume: bool, progress: Progress) -> RunResult:
+         reporter: Reporter, resume: bool, progress: Progress, earlier: dict[str, Any] | None = None) -> RunResult:
     from .report import write_reports
 
     recipe, data, device = loaded.recipe, inputs.data, inputs.device
@@ -246,15 +278,21 @@ def _run(loaded: LoadedRecipe, stages: list[Stage], inputs: RunInputs, run_dir: 
     key = state.model_key
     for stage in stages:
         key = _hash(key, stage.config.model_dump(mode="json"), tool_versions())
-        progress.stage, progress.before = stage, snapshot(run_dir)
+        progress.stage, progress.before, progress.key = stage, snapshot(run_dir), key
         if stage.compresses and state.start is None:  # the model entering the first compression: the run's start
             state.start = capture_start(stage.id, state, ctx, state.task.headline.name)
         record = _resume(stage, key, state, ctx, manifest) if resume else None
         if record is None:
+            if hasattr(stage, "recorded_choices"):  # a stage that chooses by measuring: what the earlier run chose
+                stage.recorded_choices = recorded_for(stage, key, earlier or {}) if resume else None
             record = _run_stage(stage, key, state, ctx, manifest, len(stages), progress.before)
+            keep_choices(manifest, stage, key)
+            manifest.write()
         records.append(record)
         state.metrics[stage.id] = record.metrics
     progress.stage = None
+    ids = {stage.id for stage in stages}
+    manifest.choices = {k: v for k, v in manifest.choices.items() if k in ids}  # a stage the recipe no longer has
     flat = flat_metrics(records, manifest.artifacts)
     gates = [GateResult(**g) for r in records for g in r.gates] + check_gates(recipe.gates, flat, state.task)
     exit_code = EXIT_GATE_FAILED if any(not g.passed for g in gates) else EXIT_OK

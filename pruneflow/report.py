@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .artifacts import write_text_atomic
+from .headline import delivered_lines
 from .units import human_bytes as human_bytes, human_int as human_int  # re-exported: callers import them from here
 
 if TYPE_CHECKING:
@@ -149,8 +150,9 @@ def latency_section(result: "RunResult") -> list[str]:
 def headline_section(result: "RunResult") -> list[str]:
     """Before -> after against the model the run started from, first thing in the report (``headline.py``)."""
     rows = result.headline_rows()
+    delivered, loses = delivered_lines(result)
     if not rows or not result.start:
-        return []
+        return _delivered_lines(delivered, loses)
     noisy = any(r.get("noisy") for r in rows)
     slower = [r["what"].removeprefix("latency ") for r in rows if r.get("slower")]
     fp32_faster = [r["what"].removeprefix("latency ") for r in rows if r.get("fp32_faster")]
@@ -166,6 +168,17 @@ def headline_section(result: "RunResult") -> list[str]:
            "host; time other batches with `pruneflow bench`.", ""] if slower else []),
         *([f"**The FP32 artifact of the same model is faster:** {'; '.join(fp32_faster)}. Quantization made it smaller, not "
            "faster, at that batch on this host: serve the FP32 artifact there (Notes give the factor).", ""] if fp32_faster else []),
+        *_delivered_lines(delivered, loses),
+    ]
+
+
+def _delivered_lines(delivered: list[str], loses: list[str]) -> list[str]:
+    """What each target delivers and why; where a recipe's named INT8 loses to float here (``headline.delivered_lines``)."""
+    return [
+        *([f"**Delivered** (per target, measured on this host; table `precision chosen`): {'; '.join(delivered)}.", ""]
+          if delivered else []),
+        *([f"**INT8 loses on this host:** {'; '.join(loses)}. The recipe names its precisions, so every artifact is "
+           "delivered; leave `precisions` out to deliver the faster one.", ""] if loses else []),
     ]
 
 

@@ -39,7 +39,7 @@ def test_the_fastest_artifact_that_holds_every_gate_is_chosen_timed_as_deployed(
     kept, rows = choose_precisions(["openvino"], [fp32, bf16, int8], list(gates), [1, 16])
     assert bf16.metrics["precision_chosen"] == 1.0 and int8.metrics["precision_chosen"] == 0.0
     assert all(g.passed for g in kept) and "openvino.int8.parity" not in {g.name for g in kept}
-    assert any("not chosen by precision: auto; gate failed: openvino.int8.parity" in n for n in int8.notes)
+    assert any("not delivered (precision chosen per target); gate failed: openvino.int8.parity" in n for n in int8.notes)
     assert rows[2]["gates"] == "failed: parity"
 
 
@@ -92,4 +92,4 @@ def test_a_run_writes_a_bf16_ir_and_delivers_the_precision_auto_chose(tmp_path):
     report = (result.run_dir / "report.md").read_text()
     assert "## export: precision chosen" in report and report.count("| openvino | openvino.") == 3
     chosen = next(a for a in irs.values() if a["metrics"]["precision_chosen"] == 1)
-    assert any(n.startswith("chosen by precision: auto") for n in chosen["notes"])
+    assert any(n.startswith("delivered for openvino: ") for n in chosen["notes"])

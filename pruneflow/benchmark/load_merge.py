@@ -14,7 +14,7 @@ from typing import Any
 
 from ..errors import UsageError
 from .hosts import Prices
-from .load import FORMAT, KEEPS_UP
+from .load import FORMAT
 
 MERGED_FORMAT = "pruneflow-bench-load-merged/1"
 HINT = "merge the files `pruneflow bench ... --load --json FILE` wrote, one per host"
@@ -127,7 +127,7 @@ def _read(path: Path) -> dict[str, Any]:
                 _number(p["p99_ms"], f"{pat}.p99_ms")
             if not isinstance(p.get("keeps_up"), bool):
                 raise UsageError(f"{pat}.keeps_up is {p.get('keeps_up')!r}, not true/false", hint=HINT)
-            if p["keeps_up"] and p["achieved_qps"] < KEEPS_UP * p["offered_qps"] * 0.5:
+            if p["keeps_up"] and p["achieved_qps"] < 0.5 * p["offered_qps"]:
                 raise UsageError(f"{pat}: keeps_up with {p['achieved_qps']:g} of {p['offered_qps']:g} requests/s achieved",
                                  hint="the file was edited or is corrupt: measure again")
     return doc

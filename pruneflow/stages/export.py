@@ -25,6 +25,7 @@ from .. import registry
 from ..artifacts import Artifact, Precision, disk_full_cause
 from ..errors import ConfigError, ExportError, InputError, MissingDependencyError, PruneflowError
 from ..evaluate import evaluate_runtime
+from ..export.forms import needs_vnni
 from ..gates import ArtifactGates, GateResult, artifact_gates
 from ..inputs import as_numpy, call, take, trim
 from ..recipe.models import list_of, normalise_target_list, target_union
@@ -33,7 +34,7 @@ from ..runtime import host_info
 from ..runtime.timing import DEFAULT_RUNS, DEFAULT_THREADS, DEFAULT_WARMUP
 from ..stage import Stage, StageConfig, StageResult, StrictModel, Target
 from ..tasks import ReadOutput, Task
-from .export_choice import choose_precisions
+from .export_choice import MARGIN, choose_precisions
 from .measure import (Opened, ParityLimits, batched, default_limits, open_for, parity_gate, parity_metrics, reference_outputs,
                       runtime_advice, time_all)
 
@@ -87,14 +88,34 @@ class LatencySpec(StrictModel):
     threads: int | None = Field(default=DEFAULT_THREADS, ge=1, description="Runtime threads while timing (1 gives stable numbers; null: the runtime's default). `pruneflow bench` has the same defaults.")
 
 
+class ChoiceSpec(StrictModel):
+    """How a target that delivers one artifact chooses it (``export_choice.py``)."""
+
+    margin: float = Field(
+        default=MARGIN, ge=0, lt=1,
+        description="An INT8 artifact is delivered only when it is at least this much faster (0.02: 2 %) than the best float "
+        "artifact of its target at every served batch size, both timed interleaved as deployed; otherwise the float one "
+        "(fp32, which OpenVINO runs in bf16 by default where the CPU has it, or a bf16 IR) is delivered. 0: the fastest.")
+    batch_sizes: list[int] | None = Field(
+        default=None, min_length=1,
+        description="The batch sizes the artifacts are served at, where the choice compares them (default: every batch size "
+        "`latency` times). Each must be timed by `latency.batch_sizes`.")
+
+
 class ExportConfig(StageConfig):
     type: Literal["export"] = Field(default="export", description="Export the model to deployable formats.")
     targets: list[Any] = Field(
         description="Targets to build: names (`onnx`) or mappings with options (`{type: onnx, opset: 17}`).", min_length=1
     )
-    precisions: list[Precision] = Field(
-        default=["fp32"], min_length=1,
-        description="Numeric precisions to write. `int8` needs a `ptq` stage, or a `qat` stage ending in int8, before export; "
+    precisions: list[Precision] | None = Field(
+        default=None, min_length=1,
+        description="Numeric precisions to write. Left out (the default): `fp32`, and `int8` where a `ptq` stage, or a `qat` "
+        "stage ending in int8, comes before and `latency` times the artifacts; each target then delivers one artifact, the "
+        "fastest that holds the gates on this host at the batch sizes served, never slower than the runtime's default float "
+        "(INT8 only where it is `choice.margin` faster at every served batch, else FP32; see `choice`); the others stay "
+        "in the run folder, and report.md (table `precision chosen`, headline) says what decided it. Named: each is written "
+        "and delivered (a target's `precision: auto` still chooses), and where INT8 loses to float on this host, report.md "
+        "and its headline say so. `int8` needs a `ptq` stage, or a `qat` stage ending in int8, before export; "
         "its artifacts hold that stage's quantization parameters and are compared with the quantized torch model. `bf16`: "
         "the openvino target's IR with fp16-stored weights whose deployment record pins OpenVINO's bf16 inference "
         "precision (computed in bf16 where the CPU has AVX-512 BF16 or AMX, in f32 elsewhere); onnxruntime's CPU "
@@ -108,6 +129,12 @@ class ExportConfig(StageConfig):
         description="Latency timing (null = skip): after every artifact is built and checked, all of them are timed together, "
         "interleaved, per batch size; OpenVINO artifacts both with the plugin's default inference precision and with f32 forced.",
     )
+    choice: ChoiceSpec = Field(
+        default_factory=ChoiceSpec,
+        description="How a target delivering one artifact (precisions left out, or `precision: auto`) chooses it: the margin "
+        "INT8 must win by and the batch sizes served. The choice (precision, INT8 form, OpenVINO hint) is recorded in "
+        "manifest.json (`choices`) and `optimize --resume` reuses it, so a resumed run writes the same bytes; "
+        "`--resume --retime` measures again.")
     gates: ArtifactGates = Field(
         default_factory=ArtifactGates,
         description="Gates on every artifact of the stage: speed-up against the fp32 artifact of its target, size on disk. "
@@ -130,14 +157,44 @@ class ExportConfig(StageConfig):
 
     @field_validator("precisions", mode="after")
     @classmethod
-    def _unique_precisions(cls, value: list) -> list:
-        if len(set(value)) != len(value):
+    def _unique_precisions(cls, value: list | None) -> list | None:
+        if value is not None and len(set(value)) != len(value):
             raise ValueError("a precision is listed twice")
         return value
+
+    def written(self, quantized: bool) -> list[str]:
+        """The stage's precisions: as named, else fp32 and (a quantized model, timed artifacts) int8."""
+        if self.precisions is not None:
+            return list(self.precisions)
+        return ["fp32", "int8"] if quantized and self.latency is not None else ["fp32"]
+
+    def of_target(self, target, writes: tuple[str, ...], quantized: bool) -> list[str]:
+        """What ``target`` (its config) writes: its own list, else the stage's (left out: those it can write)."""
+        if self.precisions is None:
+            return list(target.precisions) if target.precisions else [p for p in self.written(quantized) if p in writes]
+        return [p for p in self.precisions if p in (target.precisions or self.precisions)]
+
+    def delivers_one(self, target) -> bool:
+        """Whether ``target`` (its config) delivers one chosen artifact: `precision: auto`, or nothing named."""
+        return getattr(target, "precision", None) == "auto" or (self.precisions is None and not target.precisions)
+
+    def resolved(self, quantized: bool) -> "ExportConfig":
+        """A copy with the precisions left out filled in (what doctor builds)."""
+        if self.precisions is not None:
+            return self
+        named = [p for t in self.targets for p in (getattr(t, "precisions", None) or [])]
+        return self.model_copy(update={"precisions": list(dict.fromkeys(self.written(quantized) + named))})
 
 
 class ExportStage(Stage[ExportConfig]):
     Config = ExportConfig
+    #: What an earlier run of this stage chose (``{"host": ..., "targets": {TARGET: {"delivered", "int8_form",
+    #: "int8_hint"}}}``, manifest.json's ``choices``), set by the pipeline under ``--resume`` when the stage's key is
+    #: unchanged (None: choose by measuring). Taken again, a run writes the bytes the earlier one wrote.
+    recorded_choices: dict[str, Any] | None = None
+    #: What this run chose, per target, filled as it chooses: the pipeline writes it into manifest.json (``choices``),
+    #: also when the stage fails part-way, so a resumed run takes the same forms again.
+    choices: dict[str, Any] | None = None
 
     @classmethod
     def config_model(cls) -> type[ExportConfig]:
@@ -161,27 +218,31 @@ class ExportStage(Stage[ExportConfig]):
         """Each target writes each precision asked for (``Target.precisions``), and int8 has a quantized
         model to write: a `ptq` stage, or a `qat` stage ending in int8, before this export (unless every target
         writing it quantizes itself, ``Target.quantizes_itself``); then each target's own ``recipe_rules``."""
+        quantized = quantized_before(recipe, index)
+        named = config.precisions is not None
         for t, target in enumerate(config.targets):
             cls_ = registry.targets.get(target.type)
-            yield from cls_.recipe_rules(target, list(target.precisions or config.precisions), recipe, index,
-                                         ("stages", index, "targets", t))
             writes = cls_.precisions
+            yield from cls_.recipe_rules(target, config.of_target(target, writes, quantized), recipe, index,
+                                         ("stages", index, "targets", t))
             own = target.precisions is not None
             loc = ("stages", index, "targets", t, "precisions") if own else ("stages", index, "precisions")
-            for i, precision in enumerate(target.precisions or config.precisions):
-                if precision not in config.precisions:
+            for i, precision in enumerate(target.precisions or config.precisions or []):
+                if named and precision not in config.precisions:
                     yield ConfigError((*loc, i), f"{precision} is not among the stage's precisions", value=precision,
                                       hint=f"a target writes some of the stage's precisions ({', '.join(config.precisions)}); add it there")
                 elif precision not in writes:
                     yield ConfigError((*loc, i), f"target {target.type!r} cannot write {precision}", value=precision,
                                       hint=f"{target.type} writes {', '.join(writes)}" + ("" if own else
                                            f"; give it its own list: `{{type: {target.type}, precisions: [{', '.join(w for w in writes if w in config.precisions)}]}}`"))
-        int8_from_model = [t for t in config.targets if "int8" in (t.precisions or config.precisions)
+        int8_from_model = [t for t in config.targets if "int8" in (t.precisions or config.precisions or [])
                            and not registry.targets.get(t.type).quantizes_itself]
-        if int8_from_model and not quantized_before(recipe, index):
+        if int8_from_model and not quantized:
+            t = int8_from_model[0]
+            loc = (("stages", index, "precisions", config.precisions.index("int8")) if named and not t.precisions else
+                   ("stages", index, "targets", config.targets.index(t), "precisions", t.precisions.index("int8")))
             yield ConfigError(
-                ("stages", index, "precisions", config.precisions.index("int8")),
-                "int8 needs a quantized model, and no stage before this export quantizes it", value="int8",
+                loc, "int8 needs a quantized model, and no stage before this export quantizes it", value="int8",
                 hint="add a `ptq` stage (no training) or a `qat` stage whose schedule ends in an int8 phase before `export`",
             )
         for t, target in enumerate(config.targets):
@@ -189,13 +250,18 @@ class ExportStage(Stage[ExportConfig]):
                 yield ConfigError(("stages", index, "targets", t, "precision"), "precision: auto picks the fastest artifact "
                                   "by the stage's timing, and `latency` is null", value="auto",
                                   hint="remove `latency: null`, or pin the precisions with `precisions:`")
-        yield from cls._gate_rules(config, index)
+        timed = config.latency.batch_sizes if config.latency else []
+        for i, bs in enumerate(config.choice.batch_sizes or []):
+            if bs not in timed:
+                yield ConfigError(("stages", index, "choice", "batch_sizes", i), f"batch size {bs} is not timed by this "
+                                  "stage", value=bs, hint=f"add it to latency.batch_sizes ({', '.join(map(str, timed)) or 'none'})")
+        yield from cls._gate_rules(config, index, quantized)
 
     @classmethod
-    def _gate_rules(cls, config, index):
+    def _gate_rules(cls, config, index, quantized: bool = False):
         """The stage's `gates:` can be checked: a speed-up needs fp32 and latency, names known targets and batch sizes."""
         gates, loc = config.gates, ("stages", index, "gates")
-        if gates.min_speedup is not None and "fp32" not in config.precisions:
+        if gates.min_speedup is not None and "fp32" not in config.written(quantized):
             yield ConfigError((*loc, "min_speedup"), "min_speedup compares each artifact with the fp32 artifact of its target, "
                               "and this stage writes no fp32", value=gates.min_speedup, hint="add fp32 to the stage's precisions")
         if gates.min_speedup is not None and config.latency is None:
@@ -216,6 +282,9 @@ class ExportStage(Stage[ExportConfig]):
         """`pruneflow doctor`: every target and precision built for real and run on one batch (``export_doctor.py``)."""
         from .export_doctor import export_checks
 
+        if self.config.precisions is None:  # the precisions left out, as the run would write them
+            resolved = type(self)(self.config.resolved(state.handle.quantized), self.id, self.index)
+            return export_checks(resolved, state, ctx)
         return export_checks(self, state, ctx)
 
     def onnx_export(self) -> dict:
@@ -235,16 +304,21 @@ class ExportStage(Stage[ExportConfig]):
         result = StageResult()
         opened: list[Opened] = []
         state = reading_view(state)
-        for name, target in self.make_targets():
+        quantized = bool(state.handle.quantized)
+        recorded = (self.recorded_choices or {}).get("targets") or {}
+        self.choices = {"host": host_key(), "targets": {}}
+        targets = [(name, self._pinned(name, target, recorded.get(name) or {})) for name, target in self.make_targets()]
+        for name, target in targets:
             # export/<target>/ for the usual single export stage; a second one gets export/<its id>/<target>/.
             out_dir = ctx.run_dir / "export" / (name if self.id == "export" else f"{self.id}/{name}")
             out_dir.mkdir(parents=True, exist_ok=True)
-            for precision in [p for p in cfg.precisions if p in (target.config.precisions or cfg.precisions)]:
+            for precision in cfg.of_target(target.config, type(target).precisions, quantized):
                 for artifact in self._build(name, target, precision, out_dir, state, ctx, list(result.artifacts)):
                     if artifact.status == "failed":  # the vendor tool ran and refused: exit 1, its files kept
                         result.gates.append(GateResult(f"{artifact.label}.build", False, "; ".join(artifact.notes)
                                                        or f"{name} {precision} failed"))
                     if artifact.status == "built":
+                        self._form_choice(name, target, artifact, recorded.get(name) or {})
                         artifact.metrics["size_mb"] = (artifact.size_bytes or 0) / 1e6
                         checked = self._check(artifact, target, state, ctx)
                         result.gates += checked[1]
@@ -252,7 +326,8 @@ class ExportStage(Stage[ExportConfig]):
                             opened.append(checked[0])
                     result.artifacts.append(artifact)
             for table, rows in target.tables.items():
-                result.tables.setdefault(table, []).extend(rows)
+                if rows:  # (a form taken from the record was not timed: no rows)
+                    result.tables.setdefault(table, []).extend(rows)
         if cfg.latency and opened:
             with tempfile.TemporaryDirectory(prefix="pruneflow-start-") as tmp:
                 start = self._start_lanes(state, ctx, Path(tmp))
@@ -260,12 +335,67 @@ class ExportStage(Stage[ExportConfig]):
             result.tables["start_latency"] = _start_rows(start, cfg.latency.batch_sizes)
         result.gates += artifact_gates(cfg.gates, [a for a in result.artifacts if a.status == "built"],
                                        cfg.latency.batch_sizes if cfg.latency else [])
-        auto = [name for name, target in self.make_targets() if getattr(target.config, "precision", None) == "auto"]
-        if auto and cfg.latency:
-            result.gates, rows = choose_precisions(auto, result.artifacts, result.gates, cfg.latency.batch_sizes)
-            result.tables["precision chosen"] = rows
+        if cfg.latency:
+            self._choose(targets, result, recorded)
         result.tables["host"] = [host_record(cfg.latency.threads if cfg.latency else None)]
         return result
+
+    def _choose(self, targets: list[tuple[str, Target]], result: StageResult, recorded: dict[str, Any]) -> None:
+        """Per target delivering one artifact, the one it delivers (``export_choice.py``); the others are checked."""
+        cfg = self.config
+        assert cfg.latency is not None
+        one = [name for name, target in targets if cfg.delivers_one(target.config)]
+        explicit = [name for name, target in targets if getattr(target.config, "precision", None) == "auto"]
+        served = cfg.choice.batch_sizes or cfg.latency.batch_sizes
+        result.gates, rows = choose_precisions(
+            one, result.artifacts, result.gates, served, margin=cfg.choice.margin,
+            checked_targets=[name for name, _ in targets], explicit=explicit,
+            recorded={name: (r["delivered"], r.get("why") or "") for name, r in recorded.items() if r.get("delivered")})
+        if rows:
+            result.tables["precision chosen"] = rows
+        for a in result.artifacts:
+            if a.metrics.get("precision_chosen") == 1.0 and a.target:
+                row = next((r for r in rows if r["artifact"] == a.label and r["choice"].startswith("chosen")), {})
+                taken = row.get("choice") == "chosen (recorded)" and (recorded.get(a.target) or {}).get("why")
+                why = taken or row.get("why", "")  # a choice taken again keeps the reason it was made for
+                (self.choices or {}).setdefault("targets", {}).setdefault(a.target, {}).update(delivered=a.label, why=why)
+
+    def _pinned(self, name: str, target: Target, recorded: dict[str, Any]) -> Target:
+        """``target`` with the INT8 form and OpenVINO hint an earlier run chose by measuring (``recorded``) pinned in
+        place of `auto`: nothing is timed again, and the files come out as that run wrote them."""
+        updates = {}
+        if getattr(target.config, "form", None) == "auto" and recorded.get("int8_form"):
+            updates["form"] = recorded["int8_form"]
+        if getattr(target.config, "int8_hint", None) == "auto" and recorded.get("int8_hint"):
+            updates["int8_hint"] = recorded["int8_hint"]
+        if not updates:
+            return target
+        pinned = type(target)(target.config.model_copy(update=updates))
+        pinned.from_record = updates  # type: ignore[attr-defined]
+        return pinned
+
+    def _form_choice(self, name: str, target: Target, artifact: Artifact, recorded: dict[str, Any]) -> None:
+        """Record the INT8 form (and OpenVINO hint) ``artifact`` was written in; one taken from ``recorded`` says so."""
+        if artifact.precision != "int8" or artifact.form == "tensorrt":
+            return
+        pinned = getattr(target, "from_record", None)
+        if pinned:
+            form = pinned.get("form") or artifact.metrics.get("int8_form")
+            if form:
+                artifact.metrics["int8_form"] = form
+            # the target saw a pinned form and hint: its own note would say the recipe set them
+            artifact.notes[:] = [n for n in artifact.notes if not n.startswith(f"INT8 form {form}: set in the recipe")]
+            host = (self.recorded_choices or {}).get("host")
+            elsewhere = f", measured on another host ({host.get('cpu')})" if isinstance(host, dict) and host != host_key() else ""
+            settings = ", ".join(f"{k} {v}" for k, v in pinned.items())
+            artifact.notes.append(f"{settings}: the choice of the run this one resumed (manifest.json `choices`{elsewhere}), "
+                                  "taken again without timing so the file is the one that run wrote; `--retime` measures again")
+            if form and needs_vnni(form):  # what forms.record_choice says of a form it chose by timing
+                artifact.notes.append(f"the {form} form needs an x86 CPU with VNNI or AMX (or a non-x86 one): without them "
+                                      "its int8 kernels can saturate; pin `form: u8s8` to build for such a host")
+        chose = {k: artifact.metrics[k] for k in ("int8_form", "int8_hint") if artifact.metrics.get(k)}
+        if chose:
+            (self.choices or {}).setdefault("targets", {}).setdefault(name, {}).update(chose)
 
     def _build(self, name: str, target: Target, precision: str, out_dir, state, ctx, upstream: list[Artifact]) -> list[Artifact]:
         """The artifacts of one target and precision; one that cannot be built is a ``failed`` artifact with the
@@ -418,6 +548,12 @@ def failed_artifact(run_dir: Path, out_dir: Path, target: str, precision: str, e
     message = error.message + (f" (hint: {error.hint})" if error.hint else "")
     return Artifact(path=folder, kind=target, producer="export", status="failed", target=target, precision=precision,
                     form=form, notes=[message])
+
+
+def host_key() -> dict[str, Any]:
+    """The host a choice was measured on (CPU model, ISA flags), as manifest.json's ``choices`` record it."""
+    cpu = host_info()["cpu"]
+    return {"cpu": cpu.get("model"), "isa": sorted(cpu.get("isa") or [])}
 
 
 def host_record(threads: int | None) -> dict[str, Any]:
