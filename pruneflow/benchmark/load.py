@@ -144,9 +144,14 @@ class LoadLane:
         return f"{self.variant.name} · {self.label} · {self.policy.label} · {self.threads}t"
 
     def best(self, budget: float | None) -> LoadPoint | None:
-        """The highest offered rate that held (the knee of its curve)."""
-        held = [p for p in self.points if p.holds(budget)]
-        return max(held, key=lambda p: p.offered_qps) if held else None
+        """The knee of its curve: the highest offered rate that held with every lower rate tried holding too (a rate
+        that held above one that failed is taken as luck, not capacity)."""
+        best = None
+        for point in sorted(self.points, key=lambda p: p.offered_qps):
+            if not point.holds(budget):
+                break
+            best = point
+        return best
 
 
 @dataclass
