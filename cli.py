@@ -751,22 +751,30 @@ def _print_inspect(info: dict) -> None:
 
 def _print_budget(console: Console, result) -> None:
     """The best batch under --p99-budget-ms per artifact and runtime, with throughput per core and, given a price,
-    the cost per million inferences."""
+    the cost per million inferences (on the cores the lane used), and what to know about each (NOISY, a low-confidence
+    p99, the largest batch timed); the line of exit 1 when nothing meets the budget."""
+    from rich.markup import escape
+
+    from pruneflow.benchmark.html import entry_note, nothing_meets
+
     chosen = result.under_budget()
     if not chosen:
         return
     table = Table(title=f"best batch with p99 within {result.settings.p99_budget_ms:g} ms", title_justify="left")
     priced = result.settings.price_per_hour is not None
-    for c in ("artifact", "runtime", "batch", "p99 ms", "samples/s", "per core", *(["cost / 1M"] if priced else [])):
-        table.add_column(c, justify="left" if c in ("artifact", "runtime") else "right")
+    for c in ("artifact", "runtime", "batch", "p99 ms", "samples/s", "per core", *(["cost / 1M"] if priced else []), "note"):
+        table.add_column(c, justify="left" if c in ("artifact", "runtime", "note") else "right")
     for e in (e for e in chosen if e["batch"] is not None):
         cost = [f"{e['cost_per_million']:.4g}"] if priced else []
-        table.add_row(e["variant"], e["runtime_label"], str(e["batch"]), f"{e['p99_ms']:.3g}", f"{e['throughput']:,.0f}",
-                      f"{e['throughput_per_core']:,.0f}", *cost)
+        table.add_row(*(escape(c) for c in (e["variant"], e["runtime_label"], str(e["batch"]), f"{e['p99_ms']:.3g}",
+                                            f"{e['throughput']:,.0f}", f"{e['throughput_per_core']:,.0f}", *cost,
+                                            entry_note(e))))
     if table.row_count:
         console.print(table)
     for e in (e for e in chosen if e["batch"] is None):
         console.print(f"{e['variant']} on {e['runtime_label']}: {e['why']}", markup=False)
+    if result.meets_budget() is False:
+        console.print(nothing_meets(result.settings.p99_budget_ms), style="red", markup=False)
 
 
 class _OptionalJsonValue(typer.core.TyperCommand):
@@ -801,8 +809,8 @@ def bench(
     runtime: Annotated[Optional[str], typer.Option("--runtime", help="Comma-separated: onnxruntime, openvino (default: every runtime that loads each file).", show_default=False)] = None,
     batch: Annotated[str, typer.Option("--batch", help="Comma-separated batch sizes.")] = "1,32",
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed runs of each artifact first (the export stage's default too).")] = 3,
-    runs: Annotated[Optional[int], typer.Option("--runs", help="Timed repetitions per batch size [default: 50, as the export stage].", show_default=False)] = None,
-    duration: Annotated[Optional[float], typer.Option("--duration", help="Seconds of timing per batch size, instead of --runs.", show_default=False)] = None,
+    runs: Annotated[Optional[int], typer.Option("--runs", help="Timed repetitions per batch size [default: until 200 runs back each p99, or 20 s per batch size, at least 50]; a p99 from fewer than 200 runs is marked low-confidence (~).", show_default=False)] = None,
+    duration: Annotated[Optional[float], typer.Option("--duration", help="Seconds of timing per batch size (a window: every artifact in turn until it has passed), instead of --runs.", show_default=False)] = None,
     threads: Annotated[str, typer.Option("--threads", help="Runtime threads, as the export stage times with; 0: the runtime's own choice. Under --load, a comma-separated list (each a lane).")] = "1",
     baseline: Annotated[Optional[str], typer.Option("--baseline", help="Variant the ratios are against: RUN/LABEL (e.g. quickstart/onnx.fp32), a label, or a file name [default: the first fp32 artifact].", show_default=False)] = None,
     openvino_precision: Annotated[Optional[str], typer.Option("--openvino-precision", help="OpenVINO inference precision hints to time, comma-separated: default (bf16 on AVX-512 BF16/AMX CPUs), f32, bf16, f16 [default: default,f32; under --load: as each IR's deployment record says].", show_default=False)] = None,
@@ -810,7 +818,7 @@ def bench(
     html: Annotated[Optional[Path], typer.Option("--html", help="A self-contained HTML report with charts.", show_default=False)] = None,
     prometheus: Annotated[Optional[Path], typer.Option("--prometheus", help="Prometheus text format for node-exporter's textfile collector.", show_default=False)] = None,
     benchmark_app: Annotated[bool, typer.Option("--benchmark-app", help="Also run OpenVINO's benchmark_app on each IR and record its throughput.")] = False,
-    p99_budget_ms: Annotated[Optional[float], typer.Option("--p99-budget-ms", help="Latency budget: per artifact and runtime, the batch size of highest throughput whose p99 stays within it (time several batch sizes: --batch 1,2,4,8,16,32).", show_default=False)] = None,
+    p99_budget_ms: Annotated[Optional[float], typer.Option("--p99-budget-ms", help="Latency budget: per artifact and runtime, the batch size of highest throughput whose p99 stays within it (time several batch sizes: --batch 1,2,4,8,16,32); exit 1 when none does.", show_default=False)] = None,
     price_per_hour: Annotated[Optional[str], typer.Option("--price-per-hour", metavar="PRICE|FILE", help="What the machine costs an hour, or a YAML file of prices per host (host label or CPU model: price): adds the cost per million inferences to every row.", show_default=False)] = None,
     host_label: Annotated[Optional[str], typer.Option("--host-label", help="A name for this machine (e.g. its instance type), recorded in the JSON, matched in a price file and shown by --merge.", show_default=False)] = None,
     merge: Annotated[bool, typer.Option("--merge", help="Compare hosts: the arguments are bench --json files from several machines, merged into one table, HTML, JSON and Prometheus file (timing options do not apply).")] = False,
@@ -830,7 +838,6 @@ def bench(
         pruneflow bench --merge c7i.json m7a.json --price-per-hour prices.yaml --p99-budget-ms 20 --html hosts.html
     """
     from pruneflow.benchmark import BenchSettings, price_for_this_host, result_json, run_bench, write_outputs
-    from pruneflow.runtime.timing import DEFAULT_RUNS
 
     to_stdout = json_out == "-"
     with handle_errors(verbose, to_stdout):
@@ -839,12 +846,10 @@ def bench(
         if load:
             return _bench_load(sources, runtime, openvino_precision, threads, rate, max_batch, max_delay_ms, workers, duration,
                                requests, p99_budget_ms, price_per_hour, host_label, metrics_port, json_out, html, prometheus)
-        if runs is not None and duration is not None:
-            raise UsageError("--runs and --duration both given", hint="time a fixed number of runs or for a duration, not both")
         json_file = _json_file(json_out)
         price, price_source = price_for_this_host(price_per_hour, host_label)
         settings = BenchSettings(runtimes=_names(runtime), batches=_int_list("--batch", batch), warmup=warmup,
-                                 runs=runs or DEFAULT_RUNS, duration=duration, threads=_one_threads(threads), baseline=baseline,
+                                 runs=runs, duration=duration, threads=_one_threads(threads), baseline=baseline,
                                  openvino_precisions=_names(openvino_precision or "default,f32") or [], benchmark_app=benchmark_app,
                                  p99_budget_ms=p99_budget_ms, price_per_hour=price, price_source=price_source,
                                  host_label=host_label)
@@ -854,6 +859,8 @@ def bench(
             print(json.dumps(result_json(result), allow_nan=False))
         else:
             _print_bench(result, written)
+        if result.exit_code():  # nothing meets --p99-budget-ms: CI gates on it; every file is still written
+            raise typer.Exit(result.exit_code())
 
 
 def _one_threads(text: str) -> int | None:
@@ -955,22 +962,31 @@ def _json_file(json_out: str | None) -> Path | None:
 
 def _bench_merge(sources: list[Path], price_per_hour: str | None, p99_budget_ms: float | None, json_out: str | None,
                  html: Path | None, prometheus: Path | None) -> None:
-    """``bench --merge``: several hosts' bench JSON side by side (``pruneflow.benchmark.hosts``)."""
+    """``bench --merge``: several hosts' bench JSON side by side (``pruneflow.benchmark.hosts``); exit 1 when no host
+    has anything within the budget."""
+    import math
+
     from pruneflow.benchmark import Prices, merge, write_outputs
 
-    if p99_budget_ms is not None and not p99_budget_ms > 0:
-        raise UsageError("--p99-budget-ms must be positive", hint="e.g. --p99-budget-ms 20")
+    if p99_budget_ms is not None and not (math.isfinite(p99_budget_ms) and p99_budget_ms > 0):
+        raise UsageError(f"--p99-budget-ms {p99_budget_ms:g}: must be a positive finite number", hint="e.g. --p99-budget-ms 20")
     merged = merge(list(sources), Prices.parse(price_per_hour), p99_budget_ms)
     written = write_outputs(merged, json_file=_json_file(json_out), html=html, prometheus=prometheus)
     if json_out == "-":
         print(json.dumps(merged.as_json(), allow_nan=False))
-        return
-    _print_merged(merged, written)
+    else:
+        _print_merged(merged, written)
+    if merged.exit_code():
+        raise typer.Exit(merged.exit_code())
 
 
 def _print_merged(merged, written: list[Path]) -> None:
-    """The hosts, then per batch size one table with a column group per host, then the best batch under the budget."""
+    """The hosts, then per batch size one table with a column group per host, then the best batch under the budget.
+    Names come from other hosts' files: table cells are escaped, never read as rich markup."""
+    from rich.markup import escape
+
     from pruneflow.benchmark.hosts_html import host_cells
+    from pruneflow.benchmark.html import marks_note
 
     console = _out_console()
     if not console.is_terminal:
@@ -989,19 +1005,27 @@ def _print_merged(merged, written: list[Path]) -> None:
         table.add_column("runtime")
         for h in merged.hosts:
             for i, f in enumerate(figures):
-                table.add_column(f"{h['name'] if i == 0 else ''}\n{f}", justify="right")
+                table.add_column(f"{escape(h['name']) if i == 0 else ''}\n{f}", justify="right")
         for variant, lane in merged.lanes():
-            table.add_row(variant, lane, *(c for h in merged.hosts
-                                           for c in host_cells(merged.row(h["name"], variant, lane, batch), priced)))
+            table.add_row(*(escape(c) for c in (variant, lane, *(c for h in merged.hosts for c in host_cells(
+                merged.row(h["name"], variant, lane, batch), priced)))))
         console.print(table)
+    if (note := marks_note(merged.rows)) is not None:
+        console.print(note, markup=False)
     _print_merged_budget(console, merged, priced)
     for path in written:
         console.print(f"wrote {path}", markup=False)
 
 
 def _print_merged_budget(console: Console, merged, priced: bool) -> None:
-    """Per artifact x runtime, per host: the best batch within --p99-budget-ms, its samples/s and cost per million."""
-    chosen = {(e["host"], e["variant"], e["runtime_label"]): e for e in merged.under_budget()}
+    """Per artifact x runtime, per host: the best batch within --p99-budget-ms, its samples/s and cost per million
+    (``+``: the largest batch timed, a larger one may do better); then the line of exit 1 when nothing fits anywhere."""
+    from rich.markup import escape
+
+    from pruneflow.benchmark.html import entry_note, nothing_meets
+
+    listed = merged.under_budget()
+    chosen = {(e["host"], e["variant"], e["runtime_label"]): e for e in listed}
     if not chosen:
         return
     table = Table(title=f"best batch with p99 within {merged.p99_budget_ms:g} ms", title_justify="left")
@@ -1010,7 +1034,7 @@ def _print_merged_budget(console: Console, merged, priced: bool) -> None:
     figures = ("batch", "samples/s", "per core", *(("cost / 1M",) if priced else ()))
     for h in merged.hosts:
         for i, f in enumerate(figures):
-            table.add_column(f"{h['name'] if i == 0 else ''}\n{f}", justify="right")
+            table.add_column(f"{escape(h['name']) if i == 0 else ''}\n{f}", justify="right")
     for variant, lane in merged.lanes():
         cells = [variant, lane]
         for h in merged.hosts:
@@ -1019,16 +1043,25 @@ def _print_merged_budget(console: Console, merged, priced: bool) -> None:
                 cells += ["none fits" if e else "–", *["–"] * (len(figures) - 1)]
                 continue
             cost = e.get("cost_per_million")
-            cells += [str(e["batch"]), f"{e['throughput']:,.0f}", f"{e['throughput_per_core']:,.0f}",
-                      *([f"{cost:.4g}" if cost is not None else "–"] if priced else [])]
-        table.add_row(*cells)
+            cells += [f"{e['batch']}{'+' if e.get('largest_timed') else ''}", f"{e['throughput']:,.0f}",
+                      f"{e['throughput_per_core']:,.0f}", *([f"{cost:.4g}" if cost is not None else "–"] if priced else [])]
+        table.add_row(*(escape(c) for c in cells))
     console.print(table)
+    for e in listed:
+        if e.get("batch") is not None and entry_note(e):
+            console.print(f"{e['host']}, {e['variant']} on {e['runtime_label']}, batch {e['batch']}: {entry_note(e)}",
+                          markup=False)
+    if merged.meets_budget() is False:
+        console.print(nothing_meets(merged.p99_budget_ms), style="red", markup=False)
 
 
 def _print_bench(result, written: list[Path]) -> None:
     """One table per batch size (columns with nothing in them left out; one run: labels without its name),
-    then what was not timed, the host, the inputs and the files written."""
-    from pruneflow.benchmark.html import table_cells, table_head
+    then what was not timed, the host, the inputs and the files written. Cells are escaped: a file's name is never
+    read as rich markup."""
+    from rich.markup import escape
+
+    from pruneflow.benchmark.html import low_confidence_note, table_cells, table_head
 
     console = _out_console()
     if not console.is_terminal:  # logs and pipes: every figure whole, however wide
@@ -1042,15 +1075,17 @@ def _print_bench(result, written: list[Path]) -> None:
             cells = [[row.lane.variant.label, *c[1:]] for row, c in zip(rows, cells)]
         keep = [i for i, h in enumerate(head) if h != "batch" and any(c[i] not in ("", "–") for c in cells)]
         where = f" of {next(iter(models))}" if len(models) == 1 else ""
-        table = Table(title=f"batch {batch}{where}: ratios against {result.baseline.name}", title_justify="left")
+        table = Table(title=escape(f"batch {batch}{where}: ratios against {result.baseline.name}"), title_justify="left")
         for i in keep:
-            table.add_column(head[i], justify="left" if i in (0, 1, len(head) - 1) else "right",
+            table.add_column(escape(head[i]), justify="left" if i in (0, 1, len(head) - 1) else "right",
                              no_wrap=0 < i < len(head) - 1)
         for row, c in zip(rows, cells):
-            table.add_row(*(c[i] for i in keep), style="bold" if row.lane.variant is result.baseline else None)
+            table.add_row(*(escape(c[i]) for i in keep), style="bold" if row.lane.variant is result.baseline else None)
         console.print(table)
     if (note := result.metric_note()) is not None:
         console.print(note, markup=False)
+    if (marks := low_confidence_note(result)) is not None:
+        console.print(marks, markup=False)
     for v in result.variants:
         if not v.timed:
             console.print(f"{v.name}: {v.untimed_detail()}", markup=False)
@@ -1062,10 +1097,11 @@ def _print_bench(result, written: list[Path]) -> None:
         console.print(f"cost per million: none, {result.settings.price_source}", markup=False)
     _print_budget(console, result)
     settings = result.settings
-    how = f"for {settings.duration:g} s" if settings.duration else f"{settings.runs} runs"
-    console.print(f"timing: interleaved, {how} per batch size after {settings.warmup} warm-up, threads "
-                  f"{settings.threads or 'runtime default'} (the export stage's defaults: 50 runs, 3 warm-up, 1 thread)",
-                  markup=False)
+    runs = sorted({r.stats.runs for r in result.rows if r.stats is not None})
+    timed = f" ({runs[0]} timed)" if len(runs) == 1 else f" ({runs[0]} to {runs[-1]} timed)" if runs else ""
+    console.print(f"timing: interleaved, {settings.window().describe()}{timed} per batch size after {settings.warmup} "
+                  f"warm-up, threads {settings.threads or 'runtime default'} (the export stage's defaults: 50 runs, "
+                  "3 warm-up, 1 thread)", markup=False)
     for what in sorted(set(result.inputs.values())):
         console.print(f"input: {what}", markup=False)
     if result.benchmark_app["asked"]:

@@ -183,7 +183,8 @@ def parse_prometheus(text: str) -> list[tuple[str, dict[str, str], float]]:
 
 def test_prometheus_file_parses_and_holds_every_figure(ab_json):
     samples = parse_prometheus((ab_json["_out"] / "bench.prom").read_text())
-    latency = [(labels, v) for name, labels, v in samples if name == "pruneflow_latency_ms"]
+    assert not [name for name, _, _ in samples if name.endswith("_ms")]  # Prometheus' unit: seconds
+    latency = [(labels, v) for name, labels, v in samples if name == "pruneflow_latency_seconds"]
     assert len(latency) == 3 * len(ab_json["results"])
     keys = {tuple(sorted(labels.items())) for labels, _ in latency}
     assert len(keys) == len(latency)  # no duplicate series
@@ -191,7 +192,7 @@ def test_prometheus_file_parses_and_holds_every_figure(ab_json):
     wanted = {"host": ab_json["host"]["cpu"]["model"], "model": row["model"], "variant": row["label"],
               "runtime": row["runtime_label"], "precision": row["precision"], "batch": str(row["batch"])}
     by_quantile = {labels["quantile"]: v for labels, v in latency if {**labels, "quantile": ""} == {**wanted, "quantile": ""}}
-    assert by_quantile == {"0.5": row["p50_ms"], "0.9": row["p90_ms"], "0.99": row["p99_ms"]}
+    assert by_quantile == pytest.approx({"0.5": row["p50_ms"] / 1000, "0.9": row["p90_ms"] / 1000, "0.99": row["p99_ms"] / 1000})
     names = {name for name, _, _ in samples}
     assert {"pruneflow_throughput", "pruneflow_size_bytes", "pruneflow_metric", "pruneflow_speedup"} <= names
     sizes = {(labels["model"], labels["variant"]): v for name, labels, v in samples if name == "pruneflow_size_bytes"}
@@ -494,8 +495,10 @@ def test_the_best_batch_under_a_p99_budget_is_the_fastest_that_fits_with_its_cos
     fastest = max(rows, key=lambda r: r["throughput"])
     assert best["batch"] == fastest["batch"] and best["throughput"] == fastest["throughput"]
     assert best["throughput_per_core"] == pytest.approx(best["throughput"] / out["settings"]["threads"])
-    assert best["cost_per_million"] == pytest.approx(0.36 / (best["throughput"] * 3600) * 1e6)
-    assert all(r["cost_per_million"] == pytest.approx(0.36 / (r["throughput"] * 3600) * 1e6) for r in rows)
+    share = 1 / out["host"]["cpu"]["usable_cpus"]  # one thread: the lane pays for one core of the machine, not all
+    assert best["cost_per_million"] == pytest.approx(0.36 * share / (best["throughput"] * 3600) * 1e6)
+    assert all(r["cost_per_million"] == pytest.approx(0.36 * share / (r["throughput"] * 3600) * 1e6) and r["cores"] == 1
+               for r in rows)
     tight = json.loads(invoke(*args, "--p99-budget-ms", "1e-6").stdout)["under_budget"][0]
     assert tight["batch"] is None and "no batch size timed has p99 within 1e-06 ms" in tight["why"]
     assert invoke(*args, "--p99-budget-ms", "0").exit_code == 2
@@ -544,7 +547,7 @@ def test_hosts_merged_side_by_side_with_a_price_table(tmp_path):
     assert hosts["c7i.large"]["price_per_hour"] == 0.09 and hosts["spare box"]["price_per_hour"] == 0.25
     assert repr(cpu) in hosts["spare box"]["price_source"]
     for row in merged["results"]:
-        price = hosts[row["host"]]["price_per_hour"]
+        price = hosts[row["host"]]["price_per_hour"] / hosts[row["host"]]["host"]["cpu"]["usable_cpus"]  # one core's share
         assert row["cost_per_million"] == pytest.approx(price / (row["throughput"] * 3600) * 1e6)
         assert row["throughput_per_core"] == pytest.approx(row["throughput"])  # 1 thread
     chosen = {e["host"]: e for e in merged["under_budget"]}

@@ -80,7 +80,7 @@ def test_bench_does_not_time_an_artifact_this_cpu_would_compute_wrongly(tmp_path
     stamp_onnx(model, record, "int8")
     path = tmp_path / "model.int8.onnx"
     onnx.save(model, str(path))
-    monkeypatch.setattr("pruneflow.runtime.host_info", lambda: AVX2)
+    monkeypatch.setattr("pruneflow.runtime.host.host_info", lambda: AVX2)  # where deployment.cpu_shortfall reads it
     (variant,) = variants.collect_variants([path])
     assert variant.shortfall and "u8s8_vnni" in variant.shortfall
     lanes = measure.open_lanes([variant], measure.BenchSettings(threads=1))

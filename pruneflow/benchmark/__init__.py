@@ -2,8 +2,13 @@
 
     from pruneflow.benchmark import BenchSettings, run_bench
 
-    result = run_bench([Path("runs/a"), Path("runs/b")], BenchSettings(batches=[1, 32], runs=50))
-    result_json(result)["results"][0]["p50_ms"], result.baseline.name
+    result = run_bench([Path("runs/a"), Path("runs/b")], BenchSettings(batches=[1, 32]))
+    result_json(result)["results"][0]["p50_ms"], result.baseline.name, result.exit_code()
+
+Statistics a service owner can trust: each batch size is timed until enough runs back its p99 (``MIN_P99_RUNS``, within
+``AUTO_SECONDS``), or exactly ``runs``, or over a window of ``duration`` seconds; a p99 from fewer runs is marked
+low-confidence, a row whose p90/p50 passes report.md's ``NOISY_SPREAD`` is NOISY, cost per million is the machine's
+price times the share of its CPUs the lane uses, and ``exit_code()`` is 1 when nothing meets ``p99_budget_ms``.
 
 Everything runs through the runtime layer (``pruneflow.runtime``): ``open_artifact`` loads each file,
 ``time_interleaved`` times all of them in one loop per batch size, ``host_info`` describes the machine.
@@ -72,24 +77,92 @@ def this_host(label: str | None) -> dict[str, Any]:
 #: One batch's input may take at most this share of the memory available: the runtime's activations, its copy of the
 #: input and the outputs need the rest.
 BATCH_MEMORY_SHARE = 0.1
+#: The batch bench suggests is this share of the largest that fits now, so that it still fits on the next run, when
+#: the memory available has moved a little (another process, the page cache, the runtime's own arenas).
+ADVICE_MARGIN = 0.8
+#: Where the kernel describes this process's control groups, and where their files are mounted (tests point these
+#: at a fake tree).
+SELF_CGROUP = Path("/proc/self/cgroup")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+#: A cgroup v1 limit at or above this is "no limit" (the kernel writes 2**63 rounded down to a page).
+_V1_UNLIMITED = 2**60
+
+
+def memory_available() -> tuple[int | None, str]:
+    """``(bytes this process may still allocate, where the figure comes from)``: the machine's (``config.
+    available_memory``), lowered to what the process's own memory control group (v2 ``memory.max``, v1
+    ``memory.limit_in_bytes``, at every level up to the mount) leaves, as a container's limit is enforced."""
+    from ..config import available_memory
+
+    machine, group = available_memory(), cgroup_memory_left()
+    if group is not None and (machine is None or group < machine):
+        return group, "under this container's memory limit (cgroup)"
+    return machine, "available on this machine"
+
+
+def cgroup_memory_left(self_cgroup: Path | None = None, root: Path | None = None) -> int | None:
+    """Bytes left under the tightest memory limit of this process's control group and its ancestors (v2 or v1), the
+    reclaimable page cache (``inactive_file``) counted as free; None where no limit is set or none can be read."""
+    try:
+        lines = (self_cgroup or SELF_CGROUP).read_text().splitlines()
+    except OSError:
+        return None
+    root = root or CGROUP_ROOT
+    left = []
+    for line in lines:
+        hierarchy, controllers, group = (line.split(":", 2) + ["", ""])[:3]
+        if hierarchy == "0" and controllers == "":  # v2: one tree, memory.max / memory.current
+            left += _limits(root, group, "memory.max", "memory.current", "inactive_file")
+        elif "memory" in controllers.split(","):  # v1: the memory controller's own tree
+            left += _limits(root / "memory", group, "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+    return max(0, min(left)) if left else None
+
+
+def _limits(mount: Path, group: str, limit_file: str, usage_file: str, cache_key: str) -> list[int]:
+    """``limit - (usage - inactive page cache)`` for the group's folder and each folder above it up to ``mount`` (a
+    container whose cgroup namespace hides the host's path sees its own group at the mount itself)."""
+    folder = mount / group.strip("/") if group.strip("/") else mount
+    found = []
+    while True:
+        try:
+            raw = (folder / limit_file).read_text().strip()
+            if raw != "max" and int(raw) < _V1_UNLIMITED:
+                used = int((folder / usage_file).read_text())
+                found.append(int(raw) - max(0, used - _stat(folder / "memory.stat", cache_key)))
+        except (OSError, ValueError):
+            pass
+        if folder == mount or mount not in folder.parents:
+            return found
+        folder = folder.parent
+
+
+def _stat(path: Path, key: str) -> int:
+    try:
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def _check_memory(variants: list, feeds: Feeds, settings: BenchSettings) -> None:
     """``--batch 1000000000`` grew until the kernel killed bench: each batch's input is sized before it is made,
-    and one that would not leave room is a usage error (exit 2) naming the variant and the largest batch that fits."""
-    from ..config import available_memory
-
-    free = available_memory()
+    and one that would not leave room is a usage error (exit 2) naming the variant and the largest batch to use
+    (with a margin, so that the batch suggested is not refused by the next run)."""
+    free, where = memory_available()
     if free is None:
         return
     for variant in variants:
         per_sample = feeds.sample_bytes(variant)
         for batch in settings.batches:
             if per_sample and batch * per_sample > BATCH_MEMORY_SHARE * free:
-                fits = max(1, int(BATCH_MEMORY_SHARE * free // per_sample))
+                fits = max(1, int(ADVICE_MARGIN * BATCH_MEMORY_SHARE * free // per_sample))
                 raise UsageError(f"--batch {batch}: one batch of {variant.name}'s input would take "
-                                 f"{batch * per_sample / 1e9:,.2f} GB ({per_sample:,} bytes a sample), and this machine has "
-                                 f"{free / 1e9:,.2f} GB available; bench allows a batch {BATCH_MEMORY_SHARE:.0%} of that",
+                                 f"{batch * per_sample / 1e9:,.2f} GB ({per_sample:,} bytes a sample), and there are "
+                                 f"{free / 1e9:,.2f} GB available {where.removeprefix('available ')}; bench allows a batch "
+                                 f"{BATCH_MEMORY_SHARE:.0%} of that",
                                  hint=f"use --batch {fits} or less")
 
 
@@ -115,9 +188,9 @@ def _second_opinion(rows: list[Row], settings: BenchSettings, reporter: Reporter
               and r.lane.variant.path is not None and r.lane.variant.path.suffix == ".xml"]
     with reporter.progress("benchmark_app on each IR", total=len(chosen)) as advance:
         for row in chosen:
-            assert row.lane.variant.path is not None and row.shape is not None
+            assert row.lane.variant.path is not None and row.shape is not None and row.stats is not None
             row.benchmark_app = run_benchmark_app(prefix, row.lane.variant.path, row.shape, row.lane.hint,
-                                                  settings.threads, settings.runs, settings.duration)
+                                                  settings.threads, row.stats.runs, settings.duration)
             advance()
     return {"available": True, "how": how}
 

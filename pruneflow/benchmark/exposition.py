@@ -2,7 +2,8 @@
 
 Prometheus text exposition format: ``# HELP`` and ``# TYPE`` before each metric family, one sample a line,
 ``name{label="value",...} number``, label values with ``\\``, ``"`` and newlines escaped, no timestamps
-(the textfile collector refuses them). Written atomically, as the collector may read at any moment.
+(the textfile collector refuses them). Written atomically, as the collector may read at any moment. Times are in
+seconds, as Prometheus names them (``pruneflow_latency_seconds``; the JSON keeps milliseconds, ``p50_ms``).
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ if TYPE_CHECKING:
 QUANTILES = (("0.5", "p50_ms"), ("0.9", "p90_ms"), ("0.99", "p99_ms"))
 
 METRICS = {
-    "pruneflow_latency_ms": "Latency of one call on one batch in milliseconds, by quantile (pruneflow bench, timed interleaved).",
+    "pruneflow_latency_seconds": "Latency of one call on one batch in seconds, by quantile (pruneflow bench, timed "
+                                 "interleaved).",
     "pruneflow_throughput": "Samples per second at the median latency (pruneflow bench).",
     "pruneflow_throughput_per_core": "Samples per second per core the inference stream used (pruneflow bench).",
     "pruneflow_cost_per_million": "Cost of a million inferences at this throughput and the host's --price-per-hour.",
-    "pruneflow_best_batch": "The batch size of highest throughput whose p99 is within the budget (label p99_budget_ms).",
+    "pruneflow_best_batch": "The batch size of highest throughput whose p99 is within the budget (label "
+                            "p99_budget_seconds).",
     "pruneflow_speedup": "Baseline median latency / this variant's, same runtime and batch (pruneflow bench).",
     "pruneflow_benchmark_app_throughput": "Samples per second reported by OpenVINO's benchmark_app on the same IR.",
     "pruneflow_size_bytes": "Size on disk of the artifact with its companion files (pruneflow bench).",
@@ -46,7 +49,7 @@ def result_json(result: "BenchResult") -> dict[str, Any]:
 
     variants = [{**v.as_dict(), "timed_on": result.inputs.get(v.name), "size_reduction": result.size_reduction(v),
                  "metric_delta": result.metric_delta(v)} for v in result.variants]
-    return strict({"format": FORMAT, "exit_code": 0, "host": result.host, "settings": result.settings.as_dict(),
+    return strict({"format": FORMAT, "exit_code": result.exit_code(), "host": result.host, "settings": result.settings.as_dict(),
                    "baseline": result.baseline.name, "benchmark_app": result.benchmark_app, "variants": variants,
                    "results": [row_json(row, result) for row in result.rows], "under_budget": result.under_budget()})
 
@@ -64,7 +67,9 @@ def row_json(row: "Row", result: "BenchResult") -> dict[str, Any]:
             "metric": variant.metric, "metric_value": result.row_metric(row), "metric_direction": variant.metric_direction,
             "variant_metric_value": variant.metric_value, "speedup": row.speedup, "baseline_runtime": row.baseline_runtime,
             "size_reduction": result.size_reduction(variant), "metric_delta": result.row_metric_delta(row),
-            "benchmark_app": row.benchmark_app, "error": row.error, **result.economics(row)}
+            "benchmark_app": row.benchmark_app, "error": row.error, "spread": row.spread,
+            "noisy": row.noisy if stats is not None else None,
+            "p99_low_confidence": row.p99_low_confidence if stats is not None else None, **result.economics(row)}
 
 
 def escape_label(value: object) -> str:
@@ -109,7 +114,7 @@ def _samples(host: str, rows: list[dict[str, Any]],
             continue
         labels = {**labels, "runtime": row["runtime_label"], "batch": row["batch"]}
         for quantile, key in QUANTILES:
-            yield "pruneflow_latency_ms", {**labels, "quantile": quantile}, row[key]
+            yield "pruneflow_latency_seconds", {**labels, "quantile": quantile}, row[key] / 1000
         for name, key in (("pruneflow_throughput", "throughput"), ("pruneflow_throughput_per_core", "throughput_per_core"),
                           ("pruneflow_cost_per_million", "cost_per_million"), ("pruneflow_speedup", "speedup")):
             if row.get(key) is not None:
@@ -125,5 +130,6 @@ def _samples(host: str, rows: list[dict[str, Any]],
             yield "pruneflow_metric", {**labels, "metric": row["metric"], "direction": row["metric_direction"] or ""}, value
     for e in chosen:
         if e.get("batch") is not None and e["variant"] in variants:
-            labels = {**variants[e["variant"]]["labels"], "runtime": e["runtime_label"], "p99_budget_ms": f"{e['p99_budget_ms']:g}"}
+            labels = {**variants[e["variant"]]["labels"], "runtime": e["runtime_label"],
+                      "p99_budget_seconds": f"{e['p99_budget_ms'] / 1000:g}"}
             yield "pruneflow_best_batch", labels, e["batch"]

@@ -13,6 +13,11 @@ per million inferences at that host's price::
     c7i.large: 0.0893        # a --host-label, matched whole (case ignored)
     AMD EPYC: 0.10           # else a piece of the CPU model name (the longest that matches)
     default: 0.12            # else this
+
+A file from another host is data, not trusted: each is read as strict JSON (no NaN or Infinity, bounded in size and
+nesting) and checked against ``BenchFile`` (numbers are numbers, finite and in range; latencies ordered), and a file
+that is not is a usage error naming it and the key (exit 2). Older bench files (without the keys added since:
+``spread``, ``noisy``, ``p99_low_confidence``, ``cores``) are read as they are.
 """
 
 from __future__ import annotations
@@ -21,10 +26,14 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError, model_validator
 
 from ..errors import UsageError
-from .result import FORMAT, best_under_budget, host_name
+from ..headline import NOISY_SPREAD
+from .measure import MIN_P99_RUNS
+from .result import FORMAT, best_under_budget, budget_met, cost_per_million, host_name, lane_cores
 
 MERGE_FORMAT = "pruneflow-bench-merge/1"
 PRICE_HINT = "give a price per hour (e.g. --price-per-hour 0.36) or a YAML file of 'host label or CPU model: price' lines"
@@ -87,19 +96,162 @@ class Prices:
         return None, f"{self.file} has no price for {host_name(host)!r} (nor a 'default')"
 
 
+#: A bench JSON file is a few hundred kB at most; a larger one is not one (and is not read whole into memory).
+MAX_FILE_BYTES = 64 * 2**20
+
+Text = Annotated[StrictStr, Field(max_length=1000)]
+Count = Annotated[StrictInt, Field(ge=1)]
+NonNegative = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
+Positive = Annotated[float, Field(strict=True, gt=0, allow_inf_nan=False)]
+Finite = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+
+
+class _Data(BaseModel):
+    """Only the keys bench writes are read (others are dropped), each of its type: no string for a number."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+class CpuRecord(_Data):
+    model: Text | None = None
+    arch: Text | None = None
+    isa: list[Text] = Field(default_factory=list, max_length=200)
+    logical_cpus: Count | None = None
+    usable_cpus: Count
+
+
+class HostRecord(_Data):
+    cpu: CpuRecord
+    label: Text | None = None
+    os: Text | None = None
+    python: Text | None = None
+    gpus: list[Text] = Field(default_factory=list, max_length=64)
+    versions: dict[Text, Text | None] = Field(default_factory=dict, max_length=64)
+
+
+class SettingsRecord(_Data):
+    runtimes: list[Text] | None = None
+    batches: list[Count] = Field(default_factory=list, max_length=1000)
+    warmup: Annotated[StrictInt, Field(ge=0)] | None = None
+    runs: Count | None = None
+    duration: Positive | None = None
+    threads: Annotated[StrictInt, Field(ge=0)] | None = None
+    baseline: Text | None = None
+    openvino_precisions: list[Text] = Field(default_factory=list, max_length=16)
+    benchmark_app: StrictBool = False
+    seed: StrictInt = 0
+    p99_budget_ms: Positive | None = None
+    price_per_hour: Positive | None = None
+    price_source: Text | None = None
+    host_label: Text | None = None
+
+
+class AppRecord(_Data):
+    command: Text | None = None
+    throughput: NonNegative | None = None
+    median_ms: NonNegative | None = None
+    iterations: NonNegative | None = None
+    error: Text | None = None
+
+
+class RowRecord(_Data):
+    variant: Text
+    model: Text
+    label: Text
+    precision: Text | None = None
+    runtime: Text
+    device: Text | None = None
+    runtime_label: Text | None = None
+    precision_hint: Text | None = None
+    inference_precision: Text | None = None
+    batch: Count
+    shape: list[Annotated[StrictInt, Field(ge=0)]] | None = Field(None, max_length=16)
+    runs: Count | None = None
+    p50_ms: NonNegative | None = None
+    p90_ms: NonNegative | None = None
+    p99_ms: NonNegative | None = None
+    mean_ms: NonNegative | None = None
+    throughput: NonNegative | None = None
+    size_bytes: Annotated[StrictInt, Field(ge=0)] | None = None
+    metric: Text | None = None
+    metric_value: Finite | None = None
+    metric_direction: Literal["higher", "lower"] | None = None
+    variant_metric_value: Finite | None = None
+    speedup: Positive | None = None
+    baseline_runtime: Text | None = None
+    size_reduction: Positive | None = None
+    metric_delta: Finite | None = None
+    benchmark_app: AppRecord | None = None
+    error: Text | None = None
+    spread: NonNegative | None = None
+    noisy: StrictBool | None = None
+    p99_low_confidence: StrictBool | None = None
+    cores: Count | None = None
+    throughput_per_core: NonNegative | None = None
+    cost_per_million: NonNegative | None = None
+
+    @model_validator(mode="after")
+    def _timed_whole(self) -> "RowRecord":
+        figures = (self.p50_ms, self.p90_ms, self.p99_ms, self.throughput)
+        if any(v is not None for v in figures) and any(v is None for v in figures):
+            raise ValueError("a timed row has p50_ms, p90_ms, p99_ms and throughput, all of them")
+        if self.p50_ms is not None and not self.p50_ms <= self.p90_ms <= self.p99_ms:  # type: ignore[operator]
+            raise ValueError(f"latencies out of order: p50 {self.p50_ms} ms, p90 {self.p90_ms} ms, p99 {self.p99_ms} ms")
+        return self
+
+
+class BenchFile(_Data):
+    """What ``bench --merge`` reads of a ``bench --json`` file."""
+
+    format: Literal["pruneflow-bench/1"]
+    exit_code: StrictInt | None = None
+    host: HostRecord
+    settings: SettingsRecord = Field(default_factory=SettingsRecord)
+    baseline: Text | None = None
+    results: list[RowRecord] = Field(max_length=100_000)
+
+
 def load_bench_json(path: Path) -> dict[str, Any]:
-    """One `bench --json` file, checked to be one (exit 2 naming the file otherwise)."""
+    """One `bench --json` file, checked to be one against ``BenchFile`` (exit 2 naming the file and key otherwise);
+    returns its checked data (keys bench does not write are dropped)."""
     hint = "merge the files `pruneflow bench ... --json FILE` wrote, one per host"
     if not path.is_file():
         raise UsageError(f"--merge {path}: no such file", hint=hint)
+    if path.stat().st_size > MAX_FILE_BYTES:
+        raise UsageError(f"--merge {path}: {path.stat().st_size:,} bytes, larger than any bench result "
+                         f"({MAX_FILE_BYTES // 2**20} MiB at most)", hint=hint)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UsageError(f"--merge {path}: not JSON ({exc})", hint=hint) from None
+        data = json.loads(path.read_text(encoding="utf-8"), parse_constant=_no_constant)
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as exc:
+        raise UsageError(f"--merge {path}: not strict JSON ({exc})", hint=hint) from None
+    except RecursionError:
+        raise UsageError(f"--merge {path}: nested too deeply to be a bench result", hint=hint) from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         found = data.get("format") if isinstance(data, dict) else type(data).__name__
-        raise UsageError(f"--merge {path}: not a bench result (format {found!r}, expected {FORMAT!r})", hint=hint)
-    return data
+        raise UsageError(f"--merge {path}: not a bench result (format {str(found)[:80]!r}, expected {FORMAT!r})", hint=hint)
+    try:
+        checked = BenchFile.model_validate(data)
+    except ValidationError as exc:
+        raise UsageError(f"--merge {path}: not a valid bench result: " + _problems(exc),
+                         hint="a file from another host is checked before it is merged: bench that host again, "
+                              "or leave the file out") from None
+    return checked.model_dump()
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _problems(exc: ValidationError, shown: int = 5) -> str:
+    """One ``key.path  value  what is wrong`` per problem (the first few)."""
+    lines = []
+    for error in exc.errors()[:shown]:
+        where = ".".join(str(p) for p in error["loc"]) or "(top)"
+        value = error.get("input")
+        shown_value = repr(value)[:60] if not isinstance(value, (dict, list)) else type(value).__name__
+        lines.append(f"{where}  {shown_value}  {error['msg']}")
+    more = len(exc.errors()) - shown
+    return "; ".join(lines) + (f"; and {more} more" if more > 0 else "")
 
 
 @dataclass
@@ -131,10 +283,18 @@ class MergedBench:
             chosen += [{"host": h["name"], **e} for e in best_under_budget(rows, self.p99_budget_ms)]
         return chosen
 
+    def meets_budget(self) -> bool | None:
+        """Whether some host has an artifact x runtime with a batch within the budget (None: no budget); False is
+        exit 1, as for one bench."""
+        return budget_met(self.under_budget()) if self.p99_budget_ms is not None else None
+
+    def exit_code(self) -> int:
+        return 1 if self.meets_budget() is False else 0
+
     def as_json(self) -> dict[str, Any]:
         from .exposition import strict
 
-        return strict({"format": MERGE_FORMAT, "exit_code": 0, "p99_budget_ms": self.p99_budget_ms,
+        return strict({"format": MERGE_FORMAT, "exit_code": self.exit_code(), "p99_budget_ms": self.p99_budget_ms,
                        "hosts": self.hosts, "results": self.rows, "under_budget": self.under_budget()})
 
 
@@ -156,17 +316,29 @@ def merge(paths: list[Path], prices: Prices | None = None, p99_budget_ms: float 
     for (path, doc), name in zip(docs, names):
         if names.count(name) > 1:
             name = f"{name} ({path.stem})"
-        settings = doc.get("settings") or {}
+        settings = doc["settings"]
         price, source = prices.for_host(doc["host"]) if prices else (settings.get("price_per_hour"), "as benched")
-        cores = int(settings.get("threads") or doc["host"]["cpu"].get("usable_cpus") or 1)
+        cores = lane_cores(settings.get("threads"), doc["host"])
         hosts.append({"name": name, "file": str(path), "host": doc["host"], "settings": settings, "cores": cores,
                       "price_per_hour": price, "price_source": source if price or prices else None,
                       "baseline": doc.get("baseline")})
-        for r in doc.get("results", []):
-            throughput = r.get("throughput")
-            rows.append({**r, "host": name, "throughput_per_core": throughput / cores if throughput else None,
-                         "cost_per_million": price / (throughput * 3600) * 1e6 if price and throughput else None})
+        for r in doc["results"]:
+            rows.append({**r, **_marks(r), "host": name, "cores": cores if r["throughput"] is not None else None,
+                         "throughput_per_core": r["throughput"] / cores if r["throughput"] else None,
+                         "cost_per_million": cost_per_million(price, r["throughput"], cores, doc["host"])})
     if p99_budget_ms is None:
         recorded = {h["settings"]["p99_budget_ms"] for h in hosts if h["settings"].get("p99_budget_ms")}
         p99_budget_ms = recorded.pop() if len(recorded) == 1 else None
     return MergedBench(hosts, rows, p99_budget_ms)
+
+
+def _marks(row: dict[str, Any]) -> dict[str, Any]:
+    """``spread``, ``noisy`` and ``p99_low_confidence`` of a row, as bench marks them; an older file's rows, which
+    carry none, get them from their own figures (the spread of the row alone: its ratio's baseline is not at hand)."""
+    if row["p50_ms"] is None:
+        return {"spread": None, "noisy": None, "p99_low_confidence": None}
+    spread = row["spread"] if row["spread"] is not None else (row["p90_ms"] / row["p50_ms"] if row["p50_ms"] else None)
+    noisy = row["noisy"] if row["noisy"] is not None else spread is not None and spread > NOISY_SPREAD
+    low = row["p99_low_confidence"] if row["p99_low_confidence"] is not None else (
+        row["runs"] is not None and row["runs"] < MIN_P99_RUNS)
+    return {"spread": spread, "noisy": noisy, "p99_low_confidence": low}

@@ -8,8 +8,8 @@ from html import escape
 from typing import Any
 
 from .curves import DASHES, Axes, Series
-from .hosts import MergedBench, lane_name
-from .html import CSS, PALETTE, budget_html, latency_and_throughput
+from .hosts import MergedBench
+from .html import CSS, LOW_CONFIDENCE, PALETTE, budget_html, latency_and_throughput, marks_note
 
 
 def merged_html(merged: MergedBench) -> str:
@@ -29,6 +29,8 @@ def merged_html(merged: MergedBench) -> str:
     parts += budget_html(chosen, any(h["price_per_hour"] for h in merged.hosts))
     for batch in merged.batches():
         parts += [f"<h2>Batch {batch}, side by side</h2>", side_by_side(merged, batch)]
+    if (note := marks_note(merged.rows)) is not None:
+        parts.append(f'<p class="muted">{escape(note)}</p>')
     return "\n".join(parts + ["</body></html>"])
 
 
@@ -93,5 +95,6 @@ def host_cells(row: dict[str, Any] | None, priced: bool) -> list[str]:
         why = "not benched" if row is None else (row.get("error") or "not timed")
         return [why[:60], *["–"] * (3 if priced else 2)]
     cost = row.get("cost_per_million")
-    return [f"{row['p50_ms']:.3f}", f"{row['p99_ms']:.3f}", f"{row['throughput']:,.0f}",
+    p99 = f"{row['p99_ms']:.3f}" + (LOW_CONFIDENCE if row.get("p99_low_confidence") else "") + (" NOISY" if row.get("noisy") else "")
+    return [f"{row['p50_ms']:.3f}", p99, f"{row['throughput']:,.0f}",
             *([f"{cost:.4g}" if cost is not None else "–"] if priced else [])]

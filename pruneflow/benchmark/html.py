@@ -50,6 +50,7 @@ def html_report(result: "BenchResult") -> str:
              "<h2>Latency per batch size (bar: p50, tick: p99)</h2>", *latency_svgs(result, colour),
              "<h2>All figures</h2>", table_html(result),
              *([f'<p class="muted">{escape(note)}</p>'] if (note := result.metric_note()) else []),
+             *([f'<p class="muted">{escape(marks)}</p>'] if (marks := low_confidence_note(result)) else []),
              "<h2>Host</h2>", host_html(result), "</body></html>"]
     return "\n".join(parts)
 
@@ -86,12 +87,13 @@ def latency_and_throughput(latency: list[Series], throughput: list[Series], budg
 
 
 def budget_html(chosen: list[dict], priced: bool) -> list[str]:
-    """The best batch under the budget per artifact x runtime (and host, when merged), as a table."""
+    """The best batch under the budget per artifact x runtime (and host, when merged), as a table; a line in red when
+    no batch of any artifact is within it (bench exits 1)."""
     if not chosen:
         return []
     hosts = any("host" in e for e in chosen)
     head = [*(["host"] if hosts else []), "artifact", "runtime", "batch", "p99 ms", "samples/s", "per core",
-            *(["cost / 1M"] if priced else [])]
+            *(["cost / 1M"] if priced else []), "note"]
     lines = [f"<h2>Best batch with p99 within {chosen[0]['p99_budget_ms']:g} ms</h2><table><tr>"
              + "".join(f"<th>{h}</th>" for h in head) + "</tr>"]
     for e in chosen:
@@ -102,9 +104,30 @@ def budget_html(chosen: list[dict], priced: bool) -> list[str]:
             continue
         cost = e.get("cost_per_million")
         cells += [str(e["batch"]), f"{e['p99_ms']:.3g}", f"{e['throughput']:,.0f}", f"{e['throughput_per_core']:,.0f}",
-                  *([f"{cost:.4g}" if cost is not None else "–"] if priced else [])]
-        lines.append("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in cells) + "</tr>")
-    return ["\n".join(lines) + "</table>"]
+                  *([f"{cost:.4g}" if cost is not None else "–"] if priced else []), entry_note(e)]
+        lines.append("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in cells[:-1])
+                     + f"<td class='l'>{escape(cells[-1])}</td></tr>")
+    out = ["\n".join(lines) + "</table>"]
+    if not any(e.get("batch") is not None for e in chosen):
+        out.append(f"<p style='color:#b00'><b>{escape(nothing_meets(chosen[0]['p99_budget_ms']))}</b></p>")
+    return out
+
+
+def nothing_meets(budget: float) -> str:
+    """The line bench prints (and exits 1 after) when no artifact x runtime has a batch within the budget."""
+    return f"nothing meets --p99-budget-ms {budget:g}: no artifact x runtime has a batch timed with p99 within it (exit 1)"
+
+
+def entry_note(entry: dict) -> str:
+    """What to know about a best batch under the budget: NOISY figures, a low-confidence p99, the largest batch timed."""
+    notes = []
+    if entry.get("noisy"):
+        notes.append("NOISY: time again")
+    if entry.get("p99_low_confidence"):
+        notes.append(f"p99 from {entry.get('runs')} runs: low confidence")
+    if entry.get("largest_timed"):
+        notes.append("the largest batch timed: a larger one may do better")
+    return "; ".join(notes)
 
 
 def scatter_svg(result: "BenchResult", colour: dict[str, str]) -> str:
@@ -212,16 +235,48 @@ def table_html(result: "BenchResult") -> str:
     return "\n".join(lines) + "</table>"
 
 
+#: Appended to a p99 cell from fewer than ``MIN_P99_RUNS`` timed runs (``low_confidence_note`` says what it means).
+LOW_CONFIDENCE = "~"
+
+
 def table_cells(result: "BenchResult", row: "Row") -> list[str]:
-    """One row of the side-by-side table, formatted (shared by the terminal table and the HTML one)."""
+    """One row of the side-by-side table, formatted (shared by the terminal table and the HTML one): a low-confidence
+    p99 carries ``LOW_CONFIDENCE``, an unstable row NOISY in its note, as report.md's headline does."""
     v, s = row.lane.variant, row.stats
     value, delta = result.row_metric(row), result.row_metric_delta(row)
     app = (row.benchmark_app or {}).get("throughput")
-    timing = [f"{s.p50_ms:.3f}", f"{s.p90_ms:.3f}", f"{s.p99_ms:.3f}", f"{s.throughput:,.0f}"] if s else ["–"] * 4
+    p99 = f"{s.p99_ms:.3f}{LOW_CONFIDENCE if row.p99_low_confidence else ''}" if s else "–"
+    timing = [f"{s.p50_ms:.3f}", f"{s.p90_ms:.3f}", p99, f"{s.throughput:,.0f}"] if s else ["–"] * 4
+    noisy = f"NOISY (p90/p50 {row.spread:.2f}): time again" if row.noisy and row.spread is not None else ""
+    note = "; ".join(n for n in (row.error or (row.benchmark_app or {}).get("error") or "", noisy) if n)
     return [v.name, row.lane.label, str(row.batch), *timing, _ratio(row.speedup), human_bytes(v.size_bytes),
             _ratio(result.size_reduction(v)), "–" if value is None else f"{value:.4f}",
-            "–" if delta is None else f"{delta:+.4f}", "–" if app is None else f"{app:,.0f}",
-            row.error or (row.benchmark_app or {}).get("error") or ""]
+            "–" if delta is None else f"{delta:+.4f}", "–" if app is None else f"{app:,.0f}", note]
+
+
+def low_confidence_note(result: "BenchResult") -> str | None:
+    """What ``LOW_CONFIDENCE`` and NOISY mean, when some row carries them."""
+    timed = [r for r in result.rows if r.stats is not None]
+    return marks_note([{"runs": r.stats.runs, "p99_low_confidence": r.p99_low_confidence, "noisy": r.noisy}
+                       for r in timed if r.stats is not None])
+
+
+def marks_note(rows: list[dict]) -> str | None:
+    """What ``LOW_CONFIDENCE`` and NOISY mean, when some row (as in the JSON) carries them."""
+    from ..headline import NOISY_SPREAD
+    from .measure import MIN_P99_RUNS
+
+    few = sorted({int(r["runs"]) for r in rows if r.get("p99_low_confidence") and r.get("runs") is not None})
+    notes = []
+    if few:
+        counts = f"{few[0]}" if len(few) == 1 else f"{few[0]} to {few[-1]}"
+        notes.append(f"p99 {LOW_CONFIDENCE}: from {counts} timed runs, fewer than {MIN_P99_RUNS}, so it is "
+                     "the second-worst run or nearer the worst: low confidence (leave --runs out, or --runs "
+                     f"{MIN_P99_RUNS}, or a longer --duration)")
+    if any(r.get("noisy") for r in rows):
+        notes.append(f"NOISY: p90/p50 above {NOISY_SPREAD:g} on the row or its baseline (report.md's rule): the machine "
+                     "was busy or the figure unstable; time it again")
+    return "; ".join(notes) or None
 
 
 def host_html(result: "BenchResult") -> str:

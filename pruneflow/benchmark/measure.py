@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -16,8 +17,9 @@ import numpy as np
 
 from ..context import Reporter
 from ..errors import PruneflowError, UsageError
-from ..runtime import Executor, LatencyStats, RuntimeUnavailable, open_artifact, runtimes_for, time_interleaved
-from ..runtime.timing import DEFAULT_RUNS, DEFAULT_THREADS, DEFAULT_WARMUP
+from ..headline import NOISY_SPREAD
+from ..runtime import Executor, LatencyStats, RuntimeUnavailable, open_artifact, runtimes_for
+from ..runtime.timing import DEFAULT_RUNS, DEFAULT_THREADS, DEFAULT_WARMUP, interleaved_times
 from .inputs import Feeds
 from .variants import Variant
 
@@ -25,6 +27,13 @@ KNOWN_RUNTIMES = tuple(dict.fromkeys(r for suffix in (".onnx", ".xml", ".engine"
 OPENVINO_HINTS = ("default", "f32", "bf16", "f16")
 #: Cap on the runs a --duration may turn into (a sub-microsecond model would otherwise loop for ever).
 MAX_RUNS = 100_000
+#: Timed runs a p99 needs before a service owner can trust it. Of n runs, the p99 sits at sorted index 0.99 (n - 1):
+#: below 200 it is the second-worst run (or nearer the worst), so one stray run moves it; from 200 on at least two
+#: runs are slower than it. A p99 from fewer runs is marked low-confidence (``p99_low_confidence``).
+MIN_P99_RUNS = 200
+#: Without --runs or --duration, each batch size is timed until MIN_P99_RUNS runs or for this many seconds (every lane
+#: in turn), whichever comes first, and never for fewer than DEFAULT_RUNS runs.
+AUTO_SECONDS = 20.0
 
 
 @dataclass
@@ -34,7 +43,9 @@ class BenchSettings:
     runtimes: list[str] | None = None
     batches: list[int] = field(default_factory=lambda: [1, 32])
     warmup: int = DEFAULT_WARMUP
-    runs: int = DEFAULT_RUNS
+    #: Timed runs per batch size; None: enough for the p99 (``MIN_P99_RUNS``) within ``AUTO_SECONDS`` (``window``).
+    runs: int | None = None
+    #: Seconds of timing per batch size (a window: every lane in turn until it has passed), instead of ``runs``.
     duration: float | None = None
     threads: int | None = DEFAULT_THREADS  # None: the runtime's own choice
     baseline: str | None = None
@@ -62,13 +73,44 @@ class BenchSettings:
                              hint=f"use a comma-separated list of {', '.join(OPENVINO_HINTS)}")
         if not self.batches or any(b < 1 for b in self.batches):
             raise UsageError(f"--batch {self.batches}: batch sizes must be positive integers", hint="e.g. --batch 1,32")
-        if any(v is not None and not v > 0 for v in (self.p99_budget_ms, self.price_per_hour)):
-            raise UsageError("--p99-budget-ms and --price-per-hour must be positive", hint="e.g. --p99-budget-ms 20 --price-per-hour 0.34")
-        if self.runs < 1 or self.warmup < 0 or (self.duration is not None and self.duration <= 0):
-            raise UsageError("--runs must be >= 1, --warmup >= 0 and --duration > 0", hint="e.g. --runs 50 --warmup 5")
+        for option, value in (("--p99-budget-ms", self.p99_budget_ms), ("--price-per-hour", self.price_per_hour),
+                              ("--duration", self.duration)):
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise UsageError(f"{option} {value:g}: must be a positive finite number",
+                                 hint="e.g. --p99-budget-ms 20 --price-per-hour 0.34 --duration 10")
+        if self.runs is not None and self.duration is not None:
+            raise UsageError("--runs and --duration both given", hint="time a fixed number of runs or for a duration, not both")
+        if (self.runs is not None and self.runs < 1) or self.warmup < 0:
+            raise UsageError(f"--runs {self.runs}, --warmup {self.warmup}: --runs must be >= 1 and --warmup >= 0",
+                             hint=f"e.g. --runs {MIN_P99_RUNS} --warmup 5, or leave --runs out: enough runs for the p99")
+
+    def window(self) -> "Window":
+        """How long each batch size is timed: ``--runs N`` exactly; ``--duration S`` for S seconds (at least 3 runs);
+        neither: until ``MIN_P99_RUNS`` runs or ``AUTO_SECONDS``, whichever first, at least ``DEFAULT_RUNS``."""
+        if self.runs is not None:
+            return Window(self.runs, self.runs, None)
+        if self.duration is not None:
+            return Window(3, MAX_RUNS, self.duration)
+        return Window(DEFAULT_RUNS, MIN_P99_RUNS, AUTO_SECONDS)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class Window:
+    """Runs per batch size: at least ``least``, at most ``most``, and in between until ``seconds`` have passed."""
+
+    least: int
+    most: int
+    seconds: float | None = None
+
+    def describe(self) -> str:
+        if self.seconds is None:
+            return f"{self.most} runs"
+        if self.most >= MAX_RUNS:
+            return f"for {self.seconds:g} s"
+        return f"{self.most} runs or {self.seconds:g} s, whichever first (at least {self.least})"
 
 
 @dataclass(eq=False)
@@ -154,6 +196,24 @@ class Row:
     #: The input's shape as fed (batch first).
     shape: tuple[int, ...] | None = None
     benchmark_app: dict[str, Any] | None = None
+    #: p90/p50 of this row, or of its ratio's baseline row when that is larger (``add_ratios``): the spread the
+    #: headline of report.md flags NOISY above ``NOISY_SPREAD``.
+    spread: float | None = None
+
+    @property
+    def noisy(self) -> bool:
+        """The same rule as report.md's headline (``headline.NOISY_SPREAD``): p90/p50 above 1.5 on either side."""
+        return self.spread is not None and self.spread > NOISY_SPREAD
+
+    @property
+    def p99_low_confidence(self) -> bool:
+        """Fewer than ``MIN_P99_RUNS`` timed runs behind the p99: it is the second-worst run, or nearer the worst."""
+        return self.stats is not None and self.stats.runs < MIN_P99_RUNS
+
+
+def spread(stats: LatencyStats | None) -> float | None:
+    """p90/p50 of one lane's timings (None without figures)."""
+    return stats.p90_ms / stats.p50_ms if stats is not None and stats.p50_ms > 0 else None
 
 
 def time_all(lanes: list[Lane], feeds: Feeds, settings: BenchSettings, reporter: Reporter) -> list[Row]:
@@ -197,26 +257,41 @@ def _trial(row: Row, feeds: Feeds) -> Callable[[np.ndarray], object] | None:
 def _interleaved(ready: dict[str, Callable[[np.ndarray], object]], batch: int, settings: BenchSettings,
                  reporter: Reporter) -> dict[str, LatencyStats]:
     placeholder = np.zeros((batch,), dtype=np.float32)  # only its length is read (the samples per call)
-    runs, warmup = settings.runs, settings.warmup
-    if settings.duration is not None:
-        probe = time_interleaved(ready, placeholder, warmup=warmup, runs=3)
-        per_repetition_ms = sum(s.mean_ms for s in probe.values())
-        runs = int(min(MAX_RUNS, max(3, math.ceil(settings.duration * 1000 / max(per_repetition_ms, 1e-6)))))
-        warmup = 0
-    with reporter.progress(f"batch {batch}: {len(ready)} artifact-runtime pairs, timed in turn", total=runs) as advance:
-        timed = time_interleaved(ready, placeholder, warmup=warmup, runs=runs, on_step=advance)
-    return dict(timed)
+    window = settings.window()
+    interleaved_times(ready, placeholder, warmup=settings.warmup, runs=0)
+    total = window.most if window.most < MAX_RUNS else None
+    with reporter.progress(f"batch {batch}: {len(ready)} artifact-runtime pairs, timed in turn", total=total) as advance:
+        times = timed_window(ready, placeholder, window, advance)
+    return {name: LatencyStats.of(t, batch) for name, t in times.items()}
+
+
+def timed_window(ready: dict[str, Callable[[Any], object]], feed: Any, window: Window,
+                 on_step: Callable[[], None] | None = None) -> dict[str, list[float]]:
+    """Raw times (ms) of repetitions that each run every lane once, in turn, until ``window`` is over: a duration is a
+    real window of time (the repetitions stop when it has passed), not a count guessed from a probe."""
+    times: dict[str, list[float]] = {name: [] for name in ready}
+    start, done = time.perf_counter(), 0
+    while done < window.most and (done < window.least or window.seconds is None
+                                  or time.perf_counter() - start < window.seconds):
+        for name, taken in interleaved_times(ready, feed, warmup=0, runs=1).items():
+            times[name] += taken
+        done += 1
+        if on_step is not None:
+            on_step()
+    return times
 
 
 def add_ratios(rows: list[Row], baseline: Variant) -> None:
     """Speed-up = baseline p50 / variant p50, against the baseline on the same runtime configuration and batch
-    (else on its first runtime at that batch)."""
+    (else on its first runtime at that batch); each row's spread, the larger p90/p50 of the two (as the headline's)."""
     base = [r for r in rows if r.lane.variant is baseline and r.stats is not None]
     for row in rows:
         if row.stats is None:
             continue
+        row.spread = spread(row.stats)
         ref = next((b for b in base if b.batch == row.batch and b.lane.label == row.lane.label), None) or next(
             (b for b in base if b.batch == row.batch), None)
         if ref is not None and ref.stats is not None and row.stats.p50_ms > 0:
             row.speedup = ref.stats.p50_ms / row.stats.p50_ms
             row.baseline_runtime = ref.lane.label
+            row.spread = max(row.spread or 0.0, spread(ref.stats) or 0.0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .measure import BenchSettings, Row
+from .measure import MIN_P99_RUNS, BenchSettings, Row
 from .variants import Variant, metric_key
 
 FORMAT = "pruneflow-bench/1"
@@ -68,18 +68,27 @@ class BenchResult:
         return names.pop() if len(names) == 1 else "metric"
 
     def cores(self) -> int:
-        """The cores one inference stream used: the runtime threads asked for, else every usable CPU."""
-        return int(self.settings.threads or self.host["cpu"]["usable_cpus"] or 1)
+        """The cores one inference stream used: the runtime threads asked for (at most every usable CPU), else every
+        usable CPU."""
+        return lane_cores(self.settings.threads, self.host)
 
     def economics(self, row: Row) -> dict[str, float | None]:
-        """``throughput_per_core`` (samples/s per core used) and, given ``--price-per-hour``, ``cost_per_million``
-        inferences at that throughput on a machine busy with this stream alone."""
+        """``cores`` the stream used, ``throughput_per_core`` (samples/s per core) and, given ``--price-per-hour``,
+        ``cost_per_million`` inferences at that throughput on those cores: the machine's price times the share of its
+        usable CPUs the stream takes (the rest can serve other streams), not the whole machine billed to one stream."""
         if row.stats is None:
-            return {"throughput_per_core": None, "cost_per_million": None}
-        price = self.settings.price_per_hour
-        throughput = row.stats.throughput
-        return {"throughput_per_core": throughput / self.cores(),
-                "cost_per_million": price / (throughput * 3600) * 1e6 if price and throughput else None}
+            return {"cores": None, "throughput_per_core": None, "cost_per_million": None}
+        cores, throughput = self.cores(), row.stats.throughput
+        return {"cores": cores, "throughput_per_core": throughput / cores,
+                "cost_per_million": cost_per_million(self.settings.price_per_hour, throughput, cores, self.host)}
+
+    def meets_budget(self) -> bool | None:
+        """Whether some artifact x runtime has a batch whose p99 is within ``--p99-budget-ms`` (None: no budget).
+        False is exit 1, so CI can gate on it."""
+        return budget_met(self.under_budget()) if self.settings.p99_budget_ms is not None else None
+
+    def exit_code(self) -> int:
+        return 1 if self.meets_budget() is False else 0
 
     def under_budget(self) -> list[dict[str, Any]]:
         """Per artifact and runtime: the batch size of highest throughput whose p99 is within ``--p99-budget-ms``,
@@ -89,8 +98,29 @@ class BenchResult:
             return []
         rows = [{"variant": r.lane.variant.name, "runtime_label": r.lane.label, "batch": r.batch,
                  "p99_ms": r.stats.p99_ms if r.stats else None, "throughput": r.stats.throughput if r.stats else None,
-                 **self.economics(r)} for r in self.rows]
+                 "runs": r.stats.runs if r.stats else None, "noisy": r.noisy, **self.economics(r)} for r in self.rows]
         return best_under_budget(rows, budget)
+
+
+def lane_cores(threads: int | None, host: dict[str, Any]) -> int:
+    """Cores a stream of ``threads`` runtime threads uses on ``host`` (0 or None: the runtime's own choice, every
+    usable CPU); never more than the host has."""
+    usable = max(1, int((host.get("cpu") or {}).get("usable_cpus") or 1))
+    return min(int(threads), usable) if threads else usable
+
+
+def cost_per_million(price: float | None, throughput: float | None, cores: int, host: dict[str, Any]) -> float | None:
+    """What a million inferences cost at ``throughput`` samples/s on ``cores`` of ``host``, priced ``price`` an hour
+    for the whole machine: the lane pays its share of the usable CPUs (``bench --load`` prices its lanes alike)."""
+    if not price or not throughput:
+        return None
+    share = cores / max(1, int((host.get("cpu") or {}).get("usable_cpus") or 1))
+    return price * share / (throughput * 3600) * 1e6
+
+
+def budget_met(chosen: list[dict[str, Any]]) -> bool:
+    """Some entry of ``best_under_budget`` has a batch within the budget."""
+    return any(e.get("batch") is not None for e in chosen)
 
 
 def host_name(host: dict[str, Any]) -> str:
@@ -100,7 +130,10 @@ def host_name(host: dict[str, Any]) -> str:
 
 def best_under_budget(rows: list[dict[str, Any]], budget: float) -> list[dict[str, Any]]:
     """Per ``(variant, runtime_label)`` of bench rows (dicts as in the JSON): the timed batch of highest throughput whose
-    p99 is within ``budget`` ms, with its throughput per core and cost per million; or ``batch: None`` and why."""
+    p99 is within ``budget`` ms, with its throughput per core and cost per million; or ``batch: None`` and why.
+
+    The entry also says whether that batch is the largest one timed (``largest_timed``, with a ``warning``: a larger
+    batch may do better still), and whether its figures are ``noisy`` or its p99 ``p99_low_confidence``."""
     lanes: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for row in rows:
         lanes.setdefault((row["variant"], row["runtime_label"]), []).append(row)
@@ -112,7 +145,13 @@ def best_under_budget(rows: list[dict[str, Any]], budget: float) -> list[dict[st
         if fits:
             best = max(fits, key=lambda r: r["throughput"])
             entry.update({k: best.get(k) for k in ("batch", "p99_ms", "throughput", "throughput_per_core",
-                                                     "cost_per_million")})
+                                                     "cost_per_million", "runs")})
+            entry.update(noisy=bool(best.get("noisy")), p99_low_confidence=bool(
+                best.get("runs") is not None and best["runs"] < MIN_P99_RUNS))
+            entry["largest_timed"] = best["batch"] == max(r["batch"] for r in timed)
+            if entry["largest_timed"]:
+                entry["warning"] = (f"batch {best['batch']} is the largest timed and within the budget: a larger batch may "
+                                    f"do better (time --batch ...,{best['batch']},{2 * best['batch']},{4 * best['batch']})")
         else:
             fastest = min(timed, key=lambda r: r["p99_ms"], default=None)
             entry.update(batch=None, why=f"no batch size timed has p99 within {budget:g} ms" + (
