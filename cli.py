@@ -968,8 +968,19 @@ def _bench_merge(sources: list[Path], price_per_hour: str | None, p99_budget_ms:
 
     from pruneflow.benchmark import Prices, merge, write_outputs
 
+    from pruneflow.benchmark.load_merge import is_load_file
+
     if p99_budget_ms is not None and not (math.isfinite(p99_budget_ms) and p99_budget_ms > 0):
         raise UsageError(f"--p99-budget-ms {p99_budget_ms:g}: must be a positive finite number", hint="e.g. --p99-budget-ms 20")
+    kinds = {is_load_file(p) for p in sources}
+    if kinds == {True}:
+        if html is not None or prometheus is not None:
+            raise UsageError("--merge of bench --load results writes --json and the table, not --html or --prometheus",
+                             hint="drop --html/--prometheus (each host's own bench --load --html has its curves)")
+        return _bench_merge_load(sources, Prices.parse(price_per_hour), p99_budget_ms, json_out)
+    if len(kinds) > 1:
+        raise UsageError("--merge: some files are bench --load results and some are not",
+                         hint="merge load results with load results, and batch timings with batch timings")
     merged = merge(list(sources), Prices.parse(price_per_hour), p99_budget_ms)
     written = write_outputs(merged, json_file=_json_file(json_out), html=html, prometheus=prometheus)
     if json_out == "-":
@@ -978,6 +989,48 @@ def _bench_merge(sources: list[Path], price_per_hour: str | None, p99_budget_ms:
         _print_merged(merged, written)
     if merged.exit_code():
         raise typer.Exit(merged.exit_code())
+
+
+def _bench_merge_load(sources: list[Path], prices, p99_budget_ms: float | None, json_out: str | None) -> None:
+    """``bench --merge`` of ``bench --load`` files: per artifact and host the best configuration, its cost, and the best
+    artifact per host (``pruneflow.benchmark.load_merge``); exit 1 when no host held any rate."""
+    from rich.markup import escape
+
+    from pruneflow.artifacts import write_text_atomic
+    from pruneflow.benchmark.load_merge import merge_load
+
+    merged = merge_load(list(sources), prices, p99_budget_ms)
+    failed = not any(h.get("artifact") for h in merged["best_per_host"])
+    if json_out is not None:
+        text = json.dumps(merged | {"exit_code": int(failed)}, indent=None if json_out == "-" else 2, allow_nan=False)
+        if json_out == "-":
+            print(text)
+            raise typer.Exit(int(failed))
+        write_text_atomic(_json_file(json_out), text + "\n")
+    console = _out_console()
+    budget = merged["p99_budget_ms"]
+    hosts = [h["name"] for h in merged["hosts"]]
+    table = Table(title="highest rate held per artifact and host" + (f", p99 within {budget:g} ms" if budget else ""),
+                  title_justify="left")
+    table.add_column("artifact")
+    for host in hosts:
+        table.add_column(f"{escape(host)}\nQPS (p99 ms) policy thr, cost/1M", justify="right")
+    for artifact in dict.fromkeys(r["artifact"] for r in merged["best"]):
+        cells = []
+        for host in hosts:
+            r = next((r for r in merged["best"] if r["artifact"] == artifact and r["host"] == host), None)
+            cost = f", {r['cost_per_million']:.4g}" if r and r["cost_per_million"] is not None else ""
+            cells.append("–" if r is None else escape(f"{r['qps']:,.0f} ({r['p99_ms']:.3g}) {r['policy']} {r['threads']}t{cost}"))
+        table.add_row(escape(artifact), *cells)
+    console.print(table)
+    for h in merged["best_per_host"]:
+        line = (f"{h['host']}: best {h['artifact']} on {h['runtime']} {h['policy']} {h['threads']}t, {h['qps']:,.0f} "
+                "requests/s" if h.get("artifact") else f"{h['host']}: {h['why']}")
+        console.print(line, markup=False)
+    if json_out not in (None, "-"):
+        console.print(f"wrote {json_out}", markup=False)
+    if failed:
+        raise typer.Exit(1)
 
 
 def _print_merged(merged, written: list[Path]) -> None:

@@ -154,6 +154,13 @@ def test_load_files_of_two_hosts_merge_and_bad_files_are_named(artifacts, tmp_pa
     ratio = rows[("other-host", onnx_path.name)]["cost_per_million"] / rows[(here_name, onnx_path.name)]["cost_per_million"]
     assert ratio == pytest.approx(4.0, rel=0.25)
     assert [h["host"] for h in merged["best_per_host"]] == [here_name, "other-host"]
+    shown = invoke("bench", "--merge", here, other, "--p99-budget-ms", "1000", "--json", tmp_path / "merged.json")
+    assert shown.exit_code == 0, shown.output
+    assert "other-host" in shown.output and f"{here_name}: best {onnx_path.name}" in shown.output
+    assert json.loads((tmp_path / "merged.json").read_text())["format"] == "pruneflow-bench-load-merged/1"
+    mixed = tmp_path / "plain.json"
+    mixed.write_text('{"format": "pruneflow-bench/1"}')
+    assert "some files are bench --load results" in invoke("bench", "--merge", here, mixed).output
 
     for mutate, message in [
         (lambda d: d["lanes"][0]["points"][0].update(p99_ms=-3.0), r"points\[0\].p99_ms is -3.0"),

@@ -454,10 +454,10 @@ def _steady(latency_ms: np.ndarray, policy: BatchPolicy) -> bool:
 
 
 def _on_done(done: np.ndarray, i: int) -> Callable[[Future], None]:
-    """Stamp request ``i``'s answer time (called in the worker thread that answered it, right after the batch)."""
+    """Stamp request ``i``'s answer time: when its batch finished, as the server (and so /metrics) counts it."""
     def record(future: Future) -> None:
         if future.exception() is None:
-            done[i] = time.perf_counter()
+            done[i] = getattr(future, "answered_at", None) or time.perf_counter()
     return record
 
 

@@ -254,9 +254,10 @@ class Server:
     # -- requests -----------------------------------------------------------------------------------------------
 
     def submit(self, sample: Sample, *, arrived: float | None = None) -> "Future[Answer]":
-        """Queue one sample (no batch axis); its answer (the sample's row, without batch axis) comes on the future.
-        ``arrived``: when the request reached the service (``time.perf_counter()``; default now): its latency and the
-        batcher's delay count from then. Raises ServerClosed after :meth:`close`."""
+        """Queue one sample (no batch axis); its answer (the sample's row, without batch axis) comes on the future,
+        whose ``answered_at`` is when its batch finished (``time.perf_counter()``, the end of the latency the metrics
+        record). ``arrived``: when the request reached the service (``time.perf_counter()``; default now): its latency
+        and the batcher's delay count from then. Raises ServerClosed after :meth:`close`."""
         return self._enqueue(sample, single=True, arrived=arrived)
 
     def submit_rows(self, rows: Sample, *, arrived: float | None = None) -> "Future[Answer]":
@@ -399,6 +400,7 @@ class Server:
             if r.single:
                 parts = [p[0] for p in parts]
             answer: Answer = parts[0] if len(parts) == 1 else dict(zip(self._output_names, parts))
+            r.future.answered_at = done  # type: ignore[attr-defined]  # when its batch finished (perf_counter)
             if r.future.set_running_or_notify_cancel():
                 r.future.set_result(answer)
             if self.metrics is not None:
