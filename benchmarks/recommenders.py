@@ -5,6 +5,7 @@
     pruneflow optimize recipes/sasrec-next-item.yaml --out runs/rec
     pruneflow optimize recipes/gru4rec-session.yaml --out runs/rec
     python benchmarks/recommenders.py runs/rec --out benchmarks/results/recommenders
+    python benchmarks/recommenders.py runs/rerun --out benchmarks/results/recommenders --update   # refresh some rows
 
 Every figure is copied from a run's metrics.json (nothing is computed here but ratios): per model and head, the
 original FP32 model's metric (the `reference` export, before pruning) against the INT8 ONNX and OpenVINO IR in their
@@ -71,16 +72,28 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", type=Path, help="the --out folder of the four recipe runs")
     parser.add_argument("--out", type=Path, required=True, help="OUT.md and OUT.json are written")
+    parser.add_argument("--update", action="store_true", help="keep OUT.json's rows of the models not in RUNS (and OUT.md's "
+                        "sections after the tables): rerun some recipes, refresh their rows only")
     args = parser.parse_args(argv)
     found = {name: args.runs / name for name in MODELS if (args.runs / name / "metrics.json").is_file()}
     quality = [r for name, run in found.items() for r in rows_of(run, name)]
     sizes = [size_speed(run, name) for name, run in found.items()]
     hosts = {name: json.loads((run / "manifest.json").read_text()).get("host", {}).get("cpu", {}) for name, run in found.items()}
+    tail = ""
+    if args.update and args.out.with_suffix(".json").is_file():
+        old = json.loads(args.out.with_suffix(".json").read_text())
+        order = list(MODELS)
+        quality = sorted([r for r in old["quality"] if r["model"] not in found] + quality, key=lambda r: order.index(r["model"]))
+        sizes = sorted([r for r in old["size_speed"] if r["model"] not in found] + sizes, key=lambda r: order.index(r["model"]))
+        hosts = {n: ({**old["hosts"], **hosts})[n] for n in order if n in {**old["hosts"], **hosts}}
+        text_md = args.out.with_suffix(".md").read_text() if args.out.with_suffix(".md").is_file() else ""
+        tail = "\n" + text_md[text_md.index("\n## "):].rstrip("\n") if "\n## " in text_md else ""
     text = "\n\n".join(["# Production recommenders: the four shipped recipes", "Every artifact against the original FP32 "
                         "model (before pruning), in its own runtime, on the recipe's held-out rows.", table(quality),
                         "Size and speed: the INT8 ONNX against the FP32 ONNX of the same pruned model (speed-up > 1: INT8 "
                         "faster; both timed interleaved by the export stage, one thread).", table(sizes),
                         "Hosts: " + "; ".join(f"{n}: {h.get('model', '?')} ({', '.join(h.get('isa') or [])})" for n, h in hosts.items())])
+    text += tail
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".md").write_text(text + "\n")
     args.out.with_suffix(".json").write_text(json.dumps({"quality": quality, "size_speed": sizes, "hosts": hosts}, indent=2) + "\n")

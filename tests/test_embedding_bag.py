@@ -163,7 +163,8 @@ def test_bag_tables_are_snapped_and_stored_int8_row_wise_as_embedding_tables_are
 
 def test_the_int8_export_of_a_quantized_dlrm_keeps_nncf_quantizers_on_the_bags_and_stores_their_tables_int8(tmp_path):
     """The INT8 path traces the NNCF-stripped model (export_int8_onnx -> export_raw_qdq -> export_onnx): its bags are
-    swapped too, and the quantizers NNCF hung on each bag's output (named after the embedding_bag op) still run."""
+    swapped too, and the quantizers NNCF hung on each bag's output (named after the embedding_bag op) still run (the
+    tensorrt form keeps them; the cpu form drops those that feed only float ops)."""
     from calibrate.calibset import CalibrationSet
     from pruneflow.export.onnx import export_int8_onnx
     from qat.nncf_quant import quantize, strip_quantizers

@@ -94,6 +94,8 @@ class PassReport:
     gemm_biases_quantized: int = 0
     #: quantizers of one tensor merged into one (``share_input_quantizers``)
     quantizers_shared: int = 0
+    #: cpu form: activation Q/DQ pairs before a float Concat dropped (``drop_rounding_before_float_concats``)
+    float_concat_quantizers_dropped: int = 0
     #: weighted ops left in float (``float_ops``: ignored, or NNCF's choice)
     float_ops: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -911,6 +913,8 @@ def convert(model, form: Form, encoding: str = "u8s8") -> PassReport:
     share_input_quantizers(graph, report)
     fold_batchnorm(graph, report)
     fold_smooth_quant_scales(graph, report)
+    if form == "cpu":
+        drop_rounding_before_float_concats(graph, report)
     guarded = form == "cpu" and encoding == "u8s8"
     if form == "tensorrt" or encoding != "s8s8":
         rewrite_activations(graph, form, report, guard=guarded)
@@ -960,6 +964,61 @@ def _short_tensor_names(graph: _Graph) -> None:
         vi.name = short(vi.name)
     graph.inits = {i.name: i for i in graph.g.initializer}
     graph.refresh()
+
+
+#: Ops between a DequantizeLinear and a Concat that move values without changing any, one input each.
+_SINGLE_MOVES = ("Flatten", "Reshape", "Squeeze", "Unsqueeze", "Transpose")
+
+
+def _tables_read(graph: _Graph) -> bool:
+    """Whether the graph reads rows of an embedding table (an axis-0 Gather of a 2-D initializer): a ranker's."""
+    return any(n.op_type == "Gather" and _attr(n, "axis", 0) == 0 and n.input[0] in graph.inits
+               and len(graph.inits[n.input[0]].dims) == 2 for n in graph.g.node)
+
+
+def _reached(graph: _Graph, name: str) -> list:
+    """The ops that read ``name`` through ``_SINGLE_MOVES``, and None for a graph output on the way."""
+    found: list = [None] if name in graph.outputs else []
+    for user in graph.consumers.get(name, []):
+        found += _reached(graph, user.output[0]) if user.op_type in _SINGLE_MOVES else [user]
+    return found
+
+
+def drop_rounding_before_float_concats(graph: _Graph, report: PassReport) -> None:
+    """cpu form, in a graph that reads embedding tables: an activation ``Q -> DQ`` whose values reach (through ops
+    that only move them) nothing but ``Concat``s that no quantizer reads is dropped; the Concat reads the float tensor.
+
+    NNCF quantizes every input of an op it can run in int8, a DLRM's pairwise-interaction MatMul included: each
+    table row, bag sum and bottom-MLP output gets a per-tensor Q/DQ before it is stacked. onnxruntime fuses a Q/DQ
+    into an integer kernel only when the kernel reads the DQ (or a QLinearConcat when a Q reads the Concat), so
+    these pairs ran as two float ops each, rounding the rows to a coarser grid than their own per-row int8 one and
+    the interaction then in float all the same (8 pairs, 16 ops, in the DLRM of recipes/dlrm-bags.yaml: 8 % of its
+    INT8 time at batch 64 in onnxruntime, one thread, an AVX-512 EPYC). Without them the graph computes the values
+    the quantized model rounds, more exactly. Other graphs (a DenseNet's concatenations) keep NNCF's placement: what
+    it costs or saves there was not measured."""
+    if not _tables_read(graph):
+        return
+    dead = []
+    for q in [n for n in graph.g.node if n.op_type == "QuantizeLinear"]:
+        if _activation_zero_point(graph, q) is None or q.output[0] in graph.outputs:
+            continue
+        dqs = graph.consumers.get(q.output[0], [])
+        if not dqs or any(d.op_type != "DequantizeLinear" or d.input[1:3] != q.input[1:3] for d in dqs):
+            continue
+        ends = [e for d in dqs for e in _reached(graph, d.output[0])]
+        if not ends or any(e is None or e.op_type != "Concat" or any(r is None or r.op_type == "QuantizeLinear"
+                                                                      for r in _reached(graph, e.output[0])) for e in ends):
+            continue
+        for d in dqs:
+            for user in graph.consumers.get(d.output[0], []):
+                user.input[:] = [q.input[0] if i == d.output[0] else i for i in user.input]
+        dead += [q, *dqs]
+        report.float_concat_quantizers_dropped += 1
+    if dead:
+        graph.remove(dead)
+        report.notes.append(f"{report.float_concat_quantizers_dropped} activation Q/DQ pair(s) before Concats that run in "
+                            "float dropped (onnxruntime fuses none of them into an integer kernel): the values are not "
+                            "rounded there")
 
 
 def _remove_identities(graph: _Graph) -> None:
@@ -1148,10 +1207,12 @@ def check_convention(model, form: Form) -> list[str]:
     A weighted op with an input that is not dequantized is not a problem: it runs in float (``float_ops``,
     e.g. a layer in `ignore`), which the export records in the artifact's notes.
     """
+    from .embedding import is_row_dequantize
+
     graph = _Graph(model)
     problems = []
     for node in graph.g.node:
-        if node.op_type in QUANT_OPS:
+        if node.op_type in QUANT_OPS and not is_row_dequantize(node, graph.producer):  # a table read: no convention
             problems += _quantizer_problems(graph, node, form)
     if form == "tensorrt":
         problems += residual_problems(graph)
