@@ -147,3 +147,28 @@ def test_cosine_of_binary_logits_is_taken_over_the_whole_array():
     flipped = ten.copy()
     flipped[0] *= -1
     assert parity_metrics(ten, flipped)["cosine"] == pytest.approx(0.5)
+
+
+def test_an_ir_converted_from_a_stamped_onnx_holds_its_record_once(tmp_path):
+    """OpenVINO's ONNX frontend copies metadata_props into rt_info["framework"]; the IR keeps only the stamp under
+    ``pruneflow`` (a ranker's vocabularies twice made its .xml 430 KB larger)."""
+    import onnx
+    import openvino as ov
+    import torch
+
+    from pruneflow.deployment import read_ir, stamp_ir, stamp_onnx
+    from pruneflow.export.openvino import _without_onnx_metadata
+
+    path = tmp_path / "m.onnx"
+    torch.onnx.export(torch.nn.Linear(4, 2).eval(), (torch.randn(1, 4),), str(path), input_names=["input"],
+                      output_names=["logits"], opset_version=17, dynamo=False)
+    record = {"format": "pruneflow-deployment/1", "preprocessing": {"vocabulary": [str(i) for i in range(5000)]}}
+    proto = onnx.load(str(path))
+    stamp_onnx(proto, record, "fp32")
+    onnx.save(proto, str(path))
+    model = _without_onnx_metadata(ov.convert_model(str(path)))
+    stamp_ir(model, record, "fp32")
+    ov.save_model(model, str(tmp_path / "m.xml"))
+    text = (tmp_path / "m.xml").read_text()
+    assert text.count('\\u0034999') + text.count("&quot;4999&quot;") == 1  # the vocabulary's last entry, once
+    assert read_ir(tmp_path / "m.xml")["preprocessing"] == record["preprocessing"]

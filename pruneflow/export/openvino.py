@@ -106,7 +106,8 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
         try:
             with warnings.catch_warnings(), tempfile.TemporaryDirectory(dir=onnx_file.parent) as tmp:
                 warnings.simplefilter("ignore")  # (a rewritten copy where OpenVINO would compute the graph wrongly)
-                return ov.convert_model(str(prepared_for_openvino(onnx_file, Path(tmp), int8_tables=int8)))
+                return _without_onnx_metadata(ov.convert_model(str(prepared_for_openvino(onnx_file, Path(tmp),
+                                                                                         int8_tables=int8))))
         except Exception as exc:  # noqa: BLE001
             raise ExportError(f"OpenVINO could not convert {onnx_file.name if from_target else 'the model'} (converted from "
                               f"ONNX, never traced from torch): {type(exc).__name__}: {str(exc).splitlines()[0]}",
@@ -253,3 +254,18 @@ def _dynamic_batch(onnx_path: Path) -> bool:
     onnx = require("onnx", "pip install onnx", "reading an ONNX model")
     first = onnx.load(str(onnx_path), load_external_data=False).graph.input[0]
     return not first.type.tensor_type.shape.dim[0].HasField("dim_value")
+
+
+def _without_onnx_metadata(model):
+    """``model`` without the ONNX file's ``pruneflow.*`` metadata that OpenVINO's ONNX frontend copies into
+    ``rt_info["framework"]``: ``stamp_ir`` writes the record under ``pruneflow`` anyway, and a ranker's vocabularies
+    stored twice made its INT8 .xml 430 KB larger than the IR it describes (MMoE: 989 KB against 559 KB)."""
+    info = model.get_rt_info()
+    if "framework" not in info:
+        return model
+    kept = {k: v for k, v in dict(info["framework"]).items() if not str(k).startswith("pruneflow.")}
+    del info["framework"]
+    for key, value in kept.items():
+        model.set_rt_info(value, ["framework", key])
+    return model
+
