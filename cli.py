@@ -95,6 +95,12 @@ class Device(str, Enum):
 DeviceOpt = Annotated[Optional[Device], typer.Option(
     "--device", help="Override the recipe's `device`; cuda where "
     "there is none is exit 3 before any work.", show_default=False)]
+ForOpt = Annotated[Optional[str], typer.Option(
+    "--for", metavar="CPU[,CPU...]",
+    help="The CPUs the artifacts will be served on (replaces the recipe's `deploy.cpu`): avx2, avx512_vnni, avx_vnni, "
+         "avx512_bf16, amx_int8, asimd, ... (+ joins flags of one CPU). The INT8 form and OpenVINO's hint are chosen "
+         "for every one (a form needing VNNI only when all have it). Left out: the recipe's, else artifacts exact on "
+         "every CPU.")]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show tracebacks and debug logging.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout (for CI) instead of tables.")]
 
@@ -370,6 +376,7 @@ def optimize(
     verbose: VerboseOpt = False,
     nproc: NprocOpt = 1,
     device: DeviceOpt = None,
+    for_cpus: ForOpt = None,
 ) -> None:
     """Run a recipe: every stage in order, then every export, measured and reported.
 
@@ -384,11 +391,10 @@ def optimize(
     from pruneflow.pipeline import plan_stages, preflight, run_recipe
     from pruneflow.recipe import load_recipe
 
-    if verbose:
-        logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)
-        logging.getLogger("pruneflow").setLevel(logging.DEBUG)
+    _debug_logging(verbose)
     with handle_errors(verbose, json_out):
-        loaded = load_recipe(recipe, [*(set_ or []), *([f"device={device.value}"] if device else [])], allow_path or [])
+        set_ = [*(set_ or []), *([_for_cpus(for_cpus)] if for_cpus is not None else [])]  # workers get it as --set
+        loaded = load_recipe(recipe, [*set_, *([f"device={device.value}"] if device else [])], allow_path or [])
         distributed.check_device(loaded.recipe.device, nproc)
         if dry_run:
             with stdout_to_stderr(json_out):
@@ -414,6 +420,23 @@ def optimize(
         else:
             _print_summary(result)
         raise typer.Exit(result.exit_code)
+
+
+def _debug_logging(on: bool) -> None:
+    """--verbose: pruneflow's debug log on stderr."""
+    if on:
+        logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)
+        logging.getLogger("pruneflow").setLevel(logging.DEBUG)
+
+
+def _for_cpus(text: str) -> str:
+    """``--for avx2,avx512_vnni`` as the ``--set`` it stands for; UsageError naming the known CPUs."""
+    from pruneflow.recipe.cpus import normalise
+
+    try:
+        return "deploy.cpu=" + json.dumps(normalise(text))
+    except ValueError as exc:
+        raise UsageError(f"--for {text!r}: {exc}", hint="e.g. --for avx2,avx512_vnni") from None
 
 
 def _check_distributed(resume: bool) -> None:

@@ -8,11 +8,12 @@ One record per artifact (``Artifact.deployment``, and the run's in the manifest'
      "preprocessing": {"scale": 0.00392156862745098, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225],
                        "steps": "x * scale, then (x - mean[c]) / std[c] per channel"},
      "labels": ["airplane", "automobile", ...],
-     "runtime": null}      # an OpenVINO INT8 IR: {"openvino": {"INFERENCE_PRECISION_HINT": "f32"}, "why": ...}
+     "runtime": null,      # an OpenVINO INT8 IR: {"openvino": {"INFERENCE_PRECISION_HINT": "f32"}, "why": ...}
+     "hosts": {"cpu": ["avx2", "avx512_vnni"], "why": ...}}   # only when the recipe or --for names them
 
 The same values go into each file: ONNX ``metadata_props`` (keys ``pruneflow.input``, ``pruneflow.output``,
 ``pruneflow.preprocessing``, ``pruneflow.labels``, ``pruneflow.precision``, ``pruneflow.format``,
-``pruneflow.runtime``; each value JSON) and OpenVINO IR ``rt_info`` (the same keys under ``pruneflow``),
+``pruneflow.runtime``, and ``pruneflow.hosts`` where CPUs were named; each value JSON) and OpenVINO IR ``rt_info`` (the same keys under ``pruneflow``),
 read back by :func:`read_onnx` and :func:`read_ir`.
 """
 
@@ -31,7 +32,31 @@ FORMAT = "pruneflow-deployment/1"
 INPUT_NAME = "input"
 OUTPUT_NAME = "logits"
 #: The record's keys, written into files as ``pruneflow.<key>``.
-KEYS = ("format", "input", "output", "preprocessing", "labels", "precision", "runtime")
+KEYS = ("format", "input", "output", "preprocessing", "labels", "precision", "runtime", "hosts")
+#: Keys written into a file only when the record has them (an artifact built for no named CPU has no ``hosts``).
+OPTIONAL_KEYS = ("hosts",)
+
+
+def hosts_record(cpus: list[str]) -> dict[str, Any]:
+    """The record's ``hosts``: the CPUs the recipe (``deploy.cpu``) or ``optimize --for`` named for serving."""
+    return {"cpu": list(cpus), "why": "the CPUs this run was built to serve on: its INT8 form and OpenVINO hint were "
+            "chosen to compute alike on every one (export/deploy_hosts.py)"}
+
+
+def outside_hosts(record: dict[str, Any] | None, host: dict[str, Any] | None = None) -> str | None:
+    """Why this host is none of the CPUs a record names (``hosts.cpu``), or None (named, or none named): its INT8
+    form is still exact where ``cpu_shortfall`` says so, but its timings and choices were made for others."""
+    from .recipe.cpus import cpu_flags
+    from .runtime.host import host_info
+
+    named = ((record or {}).get("hosts") or {}).get("cpu") if isinstance(record, dict) else None
+    if not named:
+        return None
+    here = set((host or host_info())["cpu"].get("isa") or [])
+    key = ("avx512_vnni", "avx_vnni", "amx_int8", "avx512_bf16", "amx_bf16", "asimd")  # what the choices depend on
+    if any({f for f in cpu_flags(c) if f in key} == here & set(key) for c in named):
+        return None
+    return f"built for {', '.join(named)}; this CPU ({', '.join(sorted(here & set(key))) or 'no VNNI, no bf16'}) is none of them"
 
 # How an OpenVINO INT8 IR is to be compiled (the record's ``runtime``): its float parts (LayerNorm, softmax,
 # GELU, residual adds) were trained and calibrated in f32, and OpenVINO's CPU default on a host with bf16
@@ -128,13 +153,17 @@ def deployment_record(state: "RunState", ctx: "RunContext", *, dynamic_batch: bo
     else:
         record_in = {"name": INPUT_NAME, "shape": [batch, *map(int, example.shape[1:])],
                      "dtype": str(example.dtype).removeprefix("torch."), "layout": _layout(example.dim(), spec)}
-    return {
+    record = {
         "format": FORMAT,
         "input": record_in,
         "output": _output_record(state.task, raw, batch),
         "preprocessing": state.data.tabular.record() if state.data.tabular is not None else preprocessing(spec),
         "labels": list(state.data.class_names) if state.data.class_names else None,
     }
+    cpus = getattr(getattr(ctx.recipe, "deploy", None), "cpu", None)
+    if cpus:
+        record["hosts"] = hosts_record(cpus)
+    return record
 
 
 def _output_record(task: Any, raw: Any, batch: Any) -> dict[str, Any]:
@@ -221,7 +250,7 @@ def _npz_dtype(spec: "DataSpec") -> str | None:
 def file_props(record: dict[str, Any], precision: str | None) -> dict[str, str]:
     """``pruneflow.<key>`` -> JSON text, for ONNX metadata_props and IR rt_info."""
     values = {**record, "precision": precision}
-    return {f"pruneflow.{key}": json.dumps(values.get(key)) for key in KEYS}
+    return {f"pruneflow.{key}": json.dumps(values.get(key)) for key in KEYS if key not in OPTIONAL_KEYS or values.get(key)}
 
 
 def stamp_onnx(model: Any, record: dict[str, Any], precision: str | None) -> None:

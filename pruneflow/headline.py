@@ -149,8 +149,9 @@ def _latency_rows(result: RunResult) -> list[dict[str, Any]]:
         ratio = lane["p50_ms"] / p50
         noisy = spread > NOISY_SPREAD
         change = f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x SLOWER"
-        loses = bool(after.metrics.get(f"slower_than_fp32_b{lane['batch']}{suffix}"))
-        if loses:  # it lost to its own target's FP32 artifact in the export's loop (stages/measure.py)
+        loses = bool(after.metrics.get(f"slower_than_fp32_b{lane['batch']}{suffix}")) and _fp32_faster_as_deployed(
+            result, after, lane["batch"], p50)
+        if loses:  # it lost to its own target's FP32 artifact, as that one is deployed, in the export's loop
             change += f"; the same model in FP32 ({after.target}.fp32) is faster at this batch"
         rows.append({"what": f"latency {lane['runtime']}, batch {lane['batch']} ({label})",
                      "start": f"{lane['p50_ms']:.3g} ms", "result": f"{p50:.3g} ms",
@@ -158,6 +159,20 @@ def _latency_rows(result: RunResult) -> list[dict[str, Any]]:
                      "ratio": round(ratio, 4), "spread": round(spread, 3), "noisy": noisy, "slower": ratio < 1,
                      "fp32_faster": loses})
     return rows
+
+
+def _fp32_faster_as_deployed(result: RunResult, after: Any, batch: int, p50: float) -> bool:
+    """Whether the FP32 artifact of ``after``'s target, timed as *it* is deployed (its record's hint, else the runtime's
+    default), beats ``after``'s ``p50``: the comparison the delivery choice makes (``stages/export_choice.py``), so the
+    report never says "serve the FP32 artifact" where that artifact, as deployed, is the slower one. (An FP32 IR at a
+    hint its record does not name can be faster still; that is a lane of `pruneflow bench`, not a deployed artifact.)"""
+    fp32 = next((a for a in result.artifacts if a.target == after.target and a.producer == after.producer
+                 and a.precision == "fp32" and not a.form and a.status == "built"), None)
+    if fp32 is None:
+        return True
+    suffix, _ = as_deployed(fp32, "", batch)
+    theirs = fp32.metrics.get(f"latency_b{batch}_median_ms{suffix}")
+    return theirs is None or theirs < p50
 
 
 def as_deployed(after, suffix: str, batch: int) -> tuple[str, str]:
@@ -185,3 +200,33 @@ def delivered_lines(result: RunResult) -> tuple[list[str], list[str]]:
                 if losing:
                     loses.append(f"{row['target']}: {row.get('why') or row['artifact']}")
     return delivered, loses
+
+
+def served_lines(result: RunResult) -> list[str]:
+    """Which CPUs each delivered artifact is for (the export's ``served on`` table, ``export/deploy_hosts.py``),
+    grouped, with the CPUs named and what was emulated; [] for a run without an export."""
+    tables = [(s, s.tables["served on"]) for s in result.stages if s.tables.get("served on")]
+    if not tables:
+        return []
+    out = []
+    for stage, rows in tables:
+        groups: dict[str, list[str]] = {}
+        for row in rows:
+            groups.setdefault(row["for"], []).append(row["artifact"])
+        named = next((a.deployment["hosts"]["cpu"] for a in result.artifacts if a.producer == stage.id and a.deployment
+                      and a.deployment.get("hosts")), None)
+        lead = (f"built for the CPUs named ({', '.join(named)})" if named else
+                "no serving CPU named (`deploy.cpu`, `--for`): built to compute alike on any CPU")
+        emulated = [f"{r['artifact']} {r['emulated AVX2']}" for r in rows if r.get("emulated AVX2")]
+        out.append(f"**Served on** ({stage.id}; table `served on`): {lead}; "
+                   + "; ".join(f"{where}: {', '.join(labels)}" for where, labels in groups.items())
+                   + (f". Checked under emulated AVX2 (OpenVINO, ONEDNN_MAX_CPU_ISA=AVX2): {'; '.join(emulated)}" if emulated else "")
+                   + (". Precision and latency were measured on the build host (under Latency), not on those CPUs: time "
+                      "them there with `pruneflow bench`" if named and _timed(result, stage.id) else "") + ".")
+        out.append("")
+    return out
+
+
+def _timed(result: RunResult, stage_id: str) -> bool:
+    return any(k.startswith("latency_b") for a in result.artifacts if a.producer == stage_id for k in a.metrics)
+

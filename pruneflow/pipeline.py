@@ -56,6 +56,12 @@ def _hash(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def _serving_part(stage: Stage, recipe: Any) -> list[Any]:
+    """What a stage that chooses for the serving hosts (``serves_hosts``: export) adds to its resume key: the recipe's
+    ``deploy`` (another ``--for`` builds other files); nothing for the others."""
+    return [{"deploy": recipe.deploy.model_dump(mode="json")}] if getattr(stage, "serves_hosts", False) else []
+
+
 def source_key(loaded: LoadedRecipe) -> str:
     """Identity of the starting model and data: the input to the first stage's resume key.
 
@@ -277,7 +283,7 @@ def _run(loaded: LoadedRecipe, stages: list[Stage], inputs: RunInputs, run_dir: 
     reporter.run_started(recipe.name, state.task.summary())
     key = state.model_key
     for stage in stages:
-        key = _hash(key, stage.config.model_dump(mode="json"), tool_versions())
+        key = _hash(key, stage.config.model_dump(mode="json"), tool_versions(), *_serving_part(stage, recipe))
         progress.stage, progress.before, progress.key = stage, snapshot(run_dir), key
         if stage.compresses and state.start is None:  # the model entering the first compression: the run's start
             state.start = capture_start(stage.id, state, ctx, state.task.headline.name)

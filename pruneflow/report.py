@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .artifacts import write_text_atomic
-from .headline import delivered_lines
+from .headline import delivered_lines, served_lines
 from .units import human_bytes as human_bytes, human_int as human_int  # re-exported: callers import them from here
 
 if TYPE_CHECKING:
@@ -152,7 +152,7 @@ def headline_section(result: "RunResult") -> list[str]:
     rows = result.headline_rows()
     delivered, loses = delivered_lines(result)
     if not rows or not result.start:
-        return _delivered_lines(delivered, loses)
+        return _delivered_lines(delivered, loses) + served_lines(result)
     noisy = any(r.get("noisy") for r in rows)
     slower = [r["what"].removeprefix("latency ") for r in rows if r.get("slower")]
     fp32_faster = [r["what"].removeprefix("latency ") for r in rows if r.get("fp32_faster")]
@@ -169,6 +169,7 @@ def headline_section(result: "RunResult") -> list[str]:
         *([f"**The FP32 artifact of the same model is faster:** {'; '.join(fp32_faster)}. Quantization made it smaller, not "
            "faster, at that batch on this host: serve the FP32 artifact there (Notes give the factor).", ""] if fp32_faster else []),
         *_delivered_lines(delivered, loses),
+        *served_lines(result),
     ]
 
 

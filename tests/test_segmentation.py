@@ -103,7 +103,7 @@ def test_a_unet_with_transposed_convolutions_exports_both_int8_onnx_forms(tmp_pa
     OpenVINO 2026.4 computed this model's INT8 IR wrongly on an AVX-512 VNNI + BF16 EPYC (cosine 0.77 to the
     quantized model, from the first float Conv after a Concat of a ConvTranspose output and a quantized skip) and
     rightly on an AVX2 EPYC (cosine 0.9999, mIoU 0.9758 against 0.9757). Either way it is never shipped silently
-    wrong: the IR keeps mIoU, or its parity gate refuses it (exit 1, the only failed gate)."""
+    wrong: the IR keeps mIoU, or its parity gates refuse it (exit 1, the only failed gates)."""
     images, masks = _shapes(320, 24, np.random.default_rng(1))
     np.savez(tmp_path / "shapes.npz", images=images, masks=masks)
     recipe = {
@@ -120,7 +120,9 @@ def test_a_unet_with_transposed_convolutions_exports_both_int8_onnx_forms(tmp_pa
     result = invoke("optimize", tmp_path / "recipe.yaml", "--out", tmp_path / "runs", "--json")
     out = json.loads(result.stdout)
     failed = [g["name"] for g in out["gates"] if not g["passed"]]
-    assert failed in ([], ["openvino.int8.parity"]) and result.exit_code == (1 if failed else 0), result.output[-3000:]
+    # the portable u8s8 form (no serving CPU named) is refused at OpenVINO's default and at f32 alike where it miscomputes
+    refused = ([], ["openvino.int8.parity"], ["openvino.int8.parity", "openvino.int8.parity_f32"])
+    assert failed in refused and result.exit_code == (1 if failed else 0), result.output[-3000:]
     stages = {s["name"]: s["metrics"] for s in out["stages"]}
     artifacts = {a["path"].rsplit("/", 1)[-1]: a["metrics"] for a in out["artifacts"] if a["target"]}
     built = {a["path"].rsplit("/", 1)[-1] for a in out["artifacts"] if a["status"] == "built"}

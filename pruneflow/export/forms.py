@@ -10,7 +10,9 @@ model, times them interleaved, and keeps the fastest; the table that decided it 
 metrics (``form_candidates``), the manifest and the report.
 
 Forms that can saturate on this CPU are never candidates: without VNNI (x86 before Cascade Lake / Zen 4),
-u8s8 kernels add product pairs in int16, and only the guarded ``u8s8`` is exact.
+u8s8 kernels add product pairs in int16, and only the guarded ``u8s8`` is exact. Nor on the CPUs the artifact will be
+served on (``deploy_hosts.py``): the export stage pins ``form: u8s8`` unless every serving CPU named has VNNI, and
+when none is named (built here, served anywhere), so ``auto`` times the forms only for a VNNI-only fleet.
 """
 
 from __future__ import annotations
@@ -25,13 +27,14 @@ from ..deployment import X86_ARCHES
 from ..errors import ExportError
 from ..inputs import as_numpy, take, trim
 from ..runtime import fresh_batch, host_info, time_interleaved
+from ..recipe.cpus import VNNI_FLAGS as _VNNI
 from .qdq import ENCODINGS
 
 if TYPE_CHECKING:
     from ..tasks import Task
 
 #: CPU flags with which the x86 int8 kernels multiply u8 by s8 straight into int32 (no int16 pair sums).
-VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+VNNI_FLAGS = _VNNI
 #: Batch sizes and repetitions of the choice when the export stage times nothing (`latency: null`).
 DEFAULT_BATCHES = (1, 32)
 RUNS = 30
@@ -85,6 +88,8 @@ class Choice:
 
     def note(self, runtime: str) -> str:
         timed = ", ".join(f"{r['form']} {r['relative']:.2f}x" for r in self.rows if r["passed"])
+        if not timed:
+            return f"INT8 form {self.form}: {self.why}"
         return f"INT8 form {self.form}, chosen by measuring in {runtime} on this host ({timed} of the fastest's time): {self.why}"
 
 
@@ -109,6 +114,13 @@ def choose(candidates: list[Candidate], state, ref: np.ndarray, min_cosine: floa
         if c.at_least_as is not None and c.at_least_as in by_form:
             c.passed = c.passed and figure.at_least_as_good(c.agreement, by_form[c.at_least_as].agreement)
     kept = [c for c in candidates if c.passed]
+    if not kept and len({c.form.partition("@")[0] for c in candidates}) == 1:
+        # one form at two hints (a form pinned for the serving CPUs): nothing to choose between; the IR is written at
+        # f32 and its parity gate judges it with its figures, as for a form and hint the recipe pins
+        only = next((c for c in candidates if "@" not in c.form), candidates[0])
+        rows = [{"form": c.form, "passed": False, "cosine": round(c.cosine, 6), "relative": None, "chosen": c is only}
+                for c in candidates]
+        return Choice(only.form, rows, "the only form tried, and it holds parity at no hint here: its parity gate says so")
     if not kept:
         raise ExportError("no INT8 form holds parity with the quantized torch model on this host: "
                           + ", ".join(f"{c.form} cosine {c.cosine:.4f}" for c in candidates),

@@ -12,7 +12,7 @@ import math
 from types import GenericAlias
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, Sequence, Union
 
-from pydantic import Field, create_model, field_validator, model_validator
+from pydantic import BeforeValidator, Field, create_model, field_validator, model_validator
 
 from .. import registry
 from ..config import StageConfig, StrictModel, TaskConfig, usable_cpus
@@ -289,6 +289,48 @@ class GateSpec(StrictModel):
         return self
 
 
+def _cpu_name(value: Any) -> Any:
+    """One entry of `deploy.cpu`, checked where it stands (the error points at its line)."""
+    from .cpus import canonical, cpu_flags
+
+    if isinstance(value, str):
+        cpu_flags(value)
+        return canonical(value)
+    return value
+
+
+CpuName = Annotated[str, BeforeValidator(_cpu_name)]
+
+
+class DeploySpec(StrictModel):
+    """Where the artifacts will be served (``export/deploy_hosts.py``): what the export chooses for the host is chosen
+    for these, not for the machine that builds them."""
+
+    cpu: list[CpuName] | None = Field(
+        default=None,
+        description="The CPUs the artifacts will be served on, each named by an instruction set the export's choices "
+        "depend on: avx2, fma, avx512f, avx512_vnni, avx_vnni, avx512_bf16, amx_bf16, amx_int8, amx_tile (x86), asimd, "
+        "sve (ARM); a name implies what every such CPU has (avx512_bf16: AVX-512 VNNI too); join several with + "
+        "(avx2+avx_vnni). Every host-specific choice is made for all of them: an INT8 form that needs VNNI "
+        "(u8s8_vnni, s8s8, fused) only when every one has VNNI or AMX (or is ARM), else the portable u8s8; OpenVINO's "
+        "INT8 `int8_hint: auto` is f32 when none computes bf16. Left out (the default, CI included): the artifacts are "
+        "built to be exact on every CPU. `pruneflow optimize --for avx2,avx512_vnni` sets it from the command line. "
+        "report.md (table `served on`) and each file's deployment record (`hosts`) say which CPUs each artifact is for.")
+
+    @field_validator("cpu", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        """`--for avx2,avx512_vnni` (one text) stands for the list."""
+        return [v.strip() for v in value.split(",")] if isinstance(value, str) else value
+
+    @field_validator("cpu", mode="after")
+    @classmethod
+    def _known(cls, value: list[str] | None) -> list[str] | None:
+        from .cpus import normalise
+
+        return normalise(value)
+
+
 def _DEFAULT_TASK() -> Any:
     """The recipe's default ``task``, as written in a recipe (validated into the classification task's Config)."""
     return {"type": "classification"}
@@ -314,6 +356,9 @@ class RecipeBase(StrictModel):
     model: ModelSpec = Field(description="The model to optimize.")
     data: DataSpec = Field(description="Training and evaluation data.")
     gates: list[GateSpec] = Field(default_factory=list, description="Quality gates; a failed one makes the exit code 1.")
+    deploy: DeploySpec = Field(default_factory=DeploySpec, description="Where the artifacts will be served: the CPUs the "
+                               "export chooses its host-specific forms for (`cpu`), instead of the machine that builds them.")
+
     @field_validator("threads")
     @classmethod
     def _threads_on_this_host(cls, value: int | None) -> int | None:
@@ -407,6 +452,7 @@ def normalise_target_list(value: Any) -> Any:
 __all__ = [
     "AugmentSpec",
     "DataSpec",
+    "DeploySpec",
     "GateSpec",
     "ModelSpec",
     "RecipeBase",

@@ -20,6 +20,8 @@ from .models import RecipeBase, stage_config_model
 
 def _type_name(ann) -> str:
     origin = typing.get_origin(ann)
+    if origin is typing.Annotated:  # a validated scalar (`deploy.cpu`'s names) reads as its type
+        return _type_name(typing.get_args(ann)[0])
     if origin is typing.Literal:
         return " \\| ".join(repr(a).replace("'", "`") for a in typing.get_args(ann))
     if origin in (typing.Union, getattr(__import__("types"), "UnionType")):

@@ -25,6 +25,7 @@ from .. import registry
 from ..artifacts import Artifact, Precision, disk_full_cause
 from ..errors import ConfigError, ExportError, InputError, MissingDependencyError, PruneflowError
 from ..evaluate import evaluate_runtime
+from ..export import deploy_hosts
 from ..export.forms import needs_vnni
 from ..gates import ArtifactGates, GateResult, artifact_gates
 from ..inputs import as_numpy, call, take, trim
@@ -188,6 +189,9 @@ class ExportConfig(StageConfig):
 
 class ExportStage(Stage[ExportConfig]):
     Config = ExportConfig
+    #: What it builds depends on the recipe's ``deploy`` (the serving CPUs its INT8 form and hint are chosen for), which
+    #: the pipeline therefore adds to its resume key.
+    serves_hosts = True
     #: What an earlier run of this stage chose (``{"host": ..., "targets": {TARGET: {"delivered", "int8_form",
     #: "int8_hint"}}}``, manifest.json's ``choices``), set by the pipeline under ``--resume`` when the stage's key is
     #: unchanged (None: choose by measuring). Taken again, a run writes the bytes the earlier one wrote.
@@ -250,12 +254,30 @@ class ExportStage(Stage[ExportConfig]):
                 yield ConfigError(("stages", index, "targets", t, "precision"), "precision: auto picks the fastest artifact "
                                   "by the stage's timing, and `latency` is null", value="auto",
                                   hint="remove `latency: null`, or pin the precisions with `precisions:`")
+        yield from cls._host_rules(config, index, recipe)
         timed = config.latency.batch_sizes if config.latency else []
         for i, bs in enumerate(config.choice.batch_sizes or []):
             if bs not in timed:
                 yield ConfigError(("stages", index, "choice", "batch_sizes", i), f"batch size {bs} is not timed by this "
                                   "stage", value=bs, hint=f"add it to latency.batch_sizes ({', '.join(map(str, timed)) or 'none'})")
         yield from cls._gate_rules(config, index, quantized)
+
+    @classmethod
+    def _host_rules(cls, config, index, recipe):
+        """A pinned INT8 form that needs VNNI, for serving CPUs of which one has none (``deploy.cpu``, ``--for``): the
+        file would compute another model there, so the recipe is refused rather than warned about."""
+        hosts = getattr(getattr(recipe, "deploy", None), "cpu", None)
+        for t, target in enumerate(config.targets):
+            form = getattr(target, "form", "auto")
+            if form == "auto" or "cpu" not in getattr(target, "int8_forms", ["cpu"]):
+                continue
+            wrong = deploy_hosts.form_conflict(form, hosts)
+            if wrong:
+                yield ConfigError(("stages", index, "targets", t, "form"), f"the {form} INT8 form needs VNNI or AMX on x86, "
+                                  f"and `deploy.cpu` names {', '.join(wrong)} (no VNNI: its int8 kernels add u8 x s8 products "
+                                  "in int16 pairs, which this form can saturate)", value=form,
+                                  hint="pin `form: u8s8` (exact on every CPU) or leave `form: auto`, or serve on CPUs with "
+                                  "VNNI only (`deploy.cpu`, `optimize --for`)")
 
     @classmethod
     def _gate_rules(cls, config, index, quantized: bool = False):
@@ -306,8 +328,10 @@ class ExportStage(Stage[ExportConfig]):
         state = reading_view(state)
         quantized = bool(state.handle.quantized)
         recorded = (self.recorded_choices or {}).get("targets") or {}
-        self.choices = {"host": host_key(), "targets": {}}
-        targets = [(name, self._pinned(name, target, recorded.get(name) or {})) for name, target in self.make_targets()]
+        hosts = ctx.recipe.deploy.cpu
+        self.choices = {"host": host_key(), "deploy_cpu": hosts, "targets": {}}
+        targets = [(name, self._pinned(name, target, recorded.get(name) or {}, hosts)) for name, target in self.make_targets()]
+        emulate = deploy_hosts.needs_avx2_emulation(hosts)
         for name, target in targets:
             # export/<target>/ for the usual single export stage; a second one gets export/<its id>/<target>/.
             out_dir = ctx.run_dir / "export" / (name if self.id == "export" else f"{self.id}/{name}")
@@ -322,6 +346,8 @@ class ExportStage(Stage[ExportConfig]):
                         artifact.metrics["size_mb"] = (artifact.size_bytes or 0) / 1e6
                         checked = self._check(artifact, target, state, ctx)
                         result.gates += checked[1]
+                        if emulate and artifact.precision == "int8":
+                            result.gates += self._emulated_avx2(artifact, state, ctx)
                         if checked[0].executors:
                             opened.append(checked[0])
                     result.artifacts.append(artifact)
@@ -338,6 +364,8 @@ class ExportStage(Stage[ExportConfig]):
         if cfg.latency:
             self._choose(targets, result, recorded)
         result.tables["host"] = [host_record(cfg.latency.threads if cfg.latency else None)]
+        result.tables["served on"] = [deploy_hosts.served_on(a, hosts) for a in result.artifacts
+                                      if a.status == "built" and a.target and a.metrics.get("precision_chosen") != 0.0]
         return result
 
     def _choose(self, targets: list[tuple[str, Target]], result: StageResult, recorded: dict[str, Any]) -> None:
@@ -360,24 +388,45 @@ class ExportStage(Stage[ExportConfig]):
                 why = taken or row.get("why", "")  # a choice taken again keeps the reason it was made for
                 (self.choices or {}).setdefault("targets", {}).setdefault(a.target, {}).update(delivered=a.label, why=why)
 
-    def _pinned(self, name: str, target: Target, recorded: dict[str, Any]) -> Target:
-        """``target`` with the INT8 form and OpenVINO hint an earlier run chose by measuring (``recorded``) pinned in
-        place of `auto`: nothing is timed again, and the files come out as that run wrote them."""
-        updates = {}
-        if getattr(target.config, "form", None) == "auto" and recorded.get("int8_form"):
-            updates["form"] = recorded["int8_form"]
-        if getattr(target.config, "int8_hint", None) == "auto" and recorded.get("int8_hint"):
-            updates["int8_hint"] = recorded["int8_hint"]
+    def _pinned(self, name: str, target: Target, recorded: dict[str, Any], hosts: list[str] | None = None) -> Target:
+        """``target`` with `auto` settings pinned: to what an earlier run chose by measuring (``recorded``: nothing is
+        timed again, and the files come out as that run wrote them), else to what the serving CPUs (``hosts``, None:
+        unknown) leave to choose (``deploy_hosts``: ``u8s8`` unless every one has VNNI; f32 where none computes bf16)."""
+        from_record, for_hosts = {}, {}
+        if getattr(target.config, "form", None) == "auto":
+            form, why = deploy_hosts.int8_form_for(hosts)
+            if recorded.get("int8_form") and form in (None, recorded["int8_form"]):  # (one the hosts allow)
+                from_record["form"] = recorded["int8_form"]
+            elif form is not None:
+                for_hosts["form"] = (form, why)
+        if getattr(target.config, "int8_hint", None) == "auto":
+            if recorded.get("int8_hint"):
+                from_record["int8_hint"] = recorded["int8_hint"]
+            else:
+                hint, why = deploy_hosts.int8_hint_for(hosts)
+                if hint is not None:
+                    for_hosts["int8_hint"] = (hint, why)
+        updates = {**from_record, **{k: v for k, (v, _) in for_hosts.items()}}
         if not updates:
             return target
         pinned = type(target)(target.config.model_copy(update=updates))
-        pinned.from_record = updates  # type: ignore[attr-defined]
+        pinned.from_record = from_record  # type: ignore[attr-defined]
+        pinned.for_hosts = for_hosts  # type: ignore[attr-defined]
         return pinned
 
     def _form_choice(self, name: str, target: Target, artifact: Artifact, recorded: dict[str, Any]) -> None:
         """Record the INT8 form (and OpenVINO hint) ``artifact`` was written in; one taken from ``recorded`` says so."""
+        if artifact.deployment is not None and "runtime" in artifact.deployment and artifact.deployment["runtime"] is None:
+            del artifact.deployment["runtime"]  # asks nothing of the runtime: absent, as in every fp32 record
         if artifact.precision != "int8" or artifact.form == "tensorrt":
             return
+        for setting, (value, why) in (getattr(target, "for_hosts", None) or {}).items():
+            if setting == "form":
+                artifact.metrics["int8_form"] = value
+                artifact.notes[:] = [n for n in artifact.notes if not n.startswith(f"INT8 form {value}: set in the recipe")]
+                artifact.notes.append(f"INT8 form {value}, chosen for the serving CPUs without timing: {why}")
+            else:
+                artifact.notes.append(f"OpenVINO {setting} {value}, chosen for the serving CPUs without timing: {why}")
         pinned = getattr(target, "from_record", None)
         if pinned:
             form = pinned.get("form") or artifact.metrics.get("int8_form")
@@ -396,6 +445,43 @@ class ExportStage(Stage[ExportConfig]):
         chose = {k: artifact.metrics[k] for k in ("int8_form", "int8_hint") if artifact.metrics.get(k)}
         if chose:
             (self.choices or {}).setdefault("targets", {}).setdefault(name, {}).update(chose)
+
+    def _emulated_avx2(self, artifact: Artifact, state, ctx) -> list[GateResult]:
+        """An INT8 IR built for a named AVX2-only CPU, run in OpenVINO capped at AVX2 (``deploy_hosts.emulate_avx2``)
+        against the quantized torch model: the ``LABEL.parity_emulated_avx2`` gate, under the int8 parity limits.
+        onnxruntime has no such cap (MLAS picks kernels by CPUID): an ONNX gets a note, its form being exact by
+        construction. One that cannot run under the cap gets a note (emulation has its own failures), no gate."""
+        if artifact.form == "tensorrt":
+            return []  # TensorRT's, not a CPU's
+        if artifact.kind == "onnx":
+            artifact.notes.append("not checked under AVX2 emulation: onnxruntime's MLAS picks its kernels from CPUID and "
+                                  "has no instruction-set cap; its INT8 form is exact on AVX2 by construction (u8s8)")
+            return []
+        if artifact.kind != "openvino" or len(state.task.output_names) != 1:
+            return []
+        x = trim(take(state.data.eval.x, slice(0, self.config.parity.samples)))  # the samples `_check` compares
+        try:
+            got, kernels = deploy_hosts.emulate_avx2(ctx.run_dir / artifact.path, as_numpy(x))
+        except Exception as exc:  # noqa: BLE001 - the emulation's own failure is reported, not the artifact's
+            artifact.notes.append(f"not checked under AVX2 emulation (OpenVINO, ONEDNN_MAX_CPU_ISA=AVX2): {exc}")
+            ctx.reporter.warning(f"{self.id}: {artifact.label} could not run under AVX2 emulation: {exc}")
+            return []
+        parity = parity_metrics(reference_outputs(state.model, x, state.task), got, state.task)
+        suffix, agreement = "_emulated_avx2", state.task.agreement.name
+        artifact.metrics.update({f"{k}{suffix}": v for k, v in parity.items()})
+        artifact.metrics[f"agreement{suffix}"] = parity.get(agreement, parity["cosine"])  # (the served-on table's)
+        artifact.metrics[f"{agreement}_fp32{suffix}"] = parity_metrics(  # and with the float model, as `_check` does
+            reference_outputs(state.handle.float_module(), x, state.task), got, state.task)[agreement]
+        ran = ", ".join(f"{layer} {'/'.join(p)}" for layer, p in kernels.items())
+        artifact.notes.append(f"emulated AVX2 (OpenVINO with ONEDNN_MAX_CPU_ISA=AVX2, f32 hint, kernels {ran}): cosine "
+                              f"{parity['cosine']:.6f} with the quantized torch model on {len(got)} eval samples "
+                              "(figures `*_emulated_avx2`)")
+
+        class _Emulated:
+            label = "openvino, emulated AVX2 (ONEDNN_MAX_CPU_ISA=AVX2, f32)"
+
+        limits = self.config.parity.limits("int8", "f32", state.task)
+        return [parity_gate(artifact, suffix, _Emulated(), parity, bool(np.isfinite(got).all()), limits)]  # type: ignore[arg-type]
 
     def _build(self, name: str, target: Target, precision: str, out_dir, state, ctx, upstream: list[Artifact]) -> list[Artifact]:
         """The artifacts of one target and precision; one that cannot be built is a ``failed`` artifact with the
