@@ -126,6 +126,22 @@ def test_the_best_batch_that_is_the_largest_timed_carries_a_warning_and_its_mark
     assert entry_note(chosen["m/b"]) == "" and result.exit_code() == 0
 
 
+def test_a_p99_close_to_the_budget_marks_the_best_batch_noisy():
+    """ResNet-56 timed twice: batch 8's p99 was 20.3 ms, then 19.3 ms, under a 20 ms budget, so the best batch flipped
+    between 4 and 8; either way the entry must say the choice is a close call."""
+    from pruneflow.benchmark.html import entry_note
+
+    over = _result({("a", 4): steady(10.0), ("a", 8): steady(20.3), ("a", 16): steady(40.0),
+                    ("b", 4): steady(10.0), ("b", 8): steady(15.0), ("b", 16): steady(40.0)}, p99_budget_ms=20.0)
+    under = _result({("a", 4): steady(10.0), ("a", 8): steady(19.3), ("a", 16): steady(40.0)}, p99_budget_ms=20.0)
+    first, second = ({e["variant"]: e for e in r.under_budget()} for r in (over, under))
+    assert (first["m/a"]["batch"], second["m/a"]["batch"]) == (4, 8)
+    assert first["m/a"]["noisy"] and first["m/a"]["close_call"] and second["m/a"]["noisy"] and second["m/a"]["close_call"]
+    assert re.search(r"batch 8's p99 20\.\d ms within 10% of the budget", first["m/a"]["warning"])
+    assert "may change between runs" in entry_note(first["m/a"])
+    assert first["m/b"]["batch"] == 8 and not first["m/b"]["noisy"] and "close_call" not in first["m/b"]
+
+
 def test_nothing_within_the_budget_is_exit_code_1_in_the_result(tmp_path):
     from pruneflow.benchmark.exposition import result_json
     from pruneflow.benchmark.html import html_report

@@ -121,7 +121,9 @@ def nothing_meets(budget: float) -> str:
 def entry_note(entry: dict) -> str:
     """What to know about a best batch under the budget: NOISY figures, a low-confidence p99, the largest batch timed."""
     notes = []
-    if entry.get("noisy"):
+    if entry.get("close_call"):
+        notes.append("NOISY: a p99 close to the budget, the best batch may change between runs")
+    elif entry.get("noisy"):
         notes.append("NOISY: time again")
     if entry.get("p99_low_confidence"):
         notes.append(f"p99 from {entry.get('runs')} runs: low confidence")

@@ -128,6 +128,11 @@ def host_name(host: dict[str, Any]) -> str:
     return str(host.get("label") or (host.get("cpu") or {}).get("model") or "unknown host")
 
 
+#: A p99 within this share of the budget (either side) is a close call: repeated runs of ~200 samples move a p99 a few
+#: per cent, so which batch is the best one can flip (seen on ResNet-56: batch 8's p99 20.3 ms, then 19.3 ms).
+CLOSE_TO_BUDGET = 0.10
+
+
 def best_under_budget(rows: list[dict[str, Any]], budget: float) -> list[dict[str, Any]]:
     """Per ``(variant, runtime_label)`` of bench rows (dicts as in the JSON): the timed batch of highest throughput whose
     p99 is within ``budget`` ms, with its throughput per core and cost per million; or ``batch: None`` and why.
@@ -149,9 +154,15 @@ def best_under_budget(rows: list[dict[str, Any]], budget: float) -> list[dict[st
             entry.update(noisy=bool(best.get("noisy")), p99_low_confidence=bool(
                 best.get("runs") is not None and best["runs"] < MIN_P99_RUNS))
             entry["largest_timed"] = best["batch"] == max(r["batch"] for r in timed)
+            near = [r for r in timed if r["batch"] >= best["batch"] and abs(r["p99_ms"] / budget - 1) <= CLOSE_TO_BUDGET]
+            if near:  # a p99 this close to the budget falls either side of it between runs: the choice is not stable
+                entry.update(noisy=True, close_call=True, warning=(
+                    "; ".join(f"batch {r['batch']}'s p99 {r['p99_ms']:.3g} ms" for r in near)
+                    + f" within {CLOSE_TO_BUDGET:.0%} of the budget: the best batch may change between runs (NOISY)"))
             if entry["largest_timed"]:
-                entry["warning"] = (f"batch {best['batch']} is the largest timed and within the budget: a larger batch may "
-                                    f"do better (time --batch ...,{best['batch']},{2 * best['batch']},{4 * best['batch']})")
+                entry["warning"] = (entry["warning"] + "; " if entry.get("warning") else "") + (
+                    f"batch {best['batch']} is the largest timed and within the budget: a larger batch may "
+                    f"do better (time --batch ...,{best['batch']},{2 * best['batch']},{4 * best['batch']})")
         else:
             fastest = min(timed, key=lambda r: r["p99_ms"], default=None)
             entry.update(batch=None, why=f"no batch size timed has p99 within {budget:g} ms" + (
