@@ -385,8 +385,6 @@ def optimize(
 
         pruneflow optimize recipes/quickstart.yaml --out runs --set stages.0.epochs=3
     """
-    import logging
-
     from pruneflow import distributed
     from pruneflow.pipeline import plan_stages, preflight, run_recipe
     from pruneflow.recipe import load_recipe
@@ -1029,7 +1027,7 @@ def _bench_merge_load(sources: list[Path], prices, p99_budget_ms: float | None, 
         if json_out == "-":
             print(text)
             raise typer.Exit(int(failed))
-        write_text_atomic(_json_file(json_out), text + "\n")
+        write_text_atomic(Path(json_out), text + "\n")
     console = _out_console()
     budget = merged["p99_budget_ms"]
     hosts = [h["name"] for h in merged["hosts"]]

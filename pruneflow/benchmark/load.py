@@ -277,7 +277,7 @@ def _open_lanes(variants: list[Variant], settings: LoadSettings) -> list[LoadLan
     lanes = []
     for variant in variants:
         assert variant.path is not None
-        own = runtimes_for(variant.path)
+        own = list(runtimes_for(variant.path))
         runtimes = [r for r in own if r in settings.runtimes] if settings.runtimes is not None else own[:1]
         if variant.onnxruntime_only and "openvino" in runtimes:
             runtimes.remove("openvino")
@@ -300,11 +300,12 @@ def _open_lanes(variants: list[Variant], settings: LoadSettings) -> list[LoadLan
 def _executors(variant: Variant, runtime: str, hint: str | None, threads: int, workers: int) -> list[Executor] | str:
     from ..deployment import openvino_hint, read_ir
 
+    path = variant.path
+    assert path is not None
     try:
         if hint == "record":
-            hint = openvino_hint(read_ir(variant.path)) if runtime == "openvino" and variant.path.suffix == ".xml" else None  # type: ignore[union-attr]
-        return [open_artifact(variant.path, runtime=runtime, threads=threads, precision_hint=hint)  # type: ignore[arg-type]
-                for _ in range(workers)]
+            hint = openvino_hint(read_ir(path)) if runtime == "openvino" and path.suffix == ".xml" else None
+        return [open_artifact(path, runtime=runtime, threads=threads, precision_hint=hint) for _ in range(workers)]
     except RuntimeUnavailable as exc:
         return f"unavailable: {exc.message}"
     except Exception as exc:  # noqa: BLE001 - one artifact that will not load must not stop the others
@@ -367,34 +368,49 @@ def _search(lanes: list[LoadLane], settings: LoadSettings, pools: dict[str, list
     """Per lane: half the predicted capacity, then x1.5 while it holds, then bisect between the last rate that held and
     the first that did not; one point of every lane per round."""
     budget = settings.p99_budget_ms
-    state = {id(lane): {"rate": max(1.0, 0.5 * (lane.capacity or 10.0)), "lo": 0.0, "hi": None, "steps": 0}
-             for lane in lanes if lane.error is None}
+    state = {id(lane): _Search(max(1.0, 0.5 * (lane.capacity or 10.0))) for lane in lanes if lane.error is None}
     most = 8 + settings.search_steps
     with reporter.progress(f"load: searching the highest rate within p99 {budget:g} ms on {len(state)} lanes, in turn",
                            total=len(state) * most) as advance:
         for _ in range(most):
-            active = [lane for lane in lanes if id(lane) in state and state[id(lane)]["rate"] is not None]
+            active = [lane for lane in lanes if id(lane) in state and state[id(lane)].rate is not None]
             if not active:
                 break
             for lane in active:
                 s = state[id(lane)]
-                point = _point(lane, s["rate"], settings, pools[lane.variant.name], metrics)
+                assert s.rate is not None
+                point = _point(lane, s.rate, settings, pools[lane.variant.name], metrics)
                 lane.points.append(point)
                 advance()
-                if point.holds(budget):
-                    s["lo"] = s["rate"]
-                else:
-                    s["hi"] = s["rate"]
-                if s["hi"] is None:
-                    ceiling = 4 * (lane.capacity or s["rate"])
-                    s["rate"] = s["rate"] * 1.5 if s["rate"] * 1.5 <= ceiling else None
-                else:
-                    s["steps"] += 1
-                    nxt = (s["lo"] + s["hi"]) / 2 if s["lo"] else s["hi"] / 2
-                    done = s["steps"] > settings.search_steps or (s["lo"] and s["hi"] / s["lo"] < 1.05) or nxt < 1
-                    s["rate"] = None if done else float(round(nxt, 1))
+                s.step(point.holds(budget), lane.capacity, settings.search_steps)
     for lane in lanes:
         lane.points.sort(key=lambda p: p.offered_qps)
+
+
+@dataclass
+class _Search:
+    """One lane's search: the rate to try next (None: done), the highest that held and the lowest that failed."""
+
+    rate: float | None
+    lo: float = 0.0
+    hi: float | None = None
+    steps: int = 0
+
+    def step(self, held: bool, capacity: float | None, most: int) -> None:
+        """Up by half while every rate holds (to four times the predicted capacity), then bisect ``most`` times."""
+        assert self.rate is not None
+        if held:
+            self.lo = self.rate
+        else:
+            self.hi = self.rate
+        if self.hi is None:
+            up = self.rate * 1.5
+            self.rate = up if up <= 4 * (capacity or self.rate) else None
+            return
+        self.steps += 1
+        nxt = (self.lo + self.hi) / 2 if self.lo else self.hi / 2
+        done = self.steps > most or (self.lo > 0 and self.hi / self.lo < 1.05) or nxt < 1
+        self.rate = None if done else float(round(nxt, 1))
 
 
 def _point(lane: LoadLane, rate: float, settings: LoadSettings, pool: list[Any], metrics: "_Live | None") -> LoadPoint:

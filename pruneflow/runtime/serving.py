@@ -128,7 +128,7 @@ class ServingConfig:
                              f"(it has: {', '.join(str(b['variant']) for b in best) or 'none within its budget'})",
                              hint="bench this artifact with --load, or pass the artifact the file was measured on")
         b = match[0]
-        lane = next((la for la in doc.get("lanes") or [] if la.get("variant") == b["variant"]
+        lane: dict[str, Any] = next((la for la in doc.get("lanes") or [] if la.get("variant") == b["variant"]
                      and la.get("policy") == b["policy"] and la.get("threads") == b["threads"]), {})
         return cls(BatchPolicy(int(b["max_batch"]), float(b["max_delay_ms"])), int(b["threads"]), int(b.get("workers") or 1),
                    lane.get("runtime"), f"{path}: {b['lane']} held {b['qps']:g} requests/s within p99 "
@@ -297,7 +297,8 @@ class Server:
                     continue
                 raise UsageError(f"request without input {name!r} (the artifact takes {', '.join(names)})",
                                  hint="pass a dict of every input name to its array")
-            value = np.asarray(x[name].detach().cpu().numpy() if hasattr(x[name], "detach") else x[name])
+            given: Any = x[name]
+            value = np.asarray(given.detach().cpu().numpy() if hasattr(given, "detach") else given)
             dtype = self._inputs.get(name, {}).get("dtype")
             if dtype is not None and value.dtype != np.dtype(dtype):
                 value = value.astype(dtype)
@@ -347,7 +348,8 @@ class Server:
                 rows = sum(r.rows for r in same)
                 wait = oldest.arrived + policy.max_delay_ms / 1000 - time.perf_counter()
                 if rows >= policy.max_batch or wait <= 0 or self._closed:
-                    batch, total = [], 0
+                    batch: list[_Request] = []
+                    total = 0
                     for r in same:
                         if batch and total + r.rows > policy.max_batch:
                             break
