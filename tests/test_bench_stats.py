@@ -18,19 +18,9 @@ import numpy as np
 import pytest
 
 from conftest import invoke
+from test_bench import _relu_onnx
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _relu_onnx(path: Path, width: int = 256) -> Path:
-    import onnx
-    from onnx import TensorProto, helper
-
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", width])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", width])])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
-    return path
 
 
 def _no_constants(name: str):

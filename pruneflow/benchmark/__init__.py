@@ -202,8 +202,7 @@ def write_outputs(result: BenchResult | MergedBench, *, json_file: Path | None =
     order."""
     import json
 
-    from ..artifacts import write_text_atomic
-    from .exposition import exposition, prometheus_text
+    from .exposition import exposition, prometheus_text, write_files
     from .hosts_html import merged_html
     from .html import html_report
 
@@ -217,9 +216,4 @@ def write_outputs(result: BenchResult | MergedBench, *, json_file: Path | None =
         single = result
         renders = (lambda: json.dumps(result_json(single), indent=2, allow_nan=False) + "\n",
                    lambda: html_report(single), lambda: prometheus_text(single))
-    written = []
-    for path, render in zip((json_file, html, prometheus), renders):
-        if path is not None:
-            write_text_atomic(path, render())
-            written.append(path)
-    return written
+    return write_files((json_file, html, prometheus), renders)

@@ -9,7 +9,8 @@ seconds, as Prometheus names them (``pruneflow_latency_seconds``; the JSON keeps
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 if TYPE_CHECKING:
     from .result import BenchResult
@@ -31,6 +32,19 @@ METRICS = {
     "pruneflow_metric": "The run's headline metric on the eval split (label `metric` names it, `direction` says whether "
                         "higher or lower is better), from the run's manifest (pruneflow bench).",
 }
+
+
+def write_files(paths: "tuple[Path | None, ...]", renders: "tuple[Callable[[], str], ...]") -> "list[Path]":
+    """Each render into its path where one is given (``--json``, ``--html``, ``--prometheus``), atomically; the paths
+    written, in that order. A render runs only for a path asked for."""
+    from ..artifacts import write_text_atomic
+
+    written = []
+    for path, render in zip(paths, renders):
+        if path is not None:
+            write_text_atomic(path, render())
+            written.append(path)
+    return written
 
 
 def strict(value: Any) -> Any:

@@ -554,14 +554,9 @@ def _window(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
 def write_load_outputs(result: LoadResult, *, json_file: Path | None = None, html: Path | None = None,
                        prometheus: Path | None = None) -> list[Path]:
     """Write the files asked for, each atomically; returns them in that order."""
-    from ..artifacts import write_text_atomic
+    from .exposition import write_files
     from .load_report import load_html, load_prometheus
 
     doc = result.as_json()
-    renders = (lambda: json.dumps(doc, indent=2, allow_nan=False) + "\n", lambda: load_html(doc), lambda: load_prometheus(doc))
-    written = []
-    for path, render in zip((json_file, html, prometheus), renders):
-        if path is not None:
-            write_text_atomic(path, render())
-            written.append(path)
-    return written
+    return write_files((json_file, html, prometheus), (lambda: json.dumps(doc, indent=2, allow_nan=False) + "\n",
+                                                       lambda: load_html(doc), lambda: load_prometheus(doc)))
