@@ -205,10 +205,11 @@ def test_the_avx2_cap_holds_and_shows_saturation_a_vnni_host_does_not_have(tmp_p
 @pytest.fixture(scope="module")
 @runs_a_recipe
 def avx2_run(tmp_path_factory):
-    """train → ptq → export onnx + openvino int8 with `deploy: {cpu: [avx2, avx512_vnni]}` (about 25 s)."""
+    """train → ptq → export onnx + openvino int8 with `deploy: {cpu: [avx2, avx512_vnni]}`, timed (about 30 s)."""
     recipe = tiny_recipe_dict(name="for-avx2", deploy={"cpu": ["avx2", "avx512_vnni"]})
     recipe["stages"] = [{"type": "train", "epochs": 6, "batch_size": 32, "lr": 0.05}, {"type": "ptq", "calibration_size": 64},
-                        {"type": "export", "targets": ["onnx", "openvino"], "precisions": ["fp32", "int8"], "latency": None}]
+                        {"type": "export", "targets": ["onnx", "openvino"], "precisions": ["fp32", "int8"],
+                         "latency": {"batch_sizes": [1, 8], "runs": 10}}]
     _, result = run_recipe_dict(recipe, tmp_path_factory.mktemp("for-avx2"))
     assert result.exit_code == 0, [g for g in result.gates if not g.passed]
     return result
@@ -242,3 +243,16 @@ def test_the_int8_ir_built_for_avx2_agrees_with_the_quantized_model_under_emulat
     assert any(n.startswith("emulated AVX2") and "jit_avx2" in n for n in ir.notes), ir.notes
     onnx_int8 = next(a for a in avx2_run.artifacts if a.label == "onnx.int8")
     assert any("MLAS" in n and "no instruction-set cap" in n for n in onnx_int8.notes)
+
+
+def test_the_irs_are_timed_again_under_avx2_emulation_for_the_choice(avx2_run):
+    """With an AVX2 CPU named on this richer host, both IRs carry latencies timed with oneDNN capped at AVX2, which the
+    delivery rule reads (export_choice: INT8 must win there too); the ONNX files carry none (no cap in onnxruntime)."""
+    if not deploy_hosts.needs_avx2_emulation(["avx2"]):
+        pytest.skip("this host is itself AVX2-only (or not x86): nothing to emulate")
+    by = {a.label: a for a in avx2_run.artifacts if a.target}
+    for label in ("openvino.fp32", "openvino.int8"):
+        assert all(by[label].metrics[f"latency_b{b}_median_ms_emulated_avx2"] > 0 for b in (1, 8)), label
+        assert any(n.startswith("timed under AVX2 emulation") for n in by[label].notes)
+    assert not any(k.endswith("_emulated_avx2") and "latency" in k for k in by["onnx.int8"].metrics)
+

@@ -40,7 +40,7 @@ from ..recipe.cpus import (ARM_FLAGS, BF16_FLAGS, IMPLIED, PORTABLE_FORM, VNNI_F
 
 __all__ = ["ARM_FLAGS", "AVX2_CAP", "BF16_FLAGS", "IMPLIED", "NOT_AVX2", "PORTABLE_FORM", "VNNI_FLAGS", "canonical",
            "computes_bf16", "cpu_flags", "emulate_avx2", "exact_int8", "form_conflict", "host_of", "int8_form_for",
-           "int8_hint_for", "known_names", "needs_avx2_emulation", "normalise", "served_on"]
+           "int8_hint_for", "known_names", "needs_avx2_emulation", "normalise", "served_on", "time_avx2"]
 
 #: The oneDNN cap that emulates an AVX2-only x86 server, and the names its kernels then carry.
 AVX2_CAP = "AVX2"
@@ -117,6 +117,62 @@ def emulate_avx2(ir: str | Path, x: Any, timeout: float = 300) -> tuple[Any, dic
     return out, kernels
 
 
+def time_avx2(irs: list[str | Path], feeds: dict[int, Any], runs: int = 20, timeout: float = 600) -> dict[str, dict[int, float]]:
+    """Median latency in ms per IR and batch size of the OpenVINO IRs ``irs`` in a subprocess capped at AVX2 (f32, one
+    thread, every IR once per repetition in turn, as the export stage times), on ``feeds`` (batch size -> a numpy
+    batch, or a dict of them). An IR that cannot run a batch (a static batch of another size) has no figure there.
+    RuntimeError with OpenVINO's message when the subprocess fails."""
+    import numpy as np
+
+    with tempfile.TemporaryDirectory(prefix="pruneflow-avx2-time-") as tmp:
+        for batch, x in feeds.items():
+            feed = x if isinstance(x, dict) else {"": x}
+            np.savez(Path(tmp) / f"x{batch}.npz", **{k or "__single__": np.asarray(v) for k, v in feed.items()})
+        (Path(tmp) / "spec.json").write_text(json.dumps({"irs": [str(i) for i in irs], "batches": sorted(feeds),
+                                                         "runs": runs}))
+        env = {**os.environ, "ONEDNN_MAX_CPU_ISA": AVX2_CAP}
+        done = subprocess.run([sys.executable, "-m", "pruneflow.export.deploy_hosts", "--time", tmp], env=env,
+                              capture_output=True, text=True, timeout=timeout)
+        if done.returncode != 0:
+            tail = (done.stderr or done.stdout).strip().splitlines()
+            raise RuntimeError(tail[-1] if tail else f"exit {done.returncode}")
+        found = json.loads((Path(tmp) / "times.json").read_text())
+    return {ir: {int(b): float(ms) for b, ms in per.items()} for ir, per in found.items()}
+
+
+def _emulated_times(folder: str) -> None:
+    """The subprocess of ``time_avx2``."""
+    import time
+
+    import numpy as np
+    import openvino as ov
+
+    spec = json.loads((Path(folder) / "spec.json").read_text())
+    core = ov.Core()
+    compiled = {ir: core.compile_model(ir, "CPU", {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": 1})
+                for ir in spec["irs"]}
+    requests = {ir: c.create_infer_request() for ir, c in compiled.items()}
+    times: dict[str, dict[int, float]] = {ir: {} for ir in spec["irs"]}
+    for batch in spec["batches"]:
+        data = np.load(Path(folder) / f"x{batch}.npz")
+        feed = {k: data[k] for k in data.files}
+        x = feed["__single__"] if "__single__" in feed else feed
+        ready = {ir: r for ir, r in requests.items() if not compiled[ir].inputs[0].get_partial_shape()[0].is_static
+                 or compiled[ir].inputs[0].get_partial_shape()[0].get_length() == batch}
+        for request in ready.values():
+            for _ in range(3):
+                request.infer(x)
+        laps: dict[str, list[float]] = {ir: [] for ir in ready}
+        for _ in range(int(spec["runs"])):
+            for ir, request in ready.items():
+                start = time.perf_counter()
+                request.infer(x)
+                laps[ir].append((time.perf_counter() - start) * 1000)
+        for ir, values in laps.items():
+            times[ir][batch] = float(np.median(values))
+    (Path(folder) / "times.json").write_text(json.dumps(times))
+
+
 def _emulated_run(ir: str, folder: str) -> None:
     """The subprocess of ``emulate_avx2`` (``ONEDNN_MAX_CPU_ISA`` already in its environment)."""
     import numpy as np
@@ -141,4 +197,7 @@ def _emulated_run(ir: str, folder: str) -> None:
 
 
 if __name__ == "__main__":
-    _emulated_run(sys.argv[1], sys.argv[2])
+    if sys.argv[1] == "--time":
+        _emulated_times(sys.argv[2])
+    else:
+        _emulated_run(sys.argv[1], sys.argv[2])

@@ -359,6 +359,8 @@ class ExportStage(Stage[ExportConfig]):
                 start = self._start_lanes(state, ctx, Path(tmp))
                 self._time(opened + start, state, ctx)
             result.tables["start_latency"] = _start_rows(start, cfg.latency.batch_sizes)
+            if emulate:
+                self._time_emulated_avx2([o.artifact for o in opened], state, ctx)
         result.gates += artifact_gates(cfg.gates, [a for a in result.artifacts if a.status == "built"],
                                        cfg.latency.batch_sizes if cfg.latency else [])
         if cfg.latency:
@@ -588,6 +590,27 @@ class ExportStage(Stage[ExportConfig]):
                 lanes.append(Opened(artifact, executors))
         return lanes
 
+    def _time_emulated_avx2(self, artifacts: list[Artifact], state, ctx) -> None:
+        """With an AVX2 CPU named on a richer host: every OpenVINO IR timed again with oneDNN capped at AVX2 (f32, one
+        thread, in turn; ``deploy_hosts.time_avx2``), as ``latency_b{bs}_median_ms_emulated_avx2``, so the delivery
+        choice (``export_choice``) asks INT8 to win there too. onnxruntime has no such cap: its files are not timed so."""
+        lat = self.config.latency
+        irs = [a for a in artifacts if a.status == "built" and a.path.endswith(".xml")]
+        if lat is None or len(irs) < 2:
+            return
+        ctx.reporter.info(f"{self.id}: timing {len(irs)} OpenVINO IRs again under AVX2 emulation (ONEDNN_MAX_CPU_ISA=AVX2)")
+        try:
+            found = deploy_hosts.time_avx2([ctx.run_dir / a.path for a in irs],
+                                           _emulated_feeds(state.data.eval.x, lat.batch_sizes), runs=lat.runs)
+        except Exception as exc:  # noqa: BLE001 - the emulation's own failure is reported, the choice made without it
+            ctx.reporter.warning(f"{self.id}: AVX2 emulation could not time the IRs ({exc}); the choice is this host's")
+            return
+        for a in irs:
+            for bs, ms in found.get(str(ctx.run_dir / a.path), {}).items():
+                a.metrics[f"latency_b{bs}_median_ms_emulated_avx2"] = ms
+            a.notes.append("timed under AVX2 emulation (OpenVINO, oneDNN capped at AVX2, f32 hint, one thread): "
+                           + ", ".join(f"batch {bs} {ms:.3g} ms" for bs, ms in sorted(found.get(str(ctx.run_dir / a.path), {}).items())))
+
     def _time(self, opened: list[Opened], state, ctx) -> None:
         lat = self.config.latency
         assert lat is not None
@@ -598,6 +621,13 @@ class ExportStage(Stage[ExportConfig]):
                  progress=lambda description, total: ctx.reporter.progress(f"{self.id}: {description}", total=total))
         for o in opened:
             o.artifact.metrics["latency_threads"] = lat.threads or 0
+
+
+def _emulated_feeds(x: Any, batch_sizes: list[int]) -> dict[int, Any]:
+    """Fresh numpy batches of the eval split, one per batch size, as the export stage times them."""
+    from ..runtime.timing import fresh_batch
+
+    return {bs: fresh_batch(x, bs) for bs in batch_sizes}
 
 
 def _start_rows(lanes: list[Opened], batch_sizes: list[int]) -> list[dict[str, Any]]:

@@ -97,8 +97,15 @@ def decide(built: list[Artifact], own_gates: dict[str, list[GateResult]], batch_
         return Decision(chosen, why, None, p50, scores, fit)
     base = p50[best_float.label]
     losing: list[str] = []
+    elsewhere: list[str] = []
     for a in quantized:
         short = [(b, base[b] / p50[a.label][b]) for b in batch_sizes if base[b] / p50[a.label][b] < 1 + margin]
+        emulated = _emulated_short(a, best_float, batch_sizes, margin)
+        if not short and emulated:  # faster here, but not on the AVX2 servers the recipe names
+            elsewhere.append(f"{a.label} " + ", ".join(f"{_vs(s)} at batch {b}" for b, s in emulated)
+                             + f" than {best_float.label} on the AVX2 CPUs named (deploy.cpu; emulated here: OpenVINO "
+                             "with oneDNN capped at AVX2, f32)")
+            continue
         if not short:
             gains = ", ".join(f"{base[b] / p50[a.label][b]:.2f}x at batch {b}" for b in batch_sizes)
             return Decision(a, f"{a.label}: faster than {best_float.label} by at least {margin:.0%} at every served batch "
@@ -109,6 +116,8 @@ def decide(built: list[Artifact], own_gates: dict[str, list[GateResult]], batch_
     if losing:
         why += (f"; {'; '.join(losing)} than {best_float.label} as deployed on this host (INT8 is delivered only where it "
                 f"is at least {margin:.0%} faster at every served batch)")
+    if elsewhere:
+        why += f"; {'; '.join(elsewhere)}: INT8 must be at least {margin:.0%} faster there too"
     if unfit:
         why += f"; {', '.join(unfit)} failed a gate or was not timed"
     return Decision(best_float, why, best_float, p50, scores, fit)
@@ -167,6 +176,22 @@ def _warn_if_int8_loses(target: str, built: list[Artifact], decision: Decision) 
         a.metrics["int8_loses"] = 1
         a.notes.append(f"INT8 loses on this host: {decision.why}; the recipe names its precisions, so every one is "
                        f"delivered: serve {decision.chosen.label} here, or leave `precisions` out to deliver it")
+
+
+#: The metrics suffix of latencies timed with OpenVINO capped at AVX2 (``deploy_hosts.time_avx2``), present when the
+#: recipe names an AVX2 CPU and this host has more: INT8 must then also win there to be delivered.
+EMULATED_AVX2 = "_emulated_avx2"
+
+
+def _emulated_short(a: Artifact, best_float: Artifact, batch_sizes: list[int], margin: float) -> list[tuple[int, float]]:
+    """The served batches where ``a``, timed under AVX2 emulation, is not ``margin`` faster than ``best_float`` timed the
+    same way; [] when either was not timed so (an ONNX artifact: onnxruntime has no such cap)."""
+    key = "latency_b{}_median_ms" + EMULATED_AVX2
+    mine = [a.metrics.get(key.format(b)) for b in batch_sizes]
+    theirs = [best_float.metrics.get(key.format(b)) for b in batch_sizes]
+    if not all(mine) or not all(theirs):
+        return []
+    return [(b, t / m) for b, m, t in zip(batch_sizes, mine, theirs) if t / m < 1 + margin]
 
 
 def _p50(artifact: Artifact, batch_sizes: list[int]) -> dict[int, float]:
