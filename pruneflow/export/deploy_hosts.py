@@ -127,7 +127,8 @@ def time_avx2(irs: list[str | Path], feeds: dict[int, Any], runs: int = 20, time
     with tempfile.TemporaryDirectory(prefix="pruneflow-avx2-time-") as tmp:
         for batch, x in feeds.items():
             feed = x if isinstance(x, dict) else {"": x}
-            np.savez(Path(tmp) / f"x{batch}.npz", **{k or "__single__": np.asarray(v) for k, v in feed.items()})
+            arrays: dict[str, Any] = {k or "__single__": np.asarray(v) for k, v in feed.items()}
+            np.savez(Path(tmp) / f"x{batch}.npz", **arrays)
         (Path(tmp) / "spec.json").write_text(json.dumps({"irs": [str(i) for i in irs], "batches": sorted(feeds),
                                                          "runs": runs}))
         env = {**os.environ, "ONEDNN_MAX_CPU_ISA": AVX2_CAP}

@@ -187,8 +187,8 @@ def _emulated_short(a: Artifact, best_float: Artifact, batch_sizes: list[int], m
     """The served batches where ``a``, timed under AVX2 emulation, is not ``margin`` faster than ``best_float`` timed the
     same way; [] when either was not timed so (an ONNX artifact: onnxruntime has no such cap)."""
     key = "latency_b{}_median_ms" + EMULATED_AVX2
-    mine = [a.metrics.get(key.format(b)) for b in batch_sizes]
-    theirs = [best_float.metrics.get(key.format(b)) for b in batch_sizes]
+    mine = [float(a.metrics.get(key.format(b)) or 0) for b in batch_sizes]
+    theirs = [float(best_float.metrics.get(key.format(b)) or 0) for b in batch_sizes]
     if not all(mine) or not all(theirs):
         return []
     return [(b, t / m) for b, m, t in zip(batch_sizes, mine, theirs) if t / m < 1 + margin]
