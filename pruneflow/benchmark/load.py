@@ -35,6 +35,7 @@ from ..runtime import BatchPolicy, RuntimeUnavailable, Server, host_info, open_a
 from ..runtime.base import Executor
 from .exposition import strict
 from .inputs import Feeds
+from .result import cost_per_million, lane_cores
 from .variants import Variant, collect_variants
 
 FORMAT = "pruneflow-bench-load/1"
@@ -133,6 +134,8 @@ class LoadLane:
     threads: int
     workers: int
     executors: list[Executor] = field(default_factory=list)
+    #: The artifact's deployment record (input names, dtypes, axes, outputs), read once when the lane opens.
+    record: dict[str, Any] = field(default_factory=dict)
     label: str = ""
     error: str | None = None
     points: list[LoadPoint] = field(default_factory=list)
@@ -162,15 +165,11 @@ class LoadResult:
     inputs: dict[str, str]
 
     def cores(self, lane: LoadLane) -> int:
-        return min(lane.threads * lane.workers, int(self.host["cpu"]["usable_cpus"] or 1))
+        return lane_cores(lane.threads * lane.workers, self.host)
 
     def cost_per_million(self, lane: LoadLane, qps: float) -> float | None:
         """What a million requests cost at ``qps`` on the cores this lane uses (its share of the machine's price)."""
-        price = self.settings.price_per_hour
-        if not price or not qps:
-            return None
-        share = self.cores(lane) / max(1, int(self.host["cpu"]["usable_cpus"] or 1))
-        return price * share / (qps * 3600) * 1e6
+        return cost_per_million(self.settings.price_per_hour, qps, self.cores(lane), self.host)
 
     def best_per_variant(self) -> list[dict[str, Any]]:
         """Per artifact: the lane that sustained the highest rate within the budget (or held every rate of the sweep
@@ -274,9 +273,12 @@ def _pool(variant: Variant, feeds: Feeds) -> list[Any]:
 
 
 def _open_lanes(variants: list[Variant], settings: LoadSettings) -> list[LoadLane]:
+    from ..deployment import read_ir, read_onnx
+
     lanes = []
     for variant in variants:
         assert variant.path is not None
+        record = read_ir(variant.path) if variant.path.suffix == ".xml" else read_onnx(variant.path)
         own = list(runtimes_for(variant.path))
         runtimes = [r for r in own if r in settings.runtimes] if settings.runtimes is not None else own[:1]
         if variant.onnxruntime_only and "openvino" in runtimes:
@@ -286,9 +288,9 @@ def _open_lanes(variants: list[Variant], settings: LoadSettings) -> list[LoadLan
                 None if h == "default" else h for h in settings.openvino_precisions]
             for hint in hints:
                 for threads in settings.threads:
-                    opened = _executors(variant, runtime, hint, threads, settings.workers)
+                    opened = _executors(variant, record, runtime, hint, threads, settings.workers)
                     for policy in settings.policies():
-                        lane = LoadLane(variant, runtime, hint, policy, threads, settings.workers)
+                        lane = LoadLane(variant, runtime, hint, policy, threads, settings.workers, record=record)
                         if isinstance(opened, str):
                             lane.error = opened
                         else:
@@ -297,14 +299,15 @@ def _open_lanes(variants: list[Variant], settings: LoadSettings) -> list[LoadLan
     return lanes
 
 
-def _executors(variant: Variant, runtime: str, hint: str | None, threads: int, workers: int) -> list[Executor] | str:
-    from ..deployment import openvino_hint, read_ir
+def _executors(variant: Variant, record: dict[str, Any], runtime: str, hint: str | None, threads: int,
+               workers: int) -> list[Executor] | str:
+    from ..deployment import openvino_hint
 
     path = variant.path
     assert path is not None
     try:
         if hint == "record":
-            hint = openvino_hint(read_ir(path)) if runtime == "openvino" and path.suffix == ".xml" else None
+            hint = openvino_hint(record) if runtime == "openvino" and path.suffix == ".xml" else None
         return [open_artifact(path, runtime=runtime, threads=threads, precision_hint=hint) for _ in range(workers)]
     except RuntimeUnavailable as exc:
         return f"unavailable: {exc.message}"
@@ -419,7 +422,7 @@ def _point(lane: LoadLane, rate: float, settings: LoadSettings, pool: list[Any],
     count = int(min(settings.max_requests, max(20, math.ceil(rate * settings.duration))))
     arrivals = np.cumsum(rng.exponential(1.0 / rate, size=count))
     live = metrics.for_lane(lane) if metrics is not None else None
-    server = Server(lane.executors, _record(lane), lane.policy, live)
+    server = Server(lane.executors, lane.record, lane.policy, live)
     # warm the lane's executors at its batch size: the first calls of a session allocate
     for ex in lane.executors:
         ex.run_outputs(_stack([pool[i % len(pool)] for i in range(lane.policy.max_batch)]))
@@ -475,21 +478,6 @@ def _on_done(done: np.ndarray, i: int) -> Callable[[Future], None]:
         if future.exception() is None:
             done[i] = getattr(future, "answered_at", None) or time.perf_counter()
     return record
-
-
-def _record(lane: LoadLane) -> dict[str, Any]:
-    """The deployment record of the lane's artifact (input names, dtypes, axes), as the server needs it."""
-    from ..deployment import read_ir, read_onnx
-
-    path = lane.variant.path
-    assert path is not None
-    key = (str(path), path.stat().st_mtime_ns)
-    if key not in _RECORDS:
-        _RECORDS[key] = read_ir(path) if path.suffix == ".xml" else read_onnx(path)
-    return _RECORDS[key]
-
-
-_RECORDS: dict[tuple[str, int], dict[str, Any]] = {}
 
 
 class _Live:

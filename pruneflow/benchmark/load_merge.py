@@ -15,6 +15,7 @@ from typing import Any
 from ..errors import UsageError
 from .hosts import Prices
 from .load import FORMAT
+from .result import cost_per_million, lane_cores
 
 MERGED_FORMAT = "pruneflow-bench-load-merged/1"
 HINT = "merge the files `pruneflow bench ... --load --json FILE` wrote, one per host"
@@ -44,19 +45,17 @@ def merge_load(paths: list[Path], prices: Prices | None = None, p99_budget_ms: f
         name = str(host.get("label") or host["cpu"]["model"])
         price, source = prices.for_host(host) if prices is not None else (doc["settings"].get("price_per_hour"),
                                                                         doc["settings"].get("price_source"))
-        usable = max(1, int(host["cpu"].get("usable_cpus") or 1))
         hosts.append({"name": name, "file": str(path), "cpu": host["cpu"], "price_per_hour": price, "price_source": source})
         for lane in doc["lanes"]:
             held = [p for p in lane["points"] if _holds(p, budget)]
             if not held:
                 continue
             point = max(held, key=lambda p: (p["offered_qps"], -p["p99_ms"]))
-            cores = min(usable, int(lane["threads"]) * int(lane.get("workers") or 1))
+            cores = lane_cores(int(lane["threads"]) * int(lane.get("workers") or 1), host)
             rows.append({"host": name, "artifact": _artifact(lane["variant"]), "variant": lane["variant"],
                          "runtime": lane["runtime_label"], "policy": lane["policy"], "threads": lane["threads"],
                          "qps": point["offered_qps"], "p99_ms": point["p99_ms"], "mean_batch": point["mean_batch"],
-                         "cost_per_million": price * cores / usable / (point["achieved_qps"] * 3600) * 1e6
-                         if price and point["achieved_qps"] else None})
+                         "cost_per_million": cost_per_million(price, point["achieved_qps"], cores, host)})
     best: dict[tuple[str, str], dict[str, Any]] = {}
     for row in rows:
         key = (row["host"], row["artifact"])
