@@ -126,6 +126,13 @@ def node_names(model: nn.Module, example: Inputs) -> set[str]:
     return {node.node_name for node in graph.get_all_nodes()}
 
 
+def is_ranker(model: nn.Module) -> bool:
+    """Embedding tables, no attention and no convolution: a ranker (DeepFM, DLRM, MMoE) or a recurrent sequence model,
+    whose tables are read one id (or one bag) a field."""
+    tables = any(isinstance(m, (nn.Embedding, nn.EmbeddingBag)) for m in model.modules())
+    return tables and not has_attention(model) and not any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())
+
+
 def has_attention(model: nn.Module) -> bool:
     """Whether ``model`` holds attention modules: torch's (``nn.MultiheadAttention``, transformer layers),
     pruneflow's ``HeadAttention`` or a library's (a class whose name ends in ``Attention`` and that holds Linear

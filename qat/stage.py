@@ -19,7 +19,7 @@ from pruneflow.handle import ModelHandle
 from pruneflow.stage import Stage, StageConfig, StageResult, StrictModel
 from pruneflow.train import FinetuneSettings, fit
 
-from .nncf_quant import SequentialRoot, quantize, quantizer_parameters, smoothed_inputs
+from .nncf_quant import SequentialRoot, is_ranker, quantize, quantizer_parameters, smoothed_inputs
 from .precision import fp16_rounding
 from .sensitivity import Sensitivity, sensitivity_control
 from .settings import NncfSettings
@@ -147,7 +147,7 @@ def _int8(stage: Stage, state, ctx, calibration: Callable) -> ModelHandle:
     (``snap_embedding_tables``), so the quantized model measured here is the one the artifacts compute."""
     cfg = stage.config
     base = copy.deepcopy(state.model).eval()  # NNCF adds its hooks in place
-    snapped = snap_embedding_tables(state.model, bits=cfg.table_bits)
+    snapped = snap_embedding_tables(state.model, bits=cfg.table_bits, fields=is_ranker(state.model))
     if snapped:
         ctx.reporter.info(f"{stage.id}: embedding table(s) {', '.join(snapped)} put on the int{cfg.table_bits} grid the "
                           "export stores them in (weight-only, per-row scales) and frozen")

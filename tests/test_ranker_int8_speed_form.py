@@ -122,10 +122,10 @@ def test_a_bag_table_read_without_a_mask_keeps_its_padding_row():
 
 def _quantized(model: nn.Module, x: dict[str, torch.Tensor]) -> nn.Module:
     from calibrate.calibset import CalibrationSet
-    from qat.nncf_quant import quantize, strip_quantizers
+    from qat.nncf_quant import is_ranker, quantize, strip_quantizers
     from qat.settings import NncfSettings
 
-    snap_embedding_tables(model)  # what the qat and ptq stages do first
+    snap_embedding_tables(model, fields=is_ranker(model))  # what the qat and ptq stages do first
     return strip_quantizers(quantize(copy.deepcopy(model), CalibrationSet(x=x), NncfSettings(batch_size=16)), x)
 
 
@@ -152,13 +152,19 @@ def test_a_dlrm_runs_its_interaction_on_unrounded_int8_table_rows_and_keeps_its_
     # NNCF's quantizers on the stacked vectors fed only the float interaction: gone, one pair a vector
     assert report.float_concat_quantizers_dropped == 5  # 2 tables, 2 bags, the bottom MLP
     producer = {o: n for n in proto.graph.node for o in n.output}
-    stack = next(n for n in proto.graph.node if n.op_type == "Concat" and len(n.input) == 4)  # tables and bags
-    rows = [producer[producer[i].input[0]] for i in stack.input]  # Unsqueeze(rows) each
-    assert all(r.op_type != "DequantizeLinear" or is_row_dequantize(r, producer) for r in rows)  # a table read at most
-    # the tables are int8, one-id reads through one DequantizeLinear, and the bags read their padding rows as zeros
-    assert {500, 300, 30} <= {t.dims[0] for t in proto.graph.initializer if t.data_type == onnx.TensorProto.INT8}
+    # the tables' one-id reads and the bags' sums each one stacked read (stacked.py): the Concat takes two [B, 2, 16]
+    stack = next(n for n in proto.graph.node if n.op_type == "Concat" and "_stacked" in n.input[0])
+    assert [producer[i].op_type for i in stack.input] == ["Mul", "ReduceSum"]
+    assert sum("stacked into one read" in n for n in report.notes) == 2
+    # the tables are int8 (the 7-row field too: its width is the id tables'), stored once each in the stacked tables,
+    # and the bags read their padding rows as zeros (scale 0 in the stacked scales)
+    tables = [t for t in proto.graph.initializer if t.data_type == onnx.TensorProto.INT8 and t.dims[-1] == 16 and t.dims[0] > 64]
+    assert sorted(t.dims[0] for t in tables) == [300 + 30, 7 + 500] and all("_stacked" in t.name for t in tables)
     assert sum("padding row 0 read as zeros" in n for n in report.notes) == 2
-    assert sum(n.op_type == "DequantizeLinear" and n.name.endswith("_Dequantize") for n in proto.graph.node) == 1  # 500 rows
+    bag_scale = next(onnx.numpy_helper.to_array(t) for t in proto.graph.initializer
+                     if t.name.endswith("_scale") and t.dims[0] == 330)
+    assert bag_scale[0] == 0 and bag_scale[300] == 0 and np.all(np.delete(bag_scale, [0, 300]) > 0)
+    assert not any(n.name.endswith("_Dequantize") for n in proto.graph.node)  # no per-field read left
     # the MLPs keep their int8 GEMMs: onnxruntime runs them as QGemm
     options = ort.SessionOptions()
     options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
@@ -176,7 +182,7 @@ def test_a_dlrm_runs_its_interaction_on_unrounded_int8_table_rows_and_keeps_its_
 
 def test_an_mmoe_keeps_nncf_placement_where_its_concat_feeds_int8_experts(tmp_path):
     """The MMoE's concatenated rows are quantized once, after the Concat, for its int8 experts and gates: nothing is
-    dropped there, and its one-id reads dequantize through one DequantizeLinear each."""
+    dropped there, and its one-id reads are one stacked read of its three tables."""
     pytest.importorskip("nncf")
     from pruneflow.export.onnx import export_int8_onnx
 
@@ -188,8 +194,13 @@ def test_an_mmoe_keeps_nncf_placement_where_its_concat_feeds_int8_experts(tmp_pa
     report = export_int8_onnx(stripped, x, tmp_path / "model.int8.onnx", form="cpu", output_name=["click", "finish"])
     assert report.float_concat_quantizers_dropped == 0
     proto = onnx.load(str(tmp_path / "model.int8.onnx"))
-    assert sum(n.name.endswith("_Dequantize") for n in proto.graph.node) == 2  # the 300- and 200-row tables
-    assert "Cast" not in {n.op_type for n in proto.graph.node}  # no Cast + Mul read
+    # the 300-, 200- and 5-row tables (the 5-row field joins them: a ranker's tables of one width are stored alike) read
+    # by one stacked read (stacked.py) whose [B, 3, 16] rows are flattened into the Concat with the dense features
+    assert not any(n.name.endswith("_Dequantize") for n in proto.graph.node)
+    assert sum("3 one-id table reads (input columns [0, 1, 2]) stacked" in n for n in report.notes) == 1
+    producer = {o: n for n in proto.graph.node for o in n.output}
+    concat = next(n for n in proto.graph.node if n.op_type == "Concat" and any("_stacked" in i for i in n.input))
+    assert concat.input[-1] == "dense" and producer[concat.input[0]].op_type == "Reshape"  # the fields' rows, then the dense
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(tmp_path / "model.int8.onnx"), providers=["CPUExecutionProvider"])

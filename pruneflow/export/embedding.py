@@ -74,7 +74,8 @@ def quantize_rows(table: np.ndarray, bits: int = 8) -> tuple[np.ndarray, np.ndar
 LEVELS = {8: 127, 4: 7}
 
 
-def snap_embedding_tables(model, *, min_bytes: int = MIN_SNAP_BYTES, min_share: float = MIN_SHARE, bits: int = 8) -> list[str]:
+def snap_embedding_tables(model, *, min_bytes: int = MIN_SNAP_BYTES, min_share: float = MIN_SHARE, bits: int = 8,
+                          fields: bool = False) -> list[str]:
     """Put each ``nn.Embedding``/``nn.EmbeddingBag`` table the INT8 export is to store in int8 onto that grid, in
     place (``quantize_rows`` and back), and freeze it; returns the tables' names.
 
@@ -88,8 +89,11 @@ def snap_embedding_tables(model, *, min_bytes: int = MIN_SNAP_BYTES, min_share: 
 
     Selected: float32 tables of 2 columns or more (a width-1 table's scale would cost as much as its value)
     holding at least ``min_bytes`` or ``min_share`` of the INT8 model's bytes (weights of two or more
-    dimensions counted at one byte, other tables and vectors at four); a table also used elsewhere (a tied
-    output projection) is left alone, as the export leaves it.
+    dimensions counted at one byte, other tables and vectors at four); with ``fields`` (a ranker: one table a field,
+    the qat and ptq stages say so) also any smaller table of the same width as one of those (a field with a handful of
+    values beside the id tables: stored int8 too, its reads are stacked with theirs into one, ``stacked.py``, where in
+    float it would split the run). A table also used elsewhere (a tied output projection) is left alone, as the
+    export leaves it.
     """
     import torch
     from torch import nn
@@ -100,12 +104,14 @@ def snap_embedding_tables(model, *, min_bytes: int = MIN_SNAP_BYTES, min_share: 
     embeddings = [(n, m) for n, m in model.named_modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag))]
     tables = {id(m.weight) for _, m in embeddings}
     total = sum(p.numel() * (4 if p.dim() < 2 or id(p) in tables else 1) for p in model.parameters())
+    storable = [(n, m) for n, m in embeddings
+                if m.weight.dtype == torch.float32 and uses[id(m.weight)] == 1 and m.weight.shape[1] >= 2]
+    big = {n for n, m in storable if m.weight.numel() * 4 >= min_bytes or m.weight.numel() * 4 / max(total, 1) >= min_share}
+    widths = {m.weight.shape[1] for n, m in storable if n in big} if fields else set()
     snapped = []
-    for name, module in embeddings:
+    for name, module in storable:
         weight = module.weight
-        size = weight.numel() * 4
-        if (weight.dtype != torch.float32 or uses[id(weight)] > 1 or weight.shape[1] < 2
-                or (size < min_bytes and size / max(total, 1) < min_share)):
+        if name not in big and weight.shape[1] not in widths:
             continue
         q, scale = quantize_rows(weight.detach().cpu().numpy(), bits)
         with torch.no_grad():

@@ -467,6 +467,8 @@ def write_int8_onnx(raw, path: Path, *, form: "Form", encoding: str = "u8s8", me
     convention and write it atomically to ``path``."""
     from .embedding import quantize_embeddings
     from .qdq import check_convention, convert, float_ops
+    from .stacked import notes as stacked_notes
+    from .stacked import stack_field_reads
 
     onnx = require("onnx", "pip install onnx", "INT8 ONNX export")
     model_proto = type(raw)()
@@ -481,6 +483,7 @@ def write_int8_onnx(raw, path: Path, *, form: "Form", encoding: str = "u8s8", me
         model_proto = _fused_int8(model_proto, encoding, report)
     elif form == "cpu":  # embedding tables the quantization stage snapped, in int8 (weight-only, per-row scales): export/embedding.py
         report.notes += quantize_embeddings(model_proto, on_grid=True).notes()
+        report.notes += stacked_notes(stack_field_reads(model_proto))  # one read for a ranker's per-field tables
     if metadata is not None:
         stamp_onnx(model_proto, metadata, "int8")
     problems = [] if fused else check_convention(model_proto, form)
