@@ -153,8 +153,9 @@ def test_reads_into_a_flat_concat_stack_and_flatten_back_to_the_same_columns(tmp
     proto, want = _quantized_onnx(model, x, tmp_path, "m")
     onnx.save(proto, str(tmp_path / "per_field.onnx"))
     stacked = stack_field_reads(proto)
-    assert [(s["kind"], s["fields"]) for s in stacked] == [("one", [0, 1, 2, 3])]  # a lone bag is no run
-    assert "Reshape" in {n.op_type for n in proto.graph.node}
+    # the lone bag too: its sum runs over the outer axis of its transposed ids
+    assert [(s["kind"], s["fields"]) for s in stacked] == [("one", [0, 1, 2, 3]), ("bag", [0])]
+    assert [n.op_type for n in proto.graph.node].count("Reshape") == 2 and "Transpose" in {n.op_type for n in proto.graph.node}
     onnx.save(proto, str(tmp_path / "stacked.onnx"))
     feed = {k: v.numpy() for k, v in x.items()}
     got_ort, got_ov = _run(tmp_path / "stacked.onnx", feed)
