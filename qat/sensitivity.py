@@ -58,8 +58,10 @@ class Sensitivity(StrictModel):
         "until it holds; when `max_fallback` is spent first, the gate `<stage>.sensitivity` fails (exit 1). Unset: only "
         "the sensitivity table.",
     )
-    metric: str | None = Field(default=None, min_length=1,
-                               description="Metric of the task that `max_drop` bounds (default: the task's headline).")
+    metric: str | list[str] | None = Field(
+        default=None, description="Metric(s) of the task that `max_drop` bounds, each in its own direction (default: the "
+        "task's headline; for a multi-head task every head's, e.g. `[click.auc, finish.auc]`: layers fall back until each "
+        "holds).")
     max_fallback: int = Field(default=10, ge=0, description="Most layers (quantizer groups) that may fall back to float.")
     samples: int = Field(
         default=128, ge=1,
@@ -318,22 +320,42 @@ def sensitivity(model: nn.Module, float_model: nn.Module, calib: "CalibrationSet
     return rows
 
 
-def fall_back(model: nn.Module, ranked: list[tuple[dict, QuantGroup]], measure: Callable[[], float], *, baseline: float,
-              start: float, max_drop: float, max_fallback: int, metric: "Metric") -> tuple[list[dict], float]:
-    """Keep the most sensitive groups float, one at a time (their quantizers deleted), until ``measure()`` is
-    worse than ``baseline`` by at most ``max_drop`` in ``metric``'s direction, or ``max_fallback`` groups fell
-    back. ``start``: the metric before any fallback. Returns one row per fallback (layer, metric after, its
-    drop, the weight bytes it costs against int8) and the final metric."""
+def fall_back(model: nn.Module, ranked: list[tuple[dict, QuantGroup]], measure: Callable[[], dict[str, float]], *,
+              baseline: dict[str, float], start: dict[str, float], max_drop: float, max_fallback: int,
+              metrics: dict[str, "Metric"]) -> tuple[list[dict], dict[str, float]]:
+    """Keep the most sensitive groups float, one at a time (their quantizers deleted), until ``measure()`` is worse than
+    ``baseline`` by at most ``max_drop`` in every metric of ``metrics`` (each in its own direction: a multi-head
+    model's heads), or ``max_fallback`` groups fell back. ``start``: the metrics before any fallback. Returns one row per
+    fallback (layer, the first metric after it and, with several, each one's, the worst drop, the weight bytes it costs
+    against int8) and the final metrics."""
+    def worst(value: dict[str, float]) -> float:
+        return max(m.worsening(baseline[n], value[n]) for n, m in metrics.items())
+
     rows: list[dict] = []
     value = start
+    first = next(iter(metrics))
     for row, group in ranked:
-        if metric.worsening(baseline, value) <= max_drop or len(rows) >= max_fallback:
+        if worst(value) <= max_drop or len(rows) >= max_fallback:
             break
         remove_group(model, group)
         value = measure()
+        each = {f"{n}_after": value[n] for n in metrics} if len(metrics) > 1 else {}
         rows.append({"step": len(rows) + 1, "layer": row["layer"], "modules": ", ".join(group.modules),
-                     "metric_after": value, "drop_after": metric.worsening(baseline, value), "size_cost_bytes": 3 * group.weights})
+                     "metric_after": value[first], **each, "drop_after": worst(value), "size_cost_bytes": 3 * group.weights})
     return rows, value
+
+
+def _fallback_metrics(spec: "Sensitivity", loc: tuple, task, fp32: dict) -> dict[str, "Metric"]:
+    """The metrics ``max_drop`` bounds: ``metric`` (one name or several), else the task's headline (every head's, for a
+    multi-head task: a fallback that saves one head while the other drops is no fallback)."""
+    from pruneflow.errors import ConfigError
+
+    names = [spec.metric] if isinstance(spec.metric, str) else list(spec.metric or task.headline_names)
+    for name in names:
+        if name not in fp32 or name == "samples":
+            raise ConfigError((*loc, "metric"), f"the task computes no metric {name!r}", value=name,
+                              hint=f"use one of: {', '.join(sorted(k for k in fp32 if k != 'samples'))}")
+    return {name: task.metric(name) for name in names}
 
 
 def sensitivity_control(spec: Sensitivity, stage_id: str, loc: tuple, model: nn.Module, float_model: nn.Module,
@@ -343,19 +365,15 @@ def sensitivity_control(spec: Sensitivity, stage_id: str, loc: tuple, model: nn.
     and the recipe's gates read). Returns (metrics, tables, gates); ``metrics[metric]`` is the metric
     after the fallback. ``fp32``/``int8``: the stage's evaluations of the float and the INT8 model on the
     eval split (``int8`` None: measured here)."""
-    from pruneflow.errors import ConfigError
     from pruneflow.evaluate import evaluate_model
     from pruneflow.gates import GateResult
 
-    name = spec.metric or state.task.headline_name
-    if name not in fp32 or name == "samples":
-        raise ConfigError((*loc, "metric"), f"the task computes no metric {name!r}", value=name,
-                          hint=f"use one of: {', '.join(sorted(k for k in fp32 if k != 'samples'))}")
-    metric = state.task.metric(name)
+    bounded = _fallback_metrics(spec, loc, state.task, fp32)
 
-    def measure() -> float:
-        return float(evaluate_model(model, state.data.eval, state.task, ctx.recipe.data.eval_batch_size, ctx.device,
-                                    ctx.reporter, f"{stage_id} int8 fallback")[name])
+    def measure() -> dict[str, float]:
+        got = evaluate_model(model, state.data.eval, state.task, ctx.recipe.data.eval_batch_size, ctx.device,
+                             ctx.reporter, f"{stage_id} int8 fallback")
+        return {n: float(got[n]) for n in bounded}
 
     groups = quantizer_groups(model, to(take(calib.x, slice(0, 1)), ctx.device))
     ranked = sensitivity(model, float_model, calib, state.task, groups, samples=spec.samples,
@@ -365,19 +383,22 @@ def sensitivity_control(spec: Sensitivity, stage_id: str, loc: tuple, model: nn.
                      "most_sensitive": ranked[0][0]["layer"] if ranked else ""}
     if spec.max_drop is None:
         return metrics, tables, []
-    base = float(fp32[name])
-    start = float(int8[name]) if int8 and name in int8 else measure()
+    base = {n: float(fp32[n]) for n in bounded}
+    start = {n: float(int8[n]) for n in bounded} if int8 and all(n in int8 for n in bounded) else measure()
     rows, value = fall_back(model, ranked, measure, baseline=base, start=start, max_drop=spec.max_drop,
-                            max_fallback=spec.max_fallback, metric=metric)
+                            max_fallback=spec.max_fallback, metrics=bounded)
     tables["quantization fallback"] = rows
-    worse = metric.worsening(base, value)
-    held = worse <= spec.max_drop
-    metrics.update({f"{name}_before_fallback": start, name: value, f"{name}_drop": worse,
-                    "fallback_layers": len(rows), "fallback_size_cost_bytes": sum(r["size_cost_bytes"] for r in rows)})
+    worse = {n: m.worsening(base[n], value[n]) for n, m in bounded.items()}
+    held = max(worse.values()) <= spec.max_drop
+    for n in bounded:
+        metrics.update({f"{n}_before_fallback": start[n], n: value[n], f"{n}_drop": worse[n]})
+    metrics.update({"fallback_layers": len(rows), "fallback_size_cost_bytes": sum(r["size_cost_bytes"] for r in rows)})
     kept = ", ".join(r["layer"] for r in rows) or "none"
-    message = (f"int8 {name} {value:.4g} vs fp32 {base:.4g}: worse by {worse:.4g} ({metric.direction}) "
-               f"{'<=' if held else '>'} max_drop {spec.max_drop:g} on the eval split; kept float: {kept}")
+    figures = "; ".join(f"int8 {n} {value[n]:.4g} vs fp32 {base[n]:.4g}: worse by {worse[n]:.4g} ({m.direction})"
+                        for n, m in bounded.items())
+    message = (f"{figures}; {'each' if len(bounded) > 1 else 'it'} {'<=' if held else 'not all <='} max_drop "
+               f"{spec.max_drop:g} on the eval split; kept float: {kept}")
     if not held:
         message += (f" (max_fallback {spec.max_fallback} spent)" if len(rows) >= spec.max_fallback
                     else " (every quantized layer ranked)")
-    return metrics, tables, [GateResult(f"{stage_id}.sensitivity", held, message, worse)]
+    return metrics, tables, [GateResult(f"{stage_id}.sensitivity", held, message, max(worse.values()))]

@@ -240,3 +240,24 @@ def test_bert_groups_name_real_modules():
     assert {g.modules[0]: g.weights for g in groups if g.modules}["model.bert.encoder.layer.1.output.dense"] == 128 * 64
     hooks = [h for g in groups for h in g.hooks]
     assert len(hooks) == len(set(hooks))  # every quantizer in exactly one group
+
+
+def test_a_multi_head_fallback_goes_on_until_every_head_holds(monkeypatch):
+    """Two heads bounded together (a multi-task ranker's `click.auc` and `finish.auc`): the first fallback saves click
+    and leaves finish 0.004 down, so a second layer falls back; each row records both heads and the worst drop."""
+    import qat.sensitivity as sensitivity_module
+    from pruneflow.tasks.base import Metric
+    from qat.sensitivity import QuantGroup, fall_back
+
+    removed: list[str] = []
+    monkeypatch.setattr(sensitivity_module, "remove_group", lambda model, group: removed.append(group.name))
+    ranked = [({"layer": name}, QuantGroup(ops=[name], modules=[name], weights=10)) for name in ("a", "b", "c")]
+    after = iter([{"click.auc": 0.700, "finish.auc": 0.746}, {"click.auc": 0.700, "finish.auc": 0.749}])
+    auc = Metric("auc", higher_is_better=True)
+    rows, value = fall_back(None, ranked, lambda: next(after), baseline={"click.auc": 0.701, "finish.auc": 0.750},
+                            start={"click.auc": 0.690, "finish.auc": 0.745}, max_drop=0.002, max_fallback=5,
+                            metrics={"click.auc": auc, "finish.auc": auc})
+    assert removed == ["a", "b"] and value == {"click.auc": 0.700, "finish.auc": 0.749}
+    assert rows[0]["click.auc_after"] == 0.700 and rows[0]["finish.auc_after"] == 0.746
+    assert rows[0]["drop_after"] == pytest.approx(0.004) and rows[1]["drop_after"] == pytest.approx(0.001)
+    assert rows[1]["metric_after"] == 0.700  # the first metric named, as with one head
