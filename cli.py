@@ -833,6 +833,7 @@ def bench(
     runs: Annotated[Optional[int], typer.Option("--runs", help="Timed repetitions per batch size [default: until 200 runs back each p99, or 20 s per batch size, at least 50]; a p99 from fewer than 200 runs is marked low-confidence (~).", show_default=False)] = None,
     duration: Annotated[Optional[float], typer.Option("--duration", help="Seconds of timing per batch size (a window: every artifact in turn until it has passed), instead of --runs.", show_default=False)] = None,
     threads: Annotated[str, typer.Option("--threads", help="Runtime threads, as the export stage times with; 0: the runtime's own choice. Under --load, a comma-separated list (each a lane).")] = "1",
+    metric: Annotated[Optional[str], typer.Option("--metric", help="The figure each row shows, as its run measured it (default: the run's headline; e.g. finish.auc, a multi-head run's second head).", show_default=False)] = None,
     baseline: Annotated[Optional[str], typer.Option("--baseline", help="Variant the ratios are against: RUN/LABEL (e.g. quickstart/onnx.fp32), a label, or a file name [default: the first fp32 artifact].", show_default=False)] = None,
     openvino_precision: Annotated[Optional[str], typer.Option("--openvino-precision", help="OpenVINO inference precision hints to time, comma-separated: default (bf16 on AVX-512 BF16/AMX CPUs), f32, bf16, f16 [default: default,f32; under --load: as each IR's deployment record says].", show_default=False)] = None,
     json_out: Annotated[Optional[str], typer.Option("--json", metavar="[FILE]", help="Every figure as JSON: alone on stdout (instead of the table), or into FILE (--json out.json, --json=FILE).", show_default=False)] = None,
@@ -873,7 +874,7 @@ def bench(
                                  runs=runs, duration=duration, threads=_one_threads(threads), baseline=baseline,
                                  openvino_precisions=_names(openvino_precision or "default,f32") or [], benchmark_app=benchmark_app,
                                  p99_budget_ms=p99_budget_ms, price_per_hour=price, price_source=price_source,
-                                 host_label=host_label)
+                                 host_label=host_label, metric=metric)
         result = run_bench(list(sources), settings, RichReporter(_err_console(), quiet=to_stdout))
         written = write_outputs(result, json_file=json_file, html=html, prometheus=prometheus)
         if to_stdout:

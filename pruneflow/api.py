@@ -46,9 +46,9 @@ def validate(recipe: str | Path, overrides: Iterable[str] = (), *, allow_paths: 
 def bench(sources: Sequence[str | Path], *, batches: Sequence[int] = (1, 32), runs: int | None = None,
           warmup: int | None = None, threads: int | None = 1, runtimes: Sequence[str] | None = None,
           baseline: str | None = None, p99_budget_ms: float | None = None, price_per_hour: float | str | Path | None = None,
-          host_label: str | None = None, reporter: "Reporter | None" = None) -> "BenchResult":
+          host_label: str | None = None, metric: str | None = None, reporter: "Reporter | None" = None) -> "BenchResult":
     """Time run folders and artifact files side by side (`pruneflow bench`), with its defaults; ``price_per_hour`` is a
-    price or a price table file, as ``--price-per-hour``."""
+    price or a price table file, as ``--price-per-hour``; ``metric`` the figure shown, as ``--metric``."""
     from .benchmark import BenchSettings, price_for_this_host, run_bench
     from .runtime.timing import DEFAULT_RUNS, DEFAULT_WARMUP
 
@@ -56,5 +56,5 @@ def bench(sources: Sequence[str | Path], *, batches: Sequence[int] = (1, 32), ru
     settings = BenchSettings(runtimes=list(runtimes) if runtimes else None, batches=list(batches),
                              runs=DEFAULT_RUNS if runs is None else runs, warmup=DEFAULT_WARMUP if warmup is None else warmup,
                              threads=threads, baseline=baseline, p99_budget_ms=p99_budget_ms, price_per_hour=price,
-                             price_source=source, host_label=host_label)
+                             price_source=source, host_label=host_label, metric=metric)
     return run_bench([Path(s) for s in sources], settings, reporter)

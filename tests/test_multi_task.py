@@ -165,3 +165,22 @@ def test_every_artifact_keeps_both_heads_as_named_outputs(mmoe_run):
     assert [o.get_any_name() for o in ir.outputs] == ["click", "finish"]
     report = (run / "report.md").read_text()
     assert "finish.auc" in report and "click.auc" in report
+
+
+def test_bench_shows_the_head_it_is_asked_for(mmoe_run):
+    """`bench --metric finish.auc` carries the second head's figure as each artifact's run measured it in each runtime;
+    a figure the run does not measure is a usage error naming the ones it does."""
+    from pruneflow.benchmark import collect_variants
+    from pruneflow.errors import UsageError
+
+    run, _ = mmoe_run
+    flat = json.loads((run / "metrics.json").read_text())["flat"]
+    by_label = {v.label: v for v in collect_variants([run], "finish.auc")}
+    int8 = by_label["onnx.int8"]
+    assert int8.metric == "finish.auc" and int8.metric_value == flat["onnx.int8.finish.auc"]
+    assert int8.measured_in["onnxruntime"] == flat["onnx.int8.finish.auc"]
+    assert by_label["onnx.int8"].metric_direction == "higher"
+    assert {v.metric for v in collect_variants([run])} == {"click.auc"}  # the headline by default
+    with pytest.raises(UsageError) as info:
+        collect_variants([run], "finish.ndcg")
+    assert "finish.auc" in str(info.value.hint) and "click.auc" in str(info.value.hint)

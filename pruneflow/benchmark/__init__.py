@@ -42,7 +42,7 @@ def run_bench(sources: list[Path], settings: BenchSettings, reporter: Reporter |
     runtime asked for could load any artifact."""
     reporter = reporter or Reporter()
     settings.check()
-    variants = collect_variants(sources)
+    variants = collect_variants(sources, settings.metric)
     baseline = pick_baseline(variants, settings.baseline)
     lanes = open_lanes(variants, settings)
     _check_something_loads(lanes, settings)

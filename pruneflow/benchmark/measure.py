@@ -61,6 +61,8 @@ class BenchSettings:
     #: A name for this machine (``--host-label``, e.g. an instance type): recorded as ``host.label``, matched by a
     #: price table and naming the host when several hosts' results are merged.
     host_label: str | None = None
+    #: The figure each row shows (``--metric``: a multi-head run's other head, ``finish.auc``); None: the run's headline.
+    metric: str | None = None
 
     def check(self) -> None:
         """Bad values are usage errors (exit 2) naming the option."""

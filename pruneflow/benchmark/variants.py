@@ -84,27 +84,33 @@ class Variant:
                 "notes": self.notes, "shortfall": self.shortfall}
 
 
-def collect_variants(sources: list[Path]) -> list[Variant]:
-    """The variants of every argument, in order; a wrong argument is an InputError (exit 2) naming it."""
+def collect_variants(sources: list[Path], metric: str | None = None) -> list[Variant]:
+    """The variants of every argument, in order; a wrong argument is an InputError (exit 2) naming it. ``metric``: the
+    figure each variant carries (``bench --metric``, e.g. ``finish.auc``, a multi-head run's second head), default its
+    run's headline."""
     if not sources:
         raise UsageError("bench needs at least one run folder or artifact file",
                          hint="e.g. pruneflow bench runs/quickstart, or pruneflow bench model.onnx")
     variants: list[Variant] = []
     for source in sources:
-        variants += _from_run(source) if source.is_dir() else [_from_file(source)]
+        variants += _from_run(source, metric) if source.is_dir() else [_from_file(source)]
     _unique_names(variants)
     return variants
 
 
-def _from_run(run_dir: Path) -> list[Variant]:
+def _from_run(run_dir: Path, metric: str | None = None) -> list[Variant]:
     manifest_file = run_dir / "manifest.json"
     if not manifest_file.is_file():
         raise InputError(f"{run_dir}: a folder without manifest.json is not a pruneflow run",
                          hint="pass a run directory written by `pruneflow optimize` (OUT/NAME), or an .onnx/.xml file")
     manifest = read_record(manifest_file)
     run_name = str(manifest.get("recipe") or run_dir.name)
-    found = [_from_entry(run_dir, run_name, entry, _task(manifest)) for entry in manifest_entries(manifest)
-             if entry.get("target") and entry.get("kind") != "checkpoint"]
+    task = _task(manifest)
+    if metric is not None and metric not in (task.get("metrics") or {}):
+        raise UsageError(f"--metric {metric}: run {run_dir} measures no such figure",
+                         hint="one of: " + (", ".join(sorted(task.get("metrics") or {})) or "(none recorded)"))
+    found = [_from_entry(run_dir, run_name, entry, {**task, "headline": metric or task.get("headline")})
+             for entry in manifest_entries(manifest) if entry.get("target") and entry.get("kind") != "checkpoint"]
     if not found:
         raise InputError(f"{run_dir}: the run's manifest lists no exported artifact",
                          hint="add an `export` stage to the recipe and run it again")
