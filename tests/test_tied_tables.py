@@ -177,17 +177,32 @@ def test_int8_forms_read_one_int8_table_for_the_lookup_and_the_scores(tmp_path, 
     assert np.abs(from_ir - got).max() < 0.02 * scale and stored == ["i8"]  # before: i8 + f32 (a tensorrt-form IR)
 
 
-@pytest.mark.parametrize("form", ["cpu", "tensorrt"])
-def test_a_float_tie_in_an_int8_file_is_shared_in_float(tmp_path, quantized, form):
-    """The functional tie: NNCF quantizes the activation of ``h @ items.weight.T`` but not the transposed table, so the
-    scores stay a float MatMul; the table (snapped, on its int8 grid) is stored once, float, for both."""
+@pytest.mark.parametrize("form,encoding", [("cpu", "s8s8"), ("cpu", "u8s8"), ("tensorrt", "u8s8")])
+def test_a_tie_written_in_forward_is_one_int8_table_for_the_lookup_and_the_scores(tmp_path, quantized, form, encoding):
+    """The functional tie: NNCF quantizes the activation of ``h @ items.weight.T`` but not the transposed table; the
+    export gives the table (snapped, on its int8 grid) the per-row weight quantizer a Linear has (``quantize_float_ties``),
+    so the scores are an int8 MatMul and the lookup reads the same int8 table: stored once, int8 (it had been float, the
+    file as large as FP32)."""
     (raw, want), ids = quantized[0]["functional"], quantized[1]
-    path = tmp_path / f"{form}.onnx"
-    write_int8_onnx(raw, path, form=form)
+    path = tmp_path / f"{form}-{encoding}.onnx"
+    report = write_int8_onnx(raw, path, form=form, encoding=encoding)
     proto = onnx.load(str(path))
-    assert _tables(proto) == [(TensorProto.FLOAT, [V, H])]  # before (cpu): an int8 table and a float transposed copy
+    assert _tables(proto) == [(TensorProto.INT8, [V, H])]
+    assert path.stat().st_size < 1.5 * V * H  # one int8 copy and a scale a row (float: 4 V H)
+    tied = [n for n in report.notes if n.startswith("tied table")]
+    assert len(tied) == 1 and ("re-gridded" in tied[0]) == (encoding == "u8s8" and form == "cpu")
     got = _ort(path, ids)
-    assert np.abs(got - want).max() < 0.05 * np.abs(want).max() and _top_k_overlap(got, want) >= 0.9
+    if "re-gridded" in tied[0]:  # the u8s8 fit re-grids the rows the output reads (and so the lookup): close, not equal
+        assert np.abs(got - want).max() < 0.1 * np.abs(want).max() and _top_k_overlap(got, want) >= 0.9
+    else:  # the same values torch multiplied: the table was on that grid
+        assert np.abs(got - want).max() < 1e-3 * np.abs(want).max() and _top_k_overlap(got, want) >= 0.99
+    if form == "cpu":  # onnxruntime runs the scores as an integer MatMul
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+        ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        assert "MatMulIntegerToFloat" in {n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node}
 
 
 def _graph(nodes, inits, out_shape) -> onnx.ModelProto:
@@ -288,3 +303,38 @@ def test_every_artifact_of_a_run_holds_the_table_once(tied_run):
         assert r.metrics[f"{label}.topk_overlap"] >= 0.9, label
     notes = json.dumps([a.notes for a in r.artifacts if a.label in ("onnx.int8", "onnx.int8_tensorrt")])
     assert notes.count("tied table") == 2
+
+
+def test_a_tie_is_quantized_only_on_its_grid_and_under_a_quantized_activation():
+    """``quantize_float_ties`` needs the table on its per-row int8 grid (what the stage measured) and the projection's
+    activation quantized; otherwise the float graph is left exactly as it was."""
+    from pruneflow.export.embedding import quantize_rows
+    from pruneflow.export.tied import quantize_float_ties
+
+    rng = np.random.default_rng(0)
+    q, scale = quantize_rows(rng.standard_normal((50, 8)).astype(np.float32))
+    snapped = (q.astype(np.float32) * scale[:, None]).astype(np.float32)
+
+    def model(table: np.ndarray, quantized: bool) -> onnx.ModelProto:
+        s, z = np.array(0.05, np.float32), np.array(0, np.int8)
+        nodes = [helper.make_node("Gather", ["table", "ids"], ["rows"], axis=0)]
+        h = "h"
+        if quantized:
+            nodes += [helper.make_node("QuantizeLinear", ["h", "s", "z"], ["hq"]),
+                      helper.make_node("DequantizeLinear", ["hq", "s", "z"], ["hd"])]
+            h = "hd"
+        nodes.append(helper.make_node("MatMul", [h, "table_t"], ["scores"]))
+        return _graph(nodes, {"table": table, "table_t": np.ascontiguousarray(table.T), "s": s, "z": z}, ["n", 50])
+
+    for table, quantized in ((rng.standard_normal((50, 8)).astype(np.float32), True), (snapped, False)):
+        proto = model(table, quantized)
+        before = proto.SerializeToString()
+        assert quantize_float_ties(proto) == [] and proto.SerializeToString() == before
+    proto = model(snapped, True)
+    assert quantize_float_ties(proto) == ["table"]
+    ops = [n.op_type for n in proto.graph.node]
+    assert ops[:3] == ["QuantizeLinear", "DequantizeLinear", "Transpose"] and "table_t" not in {t.name for t in proto.graph.initializer}
+    feeds = {"ids": np.array([1, 7]), "h": rng.standard_normal((2, 8)).astype(np.float32)}
+    rows, scores = _run(proto, feeds)
+    hd = np.clip(np.round(feeds["h"] / 0.05), -128, 127) * 0.05
+    assert np.array_equal(rows, snapped[[1, 7]]) and np.allclose(scores, hd @ snapped.T, atol=1e-5)

@@ -24,7 +24,7 @@ from .attention_mask import soften_mask_fill
 from .bags import export_error_in, swap_bags
 from .forms import record_choice
 from .fused_int8 import AUTO_FUSED, FUSED_ENCODINGS
-from .tied import share_tied_tables
+from .tied import quantize_float_ties, share_tied_tables
 
 if TYPE_CHECKING:
     from .forms import Choice
@@ -474,6 +474,8 @@ def write_int8_onnx(raw, path: Path, *, form: "Form", encoding: str = "u8s8", me
     model_proto = type(raw)()
     model_proto.CopyFrom(raw)
     fused = encoding in FUSED_ENCODINGS
+    if not fused:  # a tie written in forward (`h @ items.weight.T`) gets the int8 weight quantizer a Linear has (tied.py)
+        quantize_float_ties(model_proto)
     report = convert(model_proto, form, "s8s8" if fused else encoding)
     model_proto = fold_constants(model_proto)
     soften_mask_fill(model_proto)  # finfo.min attention-mask fill -> -60: onnxruntime's exp is 6x slower on it

@@ -33,8 +33,10 @@ sequences, against the quantized torch model): top-10 overlap 0.9836 with two co
 and OpenVINO alike; the file 2.83 -> 1.47 MB, the IR 2.78 -> 1.42 MB. The u8s8_vnni and s8s8 encodings and the
 TensorRT form share exactly (the same outputs as with two copies). onnxruntime, checking the TensorRT form, now
 dequantizes the whole table at each call for the lookup (20000 x 64, one thread: 0.59 -> 0.87 ms at batch 1, 4.03 ->
-4.18 ms at batch 64; that form's onnxruntime latency says nothing of TensorRT's). A tie NNCF leaves float (``h @
-items.weight.T``: it quantizes the activation, not the transposed table) is shared in float.
+4.18 ms at batch 64; that form's onnxruntime latency says nothing of TensorRT's). A tie written in forward (``h @
+items.weight.T``: NNCF quantizes the activation, not the transposed table) first gets the weight quantizer a Linear
+has (``quantize_float_ties``), then is shared as above; a table off its int8 grid or read by a float op stays float,
+shared in float.
 
     report = share_tied_tables(model_proto)            # float ONNX, in place
     report = share_tied_tables(model_proto, "cpu")     # INT8 ONNX of a form, in place
@@ -262,3 +264,88 @@ def _share_quantized(view: _View, table: str, form: str, report: TiedReport) -> 
     saved = value.nbytes if form == "tensorrt" else value.size + 4 * value.shape[0]
     report.tables.append({"name": table, "shape": list(value.shape), "reader": reader, "bytes_saved": saved,
                           "grid": "int8 re-gridded" if change else "int8", "max_abs_change": change})
+
+
+def quantize_float_ties(model) -> list[str]:
+    """Give a tie written in forward (``h @ items.weight.T``, ``F.linear(h, items.weight)``) the per-row int8 weight
+    quantizer NNCF gives a Linear, in the raw Q/DQ ONNX ``model`` (a ModelProto, changed in place) before ``qdq.convert``;
+    returns the tables so quantized.
+
+    NNCF quantizes such a projection's activation but not the table (it is no module's weight), so the scores stayed a
+    float MatMul and the table float for the lookup too: the INT8 file was as large as the FP32 one. Where the table is on
+    its per-row int8 grid (``embedding.snap_embedding_tables``: what the quantization stage measured), a reader of its
+    values in transposed layout (a folded copy ``W == table.T`` read as a MatMul's weight, a ``Transpose`` of the table,
+    or a ``Gemm`` with ``transB``) whose other input is quantized now reads
+    ``Transpose(DequantizeLinear(QuantizeLinear(table, row scales, axis=0)))`` (a Gemm without the Transpose): exactly
+    the values torch multiplied, since the table lies on that grid. ``convert`` then folds the weight to int8 as any
+    other (and, in the u8s8 encoding, re-grids its rows where x86 kernels without VNNI could saturate), and
+    ``share_tied_tables(form)`` makes the lookup read that one int8 table."""
+    from onnx import helper
+
+    from .embedding import grid_bits, quantize_rows
+
+    view, done = _View(model.graph), []
+    for table in view.tables():
+        value = view.array(table)
+        if value is None or value.dtype != np.float32 or grid_bits(value) != 8:
+            continue
+        readers = _transposed_readers(view, table, value)
+        if not readers:
+            continue
+        _, scale = quantize_rows(value)
+        names = {k: view.fresh_name(f"{table}_tie_{k}") for k in ("scale", "zero_point", "q", "dq", "t")}
+        model.graph.initializer.extend([view.nh.from_array(scale, names["scale"]),
+                                        view.nh.from_array(np.zeros(len(scale), np.int8), names["zero_point"])])
+        nodes = [helper.make_node("QuantizeLinear", [table, names["scale"], names["zero_point"]], [names["q"]],
+                                  name=names["q"], axis=0),
+                 helper.make_node("DequantizeLinear", [names["q"], names["scale"], names["zero_point"]], [names["dq"]],
+                                  name=names["dq"], axis=0),
+                 helper.make_node("Transpose", [names["dq"]], [names["t"]], name=names["t"], perm=[1, 0])]
+        replaced = [node.input[k] for node, k, _ in readers]  # the copies and Transposes nothing reads after this
+        for node, k, layout in readers:
+            node.input[k] = names["dq"] if layout == "rows" else names["t"]
+        for offset, node in enumerate(nodes):
+            model.graph.node.insert(offset, node)
+        _drop_dead_transposes(model.graph, table)
+        view.refresh()
+        view.drop_unread(replaced)
+        done.append(table)
+    return done
+
+
+def _transposed_readers(view: _View, table: str, value: np.ndarray) -> list[tuple[Any, int, str]]:
+    """``(node, input index, layout)`` of each quantized MatMul/Gemm reading ``table``'s values as its weight: ``copy`` (an
+    initializer equal to ``table.T``), ``transpose`` (through ``Transpose(table)``) or ``rows`` (a Gemm with ``transB``
+    reading the table itself); empty unless every reader of the table other than its Gathers is one of these."""
+    def quantized_input(node) -> bool:
+        source = view.producer.get(node.input[0])
+        return source is not None and source.op_type == "DequantizeLinear"
+
+    found: list[tuple[Any, int, str]] = []
+    for name, init in view.inits.items():
+        if list(init.dims) == [value.shape[1], value.shape[0]] and name != table:
+            uses = view.readers.get(name, [])
+            copy = view.array(name)
+            if uses and copy is not None and copy.dtype == value.dtype and np.array_equal(copy, value.T):
+                if not all(n.op_type == "MatMul" and k == 1 and quantized_input(n) for n, k in uses):
+                    return []
+                found += [(n, k, "copy") for n, k in uses]
+    for node, k in view.readers.get(table, []):
+        if node.op_type == "Gather" and k == 0:
+            continue
+        if node.op_type == "Gemm" and k == 1 and _attr(node, "transB", 0) == 1 and quantized_input(node):
+            found.append((node, k, "rows"))
+        elif node.op_type == "Transpose" and list(_attr(node, "perm", [1, 0])) == [1, 0]:
+            uses = view.readers.get(node.output[0], [])
+            if not uses or not all(n.op_type == "MatMul" and j == 1 and quantized_input(n) for n, j in uses):
+                return []
+            found += [(n, j, "transpose") for n, j in uses]
+        else:
+            return []
+    return found
+
+
+def _drop_dead_transposes(graph, table: str) -> None:
+    read = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+    for node in [n for n in graph.node if n.op_type == "Transpose" and n.input[0] == table and n.output[0] not in read]:
+        graph.node.remove(node)
