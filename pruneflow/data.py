@@ -516,7 +516,7 @@ def load_tokenizer(path: str):
             # exports lack it although `transformers.BertTokenizerFast` resolves at run time.
             tok = transformers.BertTokenizerFast(vocab=str(p), do_lower_case=True)  # type: ignore[attr-defined]
         else:
-            tok = transformers.AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+            tok = transformers.AutoTokenizer.from_pretrained(str(p), local_files_only=True, trust_remote_code=False)
     except Exception as exc:  # noqa: BLE001 - transformers raises many types for unreadable folders
         raise InputError(f"data.tokenizer: could not load a tokenizer from {p}: {type(exc).__name__}: {exc}") from exc
     if len(tok) < 10:

@@ -20,6 +20,7 @@ from .context import Reporter
 from .errors import ConfigError, InputError, MissingDependencyError
 from .inputs import Inputs, take, trim
 from .recipe import LoadedRecipe
+from .recipe.code import CodeTrust
 from .recipe.models import RecipeBase
 from .recipe.rules import stage_ids
 from .stage import Stage
@@ -84,32 +85,35 @@ def path_hint(loaded: LoadedRecipe, loc: tuple) -> str:
 
 def factory_problems(loaded: LoadedRecipe) -> tuple[list[str], list[ConfigError]]:
     """``model.factory`` and each stage's ``teacher.factory`` name a zoo model or a callable whose file exists,
-    parses and defines it; nothing is imported, so none of the user's code runs (``models.check_factory_statically``).
-    Returns (notes for what only the run can confirm, located problems), which ``preflight`` lists with the rest."""
+    parses and defines it, and which the recipe may run (``recipe/code.py``); nothing is imported, so none of the
+    user's code runs (``models.check_factory_statically``). Returns (notes for what only the run can confirm,
+    located problems), which ``preflight`` lists with the rest."""
     specs: list[tuple[tuple, str]] = [(("model", "factory"), loaded.recipe.model.factory)]
     teachers = [(i, getattr(getattr(stage, "teacher", None), "factory", None)) for i, stage in enumerate(loaded.recipe.stages)]
     specs += [(("stages", i, "teacher", "factory"), factory) for i, factory in teachers if isinstance(factory, str)]
     notes, problems = [], []
     for loc, factory in specs:
         try:
-            notes += [note for note in [_check_one_factory(loc, factory)] if note]
+            notes += [note for note in [_check_one_factory(loc, factory, loaded.trust)] if note]
         except ConfigError as exc:
             problems.append(exc)
     return notes, problems
 
 
-def _check_one_factory(loc: tuple, factory: str) -> str | None:
+def _check_one_factory(loc: tuple, factory: str, trust: CodeTrust | None) -> str | None:
     import difflib
 
+    from .errors import key_path
     from .models import check_factory_statically
     from .zoo import ZOO
 
+    field = key_path(loc)
     try:
-        return check_factory_statically(factory)
+        return check_factory_statically(factory, trust, field)
     except InputError as exc:
         close = difflib.get_close_matches(factory, list(ZOO), n=1) if ":" not in factory else []
         hint = f"did you mean {close[0]!r}? " if close else ""
-        message = exc.message.removeprefix(f"model.factory {factory!r}").lstrip(": ")
+        message = exc.message.removeprefix(f"{field} {factory!r}").lstrip(": ")
         raise ConfigError(loc, message, value=factory, hint=hint + (exc.hint or "")) from exc
 
 

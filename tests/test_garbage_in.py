@@ -79,7 +79,7 @@ def inf_in_csv_inputs(tmp: Path) -> Case:
     rows = ["f0,f1,f2,f3,label"] + [f"{i % 5}.5,1.0,{'inf' if i == 7 else '2.0'},0.5,{i % 3}" for i in range(30)]
     write(tmp / "data.csv", "\n".join(rows) + "\n")
     recipe = write(tmp / "r.yaml", tiny(model={"factory": "torch.nn:Linear", "kwargs": {"in_features": 4, "out_features": 3}},
-                                        data={"format": "csv", "path": "data.csv"}))
+                                        trust={"code": ["torch.nn:Linear"]}, data={"format": "csv", "path": "data.csv"}))
     return Case(recipe, ["data.csv", "column 'f2'", "1 of 30 samples", "NaN or infinite", "rows 7", "Fix:"])
 
 
@@ -168,7 +168,7 @@ def zoo_shape_not_the_datas(tmp: Path) -> Case:
 
 def model_fails_on_the_data(tmp: Path) -> Case:
     recipe = write(tmp / "r.yaml", tiny(model={"factory": "torch.nn:Linear", "kwargs": {"in_features": 10, "out_features": 10},
-                                               "input_shape": [1, 8, 8]}))
+                                               "input_shape": [1, 8, 8]}, trust={"code": ["torch.nn:Linear"]}))
     return Case(recipe, ["torch.nn:Linear", "fails on a batch of the data, shape (8, 1, 8, 8)", "Fix:", "model.kwargs"])
 
 

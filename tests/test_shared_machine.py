@@ -108,9 +108,11 @@ def test_validate_and_dry_run_read_a_factory_file_without_running_it(tmp_path):
     (outside / "evil.py").write_text(FACTORY_WITH_SIDE_EFFECT.format(marker=str(marker)))
     recipe = tiny_recipe_dict(model={"factory": "../elsewhere/evil.py:build", "kwargs": {"num_classes": 10}})
     (recipes / "r.yaml").write_text(json.dumps(recipe))
-    for command in (("validate", recipes / "r.yaml"), ("optimize", recipes / "r.yaml", "--dry-run")):
+    trusted = ("--trust-code", outside / "evil.py:build")  # outside the recipe's folder: runs only when trusted (issue 41)
+    for command in (("validate", recipes / "r.yaml", *trusted), ("optimize", recipes / "r.yaml", "--dry-run", *trusted)):
         result = invoke(*command)
         assert result.exit_code == 0, result.output
+        assert f"this recipe runs code: {outside / 'evil.py'}:build" in " ".join(result.output.split())
     assert not marker.exists()
 
 
