@@ -109,6 +109,81 @@ def refuse_special(path: Path) -> None:
 
 
 
+def _foreign(st: os.stat_result, path: Path) -> str | None:
+    """Why the object ``st`` describes is not one a run may write through or into; None when it may."""
+    if stat.S_ISLNK(st.st_mode):
+        return f"a symbolic link (to {os.readlink(path)})"
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+        device = stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
+        return ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if device
+                else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
+    if st.st_uid != os.geteuid():
+        return f"owned by another user (uid {st.st_uid})"
+    if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+        return f"a hard link ({st.st_nlink} names for one file: writing it would change the others)"
+    return None
+
+
+def _planted(path: Path, why: str, what: str = "--resume") -> InputError:
+    return InputError(f"{what}: {path} is {why}, inside the run folder. A run writes only its own files there, never "
+                      "through a link or into an object someone else made, so it stops before writing anything",
+                      hint=f"remove {path} (it may have been planted: look at it first), or run without --resume: "
+                      "the run folder is then replaced")
+
+
+def check_run_tree(run_dir: Path) -> None:
+    """Before a run reuses a folder an earlier one left (``--resume``): every object under it, links not followed, must
+    be a regular file or a folder of this user's, and a file must have one name. A link, FIFO, device or socket,
+    another user's object, or a hard link anywhere under it is exit 2, named (issue 41: a ``logs/pruneflow.log``
+    linked to a victim file had the run's log appended to it; a linked ``stages/01-train`` received ``model.pt``)."""
+    folders = [run_dir]
+    while folders:
+        folder = folders.pop()
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                path = Path(entry.path)
+                st = entry.stat(follow_symlinks=False)
+                why = _foreign(st, path)
+                if why:
+                    raise _planted(path, why)
+                if stat.S_ISDIR(st.st_mode):
+                    folders.append(path)
+
+
+def run_subdir(run_dir: Path, *parts: str) -> Path:
+    """``run_dir/parts...``, each level made if missing and checked to be this user's real folder (not a link), so
+    no write below it lands outside the run folder even when something was planted while the run went on."""
+    path = run_dir
+    for part in Path(*parts).parts:
+        path = path / part
+        try:
+            path.mkdir()
+        except FileExistsError:
+            pass
+        st = os.lstat(path)
+        problem = _foreign(st, path) or (None if stat.S_ISDIR(st.st_mode) else "a file where a folder belongs")
+        if problem:
+            raise _planted(path, problem, "writing the run")
+    return path
+
+
+def open_run_log(path: Path) -> int:
+    """A file descriptor appending to the run's log at ``path``: created if missing, never through a link, into a
+    FIFO, another user's file or a hard link (the log is the one file a run appends to rather than replaces)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     0o666 & ~_umask())
+    except OSError as exc:
+        why = f"a symbolic link (to {os.readlink(path)})" if path.is_symlink() else f"not writable ({exc.strerror or exc})"
+        raise _planted(path, why, "writing the run's log") from None
+    found = _foreign(os.fstat(fd), path)
+    if found:
+        os.close(fd)
+        raise _planted(path, found, "writing the run's log")
+    os.set_blocking(fd, True)
+    return fd
+
+
 #: A full disk, or a full quota: what a run reports as "disk full" (exit 4), whichever stage wrote.
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 

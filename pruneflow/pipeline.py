@@ -11,14 +11,15 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from .artifacts import (Artifact, Manifest, disk_full_cause, run_dir_lock, sha256_file, tool_versions, write_json_atomic,
-                        write_text_atomic)
+from .artifacts import (Artifact, Manifest, check_run_tree, disk_full_cause, open_run_log, run_dir_lock, run_subdir,
+                        sha256_file, tool_versions, write_json_atomic, write_text_atomic)
 from .checkpoint import PickledCheckpointError, load_checkpoint, save_checkpoint
 from .context import Reporter, RunContext, RunState
 from .errors import EXIT_GATE_FAILED, EXIT_OK, InputError, PruneflowError, StageError
@@ -48,6 +49,8 @@ def prepare_run_dir(out: Path, name: str, resume: bool) -> Path:
                 f"{run_dir} exists and is not a pruneflow run directory; refusing to write into it",
                 hint="choose another --out, or empty that folder",
             )
+    elif run_dir.exists():
+        check_run_tree(run_dir)  # --resume reuses what is there: nothing in it may steer a write out of it
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
 
@@ -437,7 +440,7 @@ def _forget_earlier(stage_dir: Path, run_dir: Path) -> None:
     if isinstance(files, list):
         remove_files(run_dir, [f for f in files if isinstance(f, str) and not f.endswith("stage.json")])
     record.unlink(missing_ok=True)
-    stage_dir.mkdir(parents=True, exist_ok=True)
+    run_subdir(run_dir, stage_dir.relative_to(run_dir).as_posix())
 
 
 def _resume(stage: Stage, key: str, state: RunState, ctx: RunContext, manifest: Manifest) -> StageRecord | None:
@@ -488,9 +491,15 @@ def _resume(stage: Stage, key: str, state: RunState, ctx: RunContext, manifest: 
     return record
 
 
+class _RunLog(logging.FileHandler):
+    """logs/pruneflow.log, opened by ``open_run_log``: appended to, never through a link or into a planted file."""
+
+    def _open(self):  # logging's own hook: the stream is a text file, as its default
+        return os.fdopen(open_run_log(Path(self.baseFilename)), "a", encoding=self.encoding)
+
+
 def _attach_log(run_dir: Path) -> logging.Handler:
-    (run_dir / "logs").mkdir(exist_ok=True)
-    handler = logging.FileHandler(run_dir / "logs" / "pruneflow.log", encoding="utf-8")
+    handler = _RunLog(run_subdir(run_dir, "logs") / "pruneflow.log", encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logger = logging.getLogger("pruneflow")
     if logger.level == logging.NOTSET or logger.level > logging.INFO:
