@@ -210,7 +210,7 @@ def _load_source(fmt: str, path: str, field_name: str):
             if not files:
                 raise InputError(f"{field_name}: no *.{fmt} files in folder {p}", hint=f"point at a .{fmt} file or a folder holding some")
             try:
-                ds = datasets.load_dataset(fmt, data_files=files, split="train")
+                ds = datasets.load_dataset(fmt, data_files=files, split="train", cache_dir=_arrow_cache())
             except Exception:
                 # datasets fails with unrelated messages on files that hold no rows (header-only csv, 0-row parquet)
                 if _holds_no_rows(fmt, files):
@@ -221,7 +221,7 @@ def _load_source(fmt: str, path: str, field_name: str):
                 import PIL  # noqa: F401
             except ImportError as exc:
                 raise MissingDependencyError("imagefolder data needs Pillow", hint="pip install pillow") from exc
-            ds = datasets.load_dataset("imagefolder", data_dir=str(p), split="train")
+            ds = datasets.load_dataset("imagefolder", data_dir=str(p), split="train", cache_dir=_arrow_cache())
         elif fmt == "disk":
             ds = datasets.load_from_disk(str(p))
             if isinstance(ds, datasets.DatasetDict):
@@ -245,6 +245,14 @@ def _load_source(fmt: str, path: str, field_name: str):
     if len(ds) == 0:
         raise InputError(f"{field_name}: {p} holds no rows (empty dataset)", hint="point at a file with samples in it")
     return ds, class_names
+
+
+def _arrow_cache() -> str:
+    """Where ``datasets`` keeps the Arrow copies of data files: the user cache's private ``datasets`` folder (0700, this
+    user's, no link on the way: ``cache.private_dir``), not a shared one another user could fill."""
+    from .cache import private_dir
+
+    return str(private_dir("datasets"))
 
 
 def _holds_no_rows(fmt: str, files: list[str]) -> bool:

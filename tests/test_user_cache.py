@@ -138,3 +138,15 @@ def test_nncf_kernels_folder_with_a_planted_link_is_refused(cache, monkeypatch, 
     with pytest.raises(InputError, match="NNCF's compiled kernels"):
         nncf_setup.configure(notify=lambda message: None)
     assert stat.S_IMODE(os.lstat(cache / "torch_extensions").st_mode) == 0o700
+
+
+def test_data_files_are_converted_into_the_private_datasets_cache(cache, tmp_path):
+    """CSV/JSON/Parquet go through `datasets` into an Arrow cache: pruneflow's own private folder, not a shared one."""
+    from pruneflow.data import load_data
+    from pruneflow.recipe.models import DataSpec
+
+    rows = ["f0,f1,label"] + [f"{i % 7}.0,{i % 3}.5,{i % 2}" for i in range(40)]
+    (tmp_path / "rows.csv").write_text("\n".join(rows) + "\n")
+    load_data(DataSpec(format="csv", path=str(tmp_path / "rows.csv"), input_column=["f0", "f1"]), seed=0)
+    assert any((cache / "datasets").rglob("*.arrow"))
+    assert stat.S_IMODE(os.lstat(cache / "datasets").st_mode) == 0o700
