@@ -278,17 +278,17 @@ def _check_npz_fits(path: Path) -> None:
     or on purpose) is refused (exit 2) instead of killing the run."""
     import zipfile
 
-    from .config import available_memory
+    from .config import memory_left
 
     try:
         with zipfile.ZipFile(path) as archive:
             inflated = sum(info.file_size for info in archive.infolist())
     except (OSError, zipfile.BadZipFile):
         return  # not a zip (a plain .npy, a corrupt file): np.load names the problem
-    free = available_memory()
+    free, where = memory_left()
     if free is not None and inflated > free // 2:
-        raise InputError(f"{path} holds {inflated / 1e9:,.2f} GB of arrays once read, and this machine has "
-                         f"{free / 1e9:,.2f} GB available: an .npz is read whole into memory",
+        raise InputError(f"{path} holds {inflated / 1e9:,.2f} GB of arrays once read, and there are "
+                         f"{free / 1e9:,.2f} GB {where.removeprefix('available ')}: an .npz is read whole into memory",
                          hint="split it, or convert it to parquet (read in pieces): data.format: parquet")
 
 

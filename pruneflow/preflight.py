@@ -229,3 +229,60 @@ def _writable(folder: Path) -> bool:
             return True
     except OSError:
         return False
+
+
+#: One batch's input may take at most this share of the memory left: training keeps the activations and gradients,
+#: evaluation the activations and outputs, each several times the input's size. A batch past it cannot run here; one
+#: under it may still be too large for the model (``doctor`` tries one batch).
+BATCH_INPUT_SHARE = 0.25
+#: A batch advised is this share of the largest allowed, so that it still fits on the next run.
+BATCH_ADVICE_MARGIN = 0.8
+
+
+def batch_memory_problems(recipe: Any, sample_bytes: int, memory: tuple[int | None, str] | None = None) -> list[ConfigError]:
+    """Each batch size of the recipe (``data.eval_batch_size``, a stage's ``batch_size``, ``importance_batch_size``,
+    ``batch_sizes``) whose input alone (``sample_bytes`` a sample) would take more than ``BATCH_INPUT_SHARE`` of the
+    memory this process may still use, its container's limit included (``config.memory_left``), as a located problem
+    naming the batch that fits. Cheap (nothing is allocated) and a lower bound: it refuses only what cannot fit."""
+    from .config import memory_left
+
+    free, where = memory or memory_left()
+    if free is None or sample_bytes <= 0:
+        return []
+    allowed = BATCH_INPUT_SHARE * free
+    problems = []
+    for loc, batch in _batch_sizes(recipe, ()):
+        if batch * sample_bytes > allowed:
+            fits = max(1, int(BATCH_ADVICE_MARGIN * allowed // sample_bytes))
+            problems.append(ConfigError(
+                loc, f"a batch of {batch:,} takes {batch * sample_bytes / 1e9:,.2f} GB of input alone ({sample_bytes:,} "
+                f"bytes a sample), and there are {free / 1e9:,.2f} GB {where.removeprefix('available ')}; a batch's input "
+                f"may take at most {BATCH_INPUT_SHARE:.0%} of that (activations, gradients and outputs need several "
+                "times more)", value=batch, hint=f"use {loc[-1]}: {fits} or less"))
+    return problems
+
+
+def _batch_sizes(obj: Any, loc: tuple) -> list[tuple[tuple, int]]:
+    """Every batch size a validated recipe sets, with its key path (a list of sizes: each entry)."""
+    from pydantic import BaseModel
+
+    found: list[tuple[tuple, int]] = []
+    if isinstance(obj, BaseModel):
+        for name in type(obj).model_fields:
+            value = getattr(obj, name)
+            if name.endswith("batch_size") and isinstance(value, int) and not isinstance(value, bool):
+                found.append(((*loc, name), value))
+            elif name == "batch_sizes" and isinstance(value, list):
+                found += [((*loc, name, i), v) for i, v in enumerate(value) if isinstance(v, int)]
+            else:
+                found += _batch_sizes(value, (*loc, name))
+    elif isinstance(obj, list):
+        for i, item in enumerate(obj):
+            found += _batch_sizes(item, (*loc, i))
+    return found
+
+
+def sample_bytes(batch: Inputs) -> int:
+    """Bytes one sample of ``batch`` takes (every input of a dict)."""
+    tensors = [batch] if isinstance(batch, torch.Tensor) else list(batch.values())
+    return sum(int(t[:1].element_size() * t[:1].nelement()) for t in tensors)

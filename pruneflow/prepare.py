@@ -56,6 +56,7 @@ def preflight(loaded: LoadedRecipe, stages: list[Stage], out: str | Path | None 
         value = getattr(getattr(recipe, section), name)
         if value and not (Path(value).is_file() if name == "checkpoint" else Path(value).exists()):
             problems.append(ConfigError((section, name), f"file not found: {value}", hint=path_hint(loaded, (section, name))))
+    problems += _static_batch_problems(recipe)
     notes = list(factory_notes)
     for stage in stages:  # each stage's own files (a calibration source, a request log) and toolchains
         try:
@@ -72,6 +73,21 @@ def preflight(loaded: LoadedRecipe, stages: list[Stage], out: str | Path | None 
     if problems:  # every missing file at once, each at its line
         raise loaded.error(problems)
     return notes
+
+
+def _static_batch_problems(recipe: RecipeBase) -> list[ConfigError]:
+    """Batch sizes whose input cannot fit in memory, where one sample's shape is known without the data (``model.
+    input_shape``, a zoo model's): float32 inputs of that shape (``preflight.batch_memory_problems``)."""
+    import math
+
+    from .models import input_shape_for
+    from .preflight import batch_memory_problems
+
+    try:
+        shape = input_shape_for(recipe.model, None)
+    except InputError:
+        return []  # known from the data: checked when it is loaded (load_inputs)
+    return batch_memory_problems(recipe, 4 * math.prod(shape))
 
 
 def path_hint(loaded: LoadedRecipe, loc: tuple) -> str:
@@ -133,7 +149,7 @@ def load_inputs(loaded: LoadedRecipe, stages: list[Stage], reporter: Reporter, p
     many rows of each split, and the splits keep only those."""
     from .data import load_data
     from .models import build_model_with_new_parameters, input_shape_for, with_data_kwargs
-    from .preflight import PREFLIGHT_BATCH, check_model_on_batch, check_shape_matches_data
+    from .preflight import PREFLIGHT_BATCH, batch_memory_problems, check_model_on_batch, check_shape_matches_data, sample_bytes
     from .tasks import make_task
 
     recipe = loaded.recipe
@@ -146,6 +162,9 @@ def load_inputs(loaded: LoadedRecipe, stages: list[Stage], reporter: Reporter, p
     reporter.info(f"loading data ({recipe.data.format})")
     task = make_task(recipe.task)
     data = load_data(recipe.data, recipe.seed, with_train=any(s.needs_train_split for s in stages), task=task)
+    too_large = batch_memory_problems(recipe, sample_bytes(data.eval.x))
+    if too_large:
+        raise loaded.error(too_large)
     labels = {"eval": data.eval.y} if data.train is None else {"train": data.train.y, "eval": data.eval.y}
     task.check_targets(labels, data, recipe.data.label_column)
     model_spec = recipe.model
