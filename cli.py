@@ -149,7 +149,7 @@ def handle_errors(verbose: bool, json_mode: bool = False) -> Iterator[None]:
         caught: BaseException = exc
         failure = (exc.exit_code, type(exc).__name__, exc.message, exc.hint, issues)
     except KeyboardInterrupt as exc:
-        what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+        what = f"terminated ({exc.signal_name})" if isinstance(exc, Terminated) else "interrupted"
         err.print(f"[bold yellow]{what}[/]: finished stages are kept; run again with --resume to continue.")
         caught = exc
         failure = (EXIT_INTERRUPTED, type(exc).__name__, what, None, None)
@@ -181,13 +181,18 @@ def partial_of(exc: BaseException):
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM (CI cancellation, ``docker stop``), raised where the run is, so it stops like Ctrl-C:
-    manifest ``interrupted``, exit 130, ``--resume`` picks up."""
+    """SIGTERM (CI cancellation, ``docker stop``) or SIGHUP (the terminal or ssh session closed), raised where the run
+    is, so it stops like Ctrl-C: manifest ``interrupted``, exit 130, a message, ``--resume`` picks up."""
+
+    def __init__(self, signal_name: str = "SIGTERM"):
+        super().__init__(signal_name)
+        self.signal_name = signal_name
 
 
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """Within the block, SIGTERM raises :class:`Terminated` (in the main thread; elsewhere signals cannot be set)."""
+    """Within the block, SIGTERM and SIGHUP raise :class:`Terminated` (in the main thread; elsewhere signals cannot be
+    set). SIGHUP ended a run with no message and left its manifest `running` (issue 41)."""
     import signal
     import threading
 
@@ -196,13 +201,15 @@ def sigterm_as_interrupt() -> Iterator[None]:
         return
 
     def terminate(signum, frame):
-        raise Terminated()
+        raise Terminated(signal.Signals(signum).name)
 
-    previous = signal.signal(signal.SIGTERM, terminate)
+    caught = [signal.SIGTERM, *([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])]
+    previous = {sig: signal.signal(sig, terminate) for sig in caught}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 @contextlib.contextmanager
