@@ -73,8 +73,14 @@ def atomic_path(final: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside ``final``; rename it to ``final`` only if the block succeeds."""
     final = Path(final)
     refuse_special(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+    except OSError as exc:  # /proc, a read-only mount, a name too long: no file can be made there
+        if exc.errno in DISK_FULL_ERRNOS:
+            raise
+        raise InputError(f"cannot write {final}: {exc.strerror or exc} (a file cannot be created in {final.parent}); "
+                         "nothing was written", hint="choose a path in a folder you can write to") from None
     os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600 files; artifacts are shared like any other file
     os.close(fd)
     tmp_path = Path(tmp)

@@ -370,6 +370,64 @@ def _input_columns(ds, spec: DataSpec, label: str) -> list[str]:
     )
 
 
+def _text_rows(values: np.ndarray) -> list[int]:
+    """Rows of a column read as text whose value is not a number (empty counts as not one)."""
+    rows = []
+    for i, value in enumerate(values.tolist()):
+        try:
+            float(value)
+        except (TypeError, ValueError):
+            rows.append(i)
+    return rows
+
+
+def _check_labels_present(ds, spec: DataSpec, source: str) -> None:
+    """A label that is NaN or empty (a blank CSV cell): named by file, column and rows. It was reported as the column's
+    dtype ("must hold integer class ids (found float32)"), which sent the reader looking for the wrong problem."""
+    for column in [c for c in label_columns(spec) if c in ds.column_names]:
+        values = column_array(ds, column)
+        if values.dtype.kind == "f":
+            missing = np.flatnonzero(np.isnan(values))
+        elif values.dtype.kind in "OUS":
+            missing = np.flatnonzero([v is None or (isinstance(v, str) and not v.strip()) for v in values.tolist()])
+        else:
+            continue
+        if len(missing):
+            rows = ", ".join(str(int(i)) for i in missing[:5]) + (", ..." if len(missing) > 5 else "")
+            raise InputError(f"{source}: the label column {column!r} is empty or NaN in {len(missing)} of {len(values)} "
+                             f"rows (rows {rows}; counted from 0, after the header)",
+                             hint="fill in those labels or drop the rows; every sample needs its label")
+
+
+def _check_text(ds, spec: DataSpec, source: str, label: str, columns: list[str]) -> None:
+    """Columns of text where the model's inputs are numbers, in the source as read (rows as in the file): an input
+    column, or, when the inputs are found by type, a column of numbers with some text in it (read as text, it was left
+    out of the inputs silently)."""
+    if spec.features is not None:
+        return  # tabular features encode text themselves
+    text = [c for c in ds.column_names if getattr(ds.features[c], "dtype", "") in ("string", "large_string")]
+    candidates = [c for c in text if c in columns or (not spec.input_column and c != label and c not in label_columns(spec))]
+    for column in candidates:
+        values = column_array(ds, column)
+        if column in columns or len(_text_rows(values)) <= len(values) // 2:
+            _refuse_text(values, column, source)
+
+
+def _refuse_text(values: np.ndarray, column: str, role: str) -> None:
+    """A column of the model's inputs that holds text where numbers go: exit 2 naming the column and the rows (it was
+    a traceback: ``could not convert string to float``), instead of a model fed a column it cannot read."""
+    if values.dtype.kind not in "USO":
+        return
+    rows = _text_rows(values)
+    if not rows:
+        return
+    shown = ", ".join(f"row {i}: {values.tolist()[i]!r}" for i in rows[:3])
+    raise InputError(f"{role}: column {column!r} holds text where the model's inputs are numbers: {len(rows)} of "
+                     f"{len(values)} rows ({shown}{', ...' if len(rows) > 3 else ''})",
+                     hint="fix or drop those rows; a column of categories (words, ids) goes in data.features.categorical, "
+                     "text to tokenize needs data.tokenizer; or leave the column out of data.input_column")
+
+
 _NUMERIC = {"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32", "float64", "bool"}
 
 
@@ -395,10 +453,12 @@ STRATUM = "__stratum__"
 def _check_finite(ds, spec: DataSpec, source: str) -> None:
     """NaN or infinite inputs in a source, named by file, column and row (checked before any split or
     subsample reorders the rows). Images and text cannot hold them."""
+    _check_labels_present(ds, spec, source)
     if spec.tokenizer:
         return
     label = next((n for n in label_columns(spec) + LABEL_FALLBACKS if n in ds.column_names), "")
     columns = _input_columns(ds, spec, label)
+    _check_text(ds, spec, source, label, columns)
     for column in columns:
         feature = ds.features[column]
         dtype = getattr(feature, "dtype", None) or getattr(getattr(feature, "feature", None), "dtype", None)

@@ -205,6 +205,9 @@ def _inspect_onnx(path: Path) -> dict:
         model = onnx.load(str(path))
     except Exception as exc:  # noqa: BLE001 - protobuf raises its own DecodeError on a corrupt file
         raise InputError(f"{path} is not a readable ONNX model: {type(exc).__name__}: {exc}") from exc
+    if not model.opset_import or not model.HasField("graph"):  # an empty file parses as an empty model
+        raise InputError(f"{path} holds no ONNX graph ({path.stat().st_size:,} bytes: an empty or truncated file)",
+                         hint="export the model again, or point at the .onnx file a run wrote (OUT/NAME/export/onnx/)")
     ops = Counter(n.op_type for n in model.graph.node)
     params = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
     rows = [{"op": op, "count": n} for op, n in ops.most_common()]

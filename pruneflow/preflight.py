@@ -181,6 +181,14 @@ def _table_hint(model: torch.nn.Module, batch: "Inputs", exc: BaseException) -> 
 
 #: The longest file or folder name Linux, macOS and Windows file systems take, in bytes.
 NAME_MAX = 255
+#: The longest path Linux takes (macOS: 1024, checked by the system itself), in bytes.
+PATH_MAX = 4096
+
+
+def _shown(path: Path) -> str:
+    """``path`` as an error message shows it: a 5,000-byte --out is cut, not printed whole."""
+    text = str(path)
+    return text if len(text) <= 120 else f"{text[:60]}...{text[-40:]} ({len(os.fsencode(text)):,} bytes)"
 
 
 def check_out_dir(out: Path, name: str) -> None:
@@ -192,29 +200,35 @@ def check_out_dir(out: Path, name: str) -> None:
     from .errors import UsageError
 
     run_dir = out / name
+    shown = _shown(out)
     too_long = next((part for part in run_dir.parts if len(os.fsencode(part)) > NAME_MAX), None)
     if too_long is not None:
-        raise UsageError(f"--out {out}: the folder name {too_long[:40]}... is {len(os.fsencode(too_long))} bytes; file "
+        raise UsageError(f"--out {shown}: the folder name {too_long[:40]}... is {len(os.fsencode(too_long))} bytes; file "
                          f"systems stop at {NAME_MAX} (File name too long); nothing was written",
                          hint="choose a shorter --out")
+    whole = len(os.fsencode(str(run_dir.absolute()))) + len(f"/.{name}.lock") + NAME_MAX
+    if whole > PATH_MAX:
+        raise UsageError(f"--out {shown}: the run folder's path is {whole - NAME_MAX:,} bytes, and with its files' names it "
+                         f"would pass the {PATH_MAX:,} bytes a path may have (File name too long); nothing was written",
+                         hint="choose a shorter --out")
     if run_dir.is_symlink():
-        raise UsageError(f"--out {out}: the run folder {run_dir} is a symbolic link; a run replaces its folder whole, and "
+        raise UsageError(f"--out {shown}: the run folder {run_dir} is a symbolic link; a run replaces its folder whole, and "
                          "pruneflow never writes through a link into a folder it does not own (nothing was written)",
                          hint=f"remove {run_dir}, or choose another --out")
     for path in [run_dir, *run_dir.parents]:
         if not path.exists():
             continue
         if not path.is_dir():
-            raise UsageError(f"--out {out}: {path} is a file, not a folder; the run folder and its lock file go inside --out",
+            raise UsageError(f"--out {shown}: {path} is a file, not a folder; the run folder and its lock file go inside --out",
                              hint="choose an --out folder (it is created when missing)")
         if path == run_dir:  # the run replaces OUT/NAME itself (or, resumed, writes in it): both must be writable
             if not _writable(run_dir):
-                raise UsageError(f"--out {out}: cannot write in the existing run folder {run_dir} (read-only or immutable); "
+                raise UsageError(f"--out {shown}: cannot write in the existing run folder {run_dir} (read-only or immutable); "
                                  "a new run replaces it and --resume writes in it; nothing was written",
                                  hint=f"make {run_dir} writable (chattr -i, chmod u+w), or choose another --out")
             path = run_dir.parent
         if not _writable(path):
-            raise UsageError(f"--out {out}: cannot write in {path} (read-only folder or file system); nothing was written",
+            raise UsageError(f"--out {shown}: cannot write in {path} (read-only folder or file system); nothing was written",
                              hint="choose an --out folder you can write to, e.g. --out ./runs")
         return
 
