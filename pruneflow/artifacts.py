@@ -486,6 +486,11 @@ class Manifest:
         #: delivers, the INT8 form, OpenVINO's hint; with the stage's resume key and the host): ``--resume`` takes a
         #: choice again while the key holds, so a resumed run writes the bytes an uninterrupted one writes.
         self.choices: dict[str, Any] = {}
+        #: The hosts earlier runs resumed into this folder ran on, when another than ``host`` (oldest first): the
+        #: figures of the stages this run reused were measured there, if they depend on the host at all.
+        self.earlier_hosts: list[dict[str, Any]] = []
+        #: This run resumed a folder the last run left on another host (not written: ``earlier_hosts`` says it).
+        self.host_changed = False
 
     def add_stage(self, record: dict[str, Any], artifacts: list[Artifact]) -> None:
         self.stages.append(record)
@@ -513,6 +518,7 @@ class Manifest:
             "stages": self.stages,
             "artifacts": [a.as_dict() for a in self.artifacts],
             **({"choices": self.choices} if self.choices else {}),
+            **({"earlier_hosts": self.earlier_hosts} if self.earlier_hosts else {}),
             **({"failure": self.failure} if self.failure else {}),
         }
 
