@@ -83,6 +83,12 @@ AllowPathOpt = Annotated[
     typer.Option("--allow-path", metavar="DIR", help="Let `extends` read recipes under this folder too (repeatable); by default it reads "
                  "only the recipe's own folder tree and the shipped templates.", show_default=False),
 ]
+TrustCodeOpt = Annotated[
+    Optional[list[str]],
+    typer.Option("--trust-code", metavar="MODULE:FUNCTION", help="Let the recipe run this callable though it is neither "
+                 "the zoo's nor a file in the recipe's folder, e.g. torchvision.models:resnet18 (repeatable); the "
+                 "recipe's `trust.code` list does the same.", show_default=False),
+]
 NprocOpt = Annotated[int, typer.Option(
     "--nproc", min=1, max=4096, help="Train on N local processes with PyTorch DistributedDataParallel (gloo on CPU, nccl with "
     "--device cuda), started by torch's elastic launcher; rank 0 writes the run. Multi-node: torchrun -m pruneflow.")]
@@ -143,7 +149,7 @@ def handle_errors(verbose: bool, json_mode: bool = False) -> Iterator[None]:
         caught: BaseException = exc
         failure = (exc.exit_code, type(exc).__name__, exc.message, exc.hint, issues)
     except KeyboardInterrupt as exc:
-        what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+        what = f"terminated ({exc.signal_name})" if isinstance(exc, Terminated) else "interrupted"
         err.print(f"[bold yellow]{what}[/]: finished stages are kept; run again with --resume to continue.")
         caught = exc
         failure = (EXIT_INTERRUPTED, type(exc).__name__, what, None, None)
@@ -175,13 +181,18 @@ def partial_of(exc: BaseException):
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM (CI cancellation, ``docker stop``), raised where the run is, so it stops like Ctrl-C:
-    manifest ``interrupted``, exit 130, ``--resume`` picks up."""
+    """SIGTERM (CI cancellation, ``docker stop``) or SIGHUP (the terminal or ssh session closed), raised where the run
+    is, so it stops like Ctrl-C: manifest ``interrupted``, exit 130, a message, ``--resume`` picks up."""
+
+    def __init__(self, signal_name: str = "SIGTERM"):
+        super().__init__(signal_name)
+        self.signal_name = signal_name
 
 
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """Within the block, SIGTERM raises :class:`Terminated` (in the main thread; elsewhere signals cannot be set)."""
+    """Within the block, SIGTERM and SIGHUP raise :class:`Terminated` (in the main thread; elsewhere signals cannot be
+    set). SIGHUP ended a run with no message and left its manifest `running` (issue 41)."""
     import signal
     import threading
 
@@ -190,13 +201,15 @@ def sigterm_as_interrupt() -> Iterator[None]:
         return
 
     def terminate(signum, frame):
-        raise Terminated()
+        raise Terminated(signal.Signals(signum).name)
 
-    previous = signal.signal(signal.SIGTERM, terminate)
+    caught = [signal.SIGTERM, *([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])]
+    previous = {sig: signal.signal(sig, terminate) for sig in caught}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 @contextlib.contextmanager
@@ -365,6 +378,7 @@ def optimize(
     out: Annotated[Path, typer.Option("--out", "-o", help="Parent folder of the run directory (OUT/NAME).")] = Path("runs"),
     set_: SetOpt = None,
     allow_path: AllowPathOpt = None,
+    trust_code: TrustCodeOpt = None,
     resume: Annotated[bool, typer.Option("--resume", help="Skip stages whose checkpoint matches (same input, config, versions); "
                                          "an export that runs again takes the choices the earlier run measured (delivered precision, "
                                          "INT8 form, OpenVINO hint: manifest.json `choices`), so it writes the same files.")] = False,
@@ -392,7 +406,7 @@ def optimize(
     _debug_logging(verbose)
     with handle_errors(verbose, json_out):
         set_ = [*(set_ or []), *([_for_cpus(for_cpus)] if for_cpus is not None else [])]  # workers get it as --set
-        loaded = load_recipe(recipe, [*set_, *([f"device={device.value}"] if device else [])], allow_path or [])
+        loaded = load_recipe(recipe, [*set_, *([f"device={device.value}"] if device else [])], allow_path or [], trust_code or [])
         distributed.check_device(loaded.recipe.device, nproc)
         if dry_run:
             with stdout_to_stderr(json_out):
@@ -405,7 +419,7 @@ def optimize(
         if nproc > 1 and not distributed.in_worker():
             with stdout_to_stderr(json_out):  # a recipe that cannot start fails here, once, before any worker exists
                 preflight(loaded, plan_stages(loaded), out)
-            args = _worker_args(recipe, out, set_, allow_path, json_out, quiet, verbose, device)
+            args = _worker_args(recipe, out, set_, allow_path, json_out, quiet, verbose, device, trust_code)
             raise typer.Exit(distributed.launch(nproc, args, _err_console().print))
         if distributed.in_worker():
             distributed.bind_to_launcher()
@@ -443,11 +457,12 @@ def _check_distributed(resume: bool) -> None:
                          hint="resume with one process (without --nproc), or run again without --resume")
 
 
-def _worker_args(recipe, out, set_, allow_path, json_out, quiet, verbose, device) -> list[str]:
+def _worker_args(recipe, out, set_, allow_path, json_out, quiet, verbose, device, trust_code=None) -> list[str]:
     """The command line of each worker ``--nproc`` starts: this one without ``--nproc``."""
     args = ["optimize", str(recipe), "--out", str(out)]
     args += [a for item in set_ or [] for a in ("--set", item)]
     args += [a for path in allow_path or [] for a in ("--allow-path", str(path))]
+    args += [a for ref in trust_code or [] for a in ("--trust-code", ref)]
     args += ["--device", device.value] if device else []
     return args + [flag for flag, on in (("--json", json_out), ("--quiet", quiet), ("--verbose", verbose)) if on]
 
@@ -520,6 +535,7 @@ def _print_plan(loaded, stages, notes, out, json_out) -> None:
         "run_dir": str(Path(out) / loaded.recipe.name),
         "stages": [{"name": s.id, "type": s.config.type} for s in stages],
         "notes": notes,
+        "code": [{"field": ".".join(map(str, loc)), "callable": ref, "why": why} for loc, ref, why in loaded.code],
     }
     if json_out:
         print(json_line({"exit_code": 0, "dry_run": plan}))
@@ -535,7 +551,8 @@ def _print_plan(loaded, stages, notes, out, json_out) -> None:
         table.add_row(str(s.index + 1), s.id, s.config.type, ", ".join(f"{k}={v}" for k, v in body.items()))
     console.print(table)
     for note in notes:
-        console.print(f"note: {note}")
+        console.print(f"note: {note}", markup=False)
+    _print_code(console, loaded)
     console.print("dry run: recipe valid, stages and targets resolved, files and toolchains present. Nothing was run.")
 
 
@@ -579,6 +596,7 @@ def validate(
     recipe: RecipeArg,
     set_: SetOpt = None,
     allow_path: AllowPathOpt = None,
+    trust_code: TrustCodeOpt = None,
     show: Annotated[bool, typer.Option("--show", help="Print the resolved recipe (defaults filled in, paths absolute).")] = False,
     verbose: VerboseOpt = False,
 ) -> None:
@@ -593,7 +611,7 @@ def validate(
     from pruneflow.recipe import dump_recipe, load_recipe
 
     with handle_errors(verbose):
-        loaded = load_recipe(recipe, set_ or [], allow_path or [])
+        loaded = load_recipe(recipe, set_ or [], allow_path or [], trust_code or [])
         stages = plan_stages(loaded)
         notes = preflight(loaded, stages, None)
         console = _out_console()
@@ -603,8 +621,15 @@ def validate(
         console.print(f"[green]✓[/] {recipe}: valid — {len(stages)} stages: {names}")
         for note in notes:
             console.print(f"  note: {note}", markup=False)
+        _print_code(console, loaded, "  ")
         console.print("  not checked: the model is not built and the data not read (run `pruneflow doctor` for that)",
                       markup=False)
+
+
+def _print_code(console: Console, loaded, indent: str = "") -> None:
+    """One line per callable the recipe runs beyond the zoo, and why it may (``recipe/code.py``)."""
+    for loc, ref, why in loaded.code:
+        console.print(f"{indent}this recipe runs code: {ref} ({'.'.join(map(str, loc))}; {why})", markup=False)
 
 
 @app.command(epilog=EPILOG)
@@ -612,6 +637,7 @@ def doctor(
     recipe: RecipeArg,
     set_: SetOpt = None,
     allow_path: AllowPathOpt = None,
+    trust_code: TrustCodeOpt = None,
     json_out: JsonOpt = False,
     verbose: VerboseOpt = False,
 ) -> None:
@@ -626,7 +652,7 @@ def doctor(
     from pruneflow.recipe import load_recipe
 
     with handle_errors(verbose, json_out):
-        loaded = load_recipe(recipe, set_ or [], allow_path or [])
+        loaded = load_recipe(recipe, set_ or [], allow_path or [], trust_code or [])
         with stdout_to_stderr(json_out):
             report = run_doctor(loaded, RichReporter(_err_console(), quiet=json_out))
         if json_out:
@@ -735,6 +761,7 @@ def inspect_(
     source: Annotated[str, typer.Argument(metavar="SOURCE", help="A run directory, a checkpoint in one, a recipe, a zoo model name, or an .onnx file.", show_default=False)],
     input_shape: Annotated[Optional[str], typer.Option("--input-shape", help="One sample's shape, e.g. 3,32,32.")] = None,
     recipe: Annotated[Optional[Path], typer.Option("--recipe", help="For a run folder whose model is not a zoo model: the recipe it was made with (a run folder's own recipe never names code to run).", show_default=False)] = None,
+    trust_code: TrustCodeOpt = None,
     json_out: JsonOpt = False,
     verbose: VerboseOpt = False,
 ) -> None:
@@ -747,7 +774,7 @@ def inspect_(
         except ValueError:
             raise UsageError(f"--input-shape {input_shape!r} is not a list of integers", hint="e.g. --input-shape 3,32,32") from None
         with stdout_to_stderr(json_out):
-            info = inspect_source(source, shape, recipe)
+            info = inspect_source(source, shape, recipe, trust_code or [])
         if json_out:
             print(json_line(info))
             return

@@ -25,21 +25,25 @@ if TYPE_CHECKING:
 
 
 def optimize(recipe: str | Path, out: str | Path = "runs", overrides: Iterable[str] = (), *, resume: bool = False,
-             allow_paths: Iterable[str | Path] = (), reporter: "Reporter | None" = None) -> "RunResult":
-    """Run ``recipe`` into ``OUT/NAME`` (`pruneflow optimize`); ``overrides`` are ``--set`` items (``"seed=1"``)."""
+             allow_paths: Iterable[str | Path] = (), trust_code: Iterable[str] = (),
+             reporter: "Reporter | None" = None) -> "RunResult":
+    """Run ``recipe`` into ``OUT/NAME`` (`pruneflow optimize`); ``overrides`` are ``--set`` items (``"seed=1"``),
+    ``trust_code`` the ``--trust-code`` callables (code beyond the zoo and the recipe's folder it may run)."""
     from .pipeline import run_recipe
     from .recipe import load_recipe
 
-    return run_recipe(load_recipe(recipe, list(overrides), list(allow_paths)), out=out, reporter=reporter, resume=resume)
+    loaded = load_recipe(recipe, list(overrides), list(allow_paths), list(trust_code))
+    return run_recipe(loaded, out=out, reporter=reporter, resume=resume)
 
 
-def validate(recipe: str | Path, overrides: Iterable[str] = (), *, allow_paths: Iterable[str | Path] = ()) -> list[str]:
+def validate(recipe: str | Path, overrides: Iterable[str] = (), *, allow_paths: Iterable[str | Path] = (),
+             trust_code: Iterable[str] = ()) -> list[str]:
     """Check ``recipe`` as `pruneflow validate` does, running none of its code; returns the notes (a target that
     will be prepared, not built), raises what is wrong."""
     from .pipeline import plan_stages, preflight
     from .recipe import load_recipe
 
-    loaded = load_recipe(recipe, list(overrides), list(allow_paths))
+    loaded = load_recipe(recipe, list(overrides), list(allow_paths), list(trust_code))
     return preflight(loaded, plan_stages(loaded), None)
 
 

@@ -73,8 +73,14 @@ def atomic_path(final: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside ``final``; rename it to ``final`` only if the block succeeds."""
     final = Path(final)
     refuse_special(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+    except OSError as exc:  # /proc, a read-only mount, a name too long: no file can be made there
+        if exc.errno in DISK_FULL_ERRNOS:
+            raise
+        raise InputError(f"cannot write {final}: {exc.strerror or exc} (a file cannot be created in {final.parent}); "
+                         "nothing was written", hint="choose a path in a folder you can write to") from None
     os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600 files; artifacts are shared like any other file
     os.close(fd)
     tmp_path = Path(tmp)
@@ -107,6 +113,81 @@ def refuse_special(path: Path) -> None:
                      "never writing through a link or over a device", hint=f"remove {path}, or write to another path")
 
 
+
+
+def _foreign(st: os.stat_result, path: Path) -> str | None:
+    """Why the object ``st`` describes is not one a run may write through or into; None when it may."""
+    if stat.S_ISLNK(st.st_mode):
+        return f"a symbolic link (to {os.readlink(path)})"
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+        device = stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
+        return ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if device
+                else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
+    if st.st_uid != os.geteuid():
+        return f"owned by another user (uid {st.st_uid})"
+    if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+        return f"a hard link ({st.st_nlink} names for one file: writing it would change the others)"
+    return None
+
+
+def _planted(path: Path, why: str, what: str = "--resume") -> InputError:
+    return InputError(f"{what}: {path} is {why}, inside the run folder. A run writes only its own files there, never "
+                      "through a link or into an object someone else made, so it stops before writing anything",
+                      hint=f"remove {path} (it may have been planted: look at it first), or run without --resume: "
+                      "the run folder is then replaced")
+
+
+def check_run_tree(run_dir: Path) -> None:
+    """Before a run reuses a folder an earlier one left (``--resume``): every object under it, links not followed, must
+    be a regular file or a folder of this user's, and a file must have one name. A link, FIFO, device or socket,
+    another user's object, or a hard link anywhere under it is exit 2, named (issue 41: a ``logs/pruneflow.log``
+    linked to a victim file had the run's log appended to it; a linked ``stages/01-train`` received ``model.pt``)."""
+    folders = [run_dir]
+    while folders:
+        folder = folders.pop()
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                path = Path(entry.path)
+                st = entry.stat(follow_symlinks=False)
+                why = _foreign(st, path)
+                if why:
+                    raise _planted(path, why)
+                if stat.S_ISDIR(st.st_mode):
+                    folders.append(path)
+
+
+def run_subdir(run_dir: Path, *parts: str) -> Path:
+    """``run_dir/parts...``, each level made if missing and checked to be this user's real folder (not a link), so
+    no write below it lands outside the run folder even when something was planted while the run went on."""
+    path = run_dir
+    for part in Path(*parts).parts:
+        path = path / part
+        try:
+            path.mkdir()
+        except FileExistsError:
+            pass
+        st = os.lstat(path)
+        problem = _foreign(st, path) or (None if stat.S_ISDIR(st.st_mode) else "a file where a folder belongs")
+        if problem:
+            raise _planted(path, problem, "writing the run")
+    return path
+
+
+def open_run_log(path: Path) -> int:
+    """A file descriptor appending to the run's log at ``path``: created if missing, never through a link, into a
+    FIFO, another user's file or a hard link (the log is the one file a run appends to rather than replaces)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     0o666 & ~_umask())
+    except OSError as exc:
+        why = f"a symbolic link (to {os.readlink(path)})" if path.is_symlink() else f"not writable ({exc.strerror or exc})"
+        raise _planted(path, why, "writing the run's log") from None
+    found = _foreign(os.fstat(fd), path)
+    if found:
+        os.close(fd)
+        raise _planted(path, found, "writing the run's log")
+    os.set_blocking(fd, True)
+    return fd
 
 
 #: A full disk, or a full quota: what a run reports as "disk full" (exit 4), whichever stage wrote.
@@ -405,6 +486,11 @@ class Manifest:
         #: delivers, the INT8 form, OpenVINO's hint; with the stage's resume key and the host): ``--resume`` takes a
         #: choice again while the key holds, so a resumed run writes the bytes an uninterrupted one writes.
         self.choices: dict[str, Any] = {}
+        #: The hosts earlier runs resumed into this folder ran on, when another than ``host`` (oldest first): the
+        #: figures of the stages this run reused were measured there, if they depend on the host at all.
+        self.earlier_hosts: list[dict[str, Any]] = []
+        #: This run resumed a folder the last run left on another host (not written: ``earlier_hosts`` says it).
+        self.host_changed = False
 
     def add_stage(self, record: dict[str, Any], artifacts: list[Artifact]) -> None:
         self.stages.append(record)
@@ -432,6 +518,7 @@ class Manifest:
             "stages": self.stages,
             "artifacts": [a.as_dict() for a in self.artifacts],
             **({"choices": self.choices} if self.choices else {}),
+            **({"earlier_hosts": self.earlier_hosts} if self.earlier_hosts else {}),
             **({"failure": self.failure} if self.failure else {}),
         }
 

@@ -153,35 +153,21 @@ def _column(values: Any, part: slice, pa: Any) -> Any:
 
 def cached(spec: Any, kind: str = "clicklog", writer: "Callable[[Path, Any], Any] | None" = None) -> Path:
     """The folder of the log ``spec`` (``recipe.models.ClickLogSpec``) describes, generated on first use into the user
-    cache and reused after (deterministic: one folder per settings). Written beside, then renamed into place, so a
-    run killed mid-write or a concurrent one never reads half a log. ``kind`` and ``writer(folder, spec)`` serve
-    another generated log the same way (``pruneflow.seqlog``)."""
-    import hashlib
-    import os
-    import shutil
-    import tempfile
+    cache and reused after (deterministic: one folder per settings), only while its files are the ones generated
+    (``cache.cached_folder``: a private folder, each file's sha256 in its record; a planted or altered folder is
+    generated again, never read). ``kind`` and ``writer(folder, spec)`` serve another generated log the same way
+    (``pruneflow.seqlog``)."""
+    from .cache import cached_folder
 
     settings = spec.model_dump() | ({"columns": 3} if kind == "clicklog" else {})  # 3: finished, item_tags, recent_categories
-    key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
-    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "pruneflow" / kind
-    folder = root / key
-    if (folder / "planted.json").is_file():
-        return folder
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))
-    try:
+
+    def make(folder: Path) -> None:
         if writer is not None:
-            writer(tmp, spec)
+            writer(folder, spec)
         else:
-            write(tmp, spec.rows, eval_fraction=spec.eval_fraction, users=spec.users, items=spec.items, seed=spec.seed)
-        try:
-            tmp.rename(folder)
-        except OSError:  # another run made it meanwhile: its copy is the same bytes
-            if not (folder / "planted.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return folder
+            write(folder, spec.rows, eval_fraction=spec.eval_fraction, users=spec.users, items=spec.items, seed=spec.seed)
+
+    return cached_folder(kind, settings, make)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -11,6 +11,7 @@ A plugin's config subclasses these::
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -86,28 +87,89 @@ def usable_cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def available_memory() -> int | None:
-    """Bytes this process can still allocate: the kernel's MemAvailable, lowered to what is left under a cgroup
-    (container) limit; None where neither can be read."""
-    import os
-    from pathlib import Path
+#: Where the kernel describes this process's control groups, and where their files are mounted (tests point these
+#: at a fake tree).
+SELF_CGROUP = Path("/proc/self/cgroup")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+#: A cgroup v1 limit at or above this is "no limit" (the kernel writes 2**63 rounded down to a page).
+_V1_UNLIMITED = 2**60
 
-    found = []
+
+def machine_memory() -> int | None:
+    """Bytes the machine has available (the kernel's MemAvailable, else free pages); None where neither can be read."""
+    import os
+
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
-                found.append(int(line.split()[1]) * 1024)
+                return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
     try:
-        limit, used = (Path("/sys/fs/cgroup") / n for n in ("memory.max", "memory.current"))
-        if limit.read_text().strip() != "max":
-            found.append(int(limit.read_text()) - int(used.read_text()))
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else None
     except (OSError, ValueError):
-        pass
-    if not found and hasattr(os, "sysconf"):
+        return None
+
+
+def available_memory(self_cgroup: Path | None = None, root: Path | None = None) -> int | None:
+    """Bytes this process can still allocate: the machine's (``machine_memory``), lowered to what this process's own
+    control group leaves (``cgroup_memory_left``: v2 or v1, every level up to the mount, as a container's limit is
+    enforced); None where neither can be read. ``self_cgroup`` and ``root`` point at a fake tree in tests."""
+    found = [m for m in (machine_memory(), cgroup_memory_left(self_cgroup, root)) if m is not None]
+    return max(0, min(found)) if found else None
+
+
+def memory_left() -> tuple[int | None, str]:
+    """``(available_memory(), where the figure comes from)``: "under this container's memory limit (cgroup)" when the
+    process's control group leaves less than the machine has, else "available on this machine"."""
+    machine, group = machine_memory(), cgroup_memory_left()
+    if group is not None and (machine is None or group < machine):
+        return max(0, group), "under this container's memory limit (cgroup)"
+    return machine, "available on this machine"
+
+
+def cgroup_memory_left(self_cgroup: Path | None = None, root: Path | None = None) -> int | None:
+    """Bytes left under the tightest memory limit of this process's control group and its ancestors (v2 or v1), the
+    reclaimable page cache (``inactive_file``) counted as free; None where no limit is set or none can be read."""
+    try:
+        lines = (self_cgroup or SELF_CGROUP).read_text().splitlines()
+    except OSError:
+        return None
+    root = root or CGROUP_ROOT
+    left = []
+    for line in lines:
+        hierarchy, controllers, group = (line.split(":", 2) + ["", ""])[:3]
+        if hierarchy == "0" and controllers == "":  # v2: one tree, memory.max / memory.current
+            left += _limits(root, group, "memory.max", "memory.current", "inactive_file")
+        elif "memory" in controllers.split(","):  # v1: the memory controller's own tree
+            left += _limits(root / "memory", group, "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+    return max(0, min(left)) if left else None
+
+
+def _limits(mount: Path, group: str, limit_file: str, usage_file: str, cache_key: str) -> list[int]:
+    """``limit - (usage - inactive page cache)`` for the group's folder and each folder above it up to ``mount`` (a
+    container whose cgroup namespace hides the host's path sees its own group at the mount itself)."""
+    folder = mount / group.strip("/") if group.strip("/") else mount
+    found = []
+    while True:
         try:
-            found.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+            raw = (folder / limit_file).read_text().strip()
+            if raw != "max" and int(raw) < _V1_UNLIMITED:
+                used = int((folder / usage_file).read_text())
+                found.append(int(raw) - max(0, used - _stat(folder / "memory.stat", cache_key)))
         except (OSError, ValueError):
             pass
-    return max(0, min(found)) if found else None
+        if folder == mount or mount not in folder.parents:
+            return found
+        folder = folder.parent
+
+
+def _stat(path: Path, key: str) -> int:
+    try:
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
+from .artifacts import run_subdir
+
 if TYPE_CHECKING:
     import torch
 
@@ -62,9 +64,11 @@ class RunContext:
     resume: bool = False
 
     def stage_dir(self, index: int, stage_id: str) -> Path:
-        path = self.run_dir / "stages" / f"{index + 1:02d}-{stage_id}"
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+        return run_subdir(self.run_dir, "stages", f"{index + 1:02d}-{stage_id}")
+
+    def subdir(self, *parts: str) -> Path:
+        """``run_dir/parts...``, made if missing; a link or another user's object on the way is exit 2 (``run_subdir``)."""
+        return run_subdir(self.run_dir, *parts)
 
     def relpath(self, path: Path) -> str:
         return Path(path).resolve().relative_to(self.run_dir.resolve()).as_posix()

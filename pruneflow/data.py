@@ -210,7 +210,7 @@ def _load_source(fmt: str, path: str, field_name: str):
             if not files:
                 raise InputError(f"{field_name}: no *.{fmt} files in folder {p}", hint=f"point at a .{fmt} file or a folder holding some")
             try:
-                ds = datasets.load_dataset(fmt, data_files=files, split="train")
+                ds = datasets.load_dataset(fmt, data_files=files, split="train", cache_dir=_arrow_cache())
             except Exception:
                 # datasets fails with unrelated messages on files that hold no rows (header-only csv, 0-row parquet)
                 if _holds_no_rows(fmt, files):
@@ -221,7 +221,7 @@ def _load_source(fmt: str, path: str, field_name: str):
                 import PIL  # noqa: F401
             except ImportError as exc:
                 raise MissingDependencyError("imagefolder data needs Pillow", hint="pip install pillow") from exc
-            ds = datasets.load_dataset("imagefolder", data_dir=str(p), split="train")
+            ds = datasets.load_dataset("imagefolder", data_dir=str(p), split="train", cache_dir=_arrow_cache())
         elif fmt == "disk":
             ds = datasets.load_from_disk(str(p))
             if isinstance(ds, datasets.DatasetDict):
@@ -247,6 +247,14 @@ def _load_source(fmt: str, path: str, field_name: str):
     return ds, class_names
 
 
+def _arrow_cache() -> str:
+    """Where ``datasets`` keeps the Arrow copies of data files: the user cache's private ``datasets`` folder (0700, this
+    user's, no link on the way: ``cache.private_dir``), not a shared one another user could fill."""
+    from .cache import private_dir
+
+    return str(private_dir("datasets"))
+
+
 def _holds_no_rows(fmt: str, files: list[str]) -> bool:
     """True when every file is blank, a csv header alone, an empty json list or a 0-row parquet."""
     try:
@@ -270,17 +278,17 @@ def _check_npz_fits(path: Path) -> None:
     or on purpose) is refused (exit 2) instead of killing the run."""
     import zipfile
 
-    from .config import available_memory
+    from .config import memory_left
 
     try:
         with zipfile.ZipFile(path) as archive:
             inflated = sum(info.file_size for info in archive.infolist())
     except (OSError, zipfile.BadZipFile):
         return  # not a zip (a plain .npy, a corrupt file): np.load names the problem
-    free = available_memory()
+    free, where = memory_left()
     if free is not None and inflated > free // 2:
-        raise InputError(f"{path} holds {inflated / 1e9:,.2f} GB of arrays once read, and this machine has "
-                         f"{free / 1e9:,.2f} GB available: an .npz is read whole into memory",
+        raise InputError(f"{path} holds {inflated / 1e9:,.2f} GB of arrays once read, and there are "
+                         f"{free / 1e9:,.2f} GB {where.removeprefix('available ')}: an .npz is read whole into memory",
                          hint="split it, or convert it to parquet (read in pieces): data.format: parquet")
 
 
@@ -362,6 +370,64 @@ def _input_columns(ds, spec: DataSpec, label: str) -> list[str]:
     )
 
 
+def _text_rows(values: np.ndarray) -> list[int]:
+    """Rows of a column read as text whose value is not a number (empty counts as not one)."""
+    rows = []
+    for i, value in enumerate(values.tolist()):
+        try:
+            float(value)
+        except (TypeError, ValueError):
+            rows.append(i)
+    return rows
+
+
+def _check_labels_present(ds, spec: DataSpec, source: str) -> None:
+    """A label that is NaN or empty (a blank CSV cell): named by file, column and rows. It was reported as the column's
+    dtype ("must hold integer class ids (found float32)"), which sent the reader looking for the wrong problem."""
+    for column in [c for c in label_columns(spec) if c in ds.column_names]:
+        values = column_array(ds, column)
+        if values.dtype.kind == "f":
+            missing = np.flatnonzero(np.isnan(values))
+        elif values.dtype.kind in "OUS":
+            missing = np.flatnonzero([v is None or (isinstance(v, str) and not v.strip()) for v in values.tolist()])
+        else:
+            continue
+        if len(missing):
+            rows = ", ".join(str(int(i)) for i in missing[:5]) + (", ..." if len(missing) > 5 else "")
+            raise InputError(f"{source}: the label column {column!r} is empty or NaN in {len(missing)} of {len(values)} "
+                             f"rows (rows {rows}; counted from 0, after the header)",
+                             hint="fill in those labels or drop the rows; every sample needs its label")
+
+
+def _check_text(ds, spec: DataSpec, source: str, label: str, columns: list[str]) -> None:
+    """Columns of text where the model's inputs are numbers, in the source as read (rows as in the file): an input
+    column, or, when the inputs are found by type, a column of numbers with some text in it (read as text, it was left
+    out of the inputs silently)."""
+    if spec.features is not None:
+        return  # tabular features encode text themselves
+    text = [c for c in ds.column_names if getattr(ds.features[c], "dtype", "") in ("string", "large_string")]
+    candidates = [c for c in text if c in columns or (not spec.input_column and c != label and c not in label_columns(spec))]
+    for column in candidates:
+        values = column_array(ds, column)
+        if column in columns or len(_text_rows(values)) <= len(values) // 2:
+            _refuse_text(values, column, source)
+
+
+def _refuse_text(values: np.ndarray, column: str, role: str) -> None:
+    """A column of the model's inputs that holds text where numbers go: exit 2 naming the column and the rows (it was
+    a traceback: ``could not convert string to float``), instead of a model fed a column it cannot read."""
+    if values.dtype.kind not in "USO":
+        return
+    rows = _text_rows(values)
+    if not rows:
+        return
+    shown = ", ".join(f"row {i}: {values.tolist()[i]!r}" for i in rows[:3])
+    raise InputError(f"{role}: column {column!r} holds text where the model's inputs are numbers: {len(rows)} of "
+                     f"{len(values)} rows ({shown}{', ...' if len(rows) > 3 else ''})",
+                     hint="fix or drop those rows; a column of categories (words, ids) goes in data.features.categorical, "
+                     "text to tokenize needs data.tokenizer; or leave the column out of data.input_column")
+
+
 _NUMERIC = {"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32", "float64", "bool"}
 
 
@@ -387,10 +453,12 @@ STRATUM = "__stratum__"
 def _check_finite(ds, spec: DataSpec, source: str) -> None:
     """NaN or infinite inputs in a source, named by file, column and row (checked before any split or
     subsample reorders the rows). Images and text cannot hold them."""
+    _check_labels_present(ds, spec, source)
     if spec.tokenizer:
         return
     label = next((n for n in label_columns(spec) + LABEL_FALLBACKS if n in ds.column_names), "")
     columns = _input_columns(ds, spec, label)
+    _check_text(ds, spec, source, label, columns)
     for column in columns:
         feature = ds.features[column]
         dtype = getattr(feature, "dtype", None) or getattr(getattr(feature, "feature", None), "dtype", None)
@@ -516,7 +584,7 @@ def load_tokenizer(path: str):
             # exports lack it although `transformers.BertTokenizerFast` resolves at run time.
             tok = transformers.BertTokenizerFast(vocab=str(p), do_lower_case=True)  # type: ignore[attr-defined]
         else:
-            tok = transformers.AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+            tok = transformers.AutoTokenizer.from_pretrained(str(p), local_files_only=True, trust_remote_code=False)
     except Exception as exc:  # noqa: BLE001 - transformers raises many types for unreadable folders
         raise InputError(f"data.tokenizer: could not load a tokenizer from {p}: {type(exc).__name__}: {exc}") from exc
     if len(tok) < 10:

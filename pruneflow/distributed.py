@@ -114,17 +114,30 @@ def is_main() -> bool:
 
 
 def _seconds(env: str, default: int) -> timedelta:
+    raw = os.environ.get(env)
     try:
-        return timedelta(seconds=max(1, int(os.environ.get(env, default))))
+        seconds = default if raw is None else int(raw)
     except ValueError:
-        raise UsageError(f"{env}={os.environ[env]!r} is not a whole number of seconds", hint=f"e.g. {env}={default}") from None
+        seconds = 0
+    if seconds < 1:
+        raise UsageError(f"{env}={raw!r} is not a whole number of seconds of at least 1", hint=f"e.g. {env}={default}")
+    return timedelta(seconds=seconds)
+
+
+def check_settings() -> None:
+    """The environment's timeouts (``PRUNEFLOW_DIST_TIMEOUT``, ``PRUNEFLOW_DIST_FINAL_WAIT``), read once in the launcher
+    before any worker starts: a bad one is one error (one JSON object under ``--json``), not one a rank."""
+    _seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)
+    _seconds(FINAL_WAIT_ENV, DEFAULT_FINAL_WAIT_S)
 
 
 def check_device(device: str, nproc: int) -> None:
     """``cuda`` where torch sees no CUDA device (or fewer than ``nproc``, or than torchrun's processes on this
     node): exit 3 before any work. ``auto`` is checked as what it resolves to. On the CPU, more processes than
     usable CPUs is exit 2 before any worker starts (``--nproc 64`` on 2 cores had the launcher killed for memory
-    and 35 orphaned workers holding 5.9 GB)."""
+    and 35 orphaned workers holding 5.9 GB). With several processes, the environment's timeouts too (``check_settings``)."""
+    if nproc > 1 or in_worker():
+        check_settings()
     if resolve_device(device) != "cuda":
         if nproc > usable_cpus():
             raise UsageError(f"--nproc {nproc}: this machine lets the process use {usable_cpus()} CPU(s), and each training "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
@@ -22,8 +22,8 @@ def _run_dir_of(path: Path) -> Path | None:
     return None
 
 
-def load_run_model(run_dir: Path, checkpoint: Path | None = None,
-                   recipe: Path | None = None) -> tuple[torch.nn.Module, tuple[int, ...] | None, str]:
+def load_run_model(run_dir: Path, checkpoint: Path | None = None, recipe: Path | None = None,
+                   trust_code: Sequence[str] = ()) -> tuple[torch.nn.Module, tuple[int, ...] | None, str]:
     """The model of a run: ``checkpoint`` if given, else the run's latest checkpoint, else the source model.
 
     The model is built from ``recipe`` (the user's own) when given, else from the run's recipe.resolved.yaml,
@@ -35,7 +35,10 @@ def load_run_model(run_dir: Path, checkpoint: Path | None = None,
     from .recipe import load_recipe
     from .zoo import ZOO
 
-    loaded = load_recipe(recipe if recipe is not None else run_dir / "recipe.resolved.yaml")
+    if recipe is not None:
+        loaded = load_recipe(recipe, trust_code=trust_code)
+    else:  # names only a zoo model (below): code the folder names is refused whatever its `trust` says
+        loaded = load_recipe(run_dir / "recipe.resolved.yaml", check_code=False)
     factory = loaded.recipe.model.factory
     if recipe is None and factory not in ZOO:
         raise InputError(
@@ -70,7 +73,8 @@ class Found:
         self.example = example  # a real first sample, for a model with several inputs
 
 
-def inspect_source(source: str, input_shape: tuple[int, ...] | None = None, recipe: Path | None = None) -> dict:
+def inspect_source(source: str, input_shape: tuple[int, ...] | None = None, recipe: Path | None = None,
+                   trust_code: Sequence[str] = ()) -> dict:
     """Params, MACs and a per-layer table of whatever ``source`` names: a zoo model, a factory
     (``models.py:build``, ``package.module:fn``), a recipe (its factory and checkpoint), a run folder or a
     checkpoint in one, a checkpoint of the user's own with ``recipe`` naming its model, or an ``.onnx`` file.
@@ -83,7 +87,7 @@ def inspect_source(source: str, input_shape: tuple[int, ...] | None = None, reci
     path = Path(source)
     if path.suffix == ".onnx":
         return _inspect_onnx(path)
-    found = _find_model(source, path, recipe)
+    found = _find_model(source, path, recipe, trust_code)
     shape = input_shape or found.shape
     if shape is None:
         raise InputError("the model's input shape is unknown", hint="pass --input-shape, e.g. 3,32,32")
@@ -92,7 +96,7 @@ def inspect_source(source: str, input_shape: tuple[int, ...] | None = None, reci
             "totals": {"params": params, "macs": macs, "layers": len(rows)}}
 
 
-def _find_model(source: str, path: Path, recipe: Path | None) -> Found:
+def _find_model(source: str, path: Path, recipe: Path | None, trust_code: Sequence[str] = ()) -> Found:
     from .models import CHECKPOINT_SUFFIXES, build_model, input_shape_for
     from .recipe.models import ModelSpec
     from .zoo import ZOO
@@ -105,16 +109,16 @@ def _find_model(source: str, path: Path, recipe: Path | None) -> Found:
             raise InputError(f"{path} does not exist")
         run_dir = _run_dir_of(path.resolve())
         if run_dir is not None:
-            model, shape, kind = load_run_model(run_dir, path.resolve() if path.is_file() else None, recipe)
+            model, shape, kind = load_run_model(run_dir, path.resolve() if path.is_file() else None, recipe, trust_code)
             return Found(model, shape, kind)
         if recipe is not None and path.is_file():
-            return _recipe_model(recipe, checkpoint=path)
+            return _recipe_model(recipe, checkpoint=path, trust_code=trust_code)
         raise InputError(
             f"{path} is not inside a pruneflow run directory (no manifest.json and recipe.resolved.yaml above it)",
             hint=f"for a checkpoint of your own, name the recipe that builds its model: pruneflow inspect {path} --recipe "
             "RECIPE.yaml; else inspect a run directory, a checkpoint inside one, a recipe, a factory or a zoo name")
     if path.suffix in (".yaml", ".yml"):
-        return _recipe_model(path)
+        return _recipe_model(path, trust_code=trust_code)
     if ":" in source:  # a factory, as a recipe's model.factory names it (here relative to the working folder)
         return Found(build_model(ModelSpec(factory=source)), None, "factory")
     raise InputError(
@@ -123,12 +127,12 @@ def _find_model(source: str, path: Path, recipe: Path | None) -> Found:
     )
 
 
-def _recipe_model(recipe: Path, checkpoint: Path | None = None) -> Found:
+def _recipe_model(recipe: Path, checkpoint: Path | None = None, trust_code: Sequence[str] = ()) -> Found:
     """The model a recipe builds (its factory, kwargs and checkpoint, or ``checkpoint`` instead), and its input."""
     from .models import build_model, input_shape_for
     from .recipe import load_recipe
 
-    loaded = load_recipe(recipe)
+    loaded = load_recipe(recipe, trust_code=trust_code)
     spec = loaded.recipe.model
     if checkpoint is not None:
         spec = spec.model_copy(update={"checkpoint": str(checkpoint)})
@@ -201,6 +205,9 @@ def _inspect_onnx(path: Path) -> dict:
         model = onnx.load(str(path))
     except Exception as exc:  # noqa: BLE001 - protobuf raises its own DecodeError on a corrupt file
         raise InputError(f"{path} is not a readable ONNX model: {type(exc).__name__}: {exc}") from exc
+    if not model.opset_import or not model.HasField("graph"):  # an empty file parses as an empty model
+        raise InputError(f"{path} holds no ONNX graph ({path.stat().st_size:,} bytes: an empty or truncated file)",
+                         hint="export the model again, or point at the .onnx file a run wrote (OUT/NAME/export/onnx/)")
     ops = Counter(n.op_type for n in model.graph.node)
     params = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
     rows = [{"op": op, "count": n} for op, n in ops.most_common()]

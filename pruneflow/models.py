@@ -16,175 +16,126 @@ from torch import nn
 
 from .errors import InputError
 from .preflight import check_dtypes, check_finite_weights
+from .recipe.code import CodeTrust, module_source, refuse_standard_library, split_reference, top_level_bindings
 from .recipe.models import ModelSpec
 from .zoo import ZOO
 
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".th", ".bin", ".safetensors")
 
 
-def resolve_factory(factory: str) -> Callable[..., Any]:
-    """Find the callable a ``model.factory`` string names. Raises InputError (exit 2) when it can't."""
+def resolve_factory(factory: str, trust: CodeTrust | None = None, field: str = "model.factory") -> Callable[..., Any]:
+    """Find the callable a code reference names (``model.factory``, or another ``field`` that names one). With the
+    recipe's ``trust`` (``recipe/code.py``), code that is neither the zoo's nor the recipe's own is refused before it
+    is imported, and a callable it gives from elsewhere after. Raises InputError (exit 2) when it can't, or may not."""
     if factory in ZOO:
         return ZOO[factory].factory
-    target, name = _split_factory(factory)
+    target, name = _split_factory(factory, field)
+    if trust is not None:
+        trust.check(factory, field)
     if target.endswith(".py"):
-        module = _import_file(Path(target), factory)
+        module = _import_file(Path(target), factory, field)
     else:
         try:
             module = importlib.import_module(target)
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - ImportError, or whatever the module raises (or exits) while importing
             raise InputError(
-                f"model.factory {factory!r}: cannot import module {target!r} ({exc})",
+                f"{field} {factory!r}: cannot import module {target!r} ({exc})",
                 hint="install the package that provides it, or point at a file: `path/to/file.py:function`",
             ) from exc
     fn = getattr(module, name, None)
     if fn is None:
         public = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")]
-        raise InputError(
-            f"model.factory {factory!r}: {target!r} has no attribute {name!r}",
-            hint=f"callables there: {', '.join(sorted(public)[:12]) or '(none)'}",
-        )
+        raise InputError(f"{field} {factory!r}: {target!r} has no attribute {name!r}",
+                         hint=f"callables there: {', '.join(sorted(public)[:12]) or '(none)'}")
     if not callable(fn):
-        raise InputError(
-            f"model.factory {factory!r}: {name!r} is a {type(fn).__name__}, not a callable",
-            hint="point at a function or class that returns a torch.nn.Module",
-        )
-    _refuse_standard_library(factory, str(getattr(fn, "__module__", "") or "").split(".")[0])
+        raise InputError(f"{field} {factory!r}: {name!r} is a {type(fn).__name__}, not a callable",
+                         hint="point at a function or class that returns a torch.nn.Module")
+    refuse_standard_library(factory, str(getattr(fn, "__module__", "") or "").split(".")[0], field)
+    if trust is not None:
+        trust.check_callable(factory, fn, field)
     return fn
 
 
-def _split_factory(factory: str) -> tuple[str, str]:
+def _split_factory(factory: str, field: str = "model.factory") -> tuple[str, str]:
     """``module:function`` or ``file.py:function`` as (target, name); neither, or a target of Python's standard
     library, is an InputError."""
     if ":" not in factory:
         raise InputError(
-            f"model.factory {factory!r} is neither a zoo model nor `module:function`",
+            f"{field} {factory!r} is neither a zoo model nor `module:function`",
             hint=f"use a zoo name ({', '.join(ZOO)}), `package.module:function` or `path/to/file.py:function`",
         )
-    target, name = factory.rsplit(":", 1)
-    _refuse_standard_library(factory, target.split(".")[0])
-    return target, name
+    return split_reference(factory, field)
 
 
 #: A factory file larger than this is not parsed by `validate` (a source file is kilobytes; a planted one may be a device).
 MAX_FACTORY_SOURCE = 16 * 1024 * 1024
 
 
-def check_factory_statically(factory: str) -> str | None:
-    """What `validate` and ``--dry-run`` check of ``model.factory`` without running any of its code (issue 27):
-    a zoo name, or ``file.py:fn`` / ``package.module:fn`` whose file exists, parses, and binds ``fn`` at top level
-    (a def, a class, an assignment or an import that is not from the standard library). The file is found the way
-    Python would find it, but not imported: its top-level code runs only when `optimize` builds the model.
+def check_factory_statically(factory: str, trust: CodeTrust | None = None, field: str = "model.factory") -> str | None:
+    """What `validate` and ``--dry-run`` check of a code reference (``model.factory``) without running any of its
+    code (issue 27): a zoo name, or ``file.py:fn`` / ``package.module:fn`` whose file exists, parses, and binds ``fn``
+    at top level (a def, a class, an assignment or an import that is not from the standard library). The file is
+    found the way Python would find it, but not imported: its top-level code runs only when `optimize` builds the
+    model. With the recipe's ``trust``, the code must be the recipe's own or listed (``recipe/code.py``).
 
     Returns a note when the binding could not be confirmed from the source (a ``from x import *``, a module
     ``__getattr__``, a compiled extension); raises InputError (exit 2) for what is certainly wrong.
     """
     if factory in ZOO:
         return None
-    target, name = _split_factory(factory)
+    target, name = _split_factory(factory, field)
+    if trust is not None:
+        trust.check(factory, field)
     if not target.endswith(".py") and target in sys.modules:  # already imported (torch, pruneflow.zoo): no new code runs
         fn = getattr(sys.modules[target], name, None)
         if not callable(fn):
-            raise InputError(f"model.factory {factory!r}: {target!r} has no callable {name!r}",
+            raise InputError(f"{field} {factory!r}: {target!r} has no callable {name!r}",
                              hint="point at a function or class that returns a torch.nn.Module")
-        _refuse_standard_library(factory, str(getattr(fn, "__module__", "") or "").split(".")[0])
+        refuse_standard_library(factory, str(getattr(fn, "__module__", "") or "").split(".")[0], field)
+        if trust is not None:
+            trust.check_callable(factory, fn, field)
         return None
-    source = Path(target) if target.endswith(".py") else _module_source(target, factory)
+    source = Path(target) if target.endswith(".py") else module_source(target, factory, field)
     if source is None or source.suffix != ".py":
-        return f"model.factory {factory!r}: {target} is not Python source here, so {name!r} is checked when the model is built"
+        return f"{field} {factory!r}: {target} is not Python source here, so {name!r} is checked when the model is built"
     if not source.is_file():
-        raise InputError(f"model.factory {factory!r}: file not found: {source}", hint="the path is relative to the recipe file")
-    return _check_binding(factory, source, name)
+        raise InputError(f"{field} {factory!r}: file not found: {source}", hint="the path is relative to the recipe file")
+    return _check_binding(factory, source, name, trust, field)
 
 
-def _module_source(target: str, factory: str) -> Path | None:
-    """The file of module ``target``, found without importing it or its parent packages (whose ``__init__`` is code)."""
-    import importlib.machinery
-
-    parts = target.split(".")
-    try:
-        spec = importlib.util.find_spec(parts[0])  # a top-level name: the finders locate it, nothing is executed
-        for i in range(1, len(parts)):
-            if spec is None or not spec.submodule_search_locations:
-                break
-            spec = importlib.machinery.PathFinder.find_spec(".".join(parts[: i + 1]), list(spec.submodule_search_locations))
-    except (ImportError, ValueError) as exc:
-        raise InputError(f"model.factory {factory!r}: cannot find module {target!r} ({exc})",
-                         hint="install the package that provides it, or point at a file: `path/to/file.py:function`") from None
-    if spec is None or (len(parts) > 1 and spec.name != target):
-        raise InputError(f"model.factory {factory!r}: no module {target!r} is installed",
-                         hint="install the package that provides it, or point at a file: `path/to/file.py:function`")
-    return Path(spec.origin) if spec.origin and spec.has_location else None
-
-
-def _check_binding(factory: str, source: Path, name: str) -> str | None:
+def _check_binding(factory: str, source: Path, name: str, trust: CodeTrust | None, field: str) -> str | None:
     import ast
 
     if source.stat().st_size > MAX_FACTORY_SOURCE or not source.is_file():
-        raise InputError(f"model.factory {factory!r}: {source} is not a Python source file of a sane size",
+        raise InputError(f"{field} {factory!r}: {source} is not a Python source file of a sane size",
                          hint="point at the .py file that defines the factory")
     try:
         tree = ast.parse(source.read_bytes(), filename=str(source))
     except (SyntaxError, ValueError) as exc:
         where = f"{source}:{exc.lineno}" if isinstance(exc, SyntaxError) and exc.lineno else str(source)
-        raise InputError(f"model.factory {factory!r}: {where} does not parse as Python ({exc.msg if isinstance(exc, SyntaxError) else exc})",
+        raise InputError(f"{field} {factory!r}: {where} does not parse as Python ({exc.msg if isinstance(exc, SyntaxError) else exc})",
                          hint=f"fix {source}") from None
-    bindings, opaque = _top_level_bindings(tree.body)
+    bindings, opaque = top_level_bindings(tree.body)
     if name in bindings:
         origin = bindings[name]
         if origin is not None:
-            _refuse_standard_library(factory, origin.split(".")[0])
+            refuse_standard_library(factory, origin.split(".")[0].split(":")[0], field)
+            if trust is not None:
+                trust.check_binding(factory, origin, field)
         return None
     if opaque:
-        return f"model.factory {factory!r}: {source} may define {name!r} through {opaque}; it is checked when the model is built"
+        return f"{field} {factory!r}: {source} may define {name!r} through {opaque}; it is checked when the model is built"
     import difflib
 
     defined = sorted(n for n, origin in bindings.items() if origin is None and not n.startswith("_"))
     close = difflib.get_close_matches(name, defined, n=1)
-    raise InputError(f"model.factory {factory!r}: {source} defines no {name!r} at top level",
+    raise InputError(f"{field} {factory!r}: {source} defines no {name!r} at top level",
                      hint=(f"did you mean {close[0]!r}? " if close else "") + f"names defined there: {', '.join(defined[:12]) or '(none)'}")
 
 
-def _top_level_bindings(body: list) -> tuple[dict[str, str | None], str]:
-    """Names a module body binds (in ``if``/``try``/``with`` blocks too) -> the module an import took them from
-    (None for a def, a class or an assignment); and what makes the list incomplete (``import *``, ``__getattr__``)."""
-    import ast
-
-    names: dict[str, str | None] = {}
-    opaque = ""
-    for node in body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names[node.name] = None
-            opaque = opaque or ("a module __getattr__" if node.name == "__getattr__" else "")
-        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
-                names.update({n.id: None for n in ast.walk(target) if isinstance(n, ast.Name)})
-        elif isinstance(node, ast.Import):
-            names.update({(a.asname or a.name).split(".")[0]: a.name for a in node.names})
-        elif isinstance(node, ast.ImportFrom):
-            module = "." * node.level + (node.module or "")
-            opaque = opaque or (f"`from {module} import *`" if any(a.name == "*" for a in node.names) else "")
-            names.update({a.asname or a.name: None if node.level else module for a in node.names if a.name != "*"})
-        if isinstance(node, (ast.If, ast.Try, ast.With, ast.ExceptHandler, getattr(ast, "TryStar", ast.Try))):
-            blocks = [getattr(node, block, []) for block in ("body", "orelse", "finalbody", "handlers")]
-            for inner, more in (_top_level_bindings(block) for block in blocks if block):
-                names.update(inner)
-                opaque = opaque or more
-    return names, opaque
-
-
-def _refuse_standard_library(factory: str, package: str) -> None:
-    """A factory from Python's standard library or builtins (`os:system`, `subprocess:run`, a user module's
-    `from os import system`) builds no model and would run whatever the kwargs say: refused (issue 27)."""
-    if package in sys.stdlib_module_names or package == "builtins":
-        raise InputError(f"model.factory {factory!r} names a callable of Python's standard library ({package}), which "
-                         "builds no model", hint="point at a function of your own module (`path/to/file.py:build`), an "
-                         "installed package's, or a zoo model")
-
-
-def _import_file(path: Path, factory: str):
+def _import_file(path: Path, factory: str, field: str = "model.factory"):
     if not path.is_file():
-        raise InputError(f"model.factory {factory!r}: file not found: {path}", hint="the path is relative to the recipe file")
+        raise InputError(f"{field} {factory!r}: file not found: {path}", hint="the path is relative to the recipe file")
     # A stable module name, so pickled modules that reference it can find it again.
     name = "pruneflow_user_" + path.stem + "_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:8]
     if name in sys.modules:
@@ -196,7 +147,7 @@ def _import_file(path: Path, factory: str):
         spec.loader.exec_module(module)  # type: ignore[union-attr]
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - user code: report it with the file named
         del sys.modules[name]
-        raise InputError(f"model.factory {factory!r}: importing {path} failed: {_what_failed(exc)}",
+        raise InputError(f"{field} {factory!r}: importing {path} failed: {_what_failed(exc)}",
                          hint=f"fix {path}: importing it must define the factory, not exit or fail") from exc
     return module
 
@@ -213,7 +164,7 @@ def with_data_kwargs(spec: ModelSpec, schema: Any) -> tuple[ModelSpec, dict[str,
     import inspect as pyinspect
 
     entry = ZOO.get(spec.factory)
-    fn = entry.factory if entry is not None else resolve_factory(spec.factory)
+    fn = entry.factory if entry is not None else resolve_factory(spec.factory, spec.code_trust)
     try:
         params = pyinspect.signature(fn).parameters
     except (TypeError, ValueError):
@@ -235,7 +186,7 @@ def build_model_with_new_parameters(spec: ModelSpec) -> tuple[nn.Module, list[st
     (``ZooEntry.build``); none for other factories."""
     entry = ZOO.get(spec.factory)
     builder = entry.build if entry is not None else None
-    fn = builder or resolve_factory(spec.factory)
+    fn = builder or resolve_factory(spec.factory, spec.code_trust)
     try:
         made = fn(**spec.kwargs)
     except TypeError as exc:

@@ -11,14 +11,15 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from .artifacts import (Artifact, Manifest, disk_full_cause, run_dir_lock, sha256_file, tool_versions, write_json_atomic,
-                        write_text_atomic)
+from .artifacts import (Artifact, Manifest, check_run_tree, disk_full_cause, open_run_log, run_dir_lock, run_subdir,
+                        sha256_file, tool_versions, write_json_atomic, write_text_atomic)
 from .checkpoint import PickledCheckpointError, load_checkpoint, save_checkpoint
 from .context import Reporter, RunContext, RunState
 from .errors import EXIT_GATE_FAILED, EXIT_OK, InputError, PruneflowError, StageError
@@ -28,7 +29,7 @@ from .headline import capture_start
 from .inputs import to
 from .recipe import LoadedRecipe, dump_recipe
 from .results import RunResult, StageRecord, attach_partial, error_record, flat_metrics
-from .runtime import host_info
+from .runtime import host_info, timing_host
 from .stage import Stage
 # What a run does before its first stage lives a layer below (doctor.py does the same); re-exported for the CLI.
 from .prepare import RunInputs as RunInputs, load_inputs as load_inputs
@@ -48,6 +49,8 @@ def prepare_run_dir(out: Path, name: str, resume: bool) -> Path:
                 f"{run_dir} exists and is not a pruneflow run directory; refusing to write into it",
                 hint="choose another --out, or empty that folder",
             )
+    elif run_dir.exists():
+        check_run_tree(run_dir)  # --resume reuses what is there: nothing in it may steer a write out of it
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
 
@@ -60,6 +63,14 @@ def _serving_part(stage: Stage, recipe: Any) -> list[Any]:
     """What a stage that chooses for the serving hosts (``serves_hosts``: export) adds to its resume key: the recipe's
     ``deploy`` (another ``--for`` builds other files); nothing for the others."""
     return [{"deploy": recipe.deploy.model_dump(mode="json")}] if getattr(stage, "serves_hosts", False) else []
+
+
+def _host_part(stage: Stage) -> list[Any]:
+    """What a stage whose results depend on the host (it times latency, or chooses by timing: export) adds to its
+    resume key: the host it times on (``timing_host``). A ``--resume`` on another host runs such a stage again (and the
+    stages after it), measuring here, instead of reusing figures and choices another machine made."""
+    timed = getattr(stage, "serves_hosts", False) or getattr(stage.config, "latency", None) is not None
+    return [{"host": timing_host()}] if timed else []
 
 
 def source_key(loaded: LoadedRecipe) -> str:
@@ -111,8 +122,10 @@ def _run_locked(loaded: LoadedRecipe, stages: list[Stage], inputs: RunInputs, ou
     earlier = earlier_choices(run_dir) if resume else {}  # before this run's manifest replaces that run's
     write_text_atomic(run_dir / "recipe.resolved.yaml", dump_recipe(recipe))
     handler = _attach_log(run_dir)
+    earlier_hosts, host_changed = _earlier_hosts(run_dir, reporter) if resume else ([], False)  # said in the log too
     manifest = Manifest(run_dir, recipe.name)
     manifest.host = host_info()
+    manifest.earlier_hosts, manifest.host_changed = earlier_hosts, host_changed
     manifest.task = inputs.task.summary()
     manifest.choices = dict(earlier)  # kept for the stages this run reuses; replaced for those it runs
     manifest.write()
@@ -245,6 +258,27 @@ def remove_files(run_dir: Path, files: list[str]) -> None:
             folder.rmdir()
 
 
+def _earlier_hosts(run_dir: Path, reporter: Reporter) -> tuple[list[dict[str, Any]], bool]:
+    """The hosts earlier runs in ``run_dir`` ran on, and whether the last one is not this one (``timing_host``): said,
+    and kept in the manifest (``earlier_hosts``) rather than silently replaced. What depends on the host is then
+    measured again here: the stages that time or choose by timing run again (``_host_part``; their resume key holds the
+    host too), and the export's choices with them."""
+    try:
+        found = json.loads((run_dir / Manifest.FILE).read_text())
+    except (OSError, ValueError):
+        return [], False
+    host = found.get("host") if isinstance(found, dict) else None
+    before = [h for h in found.get("earlier_hosts") or [] if isinstance(h, dict)] if isinstance(found, dict) else []
+    if not isinstance(host, dict) or timing_host(host) == timing_host():
+        return before, False
+    was, now = timing_host(host), timing_host()
+    changed = ", ".join(f"{k} {was.get(k)!r} -> {now.get(k)!r}" for k in now if was.get(k) != now.get(k))
+    reporter.warning(f"--resume on another host ({changed}): the stages that time latency or choose by timing (export) run "
+                     "again and measure here; the stages that do not depend on the host are reused. manifest.json keeps "
+                     "the earlier host under `earlier_hosts`")
+    return [*before, host], True
+
+
 def earlier_choices(run_dir: Path) -> dict[str, Any]:
     """The ``choices`` of the manifest an earlier run left in ``run_dir`` ({} when there is none to read)."""
     try:
@@ -283,11 +317,13 @@ def _run(loaded: LoadedRecipe, stages: list[Stage], inputs: RunInputs, run_dir: 
     reporter.run_started(recipe.name, state.task.summary())
     key = state.model_key
     for stage in stages:
-        key = _hash(key, stage.config.model_dump(mode="json"), tool_versions(), *_serving_part(stage, recipe))
+        key = _hash(key, stage.config.model_dump(mode="json"), tool_versions(), *_serving_part(stage, recipe),
+                    *_host_part(stage))
         progress.stage, progress.before, progress.key = stage, snapshot(run_dir), key
         if stage.compresses and state.start is None:  # the model entering the first compression: the run's start
             state.start = capture_start(stage.id, state, ctx, state.task.headline.name)
-        record = _resume(stage, key, state, ctx, manifest) if resume else None
+        reusable = resume and not (manifest.host_changed and _host_part(stage))  # timed elsewhere: measure here
+        record = _resume(stage, key, state, ctx, manifest) if reusable else None
         if record is None:
             if hasattr(stage, "recorded_choices"):  # a stage that chooses by measuring: what the earlier run chose
                 stage.recorded_choices = recorded_for(stage, key, earlier or {}) if resume else None
@@ -437,7 +473,7 @@ def _forget_earlier(stage_dir: Path, run_dir: Path) -> None:
     if isinstance(files, list):
         remove_files(run_dir, [f for f in files if isinstance(f, str) and not f.endswith("stage.json")])
     record.unlink(missing_ok=True)
-    stage_dir.mkdir(parents=True, exist_ok=True)
+    run_subdir(run_dir, stage_dir.relative_to(run_dir).as_posix())
 
 
 def _resume(stage: Stage, key: str, state: RunState, ctx: RunContext, manifest: Manifest) -> StageRecord | None:
@@ -488,9 +524,15 @@ def _resume(stage: Stage, key: str, state: RunState, ctx: RunContext, manifest: 
     return record
 
 
+class _RunLog(logging.FileHandler):
+    """logs/pruneflow.log, opened by ``open_run_log``: appended to, never through a link or into a planted file."""
+
+    def _open(self):  # logging's own hook: the stream is a text file, as its default
+        return os.fdopen(open_run_log(Path(self.baseFilename)), "a", encoding=self.encoding)
+
+
 def _attach_log(run_dir: Path) -> logging.Handler:
-    (run_dir / "logs").mkdir(exist_ok=True)
-    handler = logging.FileHandler(run_dir / "logs" / "pruneflow.log", encoding="utf-8")
+    handler = _RunLog(run_subdir(run_dir, "logs") / "pruneflow.log", encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logger = logging.getLogger("pruneflow")
     if logger.level == logging.NOTSET or logger.level > logging.INFO:

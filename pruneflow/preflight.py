@@ -181,6 +181,14 @@ def _table_hint(model: torch.nn.Module, batch: "Inputs", exc: BaseException) -> 
 
 #: The longest file or folder name Linux, macOS and Windows file systems take, in bytes.
 NAME_MAX = 255
+#: The longest path Linux takes (macOS: 1024, checked by the system itself), in bytes.
+PATH_MAX = 4096
+
+
+def _shown(path: Path) -> str:
+    """``path`` as an error message shows it: a 5,000-byte --out is cut, not printed whole."""
+    text = str(path)
+    return text if len(text) <= 120 else f"{text[:60]}...{text[-40:]} ({len(os.fsencode(text)):,} bytes)"
 
 
 def check_out_dir(out: Path, name: str) -> None:
@@ -192,29 +200,35 @@ def check_out_dir(out: Path, name: str) -> None:
     from .errors import UsageError
 
     run_dir = out / name
+    shown = _shown(out)
     too_long = next((part for part in run_dir.parts if len(os.fsencode(part)) > NAME_MAX), None)
     if too_long is not None:
-        raise UsageError(f"--out {out}: the folder name {too_long[:40]}... is {len(os.fsencode(too_long))} bytes; file "
+        raise UsageError(f"--out {shown}: the folder name {too_long[:40]}... is {len(os.fsencode(too_long))} bytes; file "
                          f"systems stop at {NAME_MAX} (File name too long); nothing was written",
                          hint="choose a shorter --out")
+    whole = len(os.fsencode(str(run_dir.absolute()))) + len(f"/.{name}.lock") + NAME_MAX
+    if whole > PATH_MAX:
+        raise UsageError(f"--out {shown}: the run folder's path is {whole - NAME_MAX:,} bytes, and with its files' names it "
+                         f"would pass the {PATH_MAX:,} bytes a path may have (File name too long); nothing was written",
+                         hint="choose a shorter --out")
     if run_dir.is_symlink():
-        raise UsageError(f"--out {out}: the run folder {run_dir} is a symbolic link; a run replaces its folder whole, and "
+        raise UsageError(f"--out {shown}: the run folder {run_dir} is a symbolic link; a run replaces its folder whole, and "
                          "pruneflow never writes through a link into a folder it does not own (nothing was written)",
                          hint=f"remove {run_dir}, or choose another --out")
     for path in [run_dir, *run_dir.parents]:
         if not path.exists():
             continue
         if not path.is_dir():
-            raise UsageError(f"--out {out}: {path} is a file, not a folder; the run folder and its lock file go inside --out",
+            raise UsageError(f"--out {shown}: {path} is a file, not a folder; the run folder and its lock file go inside --out",
                              hint="choose an --out folder (it is created when missing)")
         if path == run_dir:  # the run replaces OUT/NAME itself (or, resumed, writes in it): both must be writable
             if not _writable(run_dir):
-                raise UsageError(f"--out {out}: cannot write in the existing run folder {run_dir} (read-only or immutable); "
+                raise UsageError(f"--out {shown}: cannot write in the existing run folder {run_dir} (read-only or immutable); "
                                  "a new run replaces it and --resume writes in it; nothing was written",
                                  hint=f"make {run_dir} writable (chattr -i, chmod u+w), or choose another --out")
             path = run_dir.parent
         if not _writable(path):
-            raise UsageError(f"--out {out}: cannot write in {path} (read-only folder or file system); nothing was written",
+            raise UsageError(f"--out {shown}: cannot write in {path} (read-only folder or file system); nothing was written",
                              hint="choose an --out folder you can write to, e.g. --out ./runs")
         return
 
@@ -229,3 +243,60 @@ def _writable(folder: Path) -> bool:
             return True
     except OSError:
         return False
+
+
+#: One batch's input may take at most this share of the memory left: training keeps the activations and gradients,
+#: evaluation the activations and outputs, each several times the input's size. A batch past it cannot run here; one
+#: under it may still be too large for the model (``doctor`` tries one batch).
+BATCH_INPUT_SHARE = 0.25
+#: A batch advised is this share of the largest allowed, so that it still fits on the next run.
+BATCH_ADVICE_MARGIN = 0.8
+
+
+def batch_memory_problems(recipe: Any, sample_bytes: int, memory: tuple[int | None, str] | None = None) -> list[ConfigError]:
+    """Each batch size of the recipe (``data.eval_batch_size``, a stage's ``batch_size``, ``importance_batch_size``,
+    ``batch_sizes``) whose input alone (``sample_bytes`` a sample) would take more than ``BATCH_INPUT_SHARE`` of the
+    memory this process may still use, its container's limit included (``config.memory_left``), as a located problem
+    naming the batch that fits. Cheap (nothing is allocated) and a lower bound: it refuses only what cannot fit."""
+    from .config import memory_left
+
+    free, where = memory or memory_left()
+    if free is None or sample_bytes <= 0:
+        return []
+    allowed = BATCH_INPUT_SHARE * free
+    problems = []
+    for loc, batch in _batch_sizes(recipe, ()):
+        if batch * sample_bytes > allowed:
+            fits = max(1, int(BATCH_ADVICE_MARGIN * allowed // sample_bytes))
+            problems.append(ConfigError(
+                loc, f"a batch of {batch:,} takes {batch * sample_bytes / 1e9:,.2f} GB of input alone ({sample_bytes:,} "
+                f"bytes a sample), and there are {free / 1e9:,.2f} GB {where.removeprefix('available ')}; a batch's input "
+                f"may take at most {BATCH_INPUT_SHARE:.0%} of that (activations, gradients and outputs need several "
+                "times more)", value=batch, hint=f"use {loc[-1]}: {fits} or less"))
+    return problems
+
+
+def _batch_sizes(obj: Any, loc: tuple) -> list[tuple[tuple, int]]:
+    """Every batch size a validated recipe sets, with its key path (a list of sizes: each entry)."""
+    from pydantic import BaseModel
+
+    found: list[tuple[tuple, int]] = []
+    if isinstance(obj, BaseModel):
+        for name in type(obj).model_fields:
+            value = getattr(obj, name)
+            if name.endswith("batch_size") and isinstance(value, int) and not isinstance(value, bool):
+                found.append(((*loc, name), value))
+            elif name == "batch_sizes" and isinstance(value, list):
+                found += [((*loc, name, i), v) for i, v in enumerate(value) if isinstance(v, int)]
+            else:
+                found += _batch_sizes(value, (*loc, name))
+    elif isinstance(obj, list):
+        for i, item in enumerate(obj):
+            found += _batch_sizes(item, (*loc, i))
+    return found
+
+
+def sample_bytes(batch: Inputs) -> int:
+    """Bytes one sample of ``batch`` takes (every input of a dict)."""
+    tensors = [batch] if isinstance(batch, torch.Tensor) else list(batch.values())
+    return sum(int(t[:1].element_size() * t[:1].nelement()) for t in tensors)

@@ -20,6 +20,7 @@ from .context import Reporter
 from .errors import ConfigError, InputError, MissingDependencyError
 from .inputs import Inputs, take, trim
 from .recipe import LoadedRecipe
+from .recipe.code import CodeTrust
 from .recipe.models import RecipeBase
 from .recipe.rules import stage_ids
 from .stage import Stage
@@ -55,6 +56,7 @@ def preflight(loaded: LoadedRecipe, stages: list[Stage], out: str | Path | None 
         value = getattr(getattr(recipe, section), name)
         if value and not (Path(value).is_file() if name == "checkpoint" else Path(value).exists()):
             problems.append(ConfigError((section, name), f"file not found: {value}", hint=path_hint(loaded, (section, name))))
+    problems += _static_batch_problems(recipe)
     notes = list(factory_notes)
     for stage in stages:  # each stage's own files (a calibration source, a request log) and toolchains
         try:
@@ -73,6 +75,21 @@ def preflight(loaded: LoadedRecipe, stages: list[Stage], out: str | Path | None 
     return notes
 
 
+def _static_batch_problems(recipe: RecipeBase) -> list[ConfigError]:
+    """Batch sizes whose input cannot fit in memory, where one sample's shape is known without the data (``model.
+    input_shape``, a zoo model's): float32 inputs of that shape (``preflight.batch_memory_problems``)."""
+    import math
+
+    from .models import input_shape_for
+    from .preflight import batch_memory_problems
+
+    try:
+        shape = input_shape_for(recipe.model, None)
+    except InputError:
+        return []  # known from the data: checked when it is loaded (load_inputs)
+    return batch_memory_problems(recipe, 4 * math.prod(shape))
+
+
 def path_hint(loaded: LoadedRecipe, loc: tuple) -> str:
     """How a relative path at ``loc`` was resolved: against the recipe file that wrote it, or, given with ``--set``,
     against the working directory (the hint had said "the recipe file" for both)."""
@@ -84,32 +101,35 @@ def path_hint(loaded: LoadedRecipe, loc: tuple) -> str:
 
 def factory_problems(loaded: LoadedRecipe) -> tuple[list[str], list[ConfigError]]:
     """``model.factory`` and each stage's ``teacher.factory`` name a zoo model or a callable whose file exists,
-    parses and defines it; nothing is imported, so none of the user's code runs (``models.check_factory_statically``).
-    Returns (notes for what only the run can confirm, located problems), which ``preflight`` lists with the rest."""
+    parses and defines it, and which the recipe may run (``recipe/code.py``); nothing is imported, so none of the
+    user's code runs (``models.check_factory_statically``). Returns (notes for what only the run can confirm,
+    located problems), which ``preflight`` lists with the rest."""
     specs: list[tuple[tuple, str]] = [(("model", "factory"), loaded.recipe.model.factory)]
     teachers = [(i, getattr(getattr(stage, "teacher", None), "factory", None)) for i, stage in enumerate(loaded.recipe.stages)]
     specs += [(("stages", i, "teacher", "factory"), factory) for i, factory in teachers if isinstance(factory, str)]
     notes, problems = [], []
     for loc, factory in specs:
         try:
-            notes += [note for note in [_check_one_factory(loc, factory)] if note]
+            notes += [note for note in [_check_one_factory(loc, factory, loaded.trust)] if note]
         except ConfigError as exc:
             problems.append(exc)
     return notes, problems
 
 
-def _check_one_factory(loc: tuple, factory: str) -> str | None:
+def _check_one_factory(loc: tuple, factory: str, trust: CodeTrust | None) -> str | None:
     import difflib
 
+    from .errors import key_path
     from .models import check_factory_statically
     from .zoo import ZOO
 
+    field = key_path(loc)
     try:
-        return check_factory_statically(factory)
+        return check_factory_statically(factory, trust, field)
     except InputError as exc:
         close = difflib.get_close_matches(factory, list(ZOO), n=1) if ":" not in factory else []
         hint = f"did you mean {close[0]!r}? " if close else ""
-        message = exc.message.removeprefix(f"model.factory {factory!r}").lstrip(": ")
+        message = exc.message.removeprefix(f"{field} {factory!r}").lstrip(": ")
         raise ConfigError(loc, message, value=factory, hint=hint + (exc.hint or "")) from exc
 
 
@@ -129,7 +149,7 @@ def load_inputs(loaded: LoadedRecipe, stages: list[Stage], reporter: Reporter, p
     many rows of each split, and the splits keep only those."""
     from .data import load_data
     from .models import build_model_with_new_parameters, input_shape_for, with_data_kwargs
-    from .preflight import PREFLIGHT_BATCH, check_model_on_batch, check_shape_matches_data
+    from .preflight import PREFLIGHT_BATCH, batch_memory_problems, check_model_on_batch, check_shape_matches_data, sample_bytes
     from .tasks import make_task
 
     recipe = loaded.recipe
@@ -142,6 +162,9 @@ def load_inputs(loaded: LoadedRecipe, stages: list[Stage], reporter: Reporter, p
     reporter.info(f"loading data ({recipe.data.format})")
     task = make_task(recipe.task)
     data = load_data(recipe.data, recipe.seed, with_train=any(s.needs_train_split for s in stages), task=task)
+    too_large = batch_memory_problems(recipe, sample_bytes(data.eval.x))
+    if too_large:
+        raise loaded.error(too_large)
     labels = {"eval": data.eval.y} if data.train is None else {"train": data.train.y, "eval": data.eval.y}
     task.check_targets(labels, data, recipe.data.label_column)
     model_spec = recipe.model

@@ -155,6 +155,13 @@ class Stage(Generic[C]):
         """
         return ()
 
+    @classmethod
+    def gate_metrics(cls, config: C, task: Any) -> list[str] | None:
+        """Every metric a stage so configured records for ``task`` (a ``tasks.Task``), when the class can list them
+        all: a gate naming another of this stage's metrics is then exit 2 at load time, not a failed gate after the
+        run. None (the default): the names are known only when the stage has run."""
+        return None
+
     def loc(self, *keys: str | int) -> tuple:
         """The recipe key path of one of this stage's settings, for ConfigError: ``("stages", 2, *keys)``."""
         return ("stages", self.index, *keys)

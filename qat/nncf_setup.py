@@ -50,7 +50,9 @@ def extensions_dir() -> Path:
 
     import torch
 
-    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "pruneflow" / "torch_extensions"
+    from pruneflow.cache import cache_home
+
+    base = cache_home() / "torch_extensions"
     environment = hashlib.sha256(str(Path(torch.__file__).resolve().parent).encode()).hexdigest()[:10]
     return base / f"torch-{torch.__version__.replace('+', '_')}-{environment}"
 
@@ -153,9 +155,15 @@ def extension_state(folder: Path | None = None) -> tuple[bool, Path]:
 
 def configure(notify: Notify = _notify) -> Path:
     """Set the environment NNCF's loader reads and clear stale locks; must run before nncf.torch builds anything."""
+    from pruneflow.cache import check_tree, private_dir
+
     pin_ninja()
-    folder = Path(os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_dir())))
+    default = extensions_dir()
+    folder = Path(os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(default)))
     os.environ.setdefault("NNCF_EXTENSION_LOAD_TIMEOUT", "0")
+    if folder == default:  # ours: private (0700), no link on the way, nothing planted in it (a .so there is loaded as code)
+        private_dir("torch_extensions", default.name)
+        check_tree(folder, "NNCF's compiled kernels")
     folder.mkdir(parents=True, exist_ok=True)
     clear_stale_locks(folder, notify)
     return folder

@@ -382,13 +382,13 @@ def test_the_memory_left_under_a_cgroup_limit_v2_and_v1(tmp_path):
 
 def test_a_batch_past_a_containers_limit_is_refused_and_the_batch_advised_runs_next_time(tmp_path, monkeypatch):
     """Inside a 1 GiB cgroup bench saw the machine's memory, and the kernel killed it (issue 41)."""
-    import pruneflow.benchmark as bench
+    import pruneflow.config as config
 
     proc, root = tmp_path / "cgroup", tmp_path / "fs"
     proc.write_text("0::/job\n")
     _cgroup_v2(root, "job", 2**30, 2**27)
-    monkeypatch.setattr(bench, "SELF_CGROUP", proc)
-    monkeypatch.setattr(bench, "CGROUP_ROOT", root)
+    monkeypatch.setattr(config, "SELF_CGROUP", proc)
+    monkeypatch.setattr(config, "CGROUP_ROOT", root)
     model = _relu_onnx(tmp_path / "relu.onnx")  # 1,024 bytes a sample
     refused = invoke(*BENCH, model, "--batch", "5000000", "--runs", "1")
     text = " ".join(refused.output.split())

@@ -234,7 +234,7 @@ def test_json_on_an_invalid_recipe(tmp_path):
     "gates, args, failing",
     [
         ([{"metric": "evaluate.accuracy", "min": 0.0}], ["--set", "gates.0.min=1.01"], "< min 1.01"),
-        ([{"metric": "evaluate.no_such_metric", "min": 0.0}], [], "was not produced by this run"),
+        ([{"metric": "onnx.fp32.no_such_metric", "min": 0.0}], [], "was not produced by this run"),
     ],
     ids=["min-above-1", "metric-never-produced"],
 )

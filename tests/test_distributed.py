@@ -263,3 +263,17 @@ def test_device_cuda_trains_prunes_and_quantizes_on_the_gpu(tmp_path):
     if torch.cuda.device_count() >= 2:
         proc, _ = _optimize(recipe, tmp_path / "nccl", "--device", "cuda", "--nproc", "2")
         assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "1.5"])
+def test_a_bad_timeout_in_the_environment_is_one_error_from_the_launcher(tmp_path, monkeypatch, value):
+    """`--nproc 2 --json` with PRUNEFLOW_DIST_TIMEOUT=abc printed two JSON objects (one a rank) and exited 4 (issue 41):
+    the launcher reads it before any worker starts."""
+    monkeypatch.setenv("PRUNEFLOW_DIST_TIMEOUT", value)
+    recipe = write(tmp_path / "r.yaml", tiny_recipe_dict())
+    result = invoke("optimize", recipe, "--out", tmp_path / "runs", "--nproc", "2", "--json")
+    assert result.exit_code == 2, result.output
+    [line] = result.stdout.strip().splitlines()
+    error = json.loads(line)["error"]
+    assert error["type"] == "UsageError" and f"PRUNEFLOW_DIST_TIMEOUT={value!r}" in error["message"]
+    assert not (tmp_path / "runs").exists()

@@ -331,6 +331,7 @@ def test_a_vit_recipe_trains_prunes_heads_and_exports_onnx_through_the_cli(tmp_p
     recipe = write(tmp_path / "vit.yaml", {
         "name": "vit", "seed": 0, "device": "cpu",
         "model": {"factory": f"{REPO / 'tests/families/vit.py'}:build", "kwargs": {"dim": 32, "heads": 4}},
+        "trust": {"code": [f"{REPO / 'tests/families/vit.py'}:build"]},  # a factory outside the recipe's folder
         "data": {"format": "digits", "max_train_samples": 128, "max_eval_samples": 64},
         "stages": [
             {"type": "train", "epochs": 1, "batch_size": 32, "lr": 0.002, "optimizer": "adamw"},

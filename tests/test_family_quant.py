@@ -326,7 +326,7 @@ def test_family_through_calibrate_qat_and_ptq_to_onnx_and_openvino(name, tmp_pat
     factory = str(FAMILIES / f"{name}.py") + ":build"
     for quant in ({"type": "qat", "schedule": [{"precision": "fp16", "epochs": 1}, {"precision": "int8", "epochs": 1}]},
                   {"type": "ptq"}):
-        recipe = {"name": name, "seed": 0, "device": "cpu", "model": {"factory": factory},
+        recipe = {"name": name, "seed": 0, "device": "cpu", "model": {"factory": factory}, "trust": {"code": [factory]},
                   "data": {"format": "digits", "max_train_samples": 600, "max_eval_samples": 200},
                   "stages": [{"type": "train", "epochs": 4, "batch_size": 32, "lr": 0.05},
                              {"type": "calibrate", "size": 64}, quant,
@@ -367,6 +367,7 @@ def test_a_misspelled_ignore_entry_is_refused_before_training(tmp_path):
     at the entry's line, naming the closest module names."""
     recipe = {"name": "typo", "seed": 0, "device": "cpu",
               "model": {"factory": str(FAMILIES / "densenet.py") + ":build"},
+              "trust": {"code": [str(FAMILIES / "densenet.py") + ":build"]},
               "data": {"format": "digits", "max_train_samples": 100, "max_eval_samples": 50},
               "stages": [{"type": "train", "epochs": 1}, {"type": "ptq", "ignore": ["features.2.conv", "fcc"]},
                          {"type": "export", "targets": ["onnx"], "precisions": ["int8"], "latency": None}]}

@@ -93,6 +93,7 @@ def zoo_recipe(name: str, folder: Path, stages: list[dict] | None = None) -> Pat
     model = {"factory": f"{FAMILIES / name}.py:build", "kwargs": KWARGS.get(name, {})}
     return write(folder / f"{name}.yaml", {
         "name": name, "seed": 0, "device": "cpu", "model": model,
+        "trust": {"code": [model["factory"]]},  # tests/families/ lies outside the recipe's folder (issue 41)
         "data": _data(name, folder),
         "stages": _stages(name) if stages is None else stages,
     })

@@ -263,22 +263,25 @@ SLOW = {"type": "train", "name": "long", "epochs": 400, "batch_size": 32, "lr": 
 
 
 @pytest.mark.slow
-def test_sigterm_stops_like_ctrl_c_and_resume_picks_up(tmp_path):
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_sigterm_stops_like_ctrl_c_and_resume_picks_up(tmp_path, sig):
+    """SIGHUP (the terminal or ssh session closed) ended a run with no message, its manifest left `running` (issue 41):
+    it is handled as SIGTERM is."""
     recipe = write(tmp_path / "r.yaml", tiny(stages=[{"type": "evaluate"}, SLOW]))
     run_dir = tmp_path / "runs" / "tiny"
     proc = cli_process("optimize", recipe, "--out", tmp_path / "runs", "--json")
     try:
         wait_for(lambda: (run_dir / "stages" / "01-evaluate" / "stage.json").is_file(), 120, "the first stage")
         time.sleep(0.5)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(getattr(signal, sig))
         stdout, stderr = proc.communicate(timeout=60)
     finally:
         proc.kill()
     assert proc.returncode == 130, stderr
-    assert "terminated (SIGTERM)" in stderr and "--resume" in stderr
+    assert f"terminated ({sig})" in stderr and "--resume" in stderr
     payload = one_json(stdout)
     assert payload["exit_code"] == 130
-    assert payload["error"] == {"type": "Terminated", "message": "terminated (SIGTERM)", "hint": None}
+    assert payload["error"] == {"type": "Terminated", "message": f"terminated ({sig})", "hint": None}
     assert [s["name"] for s in payload["stages"]] == ["evaluate"]  # the finished stage, with its metrics
     assert "accuracy" in payload["stages"][0]["metrics"] and payload["run_dir"] == str(run_dir)
     manifest = json.loads((run_dir / "manifest.json").read_text())

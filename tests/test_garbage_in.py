@@ -79,7 +79,7 @@ def inf_in_csv_inputs(tmp: Path) -> Case:
     rows = ["f0,f1,f2,f3,label"] + [f"{i % 5}.5,1.0,{'inf' if i == 7 else '2.0'},0.5,{i % 3}" for i in range(30)]
     write(tmp / "data.csv", "\n".join(rows) + "\n")
     recipe = write(tmp / "r.yaml", tiny(model={"factory": "torch.nn:Linear", "kwargs": {"in_features": 4, "out_features": 3}},
-                                        data={"format": "csv", "path": "data.csv"}))
+                                        trust={"code": ["torch.nn:Linear"]}, data={"format": "csv", "path": "data.csv"}))
     return Case(recipe, ["data.csv", "column 'f2'", "1 of 30 samples", "NaN or infinite", "rows 7", "Fix:"])
 
 
@@ -168,7 +168,7 @@ def zoo_shape_not_the_datas(tmp: Path) -> Case:
 
 def model_fails_on_the_data(tmp: Path) -> Case:
     recipe = write(tmp / "r.yaml", tiny(model={"factory": "torch.nn:Linear", "kwargs": {"in_features": 10, "out_features": 10},
-                                               "input_shape": [1, 8, 8]}))
+                                               "input_shape": [1, 8, 8]}, trust={"code": ["torch.nn:Linear"]}))
     return Case(recipe, ["torch.nn:Linear", "fails on a batch of the data, shape (8, 1, 8, 8)", "Fix:", "model.kwargs"])
 
 
@@ -237,7 +237,46 @@ def an_out_in_a_read_only_folder(tmp: Path) -> Case:
     return Case(recipe, [f"cannot write in {locked}", "Fix:"], out=locked / "runs", bad_out=True)
 
 
+def text_in_a_csv_column_of_numbers(tmp: Path) -> Case:
+    """A column of numbers with one word in it reads as text: it was left out of the inputs silently (the model then
+    failed on the shape), or, named in input_column, a traceback (`could not convert string to float`; issue 41)."""
+    rows = ["f0,f1,f2,f3,label"] + [f"{i % 5}.5,{'twelve' if i == 7 else '1.0'},2.0,0.5,{i % 3}" for i in range(30)]
+    write(tmp / "data.csv", "\n".join(rows) + "\n")
+    recipe = write(tmp / "r.yaml", tiny(model={"factory": "mlp", "kwargs": {"in_features": 4, "out_features": 3}},
+                                        data={"format": "csv", "path": "data.csv"}))
+    return Case(recipe, ["data.csv", "column 'f1' holds text where the model's inputs are numbers", "row 7: 'twelve'", "Fix:"])
+
+
+def text_in_a_parquet_input_column(tmp: Path) -> Case:
+    import pandas as pd
+
+    pd.DataFrame({"f0": np.arange(30.0), "f1": [f"w{i}" for i in range(30)], "label": np.arange(30) % 3}).to_parquet(tmp / "d.parquet")
+    recipe = write(tmp / "r.yaml", tiny(model={"factory": "mlp", "kwargs": {"in_features": 2, "out_features": 3}},
+                                        data={"format": "parquet", "path": "d.parquet", "input_column": ["f0", "f1"]}))
+    return Case(recipe, ["d.parquet", "column 'f1' holds text", "30 of 30 rows", "data.features.categorical"])
+
+
+def a_blank_label_in_a_csv(tmp: Path) -> Case:
+    """NaN labels were reported as a dtype problem ("must hold integer class ids (found float32)"; issue 41)."""
+    rows = ["f0,f1,label"] + [f"{i % 5}.5,1.0,{'' if i in (4, 9) else i % 3}" for i in range(30)]
+    write(tmp / "data.csv", "\n".join(rows) + "\n")
+    recipe = write(tmp / "r.yaml", tiny(model={"factory": "mlp", "kwargs": {"in_features": 2, "out_features": 3}},
+                                        data={"format": "csv", "path": "data.csv"}))
+    return Case(recipe, ["data.csv", "the label column 'label' is empty or NaN in 2 of 30 rows (rows 4, 9", "Fix:"])
+
+
+def a_nan_label_in_a_parquet_file(tmp: Path) -> Case:
+    import pandas as pd
+
+    label = np.where(np.arange(30) == 3, np.nan, np.arange(30) % 3)
+    pd.DataFrame({"f0": np.arange(30.0), "f1": np.ones(30), "label": label}).to_parquet(tmp / "d.parquet")
+    recipe = write(tmp / "r.yaml", tiny(model={"factory": "mlp", "kwargs": {"in_features": 2, "out_features": 3}},
+                                        data={"format": "parquet", "path": "d.parquet"}))
+    return Case(recipe, ["d.parquet", "'label' is empty or NaN in 1 of 30 rows (rows 3"])
+
+
 CATALOGUE: dict[str, Callable[[Path], Case]] = {f.__name__: f for f in [
+    text_in_a_csv_column_of_numbers, text_in_a_parquet_input_column, a_blank_label_in_a_csv, a_nan_label_in_a_parquet_file,
     nan_in_npz_inputs, inf_in_csv_inputs, nan_weights, int32_safetensors, bool_safetensors, std_zero,
     a_zero_in_the_std_list, input_shape_not_the_datas, zoo_shape_not_the_datas, model_fails_on_the_data,
     labels_beyond_the_class_names, more_classes_than_the_model_outputs, a_one_sample_dataset_leaves_no_training_split,
@@ -369,3 +408,29 @@ def test_checkpoint_tensors_of_the_same_kind_load():
     check_dtypes(model.state_dict(), state, "weights.pt")
     kinds = [dtype_class(d) for d in (torch.bfloat16, torch.uint8, torch.bool, torch.complex64)]
     assert kinds == ["float", "integer", "bool", "complex"]
+
+
+def test_init_into_proc_is_a_one_paragraph_error(tmp_path):
+    """`init quickstart /proc` was a traceback (FileNotFoundError from the temporary file; issue 41)."""
+    for target in ("/proc", "/proc/recipe.yaml"):
+        result = invoke("init", "quickstart", target)
+        assert_refused(result, ["cannot write /proc/", "a file cannot be created in /proc", "nothing was written", "Fix:"])
+
+
+def test_an_empty_onnx_file_is_named_by_inspect_and_bench(tmp_path):
+    """An empty .onnx was an IndexError traceback in `inspect`, and exit 4 in `bench` (issue 41)."""
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
+    assert_refused(invoke("inspect", empty), [f"{empty} holds no ONNX graph (0 bytes", "Fix:"])
+    assert_refused(invoke("bench", empty, "--runs", "1"), [f"{empty} is empty (0 bytes)", "Fix:"])
+
+
+def test_a_5000_byte_out_is_a_one_paragraph_error(tmp_path):
+    """A --out of 5,000 bytes in short folder names was a traceback (OSError: File name too long; issue 41)."""
+    recipe = write(tmp_path / "r.yaml", tiny())
+    out = tmp_path.joinpath(*["abcdefghij"] * 460)
+    for extra in ((), ("--dry-run",)):
+        result = invoke("optimize", recipe, "--out", out, *extra)
+        assert_refused(result, ["bytes a path may have", "(File name too long); nothing was written", "choose a shorter --out"])
+        assert len(result.stderr) < 1000  # the path is cut in the message, not printed whole
+    assert not (tmp_path / "abcdefghij").exists()

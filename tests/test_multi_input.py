@@ -197,6 +197,7 @@ def _two_input_recipe(folder: Path, stages: list[dict]) -> dict:
     np.savez(folder / "two.npz", pixels=(digits.images / 16).astype(np.float32), features=meta, label=digits.target)
     return {"name": "two", "seed": 0, "device": "cpu",
             "model": {"factory": f"{FAMILIES / 'two_input.py'}:build"},
+            "trust": {"code": [f"{FAMILIES / 'two_input.py'}:build"]},  # outside the recipe's folder (issue 41)
             "data": {"format": "npz", "path": str(folder / "two.npz"), "input_column": {"image": "pixels", "meta": "features"},
                      "max_train_samples": 600, "max_eval_samples": 200},
             "stages": stages}
@@ -276,7 +277,8 @@ def _text_recipe(model: dict, stages: list[dict]) -> dict:
     sst2 = SHARED_DATA / "sst2"
     if not (sst2 / "train.parquet").is_file():
         pytest.skip("shared sst2 data not found")
-    return {"name": "text", "seed": 0, "device": "cpu", "model": model,
+    trust = {"code": [model["factory"]]} if ":" in model["factory"] else {}  # a family file: outside the recipe's folder
+    return {"name": "text", "seed": 0, "device": "cpu", "model": model, "trust": trust,
             "data": {"format": "parquet", "train": str(sst2 / "train.parquet"), "eval": str(sst2 / "dev.parquet"),
                      "input_column": "sentence", "tokenizer": str(sst2 / "vocab.txt"), "max_length": 48,
                      "max_train_samples": 500, "max_eval_samples": 200},

@@ -137,7 +137,7 @@ def tables_run(tmp_path_factory):
              "finetune": {"epochs": 1, "batch_size": 512, "optimizer": "adamw", "lr": 0.002}},
             {"type": "calibrate", "size": 512},
             {"type": "ptq"},
-            {"type": "export", "targets": ["onnx", "openvino"], "precisions": ["int8"], "latency": None},
+            {"type": "export", "targets": ["onnx", "openvino"], "precisions": ["fp32", "int8"], "latency": None},
         ],
     }
     return (folder,) + optimize_json(recipe, folder)
@@ -149,11 +149,19 @@ def test_table_pruning_end_to_end_shrinks_the_tables_and_keeps_auc(tables_run):
     assert prune["rows_before"] == 22_000 and prune["rows"] <= 0.4 * 22_000 + 2  # one merged row per table
     assert prune["columns_before"] == 34 and prune["columns"] == 17
     assert prune["rows_never_read"] > 0 and prune["table_reduction"] > 3
-    reference = next(a["metrics"] for a in out["artifacts"] if a["path"].endswith("reference/onnx/model.fp32.onnx"))
+    def found(suffix: str, reference: bool = False) -> dict:
+        return next(a["metrics"] for a in out["artifacts"] if a["path"].endswith(suffix) and ("reference" in a["path"]) == reference)
+
+    reference = found("onnx/model.fp32.onnx", reference=True)  # the model before its tables were pruned
     assert reference["auc"] > 0.6  # the planted rule is learnt
-    for name in ("model.int8.onnx", "model.int8.xml"):
-        assert abs(artifacts[name]["auc"] - reference["auc"]) < 0.01, name
-        assert abs(artifacts[name]["mean_pctr"] - reference["mean_pctr"]) < 0.01, name
+    for name, fp32 in (("model.int8.onnx", found("onnx/model.fp32.onnx")), ("model.int8.xml", found("openvino/model.fp32.xml"))):
+        int8 = artifacts[name]
+        # INT8 against the FP32 of the same pruned model, in the same runtime: the issue's bars (|AUC| 0.002, pCTR 0.005)
+        assert abs(int8["auc"] - fp32["auc"]) <= 0.002, (name, int8["auc"], fp32["auc"])
+        assert abs(int8["mean_pctr"] - fp32["mean_pctr"]) <= 0.005, (name, int8["mean_pctr"], fp32["mean_pctr"])
+        # pruned tables + INT8 against the model before pruning: embedding pruning's bar, AUC within 0.005 (issue 24)
+        assert abs(int8["auc"] - reference["auc"]) <= 0.005, (name, int8["auc"], reference["auc"])
+        assert abs(int8["mean_pctr"] - reference["mean_pctr"]) < 0.01, name  # the fine-tune moves it ~0.01 here
     # 40 % of the rows at half width, int8 with a scale a row, and an int32 index entry per id: 7.4x here
     assert artifacts["model.int8.onnx"]["table_bytes"] < reference["table_bytes"] / 6
     report = (folder / "runs" / "tables" / "report.md").read_text()

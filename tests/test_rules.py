@@ -191,8 +191,31 @@ def test_a_gate_naming_no_stage_or_target_is_refused_with_did_you_mean(tmp_path)
     line = line_of(path, "- metric: evalute.accuracy")
     assert f"{path}:{line}  gates.0.metric  'evalute.accuracy'  names no stage or export target" in result.stderr
     assert "did you mean 'evaluate'?" in result.stderr
-    # A target of the `export` stage is a valid start; the metric itself is known only after the run.
-    assert "1 problem in the recipe" in result.stderr
+    # A target of the `export` stage is a valid start; the evaluate stage lists what it records (issue 41).
+    line = line_of(path, "- metric: evaluate.no_such_metric")
+    assert f"{path}:{line}  gates.2.metric  'evaluate.no_such_metric'  stage 'evaluate' records no metric" in result.stderr
+    assert "the evaluate stage records: accuracy, loss, samples, macs, params" in result.stderr
+    assert "2 problems in the recipe" in result.stderr
+
+
+@pytest.mark.parametrize("metric, says", [
+    ("evaluate.acuracy", "stage 'evaluate' records no metric 'acuracy'; did you mean 'accuracy'?"),
+    ("train.train_los", "stage 'train' records no metric 'train_los'; did you mean 'train_loss'?"),
+    ("onnx.fp32.acuracy", "'acuracy' looks like a misspelt metric"),
+    ("onnx.int8.lateny_b1_median_ms", "did you mean 'latency'?"),
+])
+def test_a_typod_gate_metric_is_exit_2_at_validate_not_a_failed_gate_after_the_run(tmp_path, metric, says):
+    """`evaluate.acuracy` failed only after the whole run, as a gate the run never produced (exit 1; issue 41)."""
+    path = write(tmp_path / "r.yaml", tiny_recipe_dict(gates=[{"metric": metric, "min": 0.5}]))
+    result = validate(path)
+    assert result.exit_code == 2 and f"gates.0.metric  {metric!r}" in result.stderr and says in result.stderr, result.output
+
+
+@pytest.mark.parametrize("metric", ["evaluate.accuracy", "train.train_accuracy", "evaluate.macs", "onnx.fp32.accuracy",
+                                    "onnx.int8.latency_b32_median_ms", "onnx.int8.speedup_b32", "onnx.fp32.size_mb",
+                                    "onnx.int8.agreement_fp32", "onnx.int8.top1_agreement"])
+def test_a_gate_metric_a_stage_records_is_accepted(tmp_path, metric):
+    assert validate(write(tmp_path / "r.yaml", tiny_recipe_dict(gates=[{"metric": metric, "min": 0.0}]))).exit_code == 0
 
 
 def test_every_problem_is_reported_at_once_in_line_order(tmp_path):

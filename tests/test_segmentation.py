@@ -131,3 +131,6 @@ def test_a_unet_with_transposed_convolutions_exports_both_int8_onnx_forms(tmp_pa
     assert stages["train"]["miou"] > 0.5
     for name in ("model.int8.onnx", "model.int8.tensorrt.onnx") + (() if failed else ("model.int8.xml",)):
         assert artifacts[name]["miou"] >= fp32 - 0.01, (name, artifacts[name]["miou"], fp32)
+    if failed:  # refused, not shipped wrong: but the U-Net's OpenVINO INT8 did not hold here, so this is no pass (issue 41)
+        pytest.xfail(f"host-dependent: OpenVINO {artifacts['model.int8.xml'].get('runtime', '')} computed the U-Net's INT8 IR "
+                     f"wrongly on this CPU, and its parity gates refused it ({', '.join(failed)}); README: cell H")

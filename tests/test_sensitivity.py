@@ -122,6 +122,7 @@ def _recipe(tmp_path, model, **control) -> dict:
     return {
         "name": "aaq", "seed": 0, "device": "cpu",
         "model": {"factory": f"{__file__}:build", "checkpoint": str(checkpoint)},
+        "trust": {"code": [f"{__file__}:build"]},  # this file lies outside the recipe's folder (issue 41)
         "data": {"format": "digits", "max_train_samples": 600, "max_eval_samples": 300},
         "stages": [
             {"type": "ptq", "calibration_size": 256, "sensitivity": control},

@@ -108,9 +108,11 @@ def test_validate_and_dry_run_read_a_factory_file_without_running_it(tmp_path):
     (outside / "evil.py").write_text(FACTORY_WITH_SIDE_EFFECT.format(marker=str(marker)))
     recipe = tiny_recipe_dict(model={"factory": "../elsewhere/evil.py:build", "kwargs": {"num_classes": 10}})
     (recipes / "r.yaml").write_text(json.dumps(recipe))
-    for command in (("validate", recipes / "r.yaml"), ("optimize", recipes / "r.yaml", "--dry-run")):
+    trusted = ("--trust-code", outside / "evil.py:build")  # outside the recipe's folder: runs only when trusted (issue 41)
+    for command in (("validate", recipes / "r.yaml", *trusted), ("optimize", recipes / "r.yaml", "--dry-run", *trusted)):
         result = invoke(*command)
         assert result.exit_code == 0, result.output
+        assert f"this recipe runs code: {outside / 'evil.py'}:build" in " ".join(result.output.split())
     assert not marker.exists()
 
 
@@ -369,20 +371,49 @@ def test_a_resumed_export_writes_the_same_bytes_as_an_uninterrupted_run(tmp_path
     assert "export/onnx/model.fp32.onnx" in first and digests(resumed) == first
 
 
-def test_an_npz_that_inflates_beyond_memory_is_refused_before_it_is_read(tmp_path, monkeypatch):
-    """An .npz is read whole: a small file of zeros that inflates to more than the machine has grew until the
-    process was killed; its zip directory now tells the size first (issue 27, item 4). The machine here is made to
-    have 4 MB available, so that the file need not be gigabytes."""
+def fake_cgroup(monkeypatch, tmp_path: Path, self_cgroup: str, group: str, limit: int, used: int) -> None:
+    """This process's /proc/self/cgroup reads ``self_cgroup``; ``group`` (under a fake /sys/fs/cgroup) holds a memory
+    limit of ``limit`` bytes with ``used`` in use (v1 file names under ``memory/``, else v2's)."""
     from pruneflow import config
 
-    monkeypatch.setattr(config, "available_memory", lambda: 4 * 2**20)
+    proc, root = tmp_path / "proc-self-cgroup", tmp_path / "sys-fs-cgroup"
+    proc.write_text(self_cgroup)
+    folder = root / group
+    folder.mkdir(parents=True)
+    v1 = group.startswith("memory/")
+    (folder / ("memory.limit_in_bytes" if v1 else "memory.max")).write_text(f"{limit}\n")
+    (folder / ("memory.usage_in_bytes" if v1 else "memory.current")).write_text(f"{used}\n")
+    monkeypatch.setattr(config, "SELF_CGROUP", proc)
+    monkeypatch.setattr(config, "CGROUP_ROOT", root)
+
+
+@pytest.mark.parametrize("self_cgroup, group", [("0::/user.slice/job7\n", "user.slice/job7"),
+                                                ("12:pids:/job7\n4:cpu,memory:/job7\n0::/\n", "memory/job7")])
+def test_available_memory_is_the_limit_of_this_processs_own_cgroup_v1_and_v2(tmp_path, monkeypatch, self_cgroup, group):
+    """config.available_memory read only the root cgroup v2's memory.max: a job's own group (a nested v2 group, or
+    v1's memory controller) was not seen, so the npz check and every other bound used the machine's memory."""
+    from pruneflow import config
+
+    fake_cgroup(monkeypatch, tmp_path, self_cgroup, group, limit=64 * 2**20, used=16 * 2**20)
+    assert config.available_memory() == 48 * 2**20
+    assert config.memory_left() == (48 * 2**20, "under this container's memory limit (cgroup)")
+    (tmp_path / "proc-self-cgroup").write_text("0::/\n")  # the root group: no limit there, the machine's figure
+    assert config.available_memory() == config.machine_memory()
+
+
+def test_an_npz_that_inflates_beyond_memory_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    """An .npz is read whole: a small file of zeros that inflates to more than the machine has grew until the
+    process was killed; its zip directory now tells the size first (issue 27, item 4). The process here is put in a
+    (fake) 4 MiB cgroup v1, so that the file need not be gigabytes: the limit of the process's own group counts, not
+    the root's (issue 41, item 3)."""
+    fake_cgroup(monkeypatch, tmp_path, "4:memory:/ci/job7\n", "memory/ci/job7", limit=4 * 2**20, used=0)
     bomb = tmp_path / "bomb.npz"
     np.savez_compressed(bomb, image=np.zeros((16384, 1, 8, 8), np.float32), label=np.zeros(16384, np.int64))
     assert bomb.stat().st_size < 100_000
     recipe = write(tmp_path / "r.yaml", tiny_recipe_dict(data={"format": "npz", "path": str(bomb)}))
     result = invoke("optimize", recipe, "--out", tmp_path / "runs")
     text = " ".join(result.output.split())
-    assert result.exit_code == 2 and "GB available" in text and "bomb.npz" in text, result.output
+    assert result.exit_code == 2 and "under this container's memory limit (cgroup)" in text and "bomb.npz" in text, result.output
     assert not (tmp_path / "runs").exists()
 
 

@@ -276,7 +276,8 @@ def test_a_generated_click_log_is_made_by_the_run_once_and_reused(tmp_path, monk
     }
     out, stages, _ = optimize_json(recipe, tmp_path)
     logs = list((tmp_path / "cache" / "pruneflow" / "clicklog").iterdir())
-    assert len(logs) == 1 and sorted(p.name for p in logs[0].iterdir()) == ["eval.parquet", "planted.json", "train.parquet"]
+    assert len(logs) == 1 and sorted(p.name for p in logs[0].iterdir()) == ["cache.json", "eval.parquet", "planted.json",
+                                                                              "train.parquet"]
     planted = json.loads((logs[0] / "planted.json").read_text())
     assert planted["rows"] == 4000 and planted["eval_rows"] == 400
     assert 0.55 < stages["train"]["auc"] <= planted["planted_auc_eval"] + 0.02  # learnt, never above the planted rule

@@ -20,6 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..config import cgroup_memory_left as cgroup_memory_left, memory_left
 from ..context import Reporter
 from ..errors import PruneflowError, UsageError
 from ..runtime import RuntimeUnavailable, host_info
@@ -80,71 +81,11 @@ BATCH_MEMORY_SHARE = 0.1
 #: The batch bench suggests is this share of the largest that fits now, so that it still fits on the next run, when
 #: the memory available has moved a little (another process, the page cache, the runtime's own arenas).
 ADVICE_MARGIN = 0.8
-#: Where the kernel describes this process's control groups, and where their files are mounted (tests point these
-#: at a fake tree).
-SELF_CGROUP = Path("/proc/self/cgroup")
-CGROUP_ROOT = Path("/sys/fs/cgroup")
-#: A cgroup v1 limit at or above this is "no limit" (the kernel writes 2**63 rounded down to a page).
-_V1_UNLIMITED = 2**60
-
-
 def memory_available() -> tuple[int | None, str]:
-    """``(bytes this process may still allocate, where the figure comes from)``: the machine's (``config.
-    available_memory``), lowered to what the process's own memory control group (v2 ``memory.max``, v1
-    ``memory.limit_in_bytes``, at every level up to the mount) leaves, as a container's limit is enforced."""
-    from ..config import available_memory
-
-    machine, group = available_memory(), cgroup_memory_left()
-    if group is not None and (machine is None or group < machine):
-        return group, "under this container's memory limit (cgroup)"
-    return machine, "available on this machine"
-
-
-def cgroup_memory_left(self_cgroup: Path | None = None, root: Path | None = None) -> int | None:
-    """Bytes left under the tightest memory limit of this process's control group and its ancestors (v2 or v1), the
-    reclaimable page cache (``inactive_file``) counted as free; None where no limit is set or none can be read."""
-    try:
-        lines = (self_cgroup or SELF_CGROUP).read_text().splitlines()
-    except OSError:
-        return None
-    root = root or CGROUP_ROOT
-    left = []
-    for line in lines:
-        hierarchy, controllers, group = (line.split(":", 2) + ["", ""])[:3]
-        if hierarchy == "0" and controllers == "":  # v2: one tree, memory.max / memory.current
-            left += _limits(root, group, "memory.max", "memory.current", "inactive_file")
-        elif "memory" in controllers.split(","):  # v1: the memory controller's own tree
-            left += _limits(root / "memory", group, "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
-    return max(0, min(left)) if left else None
-
-
-def _limits(mount: Path, group: str, limit_file: str, usage_file: str, cache_key: str) -> list[int]:
-    """``limit - (usage - inactive page cache)`` for the group's folder and each folder above it up to ``mount`` (a
-    container whose cgroup namespace hides the host's path sees its own group at the mount itself)."""
-    folder = mount / group.strip("/") if group.strip("/") else mount
-    found = []
-    while True:
-        try:
-            raw = (folder / limit_file).read_text().strip()
-            if raw != "max" and int(raw) < _V1_UNLIMITED:
-                used = int((folder / usage_file).read_text())
-                found.append(int(raw) - max(0, used - _stat(folder / "memory.stat", cache_key)))
-        except (OSError, ValueError):
-            pass
-        if folder == mount or mount not in folder.parents:
-            return found
-        folder = folder.parent
-
-
-def _stat(path: Path, key: str) -> int:
-    try:
-        for line in path.read_text().splitlines():
-            name, _, value = line.partition(" ")
-            if name == key:
-                return int(value)
-    except (OSError, ValueError):
-        pass
-    return 0
+    """``(bytes this process may still allocate, where the figure comes from)``: the machine's, lowered to what the
+    process's own memory control group (v2 ``memory.max``, v1 ``memory.limit_in_bytes``, at every level up to the
+    mount) leaves, as a container's limit is enforced (``config.memory_left``)."""
+    return memory_left()
 
 
 def _check_memory(variants: list, feeds: Feeds, settings: BenchSettings) -> None:

@@ -180,6 +180,9 @@ def _from_file(path: Path) -> Variant:
     if not runtimes_for(path):
         raise InputError(f"{path}: no runtime loads {path.suffix or 'files without a suffix'}",
                          hint="pass .onnx or .xml (OpenVINO IR) files, or a run directory")
+    if path.is_file() and path.stat().st_size == 0:
+        raise InputError(f"{path} is empty (0 bytes): no model in it", hint="export the model again, or pass the file a "
+                         "run wrote (OUT/NAME/export/...)")
     owner = _owning_run(path)
     if owner is not None:
         return owner

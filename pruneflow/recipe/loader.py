@@ -24,9 +24,10 @@ import yaml
 from pydantic import BaseModel, Tag, ValidationError
 from pydantic_core import ErrorDetails
 
-from ..errors import MISSING, ConfigError, RecipeError, RecipeIssue, UsageError, key_path
+from ..errors import MISSING, ConfigError, InputError, RecipeError, RecipeIssue, UsageError, key_path
+from .code import CodeTrust
 from .files import Loc, deep_merge, extends_roots, load_with_extends
-from .models import RecipeBase, recipe_model
+from .models import ModelSpec, RecipeBase, recipe_model
 from .rules import recipe_problems
 from .safe_yaml import MAX_DEPTH, YamlRefused, dump_yaml, parse_yaml
 
@@ -42,6 +43,10 @@ class LoadedRecipe:
     positions: dict[Loc, tuple[str, int | None]] = field(default_factory=dict)
     #: The files read, the recipe itself first, then what it extends.
     chain: list[Path] = field(default_factory=list)
+    #: What code the recipe may run (``code.py``): its folder tree, its ``trust.code`` and ``--trust-code``.
+    trust: CodeTrust | None = None
+    #: The code the recipe runs beyond the zoo: (key path, reference, why it may run), in recipe order.
+    code: list[tuple[Loc, str, str]] = field(default_factory=list)
 
     def locate(self, loc: Loc) -> tuple[str, int | None]:
         """FILE and LINE that set the value at ``loc`` (a default: its nearest written parent)."""
@@ -75,23 +80,66 @@ def _hints(issues: list[RecipeIssue]) -> str | None:
 
 
 def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = (),
-                allow_paths: Iterable[str | Path] = ()) -> LoadedRecipe:
+                allow_paths: Iterable[str | Path] = (), trust_code: Iterable[str] = (), *,
+                check_code: bool = True) -> LoadedRecipe:
     """Load, merge, override, validate, resolve paths, then run the rules that need only the recipe
     (``rules.py``). Raises RecipeError (exit 2), with FILE:LINE for each problem, on any problem.
 
     `extends` reads only under the recipe's folder, the shipped templates and ``allow_paths``; values
-    from the files it reads are never echoed in an error (a file named there may hold secrets).
+    from the files it reads are never echoed in an error (a file named there may hold secrets). Each code
+    reference must be the zoo's, the recipe's own file, or listed in its ``trust.code`` or ``trust_code``
+    (``--trust-code``; ``code.py``); ``check_code`` False (a run folder's own recipe, which may then name only
+    zoo models) leaves that to the caller.
     """
     file = Path(path)
     data, positions, chain = load_with_extends(file, (), extends_roots(file, allow_paths))
     apply_overrides(data, positions, overrides)
     recipe = validate(data, positions, str(file))
     _resolve_paths(recipe, positions, file)
-    loaded = LoadedRecipe(recipe=recipe, file=file, positions=positions, chain=chain)
-    problems = recipe_problems(recipe)
+    trust = CodeTrust(file.resolve().parent, tuple(recipe.trust.code), tuple(_code_reference(r, Path.cwd()) for r in trust_code))
+    loaded = LoadedRecipe(recipe=recipe, file=file, positions=positions, chain=chain, trust=trust)
+    problems = _code_problems(loaded) if check_code else []
+    problems += recipe_problems(recipe)
     if problems:
         raise _hide_foreign(loaded.error(problems), str(file))
     return loaded
+
+
+def _code_problems(loaded: LoadedRecipe) -> list[ConfigError]:
+    """Give every ``ModelSpec`` of the recipe its trust, and check each code reference against it before anything is
+    imported: ``loaded.code`` lists what may run and why, the problems what may not."""
+    problems: list[ConfigError] = []
+    for loc, spec in _model_specs(loaded.recipe, ()):
+        spec.trusting(loaded.trust)
+        if ":" not in spec.factory or loaded.trust is None:
+            continue  # a zoo name (an unknown one is refused where the zoo is known: models.py)
+        where = key_path((*loc, "factory"))
+        try:
+            loaded.code.append(((*loc, "factory"), spec.factory, loaded.trust.check(spec.factory, where)))
+        except InputError as exc:
+            problems.append(ConfigError((*loc, "factory"), exc.message.removeprefix(f"{where} {spec.factory!r}").lstrip(": "),
+                                        value=spec.factory, hint=exc.hint))
+    return problems
+
+
+def _model_specs(obj: Any, loc: Loc) -> Iterator[tuple[Loc, ModelSpec]]:
+    """Every ``ModelSpec`` in a validated recipe (``model``, a stage's ``teacher``), with its key path."""
+    if isinstance(obj, ModelSpec):
+        yield loc, obj
+    elif isinstance(obj, BaseModel):
+        for name in type(obj).model_fields:
+            yield from _model_specs(getattr(obj, name), (*loc, name))
+    elif isinstance(obj, list):
+        for i, item in enumerate(obj):
+            yield from _model_specs(item, (*loc, i))
+
+
+def _code_reference(ref: str, base: Path) -> str:
+    """A code reference as the recipe holds it: ``file.py:fn`` with the file absolute (relative to ``base``)."""
+    if ".py:" not in ref:
+        return ref
+    file_part, fn = ref.rsplit(":", 1)
+    return f"{_absolute(file_part, base)}:{fn}"
 
 
 def dump_recipe(recipe: RecipeBase) -> str:
@@ -445,19 +493,17 @@ def _resolve_paths(recipe: BaseModel, positions: dict, main_file: Path) -> None:
         return Path.cwd() if source.startswith(SET_SOURCE) else Path(source).resolve().parent
 
     def resolve(value: str, loc: Loc, factory: bool) -> str:
-        if factory:
-            if ".py:" not in value:
-                return value
-            file_part, fn = value.rsplit(":", 1)
-            return f"{_absolute(file_part, base_dir(loc))}:{fn}"
-        return _absolute(value, base_dir(loc))
+        return _code_reference(value, base_dir(loc)) if factory else _absolute(value, base_dir(loc))
 
     def walk(obj: Any, loc: Loc) -> None:
         if isinstance(obj, BaseModel):
             for name, info in type(obj).model_fields.items():
                 value = getattr(obj, name)
                 extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-                if extra.get("x-path") and isinstance(value, str):
+                if extra.get("x-code") and isinstance(value, list):  # trust.code: references, as a factory is written
+                    setattr(obj, name, [resolve(v, loc + (name, i), factory=True) if isinstance(v, str) else v
+                                        for i, v in enumerate(value)])
+                elif extra.get("x-path") and isinstance(value, str):
                     setattr(obj, name, resolve(value, loc + (name,), factory=name == "factory"))
                 elif name == "kwargs" and isinstance(value, dict):  # a factory's `folder: ../data/model`, as written
                     for key, item in value.items():

@@ -12,10 +12,11 @@ import math
 from types import GenericAlias
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, Sequence, Union
 
-from pydantic import BeforeValidator, Field, create_model, field_validator, model_validator
+from pydantic import BeforeValidator, Field, PrivateAttr, create_model, field_validator, model_validator
 
 from .. import registry
 from ..config import StageConfig, StrictModel, TaskConfig, usable_cpus
+from .code import CodeTrust
 
 NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
 #: Longest run or stage name: it becomes a folder name (OUT/NAME, stages/NN-NAME), and file systems stop at 255 bytes.
@@ -46,8 +47,9 @@ def PathField(default: Any = None, *, description: str, **kwargs: Any) -> Any:
 
 class ModelSpec(StrictModel):
     factory: str = Field(
-        description="Builds the model: a zoo name (`digits_cnn`, `resnet20`, ...), `package.module:function` "
-        "or `path/to/file.py:function` (relative to the recipe).",
+        description="Builds the model: a zoo name (`digits_cnn`, `resnet20`, ...) or `path/to/file.py:function` "
+        "(relative to the recipe, inside its folder tree); an installed package's `package.module:function`, or a file "
+        "elsewhere, only when `trust.code` (or `--trust-code`) lists it.",
         json_schema_extra={"x-path": True},
         min_length=1,
     )
@@ -62,7 +64,17 @@ class ModelSpec(StrictModel):
         "Defaults to the zoo entry's shape, else to the data's.",
         min_length=1,
     )
+    #: What code this spec's factory may run (``code.CodeTrust``), set by ``load_recipe``; None for a spec made in
+    #: Python (the caller's own code), where only the standard library is refused.
+    _code_trust: CodeTrust | None = PrivateAttr(default=None)
 
+    @property
+    def code_trust(self) -> CodeTrust | None:
+        return self._code_trust
+
+    def trusting(self, trust: CodeTrust | None) -> None:
+        """Set what code this spec's factory may run (``load_recipe`` does, for every spec in a recipe)."""
+        self._code_trust = trust
 
     @field_validator("input_shape")
     @classmethod
@@ -261,6 +273,19 @@ class DataSpec(StrictModel):
             raise ValueError(f"`mean` has {len(self.mean)} values and `std` {len(self.std)}: one of each per channel")
 
 
+class TrustSpec(StrictModel):
+    """Code the recipe may run beyond the zoo and its own files (``recipe/code.py``)."""
+
+    code: list[str] = Field(
+        default_factory=list,
+        description="Callables outside the recipe's folder tree and the zoo that this recipe may run, each exactly as "
+        "a factory names it: `package.module:function` (`torchvision.models:resnet18`) or `path/to/file.py:function` "
+        "(relative to the recipe). A recipe names a model, not a program: without an entry here (or `--trust-code` "
+        "on the command line) such a factory is refused before anything is imported. `validate` prints each "
+        "callable the recipe runs. Python's standard library is refused whatever this says.",
+        json_schema_extra={"x-code": True})
+
+
 class GateSpec(StrictModel):
     metric: str = Field(
         description="Metric to check: `STAGE.METRIC` (e.g. `evaluate.accuracy`, the classification task's headline) or "
@@ -356,6 +381,8 @@ class RecipeBase(StrictModel):
     model: ModelSpec = Field(description="The model to optimize.")
     data: DataSpec = Field(description="Training and evaluation data.")
     gates: list[GateSpec] = Field(default_factory=list, description="Quality gates; a failed one makes the exit code 1.")
+    trust: TrustSpec = Field(default_factory=TrustSpec, description="Code this recipe may run beyond the zoo and the "
+                             "files in its own folder tree: `{code: [\"package.module:function\", ...]}`.")
     deploy: DeploySpec = Field(default_factory=DeploySpec, description="Where the artifacts will be served: the CPUs the "
                                "export chooses its host-specific forms for (`cpu`), instead of the machine that builds them.")
 
@@ -456,6 +483,7 @@ __all__ = [
     "GateSpec",
     "ModelSpec",
     "RecipeBase",
+    "TrustSpec",
     "recipe_model",
     "target_union",
     "normalise_target_list",

@@ -75,18 +75,66 @@ def _duplicate_names(stages: Sequence[StageConfig]) -> Iterator[ConfigError]:
 
 
 def _gate_metrics(recipe: RecipeBase) -> Iterator[ConfigError]:
-    """A gate's metric (and baseline) must start with a stage id or a target of the `export` stage:
-    a typo there would otherwise surface only after the whole run, as a failed gate."""
+    """A gate's metric (and baseline) must start with a stage id or a target of the `export` stage, and name a metric
+    that stage records: a typo there would otherwise surface only after the whole run, as a failed gate (exit 1)."""
     prefixes = _metric_prefixes(recipe)
     for index, gate in enumerate(recipe.gates):
         for key in ("metric", "baseline"):
             name = getattr(gate, key)
-            if name is None or any(name.startswith(f"{p}.") and len(name) > len(p) + 1 for p in prefixes):
+            if name is None:
                 continue
-            close = difflib.get_close_matches(name.split(".")[0], prefixes, n=1)
-            did = f"; did you mean {close[0]!r}?" if close else ""
-            yield ConfigError(("gates", index, key), f"names no stage or export target of this recipe{did}", value=name,
-                              hint=f"write STAGE.METRIC or TARGET.PRECISION.METRIC; stages and targets: {', '.join(prefixes)}")
+            prefix = max((p for p in prefixes if name.startswith(f"{p}.") and len(name) > len(p) + 1), key=len, default=None)
+            if prefix is None:
+                close = difflib.get_close_matches(name.split(".")[0], prefixes, n=1)
+                did = f"; did you mean {close[0]!r}?" if close else ""
+                yield ConfigError(("gates", index, key), f"names no stage or export target of this recipe{did}", value=name,
+                                  hint=f"write STAGE.METRIC or TARGET.PRECISION.METRIC; stages and targets: {', '.join(prefixes)}")
+                continue
+            problem = _unknown_metric(recipe, prefix, name[len(prefix) + 1:])
+            if problem:
+                yield ConfigError(("gates", index, key), problem[0], value=name, hint=problem[1])
+
+
+#: Words the built-in stages and targets name their figures with (``macs_reduction``, ``latency_b32_speedup``,
+#: ``size_ratio_fp32``, ...), beside the task's metrics: a gate word close to one of these but not one is a typo.
+_STAGE_WORDS = frozenset((
+    "macs params latency speedup size ratio reduction before after median ms runtime inference precision slower "
+    "than form hint fused ops smooth quant inputs channels fitted weights batchnorms folded ort integer float "
+    "matmuls onnx count fingerprint train epochs samples eval parity agreement rounds importance seconds fallback "
+    "chosen loses threads sequence emulated drop heads kept pruned sparsity top1 f32 fp32 fp16 int8 bf16 max abs diff "
+    "probability cosine block blocks removed columns ffn neurons rows never read table bytes shortcuts rewritten units "
+    "width loss increase kept layers cost snr db sensitivity groups duplicates most sensitive metric quantizers "
+    "tokens features histogram").split())
+
+
+def _unknown_metric(recipe: RecipeBase, prefix: str, metric: str) -> tuple[str, str] | None:
+    """(message, fix) when ``metric`` (after its stage's or target's prefix) is not one that stage records: checked
+    exactly against a stage class that lists its metrics (``Stage.gate_metrics``), else for a near miss of the
+    task's metrics and the stages' words (``accuracyy``, ``mcas_reduction``); None when it may be produced."""
+    from ..tasks import COMMON_METRICS, make_task
+
+    task = make_task(recipe.task)
+    ids = stage_ids(recipe.stages)
+    if prefix in ids:
+        config = recipe.stages[ids.index(prefix)]
+        known = registry.stages.get(config.type).gate_metrics(config, task)
+        if known is not None:
+            if metric in known:
+                return None
+            close = difflib.get_close_matches(metric, known, n=1)
+            return (f"stage {prefix!r} records no metric {metric!r}{f'; did you mean {close[0]!r}?' if close else ''}",
+                    f"the {config.type} stage records: {', '.join(known)}")
+    names = [m.name for m in task.metrics] + list(task.figures) + [task.agreement.name, *COMMON_METRICS]
+    words = {w for n in names for w in n.replace(".", "_").replace("@", "_").split("_") if w} | _STAGE_WORDS
+    first = metric.rpartition(".")[2].replace("@", "_").split("_")[0]
+    if metric.split(".")[0] in ("fp32", "fp16", "int8", "bf16"):
+        first = metric.split(".", 1)[1].rpartition(".")[2].replace("@", "_").split("_")[0] if "." in metric else ""
+    close = difflib.get_close_matches(first, sorted(words), n=1, cutoff=0.75)
+    if not first or first in words or not close:
+        return None
+    return (f"{first!r} looks like a misspelt metric: it is none of the words this recipe's task and stages "
+            f"name their figures with; did you mean {close[0]!r}?",
+            f"the task's metrics: {', '.join(names[:12])}; `pruneflow optimize --json` lists every figure a run records")
 
 
 def _metric_prefixes(recipe: RecipeBase) -> list[str]:

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from .base import Executor, RuntimeUnavailable
 from .executor import open_artifact, runtimes_for
-from .host import host_info
+from .host import host_info, timing_host
 from .serving import BatchPolicy, Server, ServerClosed, ServingConfig
 from .timing import LatencyStats, fresh_batch, interleaved_times, time_interleaved
 
-__all__ = ["BatchPolicy", "Executor", "Server", "ServerClosed", "ServingConfig", "LatencyStats", "RuntimeUnavailable", "fresh_batch", "host_info", "interleaved_times", "open_artifact",
+__all__ = ["BatchPolicy", "Executor", "Server", "ServerClosed", "ServingConfig", "LatencyStats", "RuntimeUnavailable", "fresh_batch", "host_info", "timing_host", "interleaved_times", "open_artifact",
            "runtimes_for", "time_interleaved"]

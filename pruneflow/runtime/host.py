@@ -33,6 +33,16 @@ def host_info() -> dict[str, Any]:
     }
 
 
+def timing_host(info: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What a timed figure or choice depends on, of ``info`` (a ``host_info()``, this machine's by default): the CPU
+    model, architecture, ISA flags, usable CPUs and GPUs. Two runs with equal ones time alike; a ``--resume`` that finds
+    another measures again (``pipeline``)."""
+    info = info if info is not None else host_info()
+    cpu: dict[str, Any] = info["cpu"] if isinstance(info.get("cpu"), dict) else {}
+    return {"cpu": cpu.get("model"), "arch": cpu.get("arch"), "isa": sorted(cpu.get("isa") or []),
+            "usable_cpus": cpu.get("usable_cpus"), "gpus": list(info.get("gpus") or [])}
+
+
 def _gpus() -> list[str]:
     """CUDA devices torch sees (names), [] on a machine without one."""
     import torch

@@ -31,6 +31,11 @@ class EvaluateStage(Stage[EvaluateConfig]):
             yield ConfigError(("stages", index, "split"), "the recipe's data has no train split", value="train",
                               hint="measure `split: eval`, or give the data a `path` (split by eval_fraction) or a `train` source")
 
+    @classmethod
+    def gate_metrics(cls, config, task):
+        """The task's metrics and figures (``Task.compute``), the samples counted, MACs and parameters (``run``)."""
+        return [m.name for m in task.metrics] + list(task.figures) + ["samples", "macs", "params"]
+
     def doctor(self, state, ctx) -> list[Check]:
         """`pruneflow doctor`: the model evaluated on the one eval batch doctor holds."""
         assert state.data is not None

@@ -334,8 +334,7 @@ class ExportStage(Stage[ExportConfig]):
         emulate = deploy_hosts.needs_avx2_emulation(hosts)
         for name, target in targets:
             # export/<target>/ for the usual single export stage; a second one gets export/<its id>/<target>/.
-            out_dir = ctx.run_dir / "export" / (name if self.id == "export" else f"{self.id}/{name}")
-            out_dir.mkdir(parents=True, exist_ok=True)
+            out_dir = ctx.subdir("export", *([name] if self.id == "export" else [self.id, name]))
             for precision in cfg.of_target(target.config, type(target).precisions, quantized):
                 for artifact in self._build(name, target, precision, out_dir, state, ctx, list(result.artifacts)):
                     if artifact.status == "failed":  # the vendor tool ran and refused: exit 1, its files kept

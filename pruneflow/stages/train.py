@@ -43,6 +43,12 @@ class TrainStage(Stage[TrainConfig]):
                           "check the data's scale and the model's initialisation")]
         return [Check("one training step", "ok", f"loss {float(loss.detach()):.4f} on {len(split)} samples, finite gradients")]
 
+    @classmethod
+    def gate_metrics(cls, config, task):
+        """What ``run`` records: each headline figure on the eval split, the training loss and headline, epochs, MACs
+        and parameters."""
+        return [*task.headline_names, "train_loss", f"train_{task.headline_name}", "epochs", "macs", "params"]
+
     def run(self, state, ctx):
         cfg = self.config
         history = fit(state.model, state.data, state.task, cfg, ctx, description=self.id)

@@ -71,7 +71,8 @@ def bert_classifier_with_new_parameters(
     if folder:
         try:
             model, info = tf.AutoModelForSequenceClassification.from_pretrained(
-                folder, local_files_only=True, attn_implementation="eager", output_loading_info=True)
+                folder, local_files_only=True, attn_implementation="eager", output_loading_info=True,
+                trust_remote_code=False)  # a folder's own modeling code never runs (no prompt either)
         except Exception as exc:  # noqa: BLE001
             raise InputError(f"model.kwargs.folder: could not load a model from {folder}: {type(exc).__name__}: {exc}") from exc
         return SequenceClassifier(model, pad_id), sorted(f"model.{k}" for k in info.get("missing_keys", []))
@@ -118,7 +119,7 @@ def bert_embedder(folder: str | None = None, vocab_size: int = 30522, hidden_siz
         torch.manual_seed(seed)
     if folder:
         try:
-            encoder = tf.AutoModel.from_pretrained(folder, local_files_only=True, attn_implementation="eager",
+            encoder = tf.AutoModel.from_pretrained(folder, local_files_only=True, attn_implementation="eager", trust_remote_code=False,
                                                    add_pooling_layer=False)
         except Exception as exc:  # noqa: BLE001
             raise InputError(f"model.kwargs.folder: could not load a model from {folder}: {type(exc).__name__}: {exc}") from exc
