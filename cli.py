@@ -648,6 +648,8 @@ def _print_doctor(report) -> None:
     failing = sum(r.status == "will fail" for r in report.rows)
     verdict = f"[bold red]{failing} check(s) will fail[/]" if failing else "[bold green]everything will work[/]"
     console.print(f"{verdict} ({report.seconds:.1f}s)")
+    if report.slow:
+        console.print(f"[yellow]note:[/] doctor {report.slow}")
 
 
 @app.command(epilog=EPILOG)
