@@ -572,6 +572,10 @@ def _print_summary(result) -> None:
         console.print(table)
     verdict = "[bold green]done[/]" if result.exit_code == 0 else f"[bold red]quality gate failed[/] (exit {result.exit_code})"
     console.print(f"{verdict} — run directory: {result.run_dir}  (report.md, manifest.json, metrics.json)")
+    if not result.headline_gate.get("gated", True):
+        from rich.markup import escape
+
+        console.print(f"[yellow]warning:[/] {escape(result.headline_gate['message'])}", highlight=False)
 
 
 @app.command(epilog=EPILOG)

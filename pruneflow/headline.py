@@ -38,11 +38,12 @@ class StartPoint:
     bytes: int | None
     bytes_what: str
     latency: dict[str, Any] = field(default_factory=dict)
+    metric_from: str | None = None  # where ``metric`` was read in the run's metrics (``train.accuracy``)
 
     def summary(self) -> dict[str, Any]:
         """What manifest.json, metrics.json and RunResult keep (the model itself stays in memory)."""
         return {"stage": self.stage, "macs": self.macs, "params": self.params, "metric": self.metric,
-                "bytes": self.bytes, "bytes_what": self.bytes_what}
+                "metric_from": self.metric_from, "bytes": self.bytes, "bytes_what": self.bytes_what}
 
 
 def capture_start(stage_id: str, state: "RunState", ctx: "RunContext", headline: str) -> StartPoint:
@@ -57,10 +58,12 @@ def capture_start(stage_id: str, state: "RunState", ctx: "RunContext", headline:
         macs, params = count_macs_params(module, state.example_input)
     except Exception:  # noqa: BLE001 - a model the counter cannot trace: the headline goes without MACs
         macs, params = None, sum(p.numel() for p in module.parameters())
-    metric = next((m[headline] for m in reversed(list(state.metrics.values())) if isinstance(m.get(headline), (int, float))),
-                  None)
+    measured = next((sid for sid, m in reversed(list(state.metrics.items())) if isinstance(m.get(headline), (int, float))),
+                    None)
+    metric = state.metrics[measured][headline] if measured else None
     size, what = _start_bytes(state, ctx, params)
-    return StartPoint(stage_id, ModelHandle(module), macs, params, metric, size, what)
+    return StartPoint(stage_id, ModelHandle(module), macs, params, metric, size, what,
+                      metric_from=f"{measured}.{headline}" if measured else None)
 
 
 def _start_bytes(state: "RunState", ctx: "RunContext", params: int | None) -> tuple[int | None, str]:
@@ -86,6 +89,19 @@ def result_artifact(result: RunResult, target: str | None = None, producer: str 
     built = [a for a in built if (a.producer, a.target) not in chose or a.metrics.get("precision_chosen") == 1.0]
     built.sort(key=lambda a: (order.get(a.precision or "", 3), a.form not in (None, "cpu")))
     return built[0] if built else None
+
+
+def headline_gate_of(result: RunResult, specs: list, task: Any) -> dict[str, Any]:
+    """``gates.headline_gate`` for a finished run: the suggested gate reads the headline metric of the run's result
+    (its exported artifact, else the last stage that measured it) against the model the run started from."""
+    from .gates import headline_gate
+
+    name = task.headline.name
+    after = result_artifact(result)
+    metric: str | None = f"{after.metric_prefix}.{name}" if after is not None and name in after.metrics else None
+    if metric is None:
+        metric = next((f"{s.id}.{name}" for s in reversed(result.stages) if name in s.metrics), None)
+    return headline_gate(specs, task, metric, (result.start or {}).get("metric_from"))
 
 
 def headline_rows(result: RunResult) -> list[dict[str, Any]]:

@@ -226,6 +226,8 @@ def render_markdown(result: "RunResult", loaded: "LoadedRecipe", data: "DataBund
         "",
         f"**{verdict}**" + (f" — {recipe.description}" if recipe.description else ""),
         "",
+        *([f"> **Not gated on {headline.name}**: {result.headline_gate['message']}", ""]
+          if not result.headline_gate.get("gated", True) and not failure else []),
         *headline_section(result),
         f"- recipe: `{loaded.file}`" + (f" (extends {', '.join(f'`{p}`' for p in loaded.chain[1:])})" if len(loaded.chain) > 1 else ""),
         f"- model: `{recipe.model.factory}`" + (f", checkpoint `{recipe.model.checkpoint}`" if recipe.model.checkpoint else ""),

@@ -51,6 +51,9 @@ class RunResult:
     task: dict[str, Any] = field(default_factory=dict)
     #: The model the run started from (``headline.StartPoint.summary``), None when no stage compressed it.
     start: dict[str, Any] | None = None
+    #: Whether a recipe gate reads the task's headline metric (``gates.headline_gate``): ``{"gated": True}``, or
+    #: ``{"gated": False, "message", "suggestion"}``, said beside the verdict in report.md, the terminal and --json.
+    headline_gate: dict[str, Any] = field(default_factory=lambda: {"gated": True})
 
     @property
     def headline(self) -> str:
@@ -72,6 +75,7 @@ class RunResult:
                 for a in self.artifacts
             ],
             "gates": [g.as_dict() for g in self.gates],
+            "headline_gate": self.headline_gate,
             "headline": self.headline_rows(),
         }
 
@@ -120,8 +124,6 @@ def flat_metrics(records: list[StageRecord], artifacts: list[Artifact]) -> dict[
             flat[f"{r.id}.{k}"] = v
     for a in artifacts:
         if a.target:
-            # A second export stage (id other than "export") is prefixed so it cannot shadow the first.
-            prefix = a.label if a.producer == "export" else f"{a.producer}.{a.label}"
             for k, v in a.metrics.items():
-                flat[f"{prefix}.{k}"] = v
+                flat[f"{a.metric_prefix}.{k}"] = v
     return flat
