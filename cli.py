@@ -650,7 +650,10 @@ def _print_doctor(report) -> None:
         table.add_row(r.where, r.check, f"[{style[r.status]}]{r.status}[/]", r.why, r.fix)
     console.print(table)
     failing = sum(r.status == "will fail" for r in report.rows)
+    skipping = sum(r.status == "will skip" for r in report.rows)
     verdict = f"[bold red]{failing} check(s) will fail[/]" if failing else "[bold green]everything will work[/]"
+    if skipping:
+        verdict += f"; [yellow]{skipping} will skip or fall back[/] (see the table)"
     console.print(f"{verdict} ({report.seconds:.1f}s)")
     if report.slow:
         console.print(f"[yellow]note:[/] doctor {report.slow}")
@@ -721,7 +724,7 @@ def calibrate_cmd(
         pruneflow calibrate logs/requests.jsonl --out calib --size 512 --strategy diverse
     """
     with handle_errors(verbose, json_out):
-        from calibrate.source import calibrate_source
+        from pruneflow.calibrate.source import calibrate_source
 
         info = calibrate_source(source, out, size=size, strategy=strategy, by=by, seed=seed, recipe=recipe, fmt=fmt,
                                 input_column=input_column, label_column=label_column, amct=amct,

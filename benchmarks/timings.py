@@ -49,7 +49,7 @@ def _bomb(tmp: Path) -> list[str]:
 
 
 def _nncf_build(tmp: Path) -> list[str]:
-    return [PY, "-m", "qat.nncf_setup"]  # with TORCH_EXTENSIONS_DIR in tmp (see ENV): a first build
+    return [PY, "-m", "pruneflow.qat.nncf_setup"]  # with TORCH_EXTENSIONS_DIR in tmp (see ENV): a first build
 
 
 def _test_fast(tmp: Path) -> list[str]:
@@ -60,7 +60,7 @@ def _test_fast(tmp: Path) -> list[str]:
 ENTRIES: dict[str, tuple[str, Callable[[Path], list[str]], tuple[int, ...]]] = {
     "demo": ("make demo's run once installed: pruneflow optimize recipes/quickstart.yaml",
              _optimize("recipes/quickstart.yaml"), (0,)),
-    "nncf-build": ("the first build of NNCF's C++ extension (python -m qat.nncf_setup into an empty cache)",
+    "nncf-build": ("the first build of NNCF's C++ extension (python -m pruneflow.qat.nncf_setup into an empty cache)",
                    _nncf_build, (0,)),
     "doctor-quickstart": ("pruneflow doctor recipes/quickstart.yaml", _doctor("recipes/quickstart.yaml"), (0,)),
     "doctor-resnet56-int8": ("pruneflow doctor recipes/resnet56-cifar10-int8.yaml (needs ../shared/data)",

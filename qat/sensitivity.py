@@ -35,7 +35,7 @@ from pruneflow.inputs import Inputs, call, take, to
 from pruneflow.config import StrictModel
 
 if TYPE_CHECKING:
-    from calibrate.calibset import CalibrationSet
+    from pruneflow.calibrate.calibset import CalibrationSet
     from pruneflow.tasks import Metric, Task
 
 #: NNCF graph node types of its fake-quantize operations.

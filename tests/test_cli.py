@@ -17,7 +17,7 @@ import yaml
 from pydantic import Field
 from typer.testing import CliRunner
 
-from cli import app
+from pruneflow.cli import app
 from pruneflow import __version__, registry
 from pruneflow.errors import MissingDependencyError
 from pruneflow.recipe.models import recipe_model, target_union

@@ -190,8 +190,8 @@ def test_nncf_preflight_takes_named_inputs():
     import torch
 
     from families import lstm_text, two_input
-    from qat.nncf_preflight import check_quantizable
-    from qat.settings import NncfSettings
+    from pruneflow.qat.nncf_preflight import check_quantizable
+    from pruneflow.qat.settings import NncfSettings
 
     ids = torch.randint(1, 64, (4, 6))
     text = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
@@ -244,11 +244,11 @@ def test_a_quantizer_shared_by_a_concat_is_stripped_at_every_hook():
     from nncf.torch.function_hook.wrapper import get_hook_storage
     from nncf.torch.quantization.layers import BaseQuantizer
 
-    from calibrate.calibset import CalibrationSet
+    from pruneflow.calibrate.calibset import CalibrationSet
     from families import two_input
     from pruneflow.export.onnx import export_int8_onnx
-    from qat.nncf_quant import quantize, strip_quantizers
-    from qat.settings import NncfSettings
+    from pruneflow.qat.nncf_quant import quantize, strip_quantizers
+    from pruneflow.qat.settings import NncfSettings
 
     torch.manual_seed(0)
     x = {"image": torch.rand(32, 1, 8, 8), "meta": torch.randn(32, 4)}
@@ -280,11 +280,11 @@ def test_int8_export_keeps_the_tensors_an_if_branch_reads(form, tmp_path):
     import onnxruntime as ort
     import torch
 
-    from calibrate.calibset import CalibrationSet
+    from pruneflow.calibrate.calibset import CalibrationSet
     from families import lstm_text
     from pruneflow.export.onnx import export_int8_onnx
-    from qat.nncf_quant import quantize, strip_quantizers
-    from qat.settings import NncfSettings
+    from pruneflow.qat.nncf_quant import quantize, strip_quantizers
+    from pruneflow.qat.settings import NncfSettings
 
     torch.manual_seed(0)
     ids = torch.randint(1, 64, (32, 6))

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from cli import app
+from pruneflow.cli import app
 from conftest import tiny_recipe_dict
 from pruneflow.errors import RecipeError, UsageError
 from pruneflow.recipe import load_recipe
