@@ -221,10 +221,16 @@ def ensure_built(notify: Notify = _notify, strict: bool = False) -> Path:
     return folder
 
 
+#: Folders whose failed build this process already reported (a run asks for the extension at every NNCF step).
+_REPORTED: set[Path] = set()
+
+
 def _not_built(why: str, folder: Path, notify: Notify, strict: bool) -> Path:
     if strict:
         raise MissingDependencyError(f"{why}: {FALLBACK}", hint=BUILD_TOOLS_HINT)
-    notify(f"{why}: {FALLBACK}. Fix: {BUILD_TOOLS_HINT}")
+    if folder not in _REPORTED:
+        _REPORTED.add(folder)
+        notify(f"{why}: {FALLBACK}. Fix: {BUILD_TOOLS_HINT}")
     return folder
 
 

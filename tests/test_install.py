@@ -234,3 +234,16 @@ def test_pip_wheel_installs_into_a_clean_venv_with_pruneflow_on_path(tmp_path):
     assert done.stdout.splitlines()[0] == str(venv / "bin" / "pruneflow") and "quickstart.yaml: valid" in done.stdout
     assert "+cpu" in subprocess.run([py, "-c", "import torch; print(torch.__version__)"], capture_output=True,
                                     text=True).stdout or not sys.platform.startswith("linux")
+
+
+def test_a_run_says_once_that_nncf_falls_back_and_goes_on(tmp_path, monkeypatch):
+    pytest.importorskip("nncf")
+    from pruneflow.qat import nncf_setup
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-c++"))
+    said: list[str] = []
+    assert nncf_setup.ensure_built(said.append) == nncf_setup.ensure_built(said.append) == tmp_path / "ext"
+    assert len(said) == 1 and "will fall back to slower torch ops" in said[0] and "python3-dev" in said[0]
+    with pytest.raises(nncf_setup.MissingDependencyError, match="a C\\+\\+ compiler"):
+        nncf_setup.ensure_built(said.append, strict=True)
