@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
@@ -35,8 +36,22 @@ BOMB = "name: bomb\n" + "".join(
     for k, p in zip("abcdefghi", ["", *"abcdefgh"]))
 
 
-def _optimize(recipe: str, *extra: str) -> Callable[[Path], list[str]]:
-    return lambda tmp: [PY, "-m", "pruneflow", "optimize", recipe, "--out", str(tmp / "runs"), "--quiet", *extra]
+@dataclass
+class Entry:
+    """One duration: what it is, the command (given a fresh temporary folder), the exit codes that count as done,
+    where it runs (default: the repository) and what it adds to the environment. ``checkout``: this checkout on
+    PYTHONPATH (off for what installs pruneflow itself: pip would take the checkout for an installed copy)."""
+
+    what: str
+    argv: Callable[[Path], list[str]]
+    ok: tuple[int, ...] = (0,)
+    cwd: Callable[[Path], Path] = lambda tmp: REPO
+    env: Callable[[Path], dict[str, str]] = lambda tmp: {}
+    checkout: bool = True
+
+
+def _optimize(recipe: str) -> Callable[[Path], list[str]]:
+    return lambda tmp: [PY, "-m", "pruneflow", "optimize", recipe, "--out", str(tmp / "runs"), "--quiet"]
 
 
 def _doctor(recipe: str) -> Callable[[Path], list[str]]:
@@ -48,36 +63,37 @@ def _bomb(tmp: Path) -> list[str]:
     return [PY, "-m", "pruneflow", "validate", str(tmp / "bomb.yaml")]
 
 
-def _nncf_build(tmp: Path) -> list[str]:
-    return [PY, "-m", "pruneflow.qat.nncf_setup"]  # with TORCH_EXTENSIONS_DIR in tmp (see ENV): a first build
+def _fresh_clone(tmp: Path) -> Path:
+    """The committed tree (``git archive HEAD``) in ``tmp/clone``: what a fresh clone holds, no venv, no runs."""
+    clone = tmp / "clone"
+    clone.mkdir()
+    archive = subprocess.run(["git", "archive", "HEAD"], cwd=REPO, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(clone)], input=archive, check=True)
+    return clone
 
 
-def _test_fast(tmp: Path) -> list[str]:
-    return [PY, "-m", "pytest", "-m", "not slow", "-n", "2", "-q", "-p", "no:cacheprovider"]
-
-
-#: name -> (what it measures, the command in a fresh temporary folder, the exit codes that count as done).
-ENTRIES: dict[str, tuple[str, Callable[[Path], list[str]], tuple[int, ...]]] = {
-    "demo": ("make demo's run once installed: pruneflow optimize recipes/quickstart.yaml",
-             _optimize("recipes/quickstart.yaml"), (0,)),
-    "nncf-build": ("the first build of NNCF's C++ extension (python -m pruneflow.qat.nncf_setup into an empty cache)",
-                   _nncf_build, (0,)),
-    "doctor-quickstart": ("pruneflow doctor recipes/quickstart.yaml", _doctor("recipes/quickstart.yaml"), (0,)),
-    "doctor-resnet56-int8": ("pruneflow doctor recipes/resnet56-cifar10-int8.yaml (needs ../shared/data)",
-                             _doctor("recipes/resnet56-cifar10-int8.yaml"), (0,)),
-    "alias-bomb": ("pruneflow validate on a YAML alias bomb (refused by the node budget, exit 2)", _bomb, (2,)),
-    "test-fast": ("make test-fast's pytest (two workers, one thread each, a quarter of the fuzz examples)",
-                  _test_fast, (0,)),
-    "minilm-embed": ("pruneflow optimize recipes/minilm-embed.yaml (needs ../shared/data)",
-                     _optimize("recipes/minilm-embed.yaml"), (0,)),
-    "minilm-sst2": ("pruneflow optimize recipes/minilm-sst2.yaml (needs ../shared/data)",
-                    _optimize("recipes/minilm-sst2.yaml"), (0,)),
-}
-
-#: Environment each entry runs with, beyond this process's own.
-ENV: dict[str, Callable[[Path], dict[str, str]]] = {
-    "nncf-build": lambda tmp: {"TORCH_EXTENSIONS_DIR": str(tmp / "torch_extensions")},
-    "test-fast": lambda tmp: {"OMP_NUM_THREADS": "1", "PRUNEFLOW_FUZZ_SCALE": "0.25"},
+ENTRIES: dict[str, Entry] = {
+    "make-demo-fresh": Entry(
+        "make demo in a fresh clone: a new .venv, torch's CPU build and every dependency from the configured index, "
+        "NNCF's C++ extension built into an empty cache, then the quickstart run (exit 0: every gate passed)",
+        lambda tmp: ["make", "demo", f"PYTHON={sys.executable if sys.prefix == sys.base_prefix else 'python3'}"],
+        cwd=_fresh_clone, env=lambda tmp: {"XDG_CACHE_HOME": str(tmp / "cache")}, checkout=False),
+    "demo": Entry("make demo's run once installed and built: pruneflow optimize recipes/quickstart.yaml",
+                  _optimize("recipes/quickstart.yaml")),
+    "nncf-build": Entry("the first build of NNCF's C++ extension (python -m pruneflow.qat.nncf_setup, empty cache)",
+                        lambda tmp: [PY, "-m", "pruneflow.qat.nncf_setup"],
+                        env=lambda tmp: {"TORCH_EXTENSIONS_DIR": str(tmp / "torch_extensions")}),
+    "doctor-quickstart": Entry("pruneflow doctor recipes/quickstart.yaml", _doctor("recipes/quickstart.yaml")),
+    "doctor-resnet56-int8": Entry("pruneflow doctor recipes/resnet56-cifar10-int8.yaml (needs ../shared/data)",
+                                  _doctor("recipes/resnet56-cifar10-int8.yaml")),
+    "alias-bomb": Entry("pruneflow validate on a YAML alias bomb (refused by the node budget, exit 2)", _bomb, (2,)),
+    "test-fast": Entry("make test-fast's pytest (two workers, one thread each, a quarter of the fuzz examples)",
+                       lambda tmp: [PY, "-m", "pytest", "-m", "not slow", "-n", "2", "-q", "-p", "no:cacheprovider"],
+                       env=lambda tmp: {"OMP_NUM_THREADS": "1", "PRUNEFLOW_FUZZ_SCALE": "0.25"}),
+    "minilm-embed": Entry("pruneflow optimize recipes/minilm-embed.yaml (needs ../shared/data)",
+                          _optimize("recipes/minilm-embed.yaml")),
+    "minilm-sst2": Entry("pruneflow optimize recipes/minilm-sst2.yaml (needs ../shared/data)",
+                         _optimize("recipes/minilm-sst2.yaml")),
 }
 
 
@@ -93,22 +109,33 @@ def host() -> dict:
 
 
 def measure(name: str) -> dict:
-    what, command, ok = ENTRIES[name]
+    entry = ENTRIES[name]
     with tempfile.TemporaryDirectory(prefix=f"pruneflow-timing-{name}-") as folder:
         tmp = Path(folder)
-        argv = command(tmp)
-        env = {**os.environ, "PYTHONPATH": str(REPO), **ENV.get(name, lambda _t: {})(tmp)}
+        argv, cwd = entry.argv(tmp), entry.cwd(tmp)
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | entry.env(tmp)
+        if entry.checkout:
+            env["PYTHONPATH"] = str(REPO)
         load_before = os.getloadavg()[0]
         started = time.perf_counter()
-        proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True)
+        proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True)
         seconds = time.perf_counter() - started
         shown = " ".join("python" if a == PY else a for a in argv).replace(str(tmp), "$TMP").replace(f"{REPO}/", "")
-    if proc.returncode not in ok:
-        raise SystemExit(f"{name}: exit {proc.returncode} (expected {ok})\n{proc.stderr[-3000:]}")
-    return {"what": what, "seconds": round(seconds, 1), "minutes": round(seconds / 60, 1),
-            "command": shown,
-            "exit_code": proc.returncode, "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    if proc.returncode not in entry.ok:
+        raise SystemExit(f"{name}: exit {proc.returncode} (expected {entry.ok})\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    last = next((line for line in reversed(proc.stdout.splitlines()) if line.strip()), "")
+    return {"what": entry.what, "seconds": round(seconds, 1), "minutes": round(seconds / 60, 1), "command": shown,
+            "exit_code": proc.returncode, "last_line": last[-200:], "commit": _commit(),
+            "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "host": host(), "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
+
+
+def _commit() -> str:
+    """The commit measured (with `+` when the tree had changes)."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
+                           text=True).stdout.strip()
+    return head + ("+" if dirty else "")
 
 
 def main() -> None:
@@ -118,8 +145,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     if args.list:
-        for name, (what, _, _) in ENTRIES.items():
-            print(f"{name:22} {what}")
+        for name, entry in ENTRIES.items():
+            print(f"{name:22} {entry.what}")
         return
     unknown = sorted(set(args.names) - set(ENTRIES))
     if unknown:
