@@ -52,6 +52,7 @@ _LAZY = {
     "optimize": "pruneflow.api", "validate": "pruneflow.api", "bench": "pruneflow.api",
     "RunResult": "pruneflow.results", "BenchResult": "pruneflow.benchmark.result",
     "PruneflowError": "pruneflow.errors", "RecipeError": "pruneflow.errors",
+    "metric": "pruneflow.tasks.user",  # @pruneflow.metric(higher_is_better=True) on a recipe's own metric
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -125,7 +125,7 @@ def _toolchain_rows(loaded: LoadedRecipe, stages: list[Stage], preflight: Callab
 def _probe(loaded: LoadedRecipe, inputs: Any, tmp: Path, reporter: Reporter) -> tuple[RunState, RunContext]:
     """The state a run starts from, with one batch of each split, and a context writing under ``tmp``."""
     from .data import DataBundle, Split
-    from .tasks import make_task
+    from .user_metrics import recipe_task
 
     data = inputs.data
     head = slice(0, DOCTOR_BATCH)
@@ -134,7 +134,7 @@ def _probe(loaded: LoadedRecipe, inputs: Any, tmp: Path, reporter: Reporter) -> 
     recipe = loaded.recipe
     ctx = RunContext(run_dir=tmp, recipe=recipe, recipe_file=loaded.file, seed=recipe.seed, device=inputs.device,
                      reporter=reporter)
-    state = RunState(handle=ModelHandle(copy.deepcopy(inputs.model).to(inputs.device)), task=make_task(recipe.task),
+    state = RunState(handle=ModelHandle(copy.deepcopy(inputs.model).to(inputs.device)), task=recipe_task(recipe),
                      data=small, model_key="doctor", example_input=to(inputs.example, inputs.device))
     return state, ctx
 

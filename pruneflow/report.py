@@ -45,6 +45,7 @@ def artifact_rows(result: "RunResult") -> list[dict]:
     agreement_column = str(result.task.get("agreement_label") or agreement.replace("_", " "))
     heads = result.task.get("heads") or {}  # a multi-head task: every head's headline, not the first head's only
     shown = [f"{h}.{t['headline']}" for h, t in heads.items()] or [result.headline]
+    shown += [name for name in result.task.get("user_metrics") or {} if name not in shown]  # the recipe's own metrics
     timed = sorted({int(k[len("latency_b"):-len("_median_ms")]) for a in result.artifacts for k in a.metrics
                     if k.startswith("latency_b") and k.endswith("_median_ms") and k[len("latency_b"):-len("_median_ms")].isdigit()})
     rows = []
@@ -212,10 +213,10 @@ def failed_section(failure: dict | None) -> list[str]:
 
 
 def render_markdown(result: "RunResult", loaded: "LoadedRecipe", data: "DataBundle", failure: dict | None = None) -> str:
-    from .tasks import make_task
+    from .user_metrics import recipe_task
 
     recipe = loaded.recipe
-    task = make_task(recipe.task)
+    task = recipe_task(recipe)
     labels = task.data_summary(data)
     headline = task.headline
     verdict = "PASSED" if result.exit_code == 0 else "GATE FAILED"

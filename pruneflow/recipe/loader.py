@@ -458,7 +458,7 @@ def _resolve_paths(recipe: BaseModel, positions: dict, main_file: Path) -> None:
                 value = getattr(obj, name)
                 extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
                 if extra.get("x-path") and isinstance(value, str):
-                    setattr(obj, name, resolve(value, loc + (name,), factory=name == "factory"))
+                    setattr(obj, name, resolve(value, loc + (name,), factory=name in ("factory", "fn")))
                 elif name == "kwargs" and isinstance(value, dict):  # a factory's `folder: ../data/model`, as written
                     for key, item in value.items():
                         if isinstance(item, str) and item.startswith(("./", "../")):
