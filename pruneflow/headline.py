@@ -117,7 +117,8 @@ def headline_rows(result: RunResult) -> list[dict[str, Any]]:
     if after is not None:
         rows.append(_ratio_row(f"bytes on disk ({start.get('bytes_what')} → {after.label})", start.get("bytes"),
                                after.size_bytes, "smaller", human=True))
-        rows.append(_metric_row(result, start.get("metric"), after.metrics.get(result.headline), after.label))
+        rows.append(_metric_row(result, start.get("metric"), after.metrics.get(result.headline), after.label,
+                                start.get("metric_from")))
     rows += _latency_rows(result)
     return [r for r in rows if r is not None]
 
@@ -134,14 +135,37 @@ def _ratio_row(what: str, before: Any, after: Any, word: str, human: bool = Fals
             "ratio": round(ratio, 4)}
 
 
-def _metric_row(result: RunResult, before: Any, after: Any, label: str) -> dict[str, Any] | None:
+def _metric_row(result: RunResult, before: Any, after: Any, label: str, measured: str | None) -> dict[str, Any] | None:
+    """The headline metric, start -> result; the row names where the start's figure was read (``train.accuracy``):
+    a gate's ``baseline`` may be another one (``baseline_notes``)."""
     if not isinstance(before, (int, float)) or not isinstance(after, (int, float)):
         return None
     direction = (result.task.get("metrics") or {}).get(result.headline, "higher")
     delta = after - before
     worse = delta < 0 if direction == "higher" else delta > 0
-    return {"what": f"{result.headline} ({label})", "start": f"{before:.4f}", "result": f"{after:.4f}",
-            "change": f"{delta:+.4f}" + (" (worse)" if worse and delta else ""), "delta": delta}
+    against = f" against {measured}" if measured else ""
+    return {"what": f"{result.headline} ({label}{against})", "start": f"{before:.4f}", "result": f"{after:.4f}",
+            "change": f"{delta:+.4f}" + (" (worse)" if worse and delta else ""), "delta": delta, "baseline": measured}
+
+
+def baseline_notes(result: RunResult, specs: list, task: Any) -> list[str]:
+    """One line per recipe gate on the headline metric whose ``baseline`` is not the figure the headline's change is
+    counted from (the model entering the first compressing stage): the two changes answer different questions, and
+    report.md, the terminal and ``--json`` say which is which (issue 42: they differed without saying so)."""
+    from .gates import reads_headline
+
+    start = result.start or {}
+    measured, begin = start.get("metric_from"), start.get("metric")
+    if not measured:
+        return []
+    notes = []
+    for spec in specs:
+        if spec.baseline and spec.baseline != measured and reads_headline(spec, task):
+            base = result.metrics.get(spec.baseline)
+            shown = f" ({base:.4f})" if isinstance(base, (int, float)) else ""
+            notes.append(f"gate `{spec.metric}` counts its change from `{spec.baseline}`{shown}; the headline counts "
+                         f"from `{measured}` ({begin:.4f}), the model entering `{start.get('stage')}`")
+    return notes
 
 
 def _latency_rows(result: RunResult) -> list[dict[str, Any]]:

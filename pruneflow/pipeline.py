@@ -24,7 +24,7 @@ from .context import Reporter, RunContext, RunState
 from .errors import EXIT_GATE_FAILED, EXIT_OK, InputError, PruneflowError, StageError
 from .gates import GateResult, check_gates
 from .handle import ModelHandle
-from .headline import capture_start, headline_gate_of
+from .headline import baseline_notes, capture_start, headline_gate_of
 from .inputs import to
 from .recipe import LoadedRecipe, dump_recipe
 from .results import RunResult, StageRecord, attach_partial, error_record, flat_metrics
@@ -187,6 +187,7 @@ def metrics_payload(result: RunResult) -> dict[str, Any]:
         "flat": result.metrics,
         "gates": [g.as_dict() for g in result.gates],
         "headline_gate": result.headline_gate,
+        "baseline_notes": result.baseline_notes,
         "tables": {r.id: r.tables for r in result.stages if r.tables},
         "start": result.start,
         "headline": result.headline_rows(),
@@ -306,6 +307,7 @@ def _run(loaded: LoadedRecipe, stages: list[Stage], inputs: RunInputs, run_dir: 
     result = RunResult(run_dir, exit_code, records, list(manifest.artifacts), gates, flat, state.task.summary(),
                        start=state.start.summary() if state.start is not None else None)
     result.headline_gate = headline_gate_of(result, recipe.gates, state.task)
+    result.baseline_notes = baseline_notes(result, recipe.gates, state.task)
     write_json_atomic(run_dir / "metrics.json", metrics_payload(result))
     write_reports(result, loaded, data, state)
     return result

@@ -165,6 +165,7 @@ def headline_section(result: "RunResult") -> list[str]:
         "the export stage, on the host under Latency; p50 ratio, with the larger p90/p50 of the two."
         + (" A ratio flagged NOISY moved more between runs than it claims: time it again with `pruneflow bench`." if noisy else ""),
         "",
+        *([f"**Two baselines:** {'; '.join(result.baseline_notes)}.", ""] if result.baseline_notes else []),
         *([f"**Slower than the start:** {'; '.join(slower)}. The result is smaller but loses on speed at that batch on this "
            "host; time other batches with `pruneflow bench`.", ""] if slower else []),
         *([f"**The FP32 artifact of the same model is faster:** {'; '.join(fp32_faster)}. Quantization made it smaller, not "

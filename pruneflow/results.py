@@ -64,6 +64,8 @@ class RunResult:
     #: Whether a recipe gate reads the task's headline metric (``gates.headline_gate``): ``{"gated": True}``, or
     #: ``{"gated": False, "message", "suggestion"}``, said beside the verdict in report.md, the terminal and --json.
     headline_gate: dict[str, Any] = field(default_factory=lambda: {"gated": True})
+    #: Gates on the headline metric whose baseline is not the headline's start (``headline.baseline_notes``).
+    baseline_notes: list[str] = field(default_factory=list)
 
     @property
     def headline(self) -> str:
@@ -87,6 +89,7 @@ class RunResult:
             "gates": [g.as_dict() for g in self.gates],
             "headline_gate": self.headline_gate,
             "headline": self.headline_rows(),
+            "baseline_notes": self.baseline_notes,
         }
 
     TABLES = ("artifacts", "stages", "gates", "headline")

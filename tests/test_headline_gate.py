@@ -87,3 +87,25 @@ def test_a_run_without_a_headline_gate_says_so_in_the_report_the_terminal_and_js
     result = invoke("optimize", gated, "--out", out, "--json")
     assert json.loads(result.stdout)["headline_gate"] == {"gated": True}
     assert "Not gated" not in (out / "gated" / "report.md").read_text()
+
+
+def test_a_gate_counting_from_another_baseline_than_the_headline_says_so(tmp_path, capsys):
+    """The headline's accuracy change counts from the model entering the first compressing stage (train.accuracy); a
+    max_drop gate from its own baseline (qat.accuracy_fp32): the two disagreed without saying so (issue 42, item 8)."""
+    from pruneflow.headline import baseline_notes
+    from pruneflow.results import RunResult
+
+    result = RunResult(tmp_path, 0, [], [], [], {"qat.accuracy_fp32": 0.9722, "train.accuracy": 0.9889},
+                       {"headline": "accuracy"}, start={"stage": "prune", "metric": 0.9889, "metric_from": "train.accuracy"})
+    task = make_task("classification")
+    other = GateSpec(metric="onnx.int8.accuracy", baseline="qat.accuracy_fp32", max_drop=0.01)
+    same = GateSpec(metric="openvino.int8.accuracy", baseline="train.accuracy", max_drop=0.01)
+    notes = baseline_notes(result, [other, same, gate("prune.macs_reduction", min=2.0)], task)
+    assert notes == ["gate `onnx.int8.accuracy` counts its change from `qat.accuracy_fp32` (0.9722); the headline counts "
+                     "from `train.accuracy` (0.9889), the model entering `prune`"]
+    result.baseline_notes = notes
+    assert result.as_json()["baseline_notes"] == notes
+    from pruneflow.cli import _print_summary
+
+    _print_summary(result)
+    assert "note: gate `onnx.int8.accuracy` counts its change from `qat.accuracy_fp32`" in capsys.readouterr().out

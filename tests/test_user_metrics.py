@@ -178,7 +178,7 @@ def test_a_metric_from_the_recipe_gates_a_run_and_shows_in_the_report_json_and_b
     assert "f1_score_drop" in ptq and 0 <= ptq["f1_score"] <= 1
     int8 = next(a for a in out["artifacts"] if a["path"] == "export/onnx/model.int8.onnx")
     assert 0 <= int8["metrics"]["f1_score"] <= 1 and out["headline_gate"]["gated"] is True
-    assert any(r["what"].startswith("f1_score (onnx.int8)") for r in out["headline"])
+    assert any(r["what"] == "f1_score (onnx.int8 against train.f1_score)" for r in out["headline"])
 
     report = (folder / "runs" / "tiny" / "report.md").read_text()
     assert "headline metric `f1_score` (higher is better)" in report and "| onnx.int8.f1_score | FAIL |" in report
