@@ -4,9 +4,14 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-# torch first, as the CPU build: a bare `torch` requirement on a machine without torch pulls a
-# multi-GB CUDA build. Override for your platform, e.g. TORCH_SPEC="torch==2.13.0 --index-url ...".
-TORCH_SPEC ?= torch==2.13.0
+# torch first, as the CPU build: on Linux the default index's torch is the CUDA build (several GB of nvidia wheels).
+# tools/torch_source.py decides where from, with no network call: the configured pip locations when they already
+# offer torch's +cpu build (a wheelhouse, a mirror), else PyTorch's CPU index (--index-url .../whl/cpu).
+# A CUDA build instead: make demo TORCH_INDEX=https://download.pytorch.org/whl/cu126 (pytorch.org/get-started);
+# any pip arguments: TORCH_SPEC="torch==2.13.0 ...".
+TORCH_VERSION ?= 2.13.0
+TORCH_INDEX ?=
+TORCH_SPEC ?= $$($(BIN)/python tools/torch_source.py torch==$(TORCH_VERSION) $(TORCH_INDEX))
 PIP    := $(BIN)/python -m pip -q --disable-pip-version-check
 
 .PHONY: demo test test-fast typecheck install install-dev clean
@@ -22,14 +27,20 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	$(PIP) install $(TORCH_SPEC)
 	$(PIP) install -e '.[dev]'
-	$(BIN)/python -m qat.nncf_setup   # NNCF's C++ extension, built once into ~/.cache (about 80 s the first time)
+	$(BIN)/python -m pruneflow.qat.nncf_setup   # NNCF's C++ extension, built once into ~/.cache (about 80 s the first time)
 	touch $@ $(VENV)/.installed
 
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
+# Ends by saying what to type next, whatever the run's exit code (which it keeps): pruneflow is in $(VENV), not on PATH.
 demo: $(VENV)/.installed
-	$(BIN)/pruneflow optimize recipes/quickstart.yaml
+	@$(BIN)/pruneflow optimize recipes/quickstart.yaml; status=$$?; \
+	echo ""; \
+	echo "Next: pruneflow is installed in $(VENV), not on your PATH. Activate it, then every README command runs as written:"; \
+	echo "    . $(VENV)/bin/activate"; \
+	echo "    pruneflow bench runs/quickstart      # or, without activating: $(BIN)/pruneflow bench runs/quickstart"; \
+	exit $$status
 
 test: $(VENV)/.installed-dev
 	$(BIN)/python -m mypy

@@ -33,10 +33,17 @@ from pruneflow.errors import (
     UsageError,
 )
 
-EPILOG = (
-    "Exit codes: 0 ok · 1 a quality gate failed · 2 invalid recipe or usage · "
-    "3 missing dependency or unavailable target · 4 a stage or export failed · 130 interrupted."
-)
+#: What each exit code means (pruneflow/errors.py); a command's --help lists those it can return (``exits``).
+EXIT_WORDS = {0: "ok", 1: "a quality gate failed", 2: "invalid recipe or usage", 3: "missing dependency or unavailable target",
+              4: "a stage or export failed", 130: "interrupted"}
+
+
+def exits(*codes: int, **words: str) -> str:
+    """The --help epilog naming the exit codes a command can return, ``words`` (``_1="..."``) rewording one."""
+    return "Exit codes: " + " · ".join(f"{c} {words.get(f'_{c}', EXIT_WORDS[c])}" for c in codes) + "."
+
+
+EPILOG = exits(0, 1, 2, 3, 4, 130)
 
 
 def _plain_metavar(param, ctx) -> str | None:
@@ -529,6 +536,23 @@ def _run_rank(loaded, out, json_out: bool, quiet: bool) -> int:
     return result.exit_code
 
 
+def _plan_settings(config) -> str:
+    """A stage's settings as the plan shows them: what differs from the defaults, and a list of typed entries (an
+    export's targets) by type, each with its own changed settings (``targets=[onnx, tensorrt(required=True)]``; a
+    plain dump showed ``targets=[{}, {}]``)."""
+    full = config.model_dump(mode="json", exclude={"type", "name"})
+    parts = []
+    for key, value in config.model_dump(mode="json", exclude={"type", "name"}, exclude_defaults=True).items():
+        typed = full.get(key)
+        if isinstance(value, list) and isinstance(typed, list) and all(isinstance(t, dict) and "type" in t for t in typed):
+            shown = [t["type"] + (f"({', '.join(f'{k}={v}' for k, v in c.items() if k != 'type')})"
+                                  if any(k != "type" for k in c) else "") for t, c in zip(typed, value)]
+            parts.append(f"{key}=[{', '.join(shown)}]")
+        else:
+            parts.append(f"{key}={value}")
+    return ", ".join(parts)
+
+
 def _print_plan(loaded, stages, notes, out, json_out) -> None:
     plan = {
         "recipe": str(loaded.file),
@@ -540,6 +564,8 @@ def _print_plan(loaded, stages, notes, out, json_out) -> None:
     if json_out:
         print(json_line({"exit_code": 0, "dry_run": plan}))
         return
+    from rich.markup import escape
+
     console = _out_console()
     table = Table(title=f"plan: {loaded.recipe.name} → {plan['run_dir']}")
     table.add_column("#")
@@ -547,8 +573,7 @@ def _print_plan(loaded, stages, notes, out, json_out) -> None:
     table.add_column("type")
     table.add_column("settings")
     for s in stages:
-        body = s.config.model_dump(exclude={"type", "name"}, exclude_defaults=True)
-        table.add_row(str(s.index + 1), s.id, s.config.type, ", ".join(f"{k}={v}" for k, v in body.items()))
+        table.add_row(str(s.index + 1), s.id, s.config.type, escape(_plan_settings(s.config)))
     console.print(table)
     for note in notes:
         console.print(f"note: {note}", markup=False)
@@ -587,11 +612,17 @@ def _print_summary(result) -> None:
         for r in headline:
             table.add_row(r["what"], r["start"], r["result"], r["change"], style="red" if r.get("slower") or r.get("fp32_faster") else "yellow" if r.get("noisy") else None)
         console.print(table)
+    for note in result.baseline_notes:  # a gate on the headline that counts from another model than the table
+        console.print(f"note: {note}", markup=False, highlight=False)
     verdict = "[bold green]done[/]" if result.exit_code == 0 else f"[bold red]quality gate failed[/] (exit {result.exit_code})"
     console.print(f"{verdict} — run directory: {result.run_dir}  (report.md, manifest.json, metrics.json)")
+    if not result.headline_gate.get("gated", True):
+        from rich.markup import escape
+
+        console.print(f"[yellow]warning:[/] {escape(result.headline_gate['message'])}", highlight=False)
 
 
-@app.command(epilog=EPILOG)
+@app.command(epilog=exits(0, 2, 3, 130))
 def validate(
     recipe: RecipeArg,
     set_: SetOpt = None,
@@ -632,7 +663,7 @@ def _print_code(console: Console, loaded, indent: str = "") -> None:
         console.print(f"{indent}this recipe runs code: {ref} ({'.'.join(map(str, loc))}; {why})", markup=False)
 
 
-@app.command(epilog=EPILOG)
+@app.command(epilog=exits(0, 1, 2, 3, 130, _1="a check will fail"))
 def doctor(
     recipe: RecipeArg,
     set_: SetOpt = None,
@@ -672,11 +703,16 @@ def _print_doctor(report) -> None:
         table.add_row(r.where, r.check, f"[{style[r.status]}]{r.status}[/]", r.why, r.fix)
     console.print(table)
     failing = sum(r.status == "will fail" for r in report.rows)
+    skipping = sum(r.status == "will skip" for r in report.rows)
     verdict = f"[bold red]{failing} check(s) will fail[/]" if failing else "[bold green]everything will work[/]"
+    if skipping:
+        verdict += f"; [yellow]{skipping} will skip or fall back[/] (see the table)"
     console.print(f"{verdict} ({report.seconds:.1f}s)")
+    if report.slow:
+        console.print(f"[yellow]note:[/] doctor {report.slow}")
 
 
-@app.command(epilog=EPILOG)
+@app.command(epilog=exits(0, 2))
 def schema(
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write to this file instead of stdout.")] = None,
     verbose: VerboseOpt = False,
@@ -697,7 +733,7 @@ def schema(
             print(text)
 
 
-@app.command(epilog=EPILOG)
+@app.command(epilog=exits(0, 2))
 def init(
     template: Annotated[str, typer.Argument(metavar="TEMPLATE", help="Template name (see --list).")] = "quickstart",
     path: Annotated[Optional[str], typer.Argument(metavar="PATH", help="Where to write it: a file, or a folder (ending in /) to hold TEMPLATE.yaml (default: ./TEMPLATE.yaml).", show_default=False)] = None,
@@ -720,7 +756,7 @@ def init(
             console.print(f"note: {note}")
 
 
-@app.command(name="calibrate", epilog=EPILOG)
+@app.command(name="calibrate", epilog=exits(0, 2, 3, 4, 130))
 def calibrate_cmd(
     source: Annotated[Path, typer.Argument(metavar="SOURCE", help="A local source: .jsonl/.json, .csv, .parquet, .npz, an image folder, or a save_to_disk folder.", show_default=False)],
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write the set to (a datasets folder plus calibration.json).")],
@@ -741,7 +777,7 @@ def calibrate_cmd(
         pruneflow calibrate logs/requests.jsonl --out calib --size 512 --strategy diverse
     """
     with handle_errors(verbose, json_out):
-        from calibrate.source import calibrate_source
+        from pruneflow.calibrate.source import calibrate_source
 
         info = calibrate_source(source, out, size=size, strategy=strategy, by=by, seed=seed, recipe=recipe, fmt=fmt,
                                 input_column=input_column, label_column=label_column, amct=amct,
@@ -756,7 +792,7 @@ def calibrate_cmd(
             console.print("per class: " + ", ".join(f"{k}: {v}" for k, v in info["histogram"].items()))
 
 
-@app.command(name="inspect", epilog=EPILOG)
+@app.command(name="inspect", epilog=exits(0, 2, 3, 130))
 def inspect_(
     source: Annotated[str, typer.Argument(metavar="SOURCE", help="A run directory, a checkpoint in one, a recipe, a zoo model name, or an .onnx file.", show_default=False)],
     input_shape: Annotated[Optional[str], typer.Option("--input-shape", help="One sample's shape, e.g. 3,32,32.")] = None,
@@ -851,7 +887,7 @@ def _names(text: str | None) -> list[str] | None:
     return [v.strip() for v in text.split(",") if v.strip()] if text else None
 
 
-@app.command(cls=_OptionalJsonValue, epilog=EPILOG)
+@app.command(cls=_OptionalJsonValue, epilog=exits(0, 1, 2, 3, 4, 130, _1="nothing meets --p99-budget-ms (--load: no lane holds it)"))
 def bench(
     sources: Annotated[list[Path], typer.Argument(metavar="RUN_OR_ARTIFACT", help="Run folders (every exported artifact of the run) and/or .onnx/.xml files.", show_default=False)],
     runtime: Annotated[Optional[str], typer.Option("--runtime", help="Comma-separated: onnxruntime, openvino (default: every runtime that loads each file).", show_default=False)] = None,

@@ -40,8 +40,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from calibrate.calibset import CalibrationSet  # noqa: E402
-from calibrate.consumers import ort_reader  # noqa: E402
+from pruneflow.calibrate.calibset import CalibrationSet  # noqa: E402
+from pruneflow.calibrate.consumers import ort_reader  # noqa: E402
 from pruneflow.data import load_data  # noqa: E402
 from pruneflow.evaluate import evaluate_runtime  # noqa: E402
 from pruneflow.export.fusion import is_portable  # noqa: E402

@@ -20,7 +20,7 @@ from pathlib import Path
 
 
 def measure(run: Path, batches: list[int], runs: int, repeats: int) -> list[dict]:
-    from calibrate.calibset import CalibrationSet
+    from pruneflow.calibrate.calibset import CalibrationSet
     from pruneflow.runtime import fresh_batch, open_artifact, time_interleaved
 
     samples = CalibrationSet.load(run / "calibration").x

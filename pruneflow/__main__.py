@@ -1,6 +1,6 @@
 """``python -m pruneflow``: the CLI, as torchrun starts it (``torchrun --nproc-per-node 2 -m pruneflow optimize RECIPE``)."""
 
-from cli import main
+from pruneflow.cli import main
 
 if __name__ == "__main__":
     main()

@@ -10,30 +10,84 @@
 
 Errors are ``pruneflow.errors.PruneflowError`` subclasses, each with the CLI's ``exit_code``, ``message`` and ``hint``:
 ``RecipeError`` (its ``issues`` give FILE:LINE and key of each problem), ``InputError``, ``MissingDependencyError``,
-``StageError``. Progress goes to ``reporter`` (a ``pruneflow.context.Reporter``; the default is silent).
+``StageError``. ``optimize`` shows its progress on stderr, a line a stage (``TextReporter``; under a notebook cell);
+``progress=False`` is silent, and ``reporter`` takes any ``pruneflow.context.Reporter``. Every run also logs to
+``OUT/NAME/logs/pruneflow.log``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import sys
+import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import IO, TYPE_CHECKING, Callable, Iterable, Iterator, Sequence
+
+from .context import Reporter
 
 if TYPE_CHECKING:
     from .benchmark import BenchResult
-    from .context import Reporter
     from .results import RunResult
 
 
+class TextReporter(Reporter):
+    """Progress as plain lines on ``stream`` (stderr): each stage as it starts and finishes (with the headline metric),
+    any step that took 5 s or more (a training epoch), and warnings. What ``pruneflow.optimize`` shows by default."""
+
+    SLOW_STEP_SECONDS = 5.0
+
+    def __init__(self, stream: IO[str] | None = None):
+        self.stream = stream
+        self.headline = ""
+
+    def say(self, text: str) -> None:
+        print(f"pruneflow: {text}", file=self.stream or sys.stderr, flush=True)
+
+    def run_started(self, name: str, task: dict) -> None:
+        super().run_started(name, task)
+        self.headline = str(task.get("headline", ""))
+        self.say(f"run {name} (task {task.get('type')}, headline {self.headline})")
+
+    def stage_started(self, stage_id: str, stage_type: str, index: int, total: int) -> None:
+        super().stage_started(stage_id, stage_type, index, total)
+        self.say(f"{index + 1}/{total} {stage_id} ({stage_type}) ...")
+
+    def stage_finished(self, stage_id: str, seconds: float, metrics: dict, skipped: bool = False) -> None:
+        super().stage_finished(stage_id, seconds, metrics, skipped)
+        value = metrics.get(self.headline)
+        shown = f", {self.headline} {value:.4g}" if isinstance(value, (int, float)) else ""
+        self.say(f"  {stage_id} {'resumed from its checkpoint' if skipped else f'done in {seconds:.1f} s'}{shown}")
+
+    @contextlib.contextmanager
+    def progress(self, description: str, total: int | None) -> Iterator[Callable[..., None]]:
+        started = time.perf_counter()
+        yield lambda n=1, **fields: None
+        if (took := time.perf_counter() - started) >= self.SLOW_STEP_SECONDS:
+            self.say(f"  {description} ({took:.0f} s)")
+
+    def warning(self, message: str) -> None:
+        super().warning(message)
+        self.say(f"warning: {message}")
+
+
 def optimize(recipe: str | Path, out: str | Path = "runs", overrides: Iterable[str] = (), *, resume: bool = False,
-             allow_paths: Iterable[str | Path] = (), trust_code: Iterable[str] = (),
-             reporter: "Reporter | None" = None) -> "RunResult":
+             allow_paths: Iterable[str | Path] = (), trust_code: Iterable[str] = (), reporter: Reporter | None = None,
+             progress: bool = True) -> "RunResult":
     """Run ``recipe`` into ``OUT/NAME`` (`pruneflow optimize`); ``overrides`` are ``--set`` items (``"seed=1"``),
-    ``trust_code`` the ``--trust-code`` callables (code beyond the zoo and the recipe's folder it may run)."""
+    ``trust_code`` the ``--trust-code`` callables (code beyond the zoo and the recipe's folder it may run).
+
+    Progress goes to ``reporter``; without one, a line a stage on stderr (``TextReporter``), or nothing with
+    ``progress=False``. ``print(result)`` shows the verdict, the headline and the gates."""
     from .pipeline import run_recipe
     from .recipe import load_recipe
 
+    shown = reporter or (TextReporter() if progress else Reporter())
     loaded = load_recipe(recipe, list(overrides), list(allow_paths), list(trust_code))
-    return run_recipe(loaded, out=out, reporter=reporter, resume=resume)
+    result = run_recipe(loaded, out=out, reporter=shown, resume=resume)
+    if isinstance(shown, TextReporter):
+        shown.say(f"{'PASSED' if result.exit_code == 0 else f'exit {result.exit_code}'}: {result.run_dir / 'report.md'} "
+                  f"(log: {result.run_dir / 'logs' / 'pruneflow.log'}); print(result) for the summary")
+    return result
 
 
 def validate(recipe: str | Path, overrides: Iterable[str] = (), *, allow_paths: Iterable[str | Path] = (),

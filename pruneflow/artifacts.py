@@ -458,6 +458,12 @@ class Artifact:
         form = f"_{self.form}" if self.form and self.form != "cpu" else ""
         return f"{self.target}.{self.precision}{form}"
 
+    @property
+    def metric_prefix(self) -> str:
+        """Where its metrics sit in the run's flat namespace (gates): ``onnx.int8``; an artifact of a second export
+        stage (id other than ``export``) is prefixed with that stage, so it cannot shadow the first's."""
+        return self.label if self.producer == "export" else f"{self.producer}.{self.label}"
+
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 

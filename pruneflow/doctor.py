@@ -41,6 +41,10 @@ TRACED_SIZES = ("the export traces forward with a batch of 2 and the file runs a
 #: Samples of each split the checks see (one batch): enough for a training step and an agreement figure.
 DOCTOR_BATCH = 32
 
+#: What a doctor run should take: every zoo family's runs in 4-7 s on an idle 2-core machine. A longer one says so
+#: in its own report (never a failure): the machine is busy, or the model is large enough that a run will be slow.
+DOCTOR_BUDGET_SECONDS = 30.0
+
 
 @dataclass
 class DoctorRow:
@@ -66,9 +70,17 @@ class DoctorReport:
         """0 when every check says the run will get through (skips included), 1 when one says it will fail."""
         return 1 if any(r.status == "will fail" for r in self.rows) else 0
 
+    @property
+    def slow(self) -> str:
+        """A note when the checks took longer than :data:`DOCTOR_BUDGET_SECONDS`, else empty."""
+        if self.seconds <= DOCTOR_BUDGET_SECONDS:
+            return ""
+        return (f"took {self.seconds:.0f} s, more than the {DOCTOR_BUDGET_SECONDS:.0f} s it takes on an idle 2-core "
+                "machine: this one is busy or the model is large, and the run will be slower than usual")
+
     def as_json(self) -> dict[str, Any]:
         return {"exit_code": self.exit_code, "recipe": self.recipe, "seconds": round(self.seconds, 2),
-                "checks": [asdict(r) for r in self.rows]}
+                "budget_seconds": DOCTOR_BUDGET_SECONDS, "slow": self.slow, "checks": [asdict(r) for r in self.rows]}
 
 
 def run_doctor(loaded: LoadedRecipe, reporter: Reporter | None = None) -> DoctorReport:
@@ -113,7 +125,7 @@ def _toolchain_rows(loaded: LoadedRecipe, stages: list[Stage], preflight: Callab
 def _probe(loaded: LoadedRecipe, inputs: Any, tmp: Path, reporter: Reporter) -> tuple[RunState, RunContext]:
     """The state a run starts from, with one batch of each split, and a context writing under ``tmp``."""
     from .data import DataBundle, Split
-    from .tasks import make_task
+    from .user_metrics import recipe_task
 
     data = inputs.data
     head = slice(0, DOCTOR_BATCH)
@@ -122,7 +134,7 @@ def _probe(loaded: LoadedRecipe, inputs: Any, tmp: Path, reporter: Reporter) -> 
     recipe = loaded.recipe
     ctx = RunContext(run_dir=tmp, recipe=recipe, recipe_file=loaded.file, seed=recipe.seed, device=inputs.device,
                      reporter=reporter)
-    state = RunState(handle=ModelHandle(copy.deepcopy(inputs.model).to(inputs.device)), task=make_task(recipe.task),
+    state = RunState(handle=ModelHandle(copy.deepcopy(inputs.model).to(inputs.device)), task=recipe_task(recipe),
                      data=small, model_key="doctor", example_input=to(inputs.example, inputs.device))
     return state, ctx
 

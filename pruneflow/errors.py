@@ -53,6 +53,21 @@ class RecipeError(InputError):
             lines.append(f"Fix: {self.hint}")
         return "\n".join(lines)
 
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}: {self}"
+
+    def to_records(self) -> list[dict]:
+        """One dict per problem: file, line, path (the key), value, message, hint."""
+        return [issue.as_dict() for issue in self.issues]
+
+    def to_pandas(self):
+        """``to_records()`` as a pandas DataFrame (pandas is not a dependency of pruneflow)."""
+        try:
+            import pandas  # type: ignore[import-untyped]
+        except ImportError as exc:  # units.dataframe says the same; this module imports nothing of ours
+            raise MissingDependencyError("to_pandas() needs pandas", hint="pip install pandas") from exc
+        return pandas.DataFrame.from_records(self.to_records())
+
 
 class RecipeIssue:
     """One validation problem: ``FILE:LINE  key.path  value  message``; ``hint``, when known, is its fix."""
@@ -67,6 +82,12 @@ class RecipeIssue:
     def format(self) -> str:
         value = "" if self.value is _MISSING else f"  {_short(self.value)}"
         return f"  {self.location()}  {self.path or '<root>'}{value}  {self.message}"
+
+    def __str__(self) -> str:
+        return self.format().strip() + (f"  (fix: {self.hint})" if self.hint else "")
+
+    def __repr__(self) -> str:
+        return f"RecipeIssue({self.format().strip()})"
 
     def as_dict(self) -> dict:
         return {

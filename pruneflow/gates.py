@@ -128,3 +128,31 @@ def _speedup_gate(minimum: float, artifact: Artifact, batch_sizes: list[int]) ->
     verdict = f"< min_speedup {minimum:g}" if slow else f">= min_speedup {minimum:g}"
     worst = min(found.values())
     return GateResult(name, not slow, f"{artifact.path} vs {artifact.target}.fp32: {', '.join(parts)} {verdict}", worst)
+
+
+def reads_headline(spec: GateSpec, task: "Task") -> bool:
+    """Whether a gate checks the task's headline metric: its value anywhere (``onnx.int8.accuracy``,
+    ``evaluate.accuracy``) or how far it fell (``qat.accuracy_drop``)."""
+    name = spec.metric.removesuffix("_drop")
+    return task.metric(name).name == task.headline.name
+
+
+def headline_gate(specs: list[GateSpec], task: "Task", metric: str | None = None,
+                  baseline: str | None = None) -> dict[str, object]:
+    """``{"gated": True}`` when a gate reads the headline metric; else ``{"gated": False, "message", "suggestion"}``:
+    PASSED would say nothing about the model's quality, and a gate line to add (on ``metric``, the run's result,
+    against ``baseline``, the model it started from, when there is one).
+
+    A share (accuracy, AUC: perfect at 1) gets ``max_drop: 0.01``; an error (MSE) ``max_drop_relative: 0.05``."""
+    if any(reads_headline(spec, task) for spec in specs):
+        return {"gated": True}
+    headline = task.headline
+    target = metric or f"evaluate.{headline.name}"
+    if baseline and baseline != target:
+        bound = "max_drop: 0.01" if headline.perfect == 1.0 else "max_drop_relative: 0.05"
+        line = f"- {{metric: {target}, baseline: {baseline}, {bound}}}"
+    else:
+        line = f"- {{metric: {target}, {headline.bound_word()}: VALUE}}"
+    return {"gated": False, "suggestion": line,
+            "message": f"no gate reads {headline.name}, the task's headline metric: the verdict says nothing about the "
+                       f"model's {headline.shown} ({headline.direction}). Add under `gates:` in the recipe: {line}"}

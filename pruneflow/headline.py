@@ -38,11 +38,12 @@ class StartPoint:
     bytes: int | None
     bytes_what: str
     latency: dict[str, Any] = field(default_factory=dict)
+    metric_from: str | None = None  # where ``metric`` was read in the run's metrics (``train.accuracy``)
 
     def summary(self) -> dict[str, Any]:
         """What manifest.json, metrics.json and RunResult keep (the model itself stays in memory)."""
         return {"stage": self.stage, "macs": self.macs, "params": self.params, "metric": self.metric,
-                "bytes": self.bytes, "bytes_what": self.bytes_what}
+                "metric_from": self.metric_from, "bytes": self.bytes, "bytes_what": self.bytes_what}
 
 
 def capture_start(stage_id: str, state: "RunState", ctx: "RunContext", headline: str) -> StartPoint:
@@ -57,10 +58,12 @@ def capture_start(stage_id: str, state: "RunState", ctx: "RunContext", headline:
         macs, params = count_macs_params(module, state.example_input)
     except Exception:  # noqa: BLE001 - a model the counter cannot trace: the headline goes without MACs
         macs, params = None, sum(p.numel() for p in module.parameters())
-    metric = next((m[headline] for m in reversed(list(state.metrics.values())) if isinstance(m.get(headline), (int, float))),
-                  None)
+    measured = next((sid for sid, m in reversed(list(state.metrics.items())) if isinstance(m.get(headline), (int, float))),
+                    None)
+    metric = state.metrics[measured][headline] if measured else None
     size, what = _start_bytes(state, ctx, params)
-    return StartPoint(stage_id, ModelHandle(module), macs, params, metric, size, what)
+    return StartPoint(stage_id, ModelHandle(module), macs, params, metric, size, what,
+                      metric_from=f"{measured}.{headline}" if measured else None)
 
 
 def _start_bytes(state: "RunState", ctx: "RunContext", params: int | None) -> tuple[int | None, str]:
@@ -88,6 +91,19 @@ def result_artifact(result: RunResult, target: str | None = None, producer: str 
     return built[0] if built else None
 
 
+def headline_gate_of(result: RunResult, specs: list, task: Any) -> dict[str, Any]:
+    """``gates.headline_gate`` for a finished run: the suggested gate reads the headline metric of the run's result
+    (its exported artifact, else the last stage that measured it) against the model the run started from."""
+    from .gates import headline_gate
+
+    name = task.headline.name
+    after = result_artifact(result)
+    metric: str | None = f"{after.metric_prefix}.{name}" if after is not None and name in after.metrics else None
+    if metric is None:
+        metric = next((f"{s.id}.{name}" for s in reversed(result.stages) if name in s.metrics), None)
+    return headline_gate(specs, task, metric, (result.start or {}).get("metric_from"))
+
+
 def headline_rows(result: RunResult) -> list[dict[str, Any]]:
     """``{"what", "start", "result", "change"}`` rows: MACs, parameters, bytes, the headline metric, latency."""
     start = result.start
@@ -101,7 +117,8 @@ def headline_rows(result: RunResult) -> list[dict[str, Any]]:
     if after is not None:
         rows.append(_ratio_row(f"bytes on disk ({start.get('bytes_what')} → {after.label})", start.get("bytes"),
                                after.size_bytes, "smaller", human=True))
-        rows.append(_metric_row(result, start.get("metric"), after.metrics.get(result.headline), after.label))
+        rows.append(_metric_row(result, start.get("metric"), after.metrics.get(result.headline), after.label,
+                                start.get("metric_from")))
     rows += _latency_rows(result)
     return [r for r in rows if r is not None]
 
@@ -118,14 +135,37 @@ def _ratio_row(what: str, before: Any, after: Any, word: str, human: bool = Fals
             "ratio": round(ratio, 4)}
 
 
-def _metric_row(result: RunResult, before: Any, after: Any, label: str) -> dict[str, Any] | None:
+def _metric_row(result: RunResult, before: Any, after: Any, label: str, measured: str | None) -> dict[str, Any] | None:
+    """The headline metric, start -> result; the row names where the start's figure was read (``train.accuracy``):
+    a gate's ``baseline`` may be another one (``baseline_notes``)."""
     if not isinstance(before, (int, float)) or not isinstance(after, (int, float)):
         return None
     direction = (result.task.get("metrics") or {}).get(result.headline, "higher")
     delta = after - before
     worse = delta < 0 if direction == "higher" else delta > 0
-    return {"what": f"{result.headline} ({label})", "start": f"{before:.4f}", "result": f"{after:.4f}",
-            "change": f"{delta:+.4f}" + (" (worse)" if worse and delta else ""), "delta": delta}
+    against = f" against {measured}" if measured else ""
+    return {"what": f"{result.headline} ({label}{against})", "start": f"{before:.4f}", "result": f"{after:.4f}",
+            "change": f"{delta:+.4f}" + (" (worse)" if worse and delta else ""), "delta": delta, "baseline": measured}
+
+
+def baseline_notes(result: RunResult, specs: list, task: Any) -> list[str]:
+    """One line per recipe gate on the headline metric whose ``baseline`` is not the figure the headline's change is
+    counted from (the model entering the first compressing stage): the two changes answer different questions, and
+    report.md, the terminal and ``--json`` say which is which (issue 42: they differed without saying so)."""
+    from .gates import reads_headline
+
+    start = result.start or {}
+    measured, begin = start.get("metric_from"), start.get("metric")
+    if not measured:
+        return []
+    notes = []
+    for spec in specs:
+        if spec.baseline and spec.baseline != measured and reads_headline(spec, task):
+            base = result.metrics.get(spec.baseline)
+            shown = f" ({base:.4f})" if isinstance(base, (int, float)) else ""
+            notes.append(f"gate `{spec.metric}` counts its change from `{spec.baseline}`{shown}; the headline counts "
+                         f"from `{measured}` ({begin:.4f}), the model entering `{start.get('stage')}`")
+    return notes
 
 
 def _latency_rows(result: RunResult) -> list[dict[str, Any]]:

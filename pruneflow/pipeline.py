@@ -25,7 +25,7 @@ from .context import Reporter, RunContext, RunState
 from .errors import EXIT_GATE_FAILED, EXIT_OK, InputError, PruneflowError, StageError
 from .gates import GateResult, check_gates
 from .handle import ModelHandle
-from .headline import capture_start
+from .headline import baseline_notes, capture_start, headline_gate_of
 from .inputs import to
 from .recipe import LoadedRecipe, dump_recipe
 from .results import RunResult, StageRecord, attach_partial, error_record, flat_metrics
@@ -199,6 +199,8 @@ def metrics_payload(result: RunResult) -> dict[str, Any]:
         "artifacts": {a.path: a.metrics for a in result.artifacts},
         "flat": result.metrics,
         "gates": [g.as_dict() for g in result.gates],
+        "headline_gate": result.headline_gate,
+        "baseline_notes": result.baseline_notes,
         "tables": {r.id: r.tables for r in result.stages if r.tables},
         "start": result.start,
         "headline": result.headline_rows(),
@@ -340,6 +342,8 @@ def _run(loaded: LoadedRecipe, stages: list[Stage], inputs: RunInputs, run_dir: 
     exit_code = EXIT_GATE_FAILED if any(not g.passed for g in gates) else EXIT_OK
     result = RunResult(run_dir, exit_code, records, list(manifest.artifacts), gates, flat, state.task.summary(),
                        start=state.start.summary() if state.start is not None else None)
+    result.headline_gate = headline_gate_of(result, recipe.gates, state.task)
+    result.baseline_notes = baseline_notes(result, recipe.gates, state.task)
     write_json_atomic(run_dir / "metrics.json", metrics_payload(result))
     write_reports(result, loaded, data, state)
     return result

@@ -113,7 +113,22 @@ def factory_problems(loaded: LoadedRecipe) -> tuple[list[str], list[ConfigError]
             notes += [note for note in [_check_one_factory(loc, factory, loaded.trust)] if note]
         except ConfigError as exc:
             problems.append(exc)
+    for index, metric in enumerate(loaded.recipe.metrics):  # the recipe's own metrics: found as a factory is
+        try:
+            notes += [note for note in [_check_one_metric(("metrics", index, "fn"), metric, loaded.trust)] if note]
+        except ConfigError as exc:
+            problems.append(exc)
     return notes, problems
+
+
+def _check_one_metric(loc: tuple, spec: Any, trust: CodeTrust | None) -> str | None:
+    from .user_metrics import check_metric_statically
+
+    try:
+        return check_metric_statically(spec, trust)
+    except InputError as exc:
+        message = exc.message.removeprefix(f"model.factory {spec.fn!r}").removeprefix(f"metric {spec.fn!r}").lstrip(": ")
+        raise ConfigError(loc, message, value=spec.fn, hint=exc.hint or "") from exc
 
 
 def _check_one_factory(loc: tuple, factory: str, trust: CodeTrust | None) -> str | None:
@@ -150,7 +165,7 @@ def load_inputs(loaded: LoadedRecipe, stages: list[Stage], reporter: Reporter, p
     from .data import load_data
     from .models import build_model_with_new_parameters, input_shape_for, with_data_kwargs
     from .preflight import PREFLIGHT_BATCH, batch_memory_problems, check_model_on_batch, check_shape_matches_data, sample_bytes
-    from .tasks import make_task
+    from .user_metrics import check_metrics_on_batch, recipe_task
 
     recipe = loaded.recipe
     device = ("cuda" if torch.cuda.is_available() else "cpu") if recipe.device == "auto" else recipe.device
@@ -160,7 +175,7 @@ def load_inputs(loaded: LoadedRecipe, stages: list[Stage], reporter: Reporter, p
         torch.set_num_threads(recipe.threads)
     torch.manual_seed(recipe.seed)
     reporter.info(f"loading data ({recipe.data.format})")
-    task = make_task(recipe.task)
+    task = recipe_task(recipe)
     data = load_data(recipe.data, recipe.seed, with_train=any(s.needs_train_split for s in stages), task=task)
     too_large = batch_memory_problems(recipe, sample_bytes(data.eval.x))
     if too_large:
@@ -180,6 +195,7 @@ def load_inputs(loaded: LoadedRecipe, stages: list[Stage], reporter: Reporter, p
     output = check_model_on_batch(model, preflight_batch, recipe.model.factory, task.output)
     with _at_the_model(recipe):
         task.check_output(output, data.eval.y[:PREFLIGHT_BATCH], data, recipe.model.factory)
+    check_metrics_on_batch(task, output, data.eval.y[:PREFLIGHT_BATCH])
     for stage in stages:  # each stage's checks on the model itself (qat/ptq: NNCF can quantize it), before any training
         for note in stage.check_model(model, preflight_batch):
             reporter.info(f"{stage.id}: {note}")

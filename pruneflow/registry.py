@@ -58,7 +58,7 @@ class Registry(Generic[T]):
 
     def _eps(self) -> dict[str, EntryPoint]:
         if self._entry_points is None:
-            self._entry_points = {ep.name: ep for ep in entry_points(group=self.group)}
+            self._entry_points = {ep.name: _moved(ep) for ep in entry_points(group=self.group)}
         return self._entry_points
 
     def names(self) -> list[str]:
@@ -88,6 +88,18 @@ class Registry(Generic[T]):
 
     def all(self) -> dict[str, T]:
         return {name: self.get(name) for name in self.names()}
+
+
+#: The built-in plugins that an install of pruneflow made before they moved under its namespace (issue 42) names at the
+#: top level (``qat.stage:QatStage``): until it is reinstalled, its entry points are read as ``pruneflow.qat...``.
+MOVED_PLUGINS = tuple(f"{top}." for top in "qat calibrate".split())
+
+
+def _moved(ep: EntryPoint) -> EntryPoint:
+    dist = getattr(ep, "dist", None)
+    if ep.value.startswith(MOVED_PLUGINS) and dist is not None and dist.name == "pruneflow":
+        return EntryPoint(ep.name, f"pruneflow.{ep.value}", ep.group)
+    return ep
 
 
 stages: Registry = Registry("stage type", "pruneflow.stages")

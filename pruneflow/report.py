@@ -45,6 +45,7 @@ def artifact_rows(result: "RunResult") -> list[dict]:
     agreement_column = str(result.task.get("agreement_label") or agreement.replace("_", " "))
     heads = result.task.get("heads") or {}  # a multi-head task: every head's headline, not the first head's only
     shown = [f"{h}.{t['headline']}" for h, t in heads.items()] or [result.headline]
+    shown += [name for name in result.task.get("user_metrics") or {} if name not in shown]  # the recipe's own metrics
     timed = sorted({int(k[len("latency_b"):-len("_median_ms")]) for a in result.artifacts for k in a.metrics
                     if k.startswith("latency_b") and k.endswith("_median_ms") and k[len("latency_b"):-len("_median_ms")].isdigit()})
     rows = []
@@ -164,6 +165,7 @@ def headline_section(result: "RunResult") -> list[str]:
         "the export stage, on the host under Latency; p50 ratio, with the larger p90/p50 of the two."
         + (" A ratio flagged NOISY moved more between runs than it claims: time it again with `pruneflow bench`." if noisy else ""),
         "",
+        *([f"**Two baselines:** {'; '.join(result.baseline_notes)}.", ""] if result.baseline_notes else []),
         *([f"**Slower than the start:** {'; '.join(slower)}. The result is smaller but loses on speed at that batch on this "
            "host; time other batches with `pruneflow bench`.", ""] if slower else []),
         *([f"**The FP32 artifact of the same model is faster:** {'; '.join(fp32_faster)}. Quantization made it smaller, not "
@@ -212,10 +214,10 @@ def failed_section(failure: dict | None) -> list[str]:
 
 
 def render_markdown(result: "RunResult", loaded: "LoadedRecipe", data: "DataBundle", failure: dict | None = None) -> str:
-    from .tasks import make_task
+    from .user_metrics import recipe_task
 
     recipe = loaded.recipe
-    task = make_task(recipe.task)
+    task = recipe_task(recipe)
     labels = task.data_summary(data)
     headline = task.headline
     verdict = "PASSED" if result.exit_code == 0 else "GATE FAILED"
@@ -226,6 +228,8 @@ def render_markdown(result: "RunResult", loaded: "LoadedRecipe", data: "DataBund
         "",
         f"**{verdict}**" + (f" — {recipe.description}" if recipe.description else ""),
         "",
+        *([f"> **Not gated on {headline.name}**: {result.headline_gate['message']}", ""]
+          if not result.headline_gate.get("gated", True) and not failure else []),
         *headline_section(result),
         f"- recipe: `{loaded.file}`" + (f" (extends {', '.join(f'`{p}`' for p in loaded.chain[1:])})" if len(loaded.chain) > 1 else ""),
         f"- model: `{recipe.model.factory}`" + (f", checkpoint `{recipe.model.checkpoint}`" if recipe.model.checkpoint else ""),

@@ -12,6 +12,7 @@ from typing import Any
 
 from .artifacts import Artifact
 from .gates import GateResult
+from .units import dataframe, text_table
 
 
 @dataclass
@@ -37,9 +38,18 @@ class StageRecord:
         return dict(self.__dict__)
 
 
-@dataclass
+@dataclass(repr=False)
 class RunResult:
-    """What run_recipe returns: the CLI renders it and report.py writes it, neither of them reruns anything."""
+    """What run_recipe returns: the CLI renders it and report.py writes it, neither of them reruns anything.
+
+    From Python, ``print(result)`` shows the verdict, what changed against the model the run started from, and the
+    gates; ``to_records(table)`` one of its tables as a list of dicts (``"artifacts"``, ``"stages"``, ``"gates"``,
+    ``"headline"``), ``to_pandas(table)`` the same as a DataFrame::
+
+        result = pruneflow.optimize("recipes/quickstart.yaml")
+        print(result)
+        result.to_pandas("artifacts")[["path", "accuracy", "size_bytes"]]
+    """
 
     run_dir: Path
     exit_code: int
@@ -51,6 +61,11 @@ class RunResult:
     task: dict[str, Any] = field(default_factory=dict)
     #: The model the run started from (``headline.StartPoint.summary``), None when no stage compressed it.
     start: dict[str, Any] | None = None
+    #: Whether a recipe gate reads the task's headline metric (``gates.headline_gate``): ``{"gated": True}``, or
+    #: ``{"gated": False, "message", "suggestion"}``, said beside the verdict in report.md, the terminal and --json.
+    headline_gate: dict[str, Any] = field(default_factory=lambda: {"gated": True})
+    #: Gates on the headline metric whose baseline is not the headline's start (``headline.baseline_notes``).
+    baseline_notes: list[str] = field(default_factory=list)
 
     @property
     def headline(self) -> str:
@@ -72,8 +87,51 @@ class RunResult:
                 for a in self.artifacts
             ],
             "gates": [g.as_dict() for g in self.gates],
+            "headline_gate": self.headline_gate,
             "headline": self.headline_rows(),
+            "baseline_notes": self.baseline_notes,
         }
+
+    TABLES = ("artifacts", "stages", "gates", "headline")
+
+    def to_records(self, table: str = "artifacts") -> list[dict[str, Any]]:
+        """One of the run's tables as flat dicts: ``artifacts`` (path, target, precision, status, size and every metric
+        measured on it), ``stages`` (id, type, seconds and its metrics), ``gates`` or ``headline``."""
+        if table == "artifacts":
+            return [{"path": a.path, "target": a.target, "precision": a.precision, "form": a.form, "status": a.status,
+                     "size_bytes": a.size_bytes, "parent": a.parent, **a.metrics} for a in self.artifacts]
+        if table == "stages":
+            return [{"stage": s.id, "type": s.type, "seconds": round(s.seconds, 3), "resumed": s.resumed, **s.metrics}
+                    for s in self.stages]
+        if table == "gates":
+            return [g.as_dict() for g in self.gates]
+        if table == "headline":
+            return self.headline_rows()
+        raise ValueError(f"unknown table {table!r}; one of {', '.join(self.TABLES)}")
+
+    def to_pandas(self, table: str = "artifacts"):
+        """``to_records(table)`` as a pandas DataFrame (pandas is not a dependency of pruneflow)."""
+        return dataframe(self.to_records(table))
+
+    def __str__(self) -> str:
+        verdict = {0: "PASSED"}.get(self.exit_code, f"GATE FAILED (exit {self.exit_code})")
+        lines = [f"RunResult: {self.run_dir} — {verdict}; {len(self.stages)} stages, {len(self.artifacts)} artifacts"]
+        if not self.headline_gate.get("gated", True):
+            lines.append(f"warning: {self.headline_gate['message']}")
+        headline = self.headline_rows()
+        if headline:
+            lines += [f"against the model you started from (entering {(self.start or {}).get('stage')}):",
+                      text_table(headline, ["what", "start", "result", "change"], max_rows=12, max_width=60)]
+        if self.gates:
+            failed = [g for g in self.gates if not g.passed]
+            lines.append(f"gates: {len(self.gates) - len(failed)} passed, {len(failed)} failed")
+            lines.append(text_table([{"gate": g.name, "result": "pass" if g.passed else "FAIL", "detail": g.message}
+                                     for g in failed + [g for g in self.gates if g.passed]], max_rows=10, max_width=70))
+        lines.append(f"tables: .to_records(table) / .to_pandas(table), table one of {', '.join(self.TABLES)}; "
+                     f"{self.run_dir / 'report.md'}")
+        return "\n".join(lines)
+
+    __repr__ = __str__
 
     def headline_rows(self) -> list[dict[str, Any]]:
         """Before -> after against the model the run started from (``headline.headline_rows``)."""
@@ -120,8 +178,6 @@ def flat_metrics(records: list[StageRecord], artifacts: list[Artifact]) -> dict[
             flat[f"{r.id}.{k}"] = v
     for a in artifacts:
         if a.target:
-            # A second export stage (id other than "export") is prefixed so it cannot shadow the first.
-            prefix = a.label if a.producer == "export" else f"{a.producer}.{a.label}"
             for k, v in a.metrics.items():
-                flat[f"{prefix}.{k}"] = v
+                flat[f"{a.metric_prefix}.{k}"] = v
     return flat

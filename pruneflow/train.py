@@ -247,7 +247,8 @@ def _summed(loss_sum: float, seen: float, figures: MetricState) -> tuple[float, 
     keys = sorted(figures.sums)
     total = distributed.all_sum([loss_sum, seen, float(figures.count), *(figures.sums[k] for k in keys)])
     summed = MetricState(dict(zip(keys, total[3:])), int(total[2]), figures.outputs, figures.targets,
-                         {h: _summed(0.0, 0.0, part)[2] for h, part in sorted(figures.parts.items())})  # a multi task's heads
+                         {h: _summed(0.0, 0.0, part)[2] for h, part in sorted(figures.parts.items())},  # a multi task's heads
+                         figures.kept_outputs, figures.kept_targets)  # the recipe's own metrics (tasks/user.py)
     return total[0], total[1], summed
 
 

@@ -23,20 +23,24 @@ CHECK = "NNCF quantization on one batch"
 def extension_check() -> Check:
     """Whether NNCF's C++ kernels are built for this environment, and where (read before the check below builds
     them): a doctor that waited minutes on a rebuild said nothing of it (issue 26)."""
-    from .nncf_setup import extension_state, pin_ninja
+    from .nncf_setup import BUILD_TOOLS_HINT, FALLBACK, extension_state, missing_build_tools, pin_ninja
 
     pin_ninja()
     built, folder = extension_state()
     if built:
         return Check("NNCF C++ extension", "ok", f"built, reused from {folder}")
+    missing = missing_build_tools()
+    if missing:
+        return Check("NNCF C++ extension", "will skip", f"cannot be built here: {'; '.join(missing)}: {FALLBACK}",
+                     BUILD_TOOLS_HINT)
     return Check("NNCF C++ extension", "ok", f"not built yet: built now, once for this environment, in {folder} (about "
-                 "2 minutes on 2 cores)", "build it ahead: python -m qat.nncf_setup")
+                 "2 minutes on 2 cores)", "build it ahead: python -m pruneflow.qat.nncf_setup")
 
 
 def quantize_checks(stage, state, ctx) -> list[Check]:
     """The rows of a ptq or qat stage (``Stage.doctor``); a ConfigError (an ``ignore`` NNCF refuses) propagates,
     so doctor reports it at its recipe line."""
-    from calibrate.build import build_calibration_set
+    from pruneflow.calibrate.build import build_calibration_set
 
     from .nncf_quant import quantize, quantizer_parameters
 

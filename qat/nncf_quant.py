@@ -16,8 +16,8 @@ from torch import nn
 from pruneflow.errors import ConfigError, StageError
 from pruneflow.inputs import Inputs, bind, take, to
 
-from calibrate.calibset import CalibrationSet
-from calibrate.consumers import nncf_dataset
+from pruneflow.calibrate.calibset import CalibrationSet
+from pruneflow.calibrate.consumers import nncf_dataset
 
 from .nncf_setup import ensure_built
 from .settings import NncfSettings

@@ -11,7 +11,7 @@ run then hangs. So the lock's owner is found as the process holding the file ope
 no process holds is stale and removed, with a message, and while a live owner builds, what is awaited is
 said every 30 s. Where ``/proc`` cannot tell (not Linux), a lock older than ``STALE_LOCK_SECONDS`` is stale.
 
-    python -m qat.nncf_setup      # build now (CI calls this before the tests)
+    python -m pruneflow.qat.nncf_setup      # build now (CI calls this before the tests)
 """
 
 from __future__ import annotations
@@ -169,8 +169,40 @@ def configure(notify: Notify = _notify) -> Path:
     return folder
 
 
-def ensure_built(notify: Notify = _notify) -> Path:
-    """Build (or load from the cache) NNCF's CPU extension. Raises MissingDependencyError if it cannot."""
+#: What NNCF's C++ extension build needs, and how to get it (README "Quick start", docs/recipes.md).
+BUILD_TOOLS_HINT = ("install a C++ compiler and Python's headers (Debian/Ubuntu: apt-get install g++ python3-dev; "
+                    "Fedora/RHEL: dnf install gcc-c++ python3-devel; macOS: xcode-select --install), then build the "
+                    "extension: python -m pruneflow.qat.nncf_setup")
+#: What NNCF does without the extension.
+FALLBACK = "NNCF will fall back to slower torch ops (QAT and PTQ still work, QAT's training steps more slowly)"
+
+
+def missing_build_tools() -> list[str]:
+    """What NNCF's C++ extension build needs and this machine lacks: a C++ compiler (``$CXX``, else ``c++``, as torch's
+    builder runs), Python's headers (``Python.h``) and ``ninja``; [] when all are there."""
+    import shutil
+    import sysconfig
+
+    pin_ninja()
+    missing = []
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        missing.append(f"a C++ compiler (`{compiler}` is not on PATH)")
+    include = sysconfig.get_paths().get("include") or ""
+    if not (Path(include) / "Python.h").is_file():
+        missing.append(f"Python's headers ({Path(include) / 'Python.h'} is absent)")
+    if shutil.which("ninja") is None:
+        missing.append("ninja (pip install ninja)")
+    return missing
+
+
+def ensure_built(notify: Notify = _notify, strict: bool = False) -> Path:
+    """Build (or load from the cache) NNCF's CPU extension; returns its folder.
+
+    Where it cannot be built (the build tools are missing, or the build failed) NNCF falls back to slower torch ops:
+    a run says so and goes on; ``strict`` (``python -m pruneflow.qat.nncf_setup``) raises MissingDependencyError
+    instead, naming what is missing and the fix (before this, setup printed 60 lines of compiler errors, then "ready",
+    exit 0)."""
     folder = configure(notify)
     try:
         import nncf.torch
@@ -178,6 +210,9 @@ def ensure_built(notify: Notify = _notify) -> Path:
     except ImportError as exc:
         raise MissingDependencyError("QAT needs NNCF", hint="pip install nncf") from exc
     if not extension_state(folder)[0]:
+        missing = missing_build_tools()
+        if missing:  # the build cannot work: say so in one line instead of the compiler's errors
+            return _not_built(f"NNCF's C++ extension cannot be built here: {'; '.join(missing)}", folder, notify, strict)
         notify(f"building NNCF's C++ quantization kernels, once for this environment (about 2 minutes on 2 cores; "
                f"QAT and PTQ need them); later runs, from any shell, reuse {folder}")
     try:
@@ -186,13 +221,38 @@ def ensure_built(notify: Notify = _notify) -> Path:
     except Exception as exc:  # noqa: BLE001 - compiler errors come in many types
         raise MissingDependencyError(
             f"NNCF's C++ extension could not be built in {folder}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
-            hint="install a C++ compiler and the Python headers (Debian: apt-get install g++ python3-dev), "
-            f"or remove {folder} if a previous build was interrupted",
+            hint=f"{BUILD_TOOLS_HINT}; or remove {folder} if a previous build was interrupted",
         ) from exc
+    if not extension_state(folder)[0]:  # NNCF logs the compiler's errors as a warning and falls back
+        return _not_built(f"NNCF's C++ extension failed to build in {folder} (the compiler's errors are above)", folder,
+                          notify, strict)
     return folder
 
 
-if __name__ == "__main__":
+#: Folders whose failed build this process already reported (a run asks for the extension at every NNCF step).
+_REPORTED: set[Path] = set()
+
+
+def _not_built(why: str, folder: Path, notify: Notify, strict: bool) -> Path:
+    if strict:
+        raise MissingDependencyError(f"{why}: {FALLBACK}", hint=BUILD_TOOLS_HINT)
+    if folder not in _REPORTED:
+        _REPORTED.add(folder)
+        notify(f"{why}: {FALLBACK}. Fix: {BUILD_TOOLS_HINT}")
+    return folder
+
+
+def main() -> int:
+    """``python -m pruneflow.qat.nncf_setup``: build the extension now; exit 3 when it cannot be built."""
     start = time.perf_counter()
-    where = ensure_built()
+    try:
+        where = ensure_built(strict=True)
+    except MissingDependencyError as exc:
+        print(f"pruneflow: {exc.message}\nFix: {exc.hint}", file=sys.stderr)
+        return exc.exit_code
     print(f"NNCF CPU extension ready in {where} ({time.perf_counter() - start:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -74,7 +74,7 @@ def _calibration(stage: Stage, state, ctx):
     """The run's calibration set, or a random one from the training split (with a note)."""
     if state.calibration is not None:
         return state.calibration
-    from calibrate.build import build_calibration_set
+    from pruneflow.calibrate.build import build_calibration_set
 
     split = state.data.train if state.data.train is not None else state.data.eval
     ctx.reporter.warning(f"{stage.id}: no calibrate stage ran; initialising ranges from {stage.config.calibration_size} "

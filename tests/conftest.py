@@ -159,7 +159,7 @@ def invoke(*args: object):
     the test with its traceback."""
     from typer.testing import CliRunner
 
-    from cli import app
+    from pruneflow.cli import app
 
     result = CliRunner(env={"FORCE_COLOR": None, "COLUMNS": "200"}).invoke(app, [str(a) for a in args])
     if result.exception is not None and not isinstance(result.exception, SystemExit):

@@ -69,7 +69,19 @@ def imported_names(path: Path, root: Path = ROOT) -> list[tuple[int, str]]:
             if node.level:
                 base = ".".join(package[: len(package) - (node.level - 1)] + ([node.module] if node.module else []))
             found += [(node.lineno, base)] + [(node.lineno, f"{base}.{alias.name}") for alias in node.names]
-    return found
+    return [(line, source_name(name)) for line, name in found]
+
+
+#: What the wheel installs as pruneflow.qat, pruneflow.calibrate and pruneflow.cli lives in the tree as qat/,
+#: calibrate/ and cli.py (pyproject's package-dir): an import of the installed name is an import of that file.
+INSTALLED_AS = {"pruneflow.qat": "qat", "pruneflow.calibrate": "calibrate", "pruneflow.cli": "cli"}
+
+
+def source_name(name: str) -> str:
+    for installed, source in INSTALLED_AS.items():
+        if name == installed or name.startswith(installed + "."):
+            return source + name[len(installed):]
+    return name
 
 
 def import_graph() -> dict[str, set[str]]:

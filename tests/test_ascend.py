@@ -358,7 +358,7 @@ def test_pipeline_prepares_one_bundle_per_precision_without_atc(tmp_path, monkey
 
 
 def test_required_without_atc_exits_3_before_training(tmp_path, monkeypatch):
-    from cli import app
+    from pruneflow.cli import app
 
     monkeypatch.setenv("PATH", os.defpath)
     recipe = tmp_path / "recipe.yaml"
@@ -484,8 +484,8 @@ def test_aipp_on_a_text_model_is_refused_with_the_fix(tmp_path, monkeypatch):
 
 def _amct_set(tmp_path: Path, count: int) -> tuple[Path, np.ndarray]:
     """The calibrate stage's AMCT files (``write_amct``) for ``count`` CIFAR-shaped samples."""
-    from calibrate.calibset import CalibrationSet
-    from calibrate.consumers import write_amct
+    from pruneflow.calibrate.calibset import CalibrationSet
+    from pruneflow.calibrate.consumers import write_amct
 
     x = torch.randn(count, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     return write_amct(CalibrationSet(x), tmp_path / "amct"), x.numpy()

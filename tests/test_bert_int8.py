@@ -14,9 +14,9 @@ from torch import nn
 pytest.importorskip("transformers")
 pytest.importorskip("nncf")
 
-from calibrate.calibset import CalibrationSet  # noqa: E402
-from qat.nncf_quant import has_attention, quantize, resolve_model_type, strip_quantizers  # noqa: E402
-from qat.settings import NncfSettings  # noqa: E402
+from pruneflow.calibrate.calibset import CalibrationSet  # noqa: E402
+from pruneflow.qat.nncf_quant import has_attention, quantize, resolve_model_type, strip_quantizers  # noqa: E402
+from pruneflow.qat.settings import NncfSettings  # noqa: E402
 
 VOCAB = 1000
 
@@ -165,7 +165,7 @@ def test_smooth_quant_evens_out_an_outlier_channel_and_survives_export_and_reloa
     from pruneflow.export.onnx import export_int8_onnx
     from pruneflow.handle import ModelHandle
     from pruneflow.inputs import feed
-    from qat.sensitivity import snr_db
+    from pruneflow.qat.sensitivity import snr_db
 
     model = _tiny_bert()
     with torch.no_grad():
@@ -210,8 +210,8 @@ def test_request_log_lines_look_like_a_service_log():
 
 
 def test_length_buckets_stratify_by_token_count():
-    from calibrate.build import build_calibration_set
-    from calibrate.sampling import length_buckets
+    from pruneflow.calibrate.build import build_calibration_set
+    from pruneflow.calibrate.sampling import length_buckets
     from pruneflow.data import Split
     from pruneflow.inputs import lengths
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from calibrate.build import build_calibration_set, penultimate_features
-from calibrate.calibset import CalibrationSet
-from calibrate.consumers import nncf_dataset, ort_reader, save_set, write_amct
-from calibrate.sampling import coverage, select_diverse, select_random, select_stratified
+from pruneflow.calibrate.build import build_calibration_set, penultimate_features
+from pruneflow.calibrate.calibset import CalibrationSet
+from pruneflow.calibrate.consumers import nncf_dataset, ort_reader, save_set, write_amct
+from pruneflow.calibrate.sampling import coverage, select_diverse, select_random, select_stratified
 from pruneflow.data import Split
 from pruneflow.errors import InputError, RecipeError
 from pruneflow.recipe import load_recipe
@@ -217,7 +217,7 @@ def test_bad_calibrate_configs_are_recipe_errors(write_recipe, body, message):
 
 
 def test_calibrate_command_on_production_logs(tmp_path):
-    from cli import app
+    from pruneflow.cli import app
 
     rng = np.random.default_rng(0)
     lines = [json.dumps({"input": rng.normal(size=4).tolist(), "device": "ab"[i % 2]}) for i in range(50)]
@@ -240,7 +240,7 @@ def test_calibrate_command_on_production_logs(tmp_path):
 
 def test_diverse_picks_from_a_bounded_pool_of_a_large_source(monkeypatch):
     """k-center costs samples x size: a large source is first cut to a seeded random pool (calibrate.build.DIVERSE_POOL)."""
-    import calibrate.build as build
+    import pruneflow.calibrate.build as build
     from pruneflow.splits import Split
 
     monkeypatch.setattr(build, "DIVERSE_POOL", 300)

@@ -17,7 +17,7 @@ import yaml
 from pydantic import Field
 from typer.testing import CliRunner
 
-from cli import app
+from pruneflow.cli import app
 from pruneflow import __version__, registry
 from pruneflow.errors import MissingDependencyError
 from pruneflow.recipe.models import recipe_model, target_union
@@ -562,6 +562,14 @@ def test_dry_run_runs_nothing(tmp_path):
     assert not out.exists()
 
 
+def test_dry_run_names_each_target_by_type_with_its_own_settings(tmp_path):
+    """The plan printed `targets=[{}, {}]` (each target dumped without its defaults, its type among them)."""
+    stages = [{"type": "export", "targets": ["onnx", {"type": "openvino", "required": True}], "latency": None}]
+    result = invoke("optimize", write(tmp_path / "r.yaml", tiny(stages=stages, gates=[])), "--out", tmp_path / "runs", "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert "targets=[onnx, openvino(required=True)]" in result.stdout and "{}" not in result.stdout
+
+
 def test_dry_run_checks_files(tmp_path):
     recipe = write(tmp_path / "r.yaml", tiny(model={"factory": "digits_cnn", "checkpoint": "missing.pt"}))
     result = invoke("optimize", recipe, "--out", tmp_path / "runs", "--dry-run")
@@ -598,6 +606,19 @@ def test_schema_is_json_with_every_stage_type(tmp_path):
     out = tmp_path / "recipe.schema.json"
     assert invoke("schema", "--out", out).exit_code == 0
     assert json.loads(out.read_text()) == schema
+
+
+@pytest.mark.parametrize("command, gate_line", [("optimize", "1 a quality gate failed"), ("schema", None), ("init", None),
+                                                ("validate", None), ("doctor", "1 a check will fail"),
+                                                ("bench", "1 nothing meets --p99-budget-ms")])
+def test_each_commands_help_lists_the_exit_codes_it_can_return(command, gate_line):
+    """`schema --help` listed "1 a quality gate failed" (issue 42, item 8): each command now lists its own."""
+    text = " ".join(invoke(command, "--help").stdout.split())
+    assert "Exit codes: 0 ok" in text and "2 invalid recipe or usage" in text
+    if gate_line is None:
+        assert "quality gate" not in text and " 1 " not in text.partition("Exit codes:")[2]
+    else:
+        assert gate_line in text
 
 
 def test_init_list_names_the_templates():
@@ -799,6 +820,21 @@ def test_every_template_validates_where_init_writes_it(tmp_path):
         assert invoke("init", name, target).exit_code == 0
         result = invoke("validate", target)
         assert result.exit_code == 0, (name, result.output)
+
+
+@pytest.mark.skipif(not (ROOT.parent / "shared" / "data").is_dir(), reason="needs ../shared/data beside the checkout")
+def test_init_writes_paths_relative_to_where_the_copy_lands_never_absolute(tmp_path):
+    """A copy written outside the checkout's tree got absolute resolved paths (/work/shared/data/...), so it could not
+    be committed and used elsewhere (issue 42, item 8): every path is now relative to the copy's folder."""
+    import yaml
+
+    target = tmp_path / "elsewhere" / "new" / "resnet20-cifar10.yaml"
+    assert invoke("init", "resnet20-cifar10", target).exit_code == 0
+    recipe = yaml.safe_load(target.read_text())
+    paths = [recipe["model"]["checkpoint"], recipe["data"]["train"], recipe["data"]["eval"]]
+    assert all(not Path(p).is_absolute() and p.startswith("../") for p in paths), paths
+    assert all((target.parent / p).resolve().is_file() for p in paths)
+    assert invoke("validate", target).exit_code == 0
 
 
 @pytest.mark.parametrize("command", ["validate", "doctor"])

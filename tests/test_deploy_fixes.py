@@ -276,7 +276,7 @@ def test_every_file_carries_its_deployment_record_and_the_manifest_the_runs(ptq_
 def test_pruneflow_inspect_shows_an_onnx_files_deployment_record(ptq_run):
     from typer.testing import CliRunner
 
-    from cli import app
+    from pruneflow.cli import app
 
     result = CliRunner().invoke(app, ["inspect", str(ptq_run.run_dir / "export/onnx/model.fp16.onnx"), "--json"])
     assert result.exit_code == 0, result.output
@@ -340,12 +340,12 @@ def test_resnet20s_shortcut_pad_amounts_are_folded_and_outputs_identical(tmp_pat
 
 
 def test_resnet20s_int8_forms_are_folded_keep_their_qdq_and_pass_their_conventions(tmp_path):
-    from calibrate.build import build_calibration_set
+    from pruneflow.calibrate.build import build_calibration_set
     from pruneflow.data import Split
     from pruneflow.export.onnx import export_int8_onnx, fold_constants
     from pruneflow.export.qdq import check_convention, convert
     from pruneflow.zoo.resnet_cifar import resnet20
-    from qat.nncf_quant import quantize, strip_quantizers
+    from pruneflow.qat.nncf_quant import quantize, strip_quantizers
 
     torch.manual_seed(0)
     x = torch.randn(64, 3, 32, 32)

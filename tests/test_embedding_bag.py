@@ -165,10 +165,10 @@ def test_the_int8_export_of_a_quantized_dlrm_keeps_nncf_quantizers_on_the_bags_a
     """The INT8 path traces the NNCF-stripped model (export_int8_onnx -> export_raw_qdq -> export_onnx): its bags are
     swapped too, and the quantizers NNCF hung on each bag's output (named after the embedding_bag op) still run (the
     tensorrt form keeps them; the cpu form drops those that feed only float ops)."""
-    from calibrate.calibset import CalibrationSet
+    from pruneflow.calibrate.calibset import CalibrationSet
     from pruneflow.export.onnx import export_int8_onnx
-    from qat.nncf_quant import quantize, strip_quantizers
-    from qat.settings import NncfSettings
+    from pruneflow.qat.nncf_quant import quantize, strip_quantizers
+    from pruneflow.qat.settings import NncfSettings
 
     model, x = _dlrm()
     snap_embedding_tables(model)  # what the qat and ptq stages do first

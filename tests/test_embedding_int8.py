@@ -156,10 +156,10 @@ def test_cpu_int8_onnx_path_stores_a_float_embedding_as_int8(tmp_path):
     quantization stage, is stored int8; one left off its grid stays float (rounding it there would change the
     model the stage measured)."""
     from pruneflow.export.embedding import snap_embedding_tables
-    from calibrate.calibset import CalibrationSet
+    from pruneflow.calibrate.calibset import CalibrationSet
     from pruneflow.export.onnx import export_int8_onnx
-    from qat.nncf_quant import quantize, strip_quantizers
-    from qat.settings import NncfSettings
+    from pruneflow.qat.nncf_quant import quantize, strip_quantizers
+    from pruneflow.qat.settings import NncfSettings
 
     class Bag(torch.nn.Module):
         def __init__(self):

@@ -96,9 +96,9 @@ class TinyViT(nn.Module):
 
 
 def quantized(model: nn.Module, digits, ignore=None):
-    from calibrate.calibset import CalibrationSet
-    from qat.nncf_quant import quantize
-    from qat.settings import NncfSettings
+    from pruneflow.calibrate.calibset import CalibrationSet
+    from pruneflow.qat.nncf_quant import quantize
+    from pruneflow.qat.settings import NncfSettings
 
     return quantize(model, CalibrationSet(digits[0][:128]), NncfSettings(ignore=ignore or [], batch_size=32),
                     ignore_loc=("stages", 1, "ignore")).eval()
@@ -107,7 +107,7 @@ def quantized(model: nn.Module, digits, ignore=None):
 def export_both(q: nn.Module, digits, tmp_path: Path) -> dict:
     """Both INT8 forms of the quantized model: {form: (path, PassReport)}."""
     from pruneflow.export.onnx import export_int8_onnx
-    from qat.nncf_quant import strip_quantizers
+    from pruneflow.qat.nncf_quant import strip_quantizers
 
     example = digits[0][:1]
     stripped = strip_quantizers(q, example)
@@ -179,7 +179,7 @@ def test_mobilenet_se_sequential_top_and_per_channel_activations(digits, tmp_pat
     per-channel activation quantizers before the depthwise convs and keeps the SE convs float; both forms export."""
     from nncf.torch.quantization.layers import SymmetricQuantizer
 
-    from qat.nncf_quant import SequentialRoot
+    from pruneflow.qat.nncf_quant import SequentialRoot
 
     model = trained(family("mobilenet_se")(), digits, steps=80)
     assert isinstance(model, nn.Sequential)
@@ -288,8 +288,8 @@ def test_preflight_names_an_unquantizable_module_before_training(tmp_path):
 
 
 def test_preflight_passes_and_reports_nothing_for_a_quantizable_model(digits):
-    from qat.nncf_preflight import check_quantizable
-    from qat.settings import NncfSettings
+    from pruneflow.qat.nncf_preflight import check_quantizable
+    from pruneflow.qat.settings import NncfSettings
 
     assert check_quantizable(family("mobilenet_se")(), digits[0][:8], NncfSettings(), loc=("stages", 1)) == []
 
@@ -347,7 +347,7 @@ def test_a_quantized_sequential_model_checkpoints_and_reloads_identically(digits
     when the checkpoint is read back (--resume, later stages): same outputs, bit for bit."""
     from pruneflow.checkpoint import load_checkpoint, save_checkpoint
     from pruneflow.handle import ModelHandle
-    from qat.nncf_quant import SequentialRoot
+    from pruneflow.qat.nncf_quant import SequentialRoot
 
     torch.manual_seed(0)
     model = family("mobilenet_se")().eval()

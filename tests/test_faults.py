@@ -25,7 +25,7 @@ import torch
 import yaml
 from pydantic import Field
 
-from cli import json_line
+from pruneflow.cli import json_line
 from pruneflow import registry
 from pruneflow.artifacts import run_dir_lock
 from pruneflow.checkpoint import FORMAT
@@ -369,7 +369,7 @@ def build_lock(folder: Path) -> Path:
 
 
 def test_a_stale_nncf_build_lock_is_removed_with_a_message(tmp_path, monkeypatch):
-    from qat import nncf_setup
+    from pruneflow.qat import nncf_setup
 
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
     lock = build_lock(tmp_path / "ext")
@@ -380,7 +380,7 @@ def test_a_stale_nncf_build_lock_is_removed_with_a_message(tmp_path, monkeypatch
 
 
 def test_a_live_build_is_waited_for_with_messages_and_its_lock_cleared_when_its_owner_dies(tmp_path, monkeypatch):
-    from qat import nncf_setup
+    from pruneflow.qat import nncf_setup
 
     lock = build_lock(tmp_path / "ext")
     owner = holder(lock)
@@ -401,7 +401,7 @@ def test_a_live_build_is_waited_for_with_messages_and_its_lock_cleared_when_its_
 
 
 def test_a_lock_whose_owner_cannot_be_looked_up_is_judged_by_its_age(tmp_path, monkeypatch):
-    from qat import nncf_setup
+    from pruneflow.qat import nncf_setup
 
     monkeypatch.setattr(nncf_setup, "lock_holders", lambda lock: None)
     young, old = build_lock(tmp_path / "a"), build_lock(tmp_path / "b")
@@ -418,16 +418,16 @@ def test_a_lock_whose_owner_cannot_be_looked_up_is_judged_by_its_age(tmp_path, m
 def test_a_real_load_with_a_stale_lock_finishes_instead_of_hanging(tmp_path):
     """The built extension copied from the cache into a fresh folder, a killed build's lock planted: the load
     (before: a silent endless wait) takes seconds and says what it removed."""
-    from qat.nncf_setup import extensions_dir
+    from pruneflow.qat.nncf_setup import extensions_dir
 
     built = extensions_dir() / "nncf" / "quantized_functions_cpu"
     if not any(built.glob("*/quantized_functions_cpu.so")):
-        pytest.skip(f"NNCF's extension is not built in {built}; run `python -m qat.nncf_setup` first")
+        pytest.skip(f"NNCF's extension is not built in {built}; run `python -m pruneflow.qat.nncf_setup` first")
     shutil.copytree(built, tmp_path / "ext" / "nncf" / "quantized_functions_cpu", ignore=shutil.ignore_patterns("lock"))
     lock = next((tmp_path / "ext").rglob("quantized_functions_cpu.so")).parent / "lock"
     lock.touch()
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
-    done = subprocess.run([PYTHON, "-m", "qat.nncf_setup"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run([PYTHON, "-m", "pruneflow.qat.nncf_setup"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert f"removed a stale lock of NNCF's C++ extension build, {lock} (no process holds it" in done.stderr
     assert "NNCF CPU extension ready" in done.stdout and not lock.exists()
@@ -585,7 +585,7 @@ def test_the_nncf_extension_is_not_rebuilt_when_the_shell_puts_another_ninja_fir
     import subprocess
     import sys
 
-    from qat.nncf_setup import extension_state
+    from pruneflow.qat.nncf_setup import extension_state
 
     venv_bin = str(Path(sys.executable).parent)
     others = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != venv_bin]
@@ -593,7 +593,7 @@ def test_the_nncf_extension_is_not_rebuilt_when_the_shell_puts_another_ninja_fir
 
     def build(order: str) -> None:
         env = {**os.environ, "PATH": os.pathsep.join(orders[order])}
-        done = subprocess.run([sys.executable, "-m", "qat.nncf_setup"], cwd=Path(__file__).resolve().parents[1], env=env,
+        done = subprocess.run([sys.executable, "-m", "pruneflow.qat.nncf_setup"], cwd=Path(__file__).resolve().parents[1], env=env,
                               capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stderr
 

@@ -16,12 +16,12 @@ pytest.importorskip("nncf")
 ort = pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
 
-from calibrate.calibset import CalibrationSet  # noqa: E402
+from pruneflow.calibrate.calibset import CalibrationSet  # noqa: E402
 from pruneflow.export.fusion import fuse_for_onnxruntime, is_portable, pin_head_counts  # noqa: E402
 from pruneflow.export.onnx import export_onnx  # noqa: E402
 from pruneflow.prune.transformer import attention_sites, prune_heads  # noqa: E402
-from qat.nncf_quant import quantize, strip_quantizers  # noqa: E402
-from qat.settings import NncfSettings  # noqa: E402
+from pruneflow.qat.nncf_quant import quantize, strip_quantizers  # noqa: E402
+from pruneflow.qat.settings import NncfSettings  # noqa: E402
 from tests.test_bert_int8 import _cosine, _tiny_bert, _tokens  # noqa: E402
 
 

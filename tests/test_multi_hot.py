@@ -63,7 +63,7 @@ def test_a_multi_hot_column_is_read_from_parquet_and_fills_the_models_bag_sizes(
 
 
 def test_the_calibration_set_of_a_model_without_a_linear_compares_its_last_convolutions_inputs():
-    from calibrate.build import feature_layer, penultimate_features
+    from pruneflow.calibrate.build import feature_layer, penultimate_features
     from pruneflow.zoo import ZOO
 
     unet = ZOO["tiny_unet"].factory(in_channels=3, num_classes=3, width=8)

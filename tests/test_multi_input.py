@@ -149,9 +149,9 @@ def _two_input_split(n: int = 96) -> Split:
 
 
 def test_a_calibration_set_stores_and_replays_every_input(tmp_path):
-    from calibrate.build import build_calibration_set, penultimate_features
-    from calibrate.calibset import CalibrationSet
-    from calibrate.consumers import nncf_dataset, ort_reader
+    from pruneflow.calibrate.build import build_calibration_set, penultimate_features
+    from pruneflow.calibrate.calibset import CalibrationSet
+    from pruneflow.calibrate.consumers import nncf_dataset, ort_reader
 
     split = _two_input_split()
     model = _family("two_input").build().eval()
@@ -171,8 +171,8 @@ def test_a_calibration_set_stores_and_replays_every_input(tmp_path):
 
 
 def test_a_text_calibration_set_round_trips_with_its_mask(tmp_path):
-    from calibrate.build import build_calibration_set
-    from calibrate.calibset import CalibrationSet
+    from pruneflow.calibrate.build import build_calibration_set
+    from pruneflow.calibrate.calibset import CalibrationSet
 
     split = Split(_text_batch(40, 12, [int(i) for i in torch.randint(1, 13, (40,), generator=torch.Generator().manual_seed(1))]),
                   torch.arange(40) % 2)

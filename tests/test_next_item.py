@@ -115,8 +115,8 @@ class _FunctionalTie(nn.Module):
 def test_nncf_quantizes_a_model_that_reads_a_tensor_property():
     """`TypeError: cannot pickle 'getset_descriptor'` (issue 37): NNCF deep-copied its graph holding Tensor.T's getter."""
     pytest.importorskip("nncf")
-    from calibrate.calibset import CalibrationSet
-    from qat.nncf_quant import quantize
+    from pruneflow.calibrate.calibset import CalibrationSet
+    from pruneflow.qat.nncf_quant import quantize
 
     torch.manual_seed(0)
     model = _FunctionalTie().eval()
@@ -255,7 +255,7 @@ def test_an_fp16_sasrec_opens_in_onnxruntime(tmp_path):
 
 
 def test_a_grus_float_weights_are_said():
-    from qat.stage import recurrent_float_notes
+    from pruneflow.qat.stage import recurrent_float_notes
     from pruneflow.zoo import ZOO
 
     rows = recurrent_float_notes(ZOO["gru4rec"].factory(num_items=100, dim=8, hidden=16))

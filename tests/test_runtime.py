@@ -276,7 +276,7 @@ def test_host_is_recorded_beside_the_latency_figures(timed_run):
 def test_size_gate_fails_through_the_cli_names_the_artifact_and_keeps_it(tmp_path):
     from typer.testing import CliRunner
 
-    from cli import app
+    from pruneflow.cli import app
 
     recipe = tiny_recipe_dict(name="sized")
     recipe["stages"][2] = {"type": "export", "targets": ["onnx"], "latency": None, "gates": {"max_size_mb": 0.001}}
@@ -315,7 +315,7 @@ def test_a_speedup_gate_needs_an_fp32_baseline_and_latency(write_recipe):
 def test_an_absent_runtime_through_the_cli_exits_3_before_any_training(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from cli import app
+    from pruneflow.cli import app
 
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime now raises ImportError
     path = tmp_path / "recipe.yaml"

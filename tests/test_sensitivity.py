@@ -72,8 +72,8 @@ def outlier_model():
 
 
 def _quantize(model, data):
-    from calibrate.build import build_calibration_set
-    from qat.nncf_quant import quantize
+    from pruneflow.calibrate.build import build_calibration_set
+    from pruneflow.qat.nncf_quant import quantize
 
     assert data.train is not None
     calib = build_calibration_set(data.train, size=256, strategy="random", seed=0)
@@ -82,7 +82,7 @@ def _quantize(model, data):
 
 def test_groups_and_ranking_put_the_outlier_layer_first(outlier_model):
     from pruneflow.tasks import Classification
-    from qat.sensitivity import agreement, outputs, quantizer_groups, remove_group, sensitivity
+    from pruneflow.qat.sensitivity import agreement, outputs, quantizer_groups, remove_group, sensitivity
 
     model, data = outlier_model
     quantized, calib = _quantize(model, data)
@@ -220,11 +220,11 @@ def test_qat_fallback_survives_the_checkpoint(tmp_path, outlier_model):
 
 def test_bert_groups_name_real_modules():
     """NNCF's op names leave out ModuleList indices; groups are named by the modules owning their weights."""
-    from calibrate.calibset import CalibrationSet
+    from pruneflow.calibrate.calibset import CalibrationSet
     from pruneflow.zoo.hf import bert_classifier
-    from qat.nncf_quant import quantize
-    from qat.sensitivity import quantizer_groups
-    from qat.settings import NncfSettings
+    from pruneflow.qat.nncf_quant import quantize
+    from pruneflow.qat.sensitivity import quantizer_groups
+    from pruneflow.qat.settings import NncfSettings
 
     model = bert_classifier(num_layers=2, hidden_size=64, num_heads=4, intermediate_size=128, seed=0).eval()
     ids = torch.randint(1, 30522, (32, 16), generator=torch.Generator().manual_seed(0))
@@ -246,9 +246,9 @@ def test_bert_groups_name_real_modules():
 def test_a_multi_head_fallback_goes_on_until_every_head_holds(monkeypatch):
     """Two heads bounded together (a multi-task ranker's `click.auc` and `finish.auc`): the first fallback saves click
     and leaves finish 0.004 down, so a second layer falls back; each row records both heads and the worst drop."""
-    import qat.sensitivity as sensitivity_module
+    import pruneflow.qat.sensitivity as sensitivity_module
     from pruneflow.tasks.base import Metric
-    from qat.sensitivity import QuantGroup, fall_back
+    from pruneflow.qat.sensitivity import QuantGroup, fall_back
 
     removed: list[str] = []
     monkeypatch.setattr(sensitivity_module, "remove_group", lambda model, group: removed.append(group.name))

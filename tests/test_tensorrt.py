@@ -20,7 +20,7 @@ import yaml
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
-from cli import app
+from pruneflow.cli import app
 from pruneflow.errors import MissingDependencyError
 from pruneflow.export import tensorrt_build
 from pruneflow.export.qdq import check_convention

@@ -135,10 +135,10 @@ def test_float_onnx_and_ir_hold_the_tied_table_once(tmp_path, kind):
 def quantized(tmp_path_factory):
     """SASRec and the functional tie after what the ptq stage does (tables snapped to their int8 grid where untied,
     NNCF post-training quantization), stripped to torch's fake-quant ops, and exported once to raw Q/DQ."""
-    from calibrate.calibset import CalibrationSet
+    from pruneflow.calibrate.calibset import CalibrationSet
     from pruneflow.export.embedding import snap_embedding_tables
-    from qat.nncf_quant import quantize, strip_quantizers
-    from qat.settings import NncfSettings
+    from pruneflow.qat.nncf_quant import quantize, strip_quantizers
+    from pruneflow.qat.settings import NncfSettings
 
     tmp, ids, out = tmp_path_factory.mktemp("tied-int8"), _ids(), {}
     for kind in ("sasrec", "functional"):

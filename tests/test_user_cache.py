@@ -128,7 +128,7 @@ def test_a_concurrent_run_finding_the_folder_made_keeps_the_verified_one(cache):
 
 def test_nncf_kernels_folder_with_a_planted_link_is_refused(cache, monkeypatch, tmp_path):
     pytest.importorskip("nncf")
-    from qat import nncf_setup
+    from pruneflow.qat import nncf_setup
 
     monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
     folder = nncf_setup.extensions_dir()

@@ -143,3 +143,25 @@ def test_pretrained_resnets_classify_the_lossless_images(first20, name):
     with torch.no_grad():
         predicted = model(first20.eval.x).argmax(1)
     assert int((predicted == first20.eval.y).sum()) == correct
+
+
+@pytest.mark.shared_data
+@pytest.mark.parametrize("name", ["bert_embedder", "bert_classifier"])
+def test_a_pretrained_folder_loads_without_transformers_load_report(name, shared_data, capfd):
+    """minilm-embed opened with transformers' "BertModel LOAD REPORT ... pooler.dense.weight | UNEXPECTED" table and a
+    weight-loading progress bar (issue 42, item 8): the embedder leaves the pooler out on purpose. The load is quiet now,
+    and transformers' own verbosity is as it was after it."""
+    pytest.importorskip("transformers")
+    from transformers.utils import logging as hf_logging
+
+    from pruneflow.zoo import ZOO
+
+    folder = shared_data / "minilm_l6_h384"
+    if not folder.is_dir():
+        pytest.skip(f"no {folder}")
+    before = hf_logging.get_verbosity()
+    capfd.readouterr()
+    ZOO[name].factory(folder=str(folder))
+    err = capfd.readouterr().err
+    assert "LOAD REPORT" not in err and "UNEXPECTED" not in err and "Loading weights" not in err, err
+    assert hf_logging.get_verbosity() == before

@@ -59,31 +59,13 @@ def strict(value: Any) -> Any:
 
 
 def result_json(result: "BenchResult") -> dict[str, Any]:
-    from .result import FORMAT
+    from .result import FORMAT, row_record
 
     variants = [{**v.as_dict(), "timed_on": result.inputs.get(v.name), "size_reduction": result.size_reduction(v),
                  "metric_delta": result.metric_delta(v)} for v in result.variants]
     return strict({"format": FORMAT, "exit_code": result.exit_code(), "host": result.host, "settings": result.settings.as_dict(),
                    "baseline": result.baseline.name, "benchmark_app": result.benchmark_app, "variants": variants,
-                   "results": [row_json(row, result) for row in result.rows], "under_budget": result.under_budget()})
-
-
-def row_json(row: "Row", result: "BenchResult") -> dict[str, Any]:
-    lane, variant, stats = row.lane, row.lane.variant, row.stats
-    figures = stats.as_dict() if stats is not None else dict.fromkeys(("runs", "p50_ms", "p90_ms", "p99_ms", "mean_ms",
-                                                                        "throughput"))
-    figures.pop("batch", None)
-    return {"variant": variant.name, "model": variant.model, "label": variant.label, "precision": variant.precision,
-            "runtime": lane.runtime, "device": lane.executor.device if lane.executor else None,
-            "runtime_label": lane.label, "precision_hint": lane.hint or ("default" if lane.runtime == "openvino" else None),
-            "inference_precision": lane.inference_precision if lane.runtime == "openvino" else None,
-            "batch": row.batch, "shape": row.shape, **figures, "size_bytes": variant.size_bytes,
-            "metric": variant.metric, "metric_value": result.row_metric(row), "metric_direction": variant.metric_direction,
-            "variant_metric_value": variant.metric_value, "speedup": row.speedup, "baseline_runtime": row.baseline_runtime,
-            "size_reduction": result.size_reduction(variant), "metric_delta": result.row_metric_delta(row),
-            "benchmark_app": row.benchmark_app, "error": row.error, "spread": row.spread,
-            "noisy": row.noisy if stats is not None else None,
-            "p99_low_confidence": row.p99_low_confidence if stats is not None else None, **result.economics(row)}
+                   "results": [row_record(row, result) for row in result.rows], "under_budget": result.under_budget()})
 
 
 def escape_label(value: object) -> str:

@@ -5,14 +5,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..units import dataframe, human_bytes, text_table
 from .measure import MIN_P99_RUNS, BenchSettings, Row
 from .variants import Variant, metric_key
 
 FORMAT = "pruneflow-bench/1"
 
 
-@dataclass
+@dataclass(repr=False)
 class BenchResult:
+    """What `pruneflow bench` measured. ``print(result)`` shows one line a lane (artifact x runtime) with its p50 and
+    speed-up at each batch size; ``to_records()`` every figure of every row, as the JSON's ``results``;
+    ``to_pandas()`` the same as a DataFrame::
+
+        result = pruneflow.bench(["runs/quickstart"], batches=[1, 32])
+        print(result)                                   # a short table
+        df = result.to_pandas()                         # p50_ms, p99_ms, throughput, speedup, size_bytes, ...
+    """
+
     host: dict[str, Any]
     settings: BenchSettings
     variants: list[Variant]
@@ -22,6 +32,43 @@ class BenchResult:
     inputs: dict[str, str]
     #: ``{"available": bool, "how": str}``: whether OpenVINO's benchmark_app was found (and asked for).
     benchmark_app: dict[str, Any]
+
+    def to_records(self) -> list[dict[str, Any]]:
+        """One dict per (artifact, runtime, batch): every figure, as ``pruneflow bench --json`` writes ``results``."""
+        return [row_record(row, self) for row in self.rows]
+
+    def to_pandas(self):
+        """``to_records()`` as a pandas DataFrame (pandas is not a dependency of pruneflow)."""
+        return dataframe(self.to_records())
+
+    def lanes(self) -> list[dict[str, Any]]:
+        """One dict per artifact x runtime: size, headline metric, and p50 (ms) and speed-up at each batch size."""
+        several = len({v.model for v in self.variants}) > 1
+        found: dict[tuple[str, str], dict[str, Any]] = {}
+        notes: dict[tuple[str, str], list[str]] = {}
+        for row in self.rows:
+            name = row.lane.variant.name if several else row.lane.variant.label
+            key = (name, row.lane.label)
+            lane = found.setdefault(key, {"artifact": name, "runtime": row.lane.label,
+                                          "size": human_bytes(row.lane.variant.size_bytes), self.metric_name(): self.row_metric(row)})
+            lane[f"b{row.batch} p50 ms"] = f"{row.stats.p50_ms:.3g}" if row.stats else ""
+            lane[f"b{row.batch} speed-up"] = f"{row.speedup:.2f}x" if row.speedup else ""
+            notes.setdefault(key, []).extend(
+                [f"b{row.batch} NOISY"] * bool(row.noisy and row.stats) + [f"b{row.batch}: {row.error}"] * bool(row.error))
+        return [{**lane, "note": ", ".join(notes[key])} for key, lane in found.items()]
+
+    def __str__(self) -> str:
+        cpu = self.host.get("cpu") or {}
+        runs = sorted({r.stats.runs for r in self.rows if r.stats is not None})
+        lines = [f"BenchResult: {len(self.variants)} artifacts, batches {', '.join(map(str, self.settings.batches))}; "
+                 f"speed-up against {self.baseline.name} in the same runtime",
+                 text_table(self.lanes()),
+                 f"host: {host_name(self.host)}, {cpu.get('usable_cpus')} CPUs; threads {self.settings.threads or 'runtime default'}"
+                 + (f"; {'-'.join(map(str, sorted({runs[0], runs[-1]})))} timed runs per batch" if runs else ""),
+                 f"every figure: .to_records() ({len(self.rows)} rows) or .to_pandas(); `pruneflow bench` prints the full tables"]
+        return "\n".join(lines)
+
+    __repr__ = __str__
 
     def size_reduction(self, variant: Variant) -> float | None:
         """Baseline size / variant size (4.0 = a quarter of the bytes)."""
@@ -169,3 +216,22 @@ def best_under_budget(rows: list[dict[str, Any]], budget: float) -> list[dict[st
                 f" (smallest: {fastest['p99_ms']:.3g} ms at batch {fastest['batch']})" if fastest else ""))
         chosen.append(entry)
     return chosen
+
+
+def row_record(row: Row, result: BenchResult) -> dict[str, Any]:
+    """One row of a bench as a flat dict (the JSON's ``results``, ``BenchResult.to_records``)."""
+    lane, variant, stats = row.lane, row.lane.variant, row.stats
+    figures = stats.as_dict() if stats is not None else dict.fromkeys(("runs", "p50_ms", "p90_ms", "p99_ms", "mean_ms",
+                                                                        "throughput"))
+    figures.pop("batch", None)
+    return {"variant": variant.name, "model": variant.model, "label": variant.label, "precision": variant.precision,
+            "runtime": lane.runtime, "device": lane.executor.device if lane.executor else None,
+            "runtime_label": lane.label, "precision_hint": lane.hint or ("default" if lane.runtime == "openvino" else None),
+            "inference_precision": lane.inference_precision if lane.runtime == "openvino" else None,
+            "batch": row.batch, "shape": row.shape, **figures, "size_bytes": variant.size_bytes,
+            "metric": variant.metric, "metric_value": result.row_metric(row), "metric_direction": variant.metric_direction,
+            "variant_metric_value": variant.metric_value, "speedup": row.speedup, "baseline_runtime": row.baseline_runtime,
+            "size_reduction": result.size_reduction(variant), "metric_delta": result.row_metric_delta(row),
+            "benchmark_app": row.benchmark_app, "error": row.error, "spread": row.spread,
+            "noisy": row.noisy if stats is not None else None,
+            "p99_low_confidence": row.p99_low_confidence if stats is not None else None, **result.economics(row)}

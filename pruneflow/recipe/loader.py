@@ -119,6 +119,15 @@ def _code_problems(loaded: LoadedRecipe) -> list[ConfigError]:
         except InputError as exc:
             problems.append(ConfigError((*loc, "factory"), exc.message.removeprefix(f"{where} {spec.factory!r}").lstrip(": "),
                                         value=spec.factory, hint=exc.hint))
+    for index, metric in enumerate(getattr(loaded.recipe, "metrics", [])):  # a metric of your own is code too
+        loc, ref = ("metrics", index, "fn"), metric.fn
+        if ":" not in ref or loaded.trust is None:
+            continue
+        where = key_path(loc)
+        try:
+            loaded.code.append((loc, ref, loaded.trust.check(ref, where)))
+        except InputError as exc:
+            problems.append(ConfigError(loc, exc.message.removeprefix(f"{where} {ref!r}").lstrip(": "), value=ref, hint=exc.hint))
     return problems
 
 
@@ -504,7 +513,7 @@ def _resolve_paths(recipe: BaseModel, positions: dict, main_file: Path) -> None:
                     setattr(obj, name, [resolve(v, loc + (name, i), factory=True) if isinstance(v, str) else v
                                         for i, v in enumerate(value)])
                 elif extra.get("x-path") and isinstance(value, str):
-                    setattr(obj, name, resolve(value, loc + (name,), factory=name == "factory"))
+                    setattr(obj, name, resolve(value, loc + (name,), factory=name in ("factory", "fn")))
                 elif name == "kwargs" and isinstance(value, dict):  # a factory's `folder: ../data/model`, as written
                     for key, item in value.items():
                         if isinstance(item, str) and item.startswith(("./", "../")):

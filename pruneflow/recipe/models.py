@@ -314,6 +314,32 @@ class GateSpec(StrictModel):
         return self
 
 
+class MetricSpec(StrictModel):
+    """A metric of your own (``tasks/user.py``): a function of the outputs and the labels, with its direction."""
+
+    fn: str = Field(
+        description="`path/to/file.py:function` (relative to the recipe) or `package.module:function`: called with the "
+        "split's outputs (as the task reads them) and labels, numpy arrays, it returns one number. Resolved as "
+        "`model.factory` is, and checked at validate without running it.",
+        json_schema_extra={"x-path": True}, min_length=1,
+    )
+    name: str | None = Field(
+        default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_@]*$",
+        description="Its name in metrics, gates and reports (`onnx.int8.NAME`). Default: the function's name.")
+    higher_is_better: bool | None = Field(
+        default=None,
+        description="Its direction (what `max_drop` and sensitivity count as worse). Default: what the function declares "
+        "with `@pruneflow.metric(higher_is_better=...)`; one of the two is required.")
+    headline: bool = Field(
+        default=False,
+        description="Make it the run's headline metric: the headline table, `bench`, the default of `sensitivity.metric`.")
+
+    @property
+    def figure(self) -> str:
+        """The name it is recorded under."""
+        return self.name or self.fn.rpartition(":")[2]
+
+
 def _cpu_name(value: Any) -> Any:
     """One entry of `deploy.cpu`, checked where it stands (the error points at its line)."""
     from .cpus import canonical, cpu_flags
@@ -383,6 +409,11 @@ class RecipeBase(StrictModel):
     gates: list[GateSpec] = Field(default_factory=list, description="Quality gates; a failed one makes the exit code 1.")
     trust: TrustSpec = Field(default_factory=TrustSpec, description="Code this recipe may run beyond the zoo and the "
                              "files in its own folder tree: `{code: [\"package.module:function\", ...]}`.")
+    metrics: list[MetricSpec] = Field(
+        default_factory=list,
+        description="Metrics of your own, judged beside the task's everywhere (gates, sensitivity, reports, `--json`, "
+        "bench): `path/file.py:function` (declared with `@pruneflow.metric(higher_is_better=...)`) or "
+        "`{fn: path/file.py:function, higher_is_better: true, name: f1, headline: false}`.")
     deploy: DeploySpec = Field(default_factory=DeploySpec, description="Where the artifacts will be served: the CPUs the "
                                "export chooses its host-specific forms for (`cpu`), instead of the machine that builds them.")
 
@@ -395,6 +426,12 @@ class RecipeBase(StrictModel):
             raise ValueError(f"{value} threads, but this machine lets the process use {cpus} CPU(s); use {cpus} or fewer "
                              "(or leave `threads` out for torch's own choice)")
         return value
+
+    @field_validator("metrics", mode="before")
+    @classmethod
+    def _metric_shorthand(cls, value: Any) -> Any:
+        """`metrics: [file.py:fn]` stands for `[{fn: file.py:fn}]`."""
+        return [{"fn": item} if isinstance(item, str) else item for item in value] if isinstance(value, list) else value
 
     @field_validator("task", mode="before")
     @classmethod

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 def recipe_problems(recipe: RecipeBase) -> list[ConfigError]:
     """Every problem the recipe alone shows: the recipe-wide rules, then each stage's own, in order."""
-    problems = [*_duplicate_names(recipe.stages), *_gate_metrics(recipe)]
+    problems = [*_duplicate_names(recipe.stages), *_gate_metrics(recipe), *_user_metrics(recipe)]
     for index, config in enumerate(recipe.stages):
         problems += registry.stages.get(config.type).recipe_rules(config, index, recipe)
     return problems
@@ -135,6 +135,29 @@ def _unknown_metric(recipe: RecipeBase, prefix: str, metric: str) -> tuple[str, 
     return (f"{first!r} looks like a misspelt metric: it is none of the words this recipe's task and stages "
             f"name their figures with; did you mean {close[0]!r}?",
             f"the task's metrics: {', '.join(names[:12])}; `pruneflow optimize --json` lists every figure a run records")
+
+
+def _user_metrics(recipe: RecipeBase) -> Iterator[ConfigError]:
+    """The recipe's own metrics (``tasks/user.py``) each have a name of their own, none the task's or a common figure's
+    (it would shadow it in every table and gate), and one at most is the headline."""
+    from ..tasks.base import COMMON_METRICS
+
+    task = registry.tasks.get(recipe.task.type)(recipe.task)
+    taken = {m.name for m in task.metrics} | set(COMMON_METRICS) | {task.agreement.name, "samples"}
+    seen: dict[str, int] = {}
+    for index, spec in enumerate(recipe.metrics):
+        name = spec.figure
+        if name in taken:
+            yield ConfigError(("metrics", index), f"{name!r} is a figure the {task.name} task already records",
+                              value=spec.fn, hint="give it another `name`: `{fn: ..., name: my_" + name + "}`")
+        elif name in seen:
+            yield ConfigError(("metrics", index), f"{name!r} is the name of metrics.{seen[name]} too", value=spec.fn,
+                              hint="give one of them another `name`")
+        seen.setdefault(name, index)
+    headlines = [i for i, spec in enumerate(recipe.metrics) if spec.headline]
+    for index in headlines[1:]:
+        yield ConfigError(("metrics", index, "headline"), f"metrics.{headlines[0]} is the headline already",
+                          value=True, hint="mark one metric `headline: true`")
 
 
 def _metric_prefixes(recipe: RecipeBase) -> list[str]:

@@ -108,8 +108,7 @@ def relocate_paths(text: str, source: Path | None, dest: Path) -> tuple[str, lis
     for key, value in values:
         found = (source / value).resolve() if source is not None else None
         if found is not None and found.exists():
-            near = os.path.commonpath([found, dest.resolve()]) != found.anchor  # else the absolute path reads better
-            moved[value] = os.path.relpath(found, dest.resolve()) if near else str(found)
+            moved[value] = _relative(found, dest.resolve())
         else:
             missing.append(f"{key} ({value})")
     lines = [_RELATIVE.sub(lambda m: moved.get(m.group(1), m.group(1)), ln) if not ln.lstrip().startswith("#") else ln
@@ -119,6 +118,16 @@ def relocate_paths(text: str, source: Path | None, dest: Path) -> tuple[str, lis
     if missing:
         notes.append("edit these keys to point at your files (they do not exist from here): " + ", ".join(dict.fromkeys(missing)))
     return "".join(lines), notes
+
+
+def _relative(found: Path, folder: Path) -> str:
+    """``found`` as a path relative to ``folder``, as the loader reads it (against the recipe's own folder): a copy that
+    can be committed and used from another checkout laid out alike. Absolute only where no relative path exists (two
+    Windows drives)."""
+    try:
+        return os.path.relpath(found, folder)
+    except ValueError:
+        return str(found)
 
 
 def _relative_values(node: object, key: str = "") -> list[tuple[str, str]]:

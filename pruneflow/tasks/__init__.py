@@ -6,3 +6,4 @@ third party's arrives the same way."""
 from .base import COMMON_METRICS as COMMON_METRICS, Metric as Metric, MetricState as MetricState, Task as Task
 from .base import ReadOutput as ReadOutput, make_task as make_task
 from .classification import Classification as Classification, ClassificationConfig as ClassificationConfig
+from .user import UserMetric as UserMetric, metric as metric, with_user_metrics as with_user_metrics

@@ -108,6 +108,9 @@ class MetricState:
     targets: list[torch.Tensor] = field(default_factory=list)
     #: A multi-head task's state per head (``tasks.multi``).
     parts: dict[str, "MetricState"] = field(default_factory=dict)
+    #: Every output and label seen, for the recipe's own metrics (``tasks.user``), which read the whole split.
+    kept_outputs: list[torch.Tensor] = field(default_factory=list)
+    kept_targets: list[torch.Tensor] = field(default_factory=list)
 
     def add(self, **values: float) -> None:
         for key, value in values.items():

@@ -26,6 +26,31 @@ def _transformers():
     return transformers
 
 
+def _load_quietly(load: Any, folder: str, **kwargs: Any) -> tuple[Any, dict]:
+    """``load(folder, ...)`` (a ``from_pretrained``) without transformers' own output: its per-weight progress bar and the
+    LOAD REPORT table it prints on stderr for every key it skips (an embedder leaves the pooler out on purpose: its two
+    "UNEXPECTED" keys opened every minilm-embed run). What was missing or skipped is logged instead; the model and
+    ``info`` (``missing_keys``, ``unexpected_keys``) are returned."""
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        model, info = load(folder, local_files_only=True, attn_implementation="eager", output_loading_info=True,
+                           trust_remote_code=False, **kwargs)  # a folder's own modeling code never runs (no prompt either)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+    skipped = {k: sorted(v) for k, v in info.items() if k in ("missing_keys", "unexpected_keys") and v}
+    if skipped:
+        logging.getLogger("pruneflow").info("loaded %s: %s", folder, "; ".join(f"{k}: {', '.join(v)}" for k, v in skipped.items()))
+    return model, info
+
+
 def token_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, token_type_ids: torch.Tensor | None,
                  pad_id: int) -> dict[str, torch.Tensor | None]:
     """A BERT's keyword inputs as int64; without a mask, padding (``pad_id``) is masked out."""
@@ -70,9 +95,7 @@ def bert_classifier_with_new_parameters(
     # Eager attention: exportable to ONNX with the legacy exporter, and exact under head masks.
     if folder:
         try:
-            model, info = tf.AutoModelForSequenceClassification.from_pretrained(
-                folder, local_files_only=True, attn_implementation="eager", output_loading_info=True,
-                trust_remote_code=False)  # a folder's own modeling code never runs (no prompt either)
+            model, info = _load_quietly(tf.AutoModelForSequenceClassification.from_pretrained, folder)
         except Exception as exc:  # noqa: BLE001
             raise InputError(f"model.kwargs.folder: could not load a model from {folder}: {type(exc).__name__}: {exc}") from exc
         return SequenceClassifier(model, pad_id), sorted(f"model.{k}" for k in info.get("missing_keys", []))
@@ -119,8 +142,7 @@ def bert_embedder(folder: str | None = None, vocab_size: int = 30522, hidden_siz
         torch.manual_seed(seed)
     if folder:
         try:
-            encoder = tf.AutoModel.from_pretrained(folder, local_files_only=True, attn_implementation="eager", trust_remote_code=False,
-                                                   add_pooling_layer=False)
+            encoder, _ = _load_quietly(tf.AutoModel.from_pretrained, folder, add_pooling_layer=False)
         except Exception as exc:  # noqa: BLE001
             raise InputError(f"model.kwargs.folder: could not load a model from {folder}: {type(exc).__name__}: {exc}") from exc
     else:
