@@ -63,7 +63,7 @@ def module_source(target: str, ref: str, field: str = "model.factory") -> Path |
     """The file of module ``target``, found without importing it or its parent packages (whose ``__init__`` is code)."""
     parts = target.split(".")
     try:
-        spec = importlib.util.find_spec(parts[0])  # a top-level name: the finders locate it, nothing is executed
+        spec = _find_top_level(parts[0])  # a top-level name: the finders locate it, nothing is executed
         for i in range(1, len(parts)):
             if spec is None or not spec.submodule_search_locations:
                 break
@@ -75,6 +75,22 @@ def module_source(target: str, ref: str, field: str = "model.factory") -> Path |
         raise InputError(f"{field} {ref!r}: no module {target!r} is installed",
                          hint="point at a file in the recipe's folder: `path/to/file.py:function`")
     return Path(spec.origin) if spec.origin and spec.has_location else None
+
+
+def _find_top_level(name: str) -> Any:
+    """``importlib.util.find_spec(name)`` without setuptools' distutils shim: asked for ``pip`` (a recipe naming
+    ``pip:main``, refused), that finder switches itself off for the rest of the process, and the next import of
+    setuptools (torch's extension builder, under NNCF) then fails on its own assertion."""
+    if name in sys.modules:
+        return getattr(sys.modules[name], "__spec__", None)
+    for finder in sys.meta_path:
+        find = getattr(finder, "find_spec", None)
+        if find is None or type(finder).__module__.startswith("_distutils_hack"):
+            continue
+        spec = find(name, None)
+        if spec is not None:
+            return spec
+    return None
 
 
 def top_level_bindings(body: list) -> tuple[dict[str, str | None], str]:
