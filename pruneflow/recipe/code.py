@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ast
 import importlib.machinery
-import importlib.util
 import site
 import sys
 import sysconfig
@@ -63,7 +62,7 @@ def module_source(target: str, ref: str, field: str = "model.factory") -> Path |
     """The file of module ``target``, found without importing it or its parent packages (whose ``__init__`` is code)."""
     parts = target.split(".")
     try:
-        spec = importlib.util.find_spec(parts[0])  # a top-level name: the finders locate it, nothing is executed
+        spec = _find_top_level(parts[0])  # a top-level name: the finders locate it, nothing is executed
         for i in range(1, len(parts)):
             if spec is None or not spec.submodule_search_locations:
                 break
@@ -75,6 +74,22 @@ def module_source(target: str, ref: str, field: str = "model.factory") -> Path |
         raise InputError(f"{field} {ref!r}: no module {target!r} is installed",
                          hint="point at a file in the recipe's folder: `path/to/file.py:function`")
     return Path(spec.origin) if spec.origin and spec.has_location else None
+
+
+def _find_top_level(name: str) -> Any:
+    """``importlib.util.find_spec(name)`` for a top-level name, without setuptools' ``_distutils_hack`` finder: asked
+    for ``pip``, that finder switches setuptools' distutils off for the rest of the process (it takes it for pip
+    running), and NNCF's build then failed in a process that had only checked a recipe naming ``pip:main``."""
+    module = sys.modules.get(name)
+    if module is not None:
+        return getattr(module, "__spec__", None)
+    for finder in sys.meta_path:
+        if type(finder).__module__.startswith("_distutils_hack") or not hasattr(finder, "find_spec"):
+            continue
+        spec = finder.find_spec(name, None)
+        if spec is not None:
+            return spec
+    return None
 
 
 def top_level_bindings(body: list) -> tuple[dict[str, str | None], str]:
