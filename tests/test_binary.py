@@ -91,7 +91,7 @@ def build():
 @pytest.mark.slow
 def test_a_dict_returning_ranker_trains_quantizes_and_exports_judged_by_auc_and_pctr(tmp_path):
     gen = np.random.default_rng(0)
-    n = 3000
+    n = 20_000  # 5,000 eval rows: enough for a bar of 0.002 AUC to mean something
     ids = np.stack([gen.integers(0, 50, n), gen.integers(0, 40, n)], 1).astype(np.int64)
     dense = gen.normal(size=(n, 4)).astype(np.float32)
     user_bias, item_bias = gen.normal(size=50), gen.normal(size=40)  # a planted rule: AUC means something
@@ -112,8 +112,8 @@ def test_a_dict_returning_ranker_trains_quantizes_and_exports_judged_by_auc_and_
         ],
         "gates": [
             {"metric": "train.auc", "min": 0.75},
-            {"metric": "onnx.int8.auc", "baseline": "onnx.fp32.auc", "max_drop": 0.01},
-            {"metric": "onnx.int8.log_loss", "baseline": "onnx.fp32.log_loss", "max_drop": 0.01},
+            {"metric": "onnx.int8.auc", "baseline": "onnx.fp32.auc", "max_drop": 0.002},  # issue 24's bars
+            {"metric": "onnx.int8.log_loss", "baseline": "onnx.fp32.log_loss", "max_drop_relative": 0.01},
         ],
     }
     out, stages, artifacts = optimize_json(recipe, tmp_path)
@@ -124,7 +124,8 @@ def test_a_dict_returning_ranker_trains_quantizes_and_exports_judged_by_auc_and_
     assert fp32["auc"] == pytest.approx(train["auc"], abs=1e-6) and fp32["probability_diff"] < 1e-5
     for name in ("model.int8.onnx", "model.int8.xml"):
         m = artifacts[name]
-        assert abs(m["auc"] - fp32["auc"]) < 0.01 and m["pctr_error"] < fp32["pctr_error"] + 0.01, (name, m)
+        assert abs(m["auc"] - fp32["auc"]) <= 0.002 and abs(m["mean_pctr"] - fp32["mean_pctr"]) <= 0.005, (name, m)
+        assert m["log_loss"] <= fp32["log_loss"] * 1.01, (name, m["log_loss"], fp32["log_loss"])
         assert m["probability_diff"] < 0.01 and m["probability_diff_fp32"] < 0.01, (name, m)  # vs quantized and float torch
     assert all(g["passed"] for g in out["gates"]), out["gates"]
     assert "probability_diff_fp32" not in fp32  # a float artifact's reference is the float model already

@@ -238,3 +238,17 @@ def test_a_hugging_face_folder_with_its_own_modeling_code_is_refused_without_a_p
         with pytest.raises(InputError, match="custom code"):
             build(folder=str(folder))
     assert not marker.exists()
+
+
+def test_checking_a_recipe_that_names_pip_leaves_setuptools_working(tmp_path):
+    """Looking up `pip` with importlib.util.find_spec made setuptools' distutils hook take pip for running and switch
+    itself off: every later NNCF build in the process failed (`AssertionError: .../distutils/core.py`)."""
+    import subprocess
+
+    recipe = write(tmp_path / "r.yaml", tiny_recipe_dict(model={"factory": "pip._internal.cli.main:main"}))
+    code = ("from pruneflow.recipe import load_recipe\nfrom pruneflow.errors import RecipeError\n"
+            f"try:\n    load_recipe({str(recipe)!r})\nexcept RecipeError:\n    pass\n"
+            "import setuptools, distutils.core\nprint(distutils.core.__file__)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**__import__("os").environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert done.returncode == 0 and "setuptools" in done.stdout, done.stderr[-2000:]

@@ -197,6 +197,18 @@ def test_a_truncated_or_foreign_manifest_is_a_one_paragraph_error(tmp_path, cont
         assert result.exit_code == 2 and "manifest.json" in result.output and "Traceback" not in result.output, result.output
 
 
+def test_a_manifest_past_32_mb_is_refused_before_it_is_read(tmp_path):
+    """docs/security.md: a record larger than 32 MB is refused (a run's is kilobytes), sized before it is parsed."""
+    from pruneflow.artifacts import MAX_RECORD_BYTES
+
+    run = _run_folder(tmp_path, "export/onnx/model.fp32.onnx")
+    with open(run / "manifest.json", "wb") as fh:  # sparse: 33 MB of nothing on disk
+        fh.truncate(MAX_RECORD_BYTES + 1)
+    result = invoke("bench", run)
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2 and f"more than a run's record ever does ({MAX_RECORD_BYTES:,})" in text, result.output
+
+
 def test_a_run_folder_that_is_a_link_is_refused_before_anything_runs(tmp_path, victim):
     """OUT/NAME a symlink to a folder holding a manifest: the whole run went by, then `rmtree` refused the link and
     the run ended in an internal error (issue 27, item 6). It is refused up front; the folder it points to is kept."""

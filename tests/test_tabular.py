@@ -189,7 +189,7 @@ def test_int4_tables_run_in_onnxruntime_and_openvino_as_the_snapped_model_comput
 @runs_a_recipe
 def ranker_run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("ranker")
-    train, eval_ = _log_csv(folder, rows=3000)
+    train, eval_ = _log_csv(folder, rows=20_000)  # 4,000 eval rows: enough for a bar of 0.002 AUC to mean something
     recipe = {
         "name": "ranker", "seed": 0, "device": "cpu",
         "model": {"factory": "deepfm", "kwargs": {"embedding_dim": 8, "hidden": 32}},
@@ -201,7 +201,7 @@ def ranker_run(tmp_path_factory):
             {"type": "export", "name": "reference", "targets": ["onnx"], "precisions": ["fp32"]},
             {"type": "calibrate", "size": 512},
             {"type": "ptq"},
-            {"type": "export", "targets": ["onnx", "openvino"], "precisions": ["int8"]},
+            {"type": "export", "targets": ["onnx", "openvino"], "precisions": ["fp32", "int8"]},
         ],
     }
     return (folder,) + optimize_json(recipe, folder)
@@ -212,10 +212,17 @@ def test_ranker_end_to_end_keeps_auc_and_pctr_against_fp32(ranker_run):
     assert out["task"]["headline"] == "auc"
     assert stages["train"]["auc"] > 0.62  # the planted rule is learnt (0.5: chance)
     assert stages["prune"]["params"] < stages["train"]["params"]
-    fp32 = next(a["metrics"] for a in out["artifacts"] if a["path"].endswith("reference/onnx/model.fp32.onnx"))
-    for name in ("model.int8.onnx", "model.int8.xml"):
-        assert abs(artifacts[name]["auc"] - fp32["auc"]) < 0.01, name
-        assert abs(artifacts[name]["mean_pctr"] - fp32["mean_pctr"]) < 0.01, name
+    def found(suffix: str, reference: bool = False) -> dict:
+        return next(a["metrics"] for a in out["artifacts"] if a["path"].endswith(suffix) and ("reference" in a["path"]) == reference)
+
+    original = found("onnx/model.fp32.onnx", reference=True)  # the FP32 model before pruning
+    for name, fp32 in (("model.int8.onnx", found("onnx/model.fp32.onnx")), ("model.int8.xml", found("openvino/model.fp32.xml"))):
+        int8 = artifacts[name]
+        # the issues' bars (24, 37): INT8 within AUC 0.002 and mean pCTR 0.005 of the FP32 of the same model, and the
+        # pruned INT8 within them of the original FP32 model
+        for against in (fp32, original):
+            assert abs(int8["auc"] - against["auc"]) <= 0.002, (name, int8["auc"], against["auc"])
+            assert abs(int8["mean_pctr"] - against["mean_pctr"]) <= 0.005, (name, int8["mean_pctr"], against["mean_pctr"])
 
 
 def test_ranker_artifact_has_named_inputs_int8_tables_and_its_vocabularies(ranker_run):

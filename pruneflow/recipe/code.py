@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ast
 import importlib.machinery
-import importlib.util
 import site
 import sys
 import sysconfig
@@ -78,16 +77,16 @@ def module_source(target: str, ref: str, field: str = "model.factory") -> Path |
 
 
 def _find_top_level(name: str) -> Any:
-    """``importlib.util.find_spec(name)`` without setuptools' distutils shim: asked for ``pip`` (a recipe naming
-    ``pip:main``, refused), that finder switches itself off for the rest of the process, and the next import of
-    setuptools (torch's extension builder, under NNCF) then fails on its own assertion."""
-    if name in sys.modules:
-        return getattr(sys.modules[name], "__spec__", None)
+    """``importlib.util.find_spec(name)`` for a top-level name, without setuptools' ``_distutils_hack`` finder: asked
+    for ``pip``, that finder switches setuptools' distutils off for the rest of the process (it takes it for pip
+    running), and NNCF's build then failed in a process that had only checked a recipe naming ``pip:main``."""
+    module = sys.modules.get(name)
+    if module is not None:
+        return getattr(module, "__spec__", None)
     for finder in sys.meta_path:
-        find = getattr(finder, "find_spec", None)
-        if find is None or type(finder).__module__.startswith("_distutils_hack"):
+        if type(finder).__module__.startswith("_distutils_hack") or not hasattr(finder, "find_spec"):
             continue
-        spec = find(name, None)
+        spec = finder.find_spec(name, None)
         if spec is not None:
             return spec
     return None
