@@ -226,3 +226,23 @@ def test_the_task_plugin_in_docs_plugins_is_a_working_task(tmp_path):
     assert task.compute(state) == {"pinball": pytest.approx(0.5), "samples": 2}
     assert float(task.loss(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 4.0]))) == pytest.approx(0.5)
     assert task.headline.name == "pinball" and not task.headline.higher_is_better
+
+
+def test_a_metric_from_an_installed_package_needs_the_recipes_trust_as_a_factory_does(folder):
+    """A metric function is code the recipe runs (issue 41): one outside the recipe's folder tree and the zoo is refused
+    at validate unless `trust.code` lists it, and validate names each one that will run."""
+    metric = {"fn": "numpy:load", "higher_is_better": True}
+    refused = invoke("validate", recipe(folder, [metric]))
+    assert refused.exit_code == 2 and "metrics.0.fn" in refused.stderr and "trust: {code:" in refused.stderr, refused.output
+    trusted = invoke("validate", recipe(folder, [metric], trust={"code": ["numpy:load"]}))
+    assert trusted.exit_code == 0, trusted.output
+    assert "this recipe runs code: numpy:load" in trusted.output
+
+
+def test_a_gate_on_a_metric_of_the_recipes_own_validates_and_a_misspelt_one_does_not(folder):
+    gate = {"metric": "onnx.int8.f1_score", "baseline": "train.f1_score", "max_drop": 0.02}
+    good = invoke("validate", recipe(folder, [{"fn": "my_metrics.py:f1_score", "headline": True}], gates=[gate]))
+    assert good.exit_code == 0, good.output
+    bad = invoke("validate", recipe(folder, [{"fn": "my_metrics.py:f1_score", "headline": True}],
+                                    gates=[{**gate, "baseline": "train.f1_scor"}]))
+    assert bad.exit_code == 2 and "f1_score" in bad.stderr, bad.output

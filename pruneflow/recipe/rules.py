@@ -112,8 +112,12 @@ def _unknown_metric(recipe: RecipeBase, prefix: str, metric: str) -> tuple[str, 
     exactly against a stage class that lists its metrics (``Stage.gate_metrics``), else for a near miss of the
     task's metrics and the stages' words (``accuracyy``, ``mcas_reduction``); None when it may be produced."""
     from ..tasks import COMMON_METRICS, make_task
+    from ..tasks.user import UserMetric, with_user_metrics
 
-    task = make_task(recipe.task)
+    # the recipe's own metrics by name and headline only (validate imports none of their code): what stages record
+    named = [UserMetric(spec.figure, lambda outputs, labels: 0.0, spec.higher_is_better is not False, spec.headline)
+             for spec in recipe.metrics]
+    task = with_user_metrics(make_task(recipe.task), named)
     ids = stage_ids(recipe.stages)
     if prefix in ids:
         config = recipe.stages[ids.index(prefix)]
