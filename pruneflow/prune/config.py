@@ -21,7 +21,7 @@ from ..recipe.models import ModelSpec
 from ..stage import StageConfig, StrictModel
 from ..train import FinetuneSettings
 
-_UNIT_KEYS = ("heads", "ffn")
+_UNIT_KEYS = ("heads", "ffn", "width")
 _SHARE_KEYS = ("ratio", "macs", "params")
 _TABLE_KEYS = ("rows", "dims")
 
@@ -43,9 +43,9 @@ class PruneTarget(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _not_units(cls, data: Any) -> Any:
-        """heads/ffn name a transformer target: say which granularity takes them instead of "unknown key"."""
-        return _refuse(data, _UNIT_KEYS, "heads/ffn (transformers) and ratio/macs/params (channels, blocks) do not mix; "
-                       "heads/ffn need `granularity: heads` (or no granularity)")
+        """heads/ffn/width name a transformer target: say which granularity takes them instead of "unknown key"."""
+        return _refuse(data, _UNIT_KEYS, "heads/ffn/width (transformers) and ratio/macs/params (channels, blocks) do not mix; "
+                       "heads/ffn/width need `granularity: heads` (or no granularity)")
 
     @model_validator(mode="after")
     def _one(self) -> "PruneTarget":
@@ -65,20 +65,23 @@ class PruneTarget(StrictModel):
 
 
 class UnitTarget(StrictModel):
-    """Transformers: the share of attention heads and/or FFN neurons to remove."""
+    """Transformers: the share of attention heads, FFN neurons and/or width channels to remove."""
 
     heads: float | None = Field(default=None, gt=0, lt=1, description="Share of attention heads to remove.")
     ffn: float | None = Field(default=None, gt=0, lt=1, description="Share of FFN neurons to remove.")
+    width: float | None = Field(default=None, gt=0, lt=1, description="Share of the model width to remove: the channels "
+                                "the embedding tables write (the residual stream), with every norm, reader and writer of "
+                                "them and the output projection tied to a table (pruned with it, still one weight).")
 
     @model_validator(mode="before")
     @classmethod
     def _not_shares(cls, data: Any) -> Any:
-        return _refuse(data, _SHARE_KEYS, "heads/ffn (transformers) and ratio/macs/params (channels, blocks) do not mix")
+        return _refuse(data, _SHARE_KEYS, "heads/ffn/width (transformers) and ratio/macs/params (channels, blocks) do not mix")
 
     @model_validator(mode="after")
     def _some(self) -> "UnitTarget":
-        if self.heads is None and self.ffn is None:
-            raise ValueError("give heads and/or ffn")
+        if self.heads is None and self.ffn is None and self.width is None:
+            raise ValueError("give heads, ffn and/or width")
         return self
 
 
@@ -204,15 +207,17 @@ class BlockPruneConfig(_PruneBase):
 
 class HeadPruneConfig(_ScoredPruneBase):
     """`granularity: heads`: BERT-style transformers lose attention heads and FFN neurons, models with
-    ``torch.nn.MultiheadAttention`` (a ViT) whole heads (the default for a heads/ffn target)."""
+    ``torch.nn.MultiheadAttention`` (a ViT) whole heads (the default for a heads/ffn/width target); `width` removes
+    channels of the embedding width (the residual stream) with a table tied to the output projection."""
 
     granularity: Literal["heads"] = Field(
         default="heads", description="`heads`: remove attention heads and FFN neurons of a BERT-style transformer, or whole "
-        "heads of torch.nn.MultiheadAttention modules (the embedding width kept); the default when the target names heads or ffn."
+        "heads of torch.nn.MultiheadAttention modules, and with `width` channels of the embedding width (the residual "
+        "stream, a tied output projection with it); the default when the target names heads, ffn or width."
     )
-    target: UnitTarget = Field(description="What to remove: {heads: 0.5, ffn: 0.3} (shares of the original counts).")
+    target: UnitTarget = Field(description="What to remove: {heads: 0.5, ffn: 0.3, width: 0.25} (shares of the original counts).")
     rounds: int | Literal["auto"] = Field(
-        default="auto", description="Prune-then-fine-tune rounds; `auto`: about 10 % of the heads (or FFN neurons) a round."
+        default="auto", description="Prune-then-fine-tune rounds; `auto`: about 10 % of the heads (or FFN neurons, or width) a round."
     )
     importance: Importance = Field(
         default="hessian", description="Unit importance, a registered pruning criterion: `magnitude` (weight norms), `taylor` "
@@ -265,7 +270,7 @@ class TablePruneConfig(_PruneBase):
 
 def granularity(value: Any) -> str:
     """The variant a prune stage's mapping validates as: its ``granularity``, else ``tables`` for a rows/dims
-    target, ``heads`` for a heads/ffn target (transformer recipes written before granularity had that value),
+    target, ``heads`` for a heads/ffn/width target (transformer recipes written before granularity had that value),
     else ``channels``.
 
     Named for the key it reads: pydantic's error for an unknown value names it (``granularity()``).
