@@ -1,9 +1,12 @@
 """Transformer pruning (`granularity: heads`) as a round-loop strategy: attention heads and FFN neurons
-scored through per-sample masks and removed by hand-written surgery (see ``transformer.py``).
+scored through per-sample masks and removed by hand-written surgery (see ``transformer.py``), and channels of
+the model width (``width.py``: the embedding tables' columns with every layer reading or writing them, a tied
+output projection with its table).
 
 Models with ``torch.nn.MultiheadAttention`` (a ViT) lose whole heads too: each such module is first turned
 into the :class:`~pruneflow.prune.mha.HeadAttention` computing the same function (``mha.py`` says why),
-so the embedding width stays and each layer keeps its own number of heads."""
+so each layer keeps its own number of heads and the width goes only where the target names it. A target of
+width alone needs no attention: a GRU4Rec's item table loses columns with the GRU's input weights."""
 
 from __future__ import annotations
 
@@ -47,8 +50,10 @@ class HeadStrategy(Strategy):
         return sites
 
     def check_kind(self) -> None:
-        """BERT-style attention or ``nn.MultiheadAttention`` (already converted); ffn only where FFN sites are."""
-        if not attention_sites(self.model):
+        """BERT-style attention or ``nn.MultiheadAttention`` (already converted); ffn only where FFN sites are. A
+        target of width alone needs no attention (an embedding read by a GRU has a width): ``_width_sites`` checks it."""
+        target = self.config.target
+        if (target.heads or target.ffn) and not attention_sites(self.model):
             raise ConfigError(self.loc("target"), "heads/ffn targets need a model with attention heads: a BERT-style "
                               "transformer or torch.nn.MultiheadAttention modules; this model has neither",
                               hint="use target: {macs: 0.5}, {params: 0.5} or {ratio: 0.3}")
@@ -96,8 +101,9 @@ class HeadStrategy(Strategy):
             if "width" in goal:  # last: its group is traced again on the model the removals above left
                 _remove_lowest(width_scores, {n: len(v) for n, v in width_scores.items()}, self.total_width, goal["width"],
                                lambda name, idx: prune_width(self.model, self.example, name, idx))
-            return {"heads": heads - sum(s.heads for s in sites.values()),
-                    "ffn_neurons": neurons - sum(s.neurons for s in ffns.values()), "width": width - self._width()}
+            removed = {"heads": heads - sum(s.heads for s in sites.values()),
+                       "ffn_neurons": neurons - sum(s.neurons for s in ffns.values())}
+            return {**removed, "width": width - self._width()} if self.width0 else removed
 
         return Plan(apply)
 
@@ -118,8 +124,10 @@ class HeadStrategy(Strategy):
 
     def describe(self, record: Round) -> str:
         after = record.figures
-        width = f", width {after['width']}" if self.width0 else ""
-        return f"{after['heads']} heads, {after['ffn_neurons']} FFN neurons left{width}, {record.metric} {record.value:.4f}"
+        units = [f"{after['heads']} heads"] if self.total_heads else []
+        units += [f"{after['ffn_neurons']} FFN neurons"] if self.total_ffn else []
+        units += [f"width {after['width']}"] if self.width0 else []
+        return f"{', '.join(units)} left, {record.metric} {record.value:.4f}"
 
     def summary(self, after: dict[str, int]) -> dict[str, float | int]:
         width = {"width": after["width"], "width_before": self.total_width} if self.width0 else {}
