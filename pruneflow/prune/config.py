@@ -23,7 +23,7 @@ from ..train import FinetuneSettings
 
 _UNIT_KEYS = ("heads", "ffn", "width")
 _SHARE_KEYS = ("ratio", "macs", "params")
-_TABLE_KEYS = ("rows", "dims")
+_TABLE_KEYS = ("rows", "dims", "outputs")
 
 
 def _refuse(data: Any, keys: tuple[str, ...], message: str) -> Any:
@@ -227,23 +227,27 @@ class HeadPruneConfig(_ScoredPruneBase):
 
 
 class TableTarget(StrictModel):
-    """Embedding tables: the share of their rows to merge and/or of their stored columns to remove."""
+    """Embedding tables: the share of their rows to merge and/or of their stored columns to remove; the output
+    projection over a catalogue: the share of its rows to merge."""
 
     rows: float | None = Field(default=None, gt=0, lt=1, description="Share of the tables' rows merged into one row per "
                                "table (the least read first; rows training never read always go).")
     dims: float | None = Field(default=None, gt=0, lt=1, description="Share of the tables' stored columns removed (a "
                                "weighted SVD per table; the model still reads the full width).")
+    outputs: float | None = Field(default=None, gt=0, lt=1, description="Share of the output projection's rows (one per "
+                                  "catalogue item or class) merged into one row: those no training label reaches always, "
+                                  "then the least labelled. The output keeps its shape; the merged outputs share one score.")
 
     @model_validator(mode="before")
     @classmethod
     def _not_shares(cls, data: Any) -> Any:
-        return _refuse(data, _SHARE_KEYS + _UNIT_KEYS, "tables take rows/dims targets (ratio, macs, params, heads and ffn "
+        return _refuse(data, _SHARE_KEYS + _UNIT_KEYS, "tables take rows/dims/outputs targets (ratio, macs, params, heads, ffn and width "
                        "belong to the channels, blocks and heads granularities)")
 
     @model_validator(mode="after")
     def _some(self) -> "TableTarget":
-        if self.rows is None and self.dims is None:
-            raise ValueError("give rows and/or dims")
+        if self.rows is None and self.dims is None and self.outputs is None:
+            raise ValueError("give rows, dims and/or outputs")
         return self
 
 
@@ -254,10 +258,12 @@ class TablePruneConfig(_PruneBase):
         default="tables", description="`tables`: embedding tables (nn.Embedding of at least `min_rows` rows) lose their least-read rows, merged "
         "into one row per table (its read-weighted mean; ids keep their values, an int32 index maps them), and stored "
         "columns by a read-weighted SVD (a projection restores the width the model reads). Rows are ranked by how often "
-        "the training split reads them; rows it never reads always go. The MLP is left to a `channels` stage. The default "
-        "when the target names rows or dims."
+        "the training split reads them; rows it never reads always go. `outputs` merges the rows of the output projection "
+        "over a catalogue that no training label reaches (then the least labelled) into one row. The MLP is left to a "
+        "`channels` stage. The default when the target names rows, dims or outputs."
     )
-    target: TableTarget = Field(description="What to remove: {rows: 0.6, dims: 0.5} (shares of the tables' rows and columns).")
+    target: TableTarget = Field(description="What to remove: {rows: 0.6, dims: 0.5} (shares of the tables' rows and columns), "
+                                "{outputs: 0.18} (share of the output projection's rows).")
     rounds: int | Literal["auto"] = Field(default="auto", description="Prune-then-fine-tune rounds; `auto`: one.")
     importance_batches: int | None = Field(
         default=None, ge=1, description="Rows are ranked by reads over this many batches of `importance_batch_size` "
@@ -269,7 +275,7 @@ class TablePruneConfig(_PruneBase):
 
 
 def granularity(value: Any) -> str:
-    """The variant a prune stage's mapping validates as: its ``granularity``, else ``tables`` for a rows/dims
+    """The variant a prune stage's mapping validates as: its ``granularity``, else ``tables`` for a rows/dims/outputs
     target, ``heads`` for a heads/ffn/width target (transformer recipes written before granularity had that value),
     else ``channels``.
 
