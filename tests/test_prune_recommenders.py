@@ -440,3 +440,34 @@ def test_a_width_target_on_a_model_whose_tables_are_concatenated_is_refused_with
     with pytest.raises(ConfigError) as err:
         HeadStrategy(cfg, Concat(), torch.randint(0, 30, (1, 6)), F.mse_loss, _loc).entering()
     assert err.value.loc == _loc("target", "width") and "concatenation" in err.value.detail
+
+
+def test_a_macs_budget_ranks_heads_ffn_neurons_and_width_together_and_lands_on_it():
+    """`granularity: heads` with `target: {macs: 0.5}`: every round lands at or just under its goal (bisection on
+    pruned copies), the units go by score per MAC across the three kinds, every site keeps one unit, the tie holds."""
+    from pruneflow.prune.budget import ranked_units, removable
+
+    model, x = _sasrec(), _seq(16)
+    y = torch.randint(1, 500, (16,), generator=torch.Generator().manual_seed(2))
+    stage = TypeAdapter(PruneConfig).validate_python({"type": "prune", "granularity": "heads", "target": {"macs": 0.5}})
+    assert isinstance(stage, HeadPruneConfig) and stage.importance == "hessian"
+    cfg = stage.model_copy(update={"rounds": 2, "finetune": None, "latency": None})
+    strategy = HeadStrategy(cfg, model, x[:1], F.cross_entropy, _loc)
+    before = strategy.entering()["macs"]
+    records, _ = run_rounds(strategy, Untuned(), lambda k: [(x, y)], Reporter(), "prune")
+    for record, share in zip(records, (0.75, 0.5)):
+        assert share * before - 0.03 * before < record.figures["macs"] <= share * before
+    assert model.output.weight is model.items.weight and model(x).shape == (16, 500)
+    assert "width" in records[-1].removed and all(b.attention.num_heads >= 1 and b.ffn[0].out_features >= 1 for b in model.blocks)
+
+    scores = {"a": torch.tensor([1.0, 8.0, 2.0]), "b": torch.tensor([3.0, 0.5])}
+    costs = {"a": torch.tensor([1.0, 2.0, 1.0]), "b": torch.tensor([1.0, 1.0])}
+    order = ranked_units(scores, costs)
+    assert order == [("b", 1), ("a", 0), ("a", 2), ("b", 0), ("a", 1)]  # 0.5, 1, 2, 3, 4 per MAC
+    assert removable(order, {"a": 3, "b": 2}, 4) == {"a": [0, 2], "b": [1]}  # b keeps one unit: its other goes to none
+
+
+def test_a_macs_budget_and_unit_shares_do_not_mix():
+    with pytest.raises(Exception, match="give macs alone"):
+        TypeAdapter(PruneConfig).validate_python({"type": "prune", "granularity": "heads", "target": {"macs": 0.5, "heads": 0.5}})
+    assert isinstance(TypeAdapter(PruneConfig).validate_python({"type": "prune", "target": {"macs": 0.5}}), ChannelPruneConfig)

@@ -65,7 +65,8 @@ class PruneTarget(StrictModel):
 
 
 class UnitTarget(StrictModel):
-    """Transformers: the share of attention heads, FFN neurons and/or width channels to remove."""
+    """Transformers: the share of attention heads, FFN neurons and/or width channels to remove, or a MACs budget
+    (``macs``: the share to keep) that the three kinds reach together, ranked by importance per MAC."""
 
     heads: float | None = Field(default=None, gt=0, lt=1, description="Share of attention heads to remove.")
     ffn: float | None = Field(default=None, gt=0, lt=1, description="Share of FFN neurons to remove.")
@@ -73,15 +74,23 @@ class UnitTarget(StrictModel):
                                 "the embedding tables write (the residual stream), with every norm, reader and writer of "
                                 "them and the output projection tied to a table (pruned with it, still one weight).")
 
+    macs: float | None = Field(default=None, gt=0, lt=1, description="Share of the MACs to keep (0.5 = 2x fewer): heads, "
+                               "FFN neurons and width channels go together, the lowest importance per MAC first "
+                               "(`importance: hessian`, the default, makes the three kinds' scores the same quantity).")
+
     @model_validator(mode="before")
     @classmethod
     def _not_shares(cls, data: Any) -> Any:
-        return _refuse(data, _SHARE_KEYS, "heads/ffn/width (transformers) and ratio/macs/params (channels, blocks) do not mix")
+        return _refuse(data, ("ratio", "params"), "heads/ffn/width/macs (transformers) and ratio/params (channels, blocks) "
+                       "do not mix")
 
     @model_validator(mode="after")
     def _some(self) -> "UnitTarget":
-        if self.heads is None and self.ffn is None and self.width is None:
-            raise ValueError("give heads, ffn and/or width")
+        shares = [k for k in _UNIT_KEYS if getattr(self, k) is not None]
+        if self.macs is not None and shares:
+            raise ValueError(f"give macs alone (a budget the units reach together) or shares of units ({', '.join(shares)})")
+        if self.macs is None and not shares:
+            raise ValueError("give heads, ffn and/or width, or macs")
         return self
 
 

@@ -16,7 +16,9 @@ from ..errors import ConfigError
 from ..evaluate import count_macs_params
 from .criteria import criterion_for
 from .mha import convert_mha
-from .rounds import Batches, Plan, Round, Strategy
+from .rounds import Batches, Plan, Round, Strategy, linear_goal
+from .budget import budget_plan, ranked_units, remove_units, unit_costs, unit_counts
+from .engine import auto_rounds
 from .transformer import attention_sites, ffn_sites, prune_heads, prune_neurons, select_lowest, unit_scores
 from .width import WidthSite, prune_width, width_sites
 
@@ -31,17 +33,19 @@ class HeadStrategy(Strategy):
         self.check_kind()
         self.heads0 = self._heads()
         self.ffn0 = self._neurons()
-        self.width0 = {s.name: s.width for s in self._width_sites()} if self.config.target.width else {}
+        target = self.config.target
+        self.width0 = {s.name: s.width for s in self._width_sites()} if target.width or target.macs else {}
         self.total_heads, self.total_ffn = sum(self.heads0.values()), sum(self.ffn0.values())
         self.total_width = sum(self.width0.values())
         macs, params = count_macs_params(self.model, self.example)
-        return {"macs": macs, "params": params}
+        self.before = {"macs": macs, "params": params}
+        return self.before
 
     def _width_sites(self) -> list[WidthSite]:
         """The model's widths (``width.py``); a ConfigError at ``target.width`` when it has none."""
         skipped: dict[str, str] = {}
         sites = width_sites(self.model, self.example, skipped)
-        if not sites and self.config.target.width:
+        if not sites and self.config.target.width:  # a budget goes without one (heads and FFN neurons alone)
             why = "; ".join(f"{n}: {w}" for n, w in skipped.items()) or "it has no nn.Embedding"
             raise ConfigError(self.loc("target", "width"), f"width counts the channels an embedding table writes (a "
                               f"transformer's residual stream, with a tied output projection); this model has no width "
@@ -72,11 +76,17 @@ class HeadStrategy(Strategy):
 
     def rounds(self) -> int:
         target = self.config.target
+        if self.config.rounds != "auto":
+            return self.config.rounds
+        if target.macs is not None:
+            return auto_rounds("macs", target.macs)
         shares = (target.heads or 0, target.ffn or 0, target.width or 0)
-        return max(1, round(max(shares) / 0.1)) if self.config.rounds == "auto" else self.config.rounds
+        return max(1, round(max(shares) / 0.1))
 
     def goal(self, index: int, rounds: int) -> dict[str, float]:
         target = self.config.target
+        if target.macs is not None:
+            return linear_goal("macs", self.before, target.macs, index, rounds)
         return {unit: share * index / rounds for unit, share in (("heads", target.heads), ("ffn", target.ffn),
                                                                  ("width", target.width)) if share}
 
@@ -86,6 +96,8 @@ class HeadStrategy(Strategy):
         return unit_scores(self.model, batches, self.loss, criterion_for(self.config), widths)
 
     def plan(self, scores, goal: dict[str, float]) -> Plan:
+        if "macs" in goal:
+            return self._budget_plan(scores, goal["macs"])
         head_scores, ffn_scores, width_scores = scores
         sites = {s.name: s for s in attention_sites(self.model)}
         ffns = {s.name: s for s in ffn_sites(self.model)}
@@ -104,6 +116,22 @@ class HeadStrategy(Strategy):
             removed = {"heads": heads - sum(s.heads for s in sites.values()),
                        "ffn_neurons": neurons - sum(s.neurons for s in ffns.values())}
             return {**removed, "width": width - self._width()} if self.width0 else removed
+
+        return Plan(apply)
+
+    def _budget_plan(self, scores, macs: float) -> Plan:
+        """The units to remove for ``macs``: every kind ranked together by score per MAC (``budget.py``)."""
+        merged = {name: s for kind in scores for name, s in kind.items()}
+        widths = width_sites(self.model, self.example) if self.width0 else []
+        order = ranked_units(merged, unit_costs(self.model, self.example, widths))
+        chosen = budget_plan(self.model, self.example, order, unit_counts(self.model, widths), macs)
+
+        def apply() -> dict[str, float]:
+            before = self.measure()
+            remove_units(self.model, self.example, chosen)
+            after = self.measure()
+            removed = {"heads": before["heads"] - after["heads"], "ffn_neurons": before["ffn_neurons"] - after["ffn_neurons"]}
+            return {**removed, "width": before["width"] - after["width"]} if self.width0 else removed
 
         return Plan(apply)
 
@@ -127,7 +155,8 @@ class HeadStrategy(Strategy):
         units = [f"{after['heads']} heads"] if self.total_heads else []
         units += [f"{after['ffn_neurons']} FFN neurons"] if self.total_ffn else []
         units += [f"width {after['width']}"] if self.width0 else []
-        return f"{', '.join(units)} left, {record.metric} {record.value:.4f}"
+        share = f" ({after['macs'] / self.before['macs']:.1%} of MACs)" if self.config.target.macs else ""
+        return f"{', '.join(units)} left{share}, {record.metric} {record.value:.4f}"
 
     def summary(self, after: dict[str, int]) -> dict[str, float | int]:
         width = {"width": after["width"], "width_before": self.total_width} if self.width0 else {}
