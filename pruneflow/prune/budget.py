@@ -85,7 +85,8 @@ def ranked_units(scores: dict[str, torch.Tensor], costs: dict[str, torch.Tensor]
 
 def removable(order: list[Unit], counts: dict[str, int], take: int, keep_min: int = 1) -> dict[str, list[int]]:
     """The first ``take`` units of ``order`` that leave every site ``keep_min`` units, per site."""
-    left, chosen = dict(counts), {name: [] for name in counts}
+    left = dict(counts)
+    chosen: dict[str, list[int]] = {name: [] for name in counts}
     for name, index in order:
         if take <= 0:
             break

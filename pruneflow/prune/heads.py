@@ -113,8 +113,8 @@ class HeadStrategy(Strategy):
             if "width" in goal:  # last: its group is traced again on the model the removals above left
                 _remove_lowest(width_scores, {n: len(v) for n, v in width_scores.items()}, self.total_width, goal["width"],
                                lambda name, idx: prune_width(self.model, self.example, name, idx))
-            removed = {"heads": heads - sum(s.heads for s in sites.values()),
-                       "ffn_neurons": neurons - sum(s.neurons for s in ffns.values())}
+            removed: dict[str, float] = {"heads": heads - sum(s.heads for s in sites.values()),
+                                         "ffn_neurons": neurons - sum(s.neurons for s in ffns.values())}
             return {**removed, "width": width - self._width()} if self.width0 else removed
 
         return Plan(apply)
@@ -130,7 +130,8 @@ class HeadStrategy(Strategy):
             before = self.measure()
             remove_units(self.model, self.example, chosen)
             after = self.measure()
-            removed = {"heads": before["heads"] - after["heads"], "ffn_neurons": before["ffn_neurons"] - after["ffn_neurons"]}
+            removed: dict[str, float] = {"heads": before["heads"] - after["heads"],
+                                         "ffn_neurons": before["ffn_neurons"] - after["ffn_neurons"]}
             return {**removed, "width": before["width"] - after["width"]} if self.width0 else removed
 
         return Plan(apply)
