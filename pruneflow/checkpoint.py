@@ -143,8 +143,11 @@ def _reshape_modules(model: nn.Module, structure: dict[str, dict], path: Path) -
 
 
 def _reshape_tensors(model: nn.Module, state_dict: dict[str, torch.Tensor], path: Path) -> None:
-    """Give every parameter and buffer the saved shape (empty; load_state_dict fills them)."""
+    """Give every parameter and buffer the saved shape (empty; load_state_dict fills them). A parameter the recipe's
+    model ties between modules (an item table that is also the output projection) gets one new parameter for all
+    of them: a pruned width stays tied when it reloads."""
     modules = dict(model.named_modules())
+    reshaped: dict[int, nn.Parameter] = {}
     for key, tensor in state_dict.items():
         owner, _, leaf = key.rpartition(".")
         module = modules.get(owner)
@@ -154,7 +157,10 @@ def _reshape_tensors(model: nn.Module, state_dict: dict[str, torch.Tensor], path
         if old is None or old.shape == tensor.shape:
             continue
         if leaf in module._parameters:
-            setattr(module, leaf, nn.Parameter(torch.empty_like(tensor), requires_grad=old.requires_grad))
+            shared = reshaped.get(id(old))
+            if shared is None or shared.shape != tensor.shape:
+                shared = reshaped[id(old)] = nn.Parameter(torch.empty_like(tensor), requires_grad=old.requires_grad)
+            setattr(module, leaf, shared)
         else:
             module._buffers[leaf] = torch.empty_like(tensor)
 

@@ -15,7 +15,7 @@ from torch import nn
 
 from pruneflow.checkpoint import load_checkpoint, save_checkpoint
 from pruneflow.errors import ConfigError
-from pruneflow.evaluate import count_macs_params
+from pruneflow.evaluate import count_macs_params, macs_by_module
 from pruneflow.handle import ModelHandle
 from pruneflow.prune import channels as channels_module
 from pruneflow.prune import rnn as rnn_units
@@ -346,3 +346,128 @@ def test_channel_pruning_never_unties_a_tied_pair():
     assert model.output.weight is model.items.weight and model.items.weight.shape == (40, 8)
     assert model.mlp[0].out_features < 16 and model(x).shape == (3, 40)
     assert measure(model, x[:1], ignored)["channels"] < 16 + 8
+
+
+# --------------------------------------------------------------------------- width, with a tied table
+
+
+class TiedMlp(nn.Module):
+    """An item table tied to the output projection, an MLP reading and writing its width, no norm: zeroing a
+    channel of the width everywhere is then exactly what removing it computes."""
+
+    def __init__(self):
+        super().__init__()
+        self.items = nn.Embedding(40, 8)
+        self.mlp = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))
+        self.output = nn.Linear(8, 40, bias=False)
+        self.output.weight = self.items.weight
+
+    def forward(self, seq):
+        h = self.items(seq).mean(1)
+        return self.output(h + self.mlp(h))
+
+
+def test_width_of_a_tied_table_is_removed_on_both_sides_and_equals_zeroing_it():
+    from pruneflow.prune.width import prune_width, width_sites
+
+    def build() -> nn.Module:
+        torch.manual_seed(0)
+        return _perturb(TiedMlp())
+
+    model, x = build(), torch.randint(0, 40, (3, 5))
+    (site,) = width_sites(model, x[:1])
+    assert site.name == "items" and site.width == 8 and model.items in site.masked  # no norm: masked where written
+    gone = [1, 4, 6]
+    zeroed = build()
+    with torch.no_grad():
+        zeroed.items.weight[:, gone] = 0  # the table's columns, which are the tied projection's
+        zeroed.mlp[2].weight[gone] = 0
+        zeroed.mlp[2].bias[gone] = 0
+        expected = zeroed(x)
+    assert prune_width(model, x[:1], "items", gone) == 5
+    assert model.output.weight is model.items.weight and model.items.weight.shape == (40, 5)
+    assert model.mlp[0].in_features == 5 and model.mlp[2].out_features == 5 and model.mlp[0].out_features == 16
+    assert torch.allclose(model(x), expected, atol=1e-5)
+
+
+def test_sasrec_width_goes_with_its_tied_output_projection_and_reloads_tied(tmp_path):
+    """Issue 37 item 2: the item table tied to the output projection (most of a small SASRec's MACs) is pruned with
+    the residual stream, every LayerNorm, every projection reading or writing it and the position table; the table
+    stays one Parameter, the checkpoint reloads tied and computes the same, the scale sqrt(dim) stays the trained one."""
+    model, x = _sasrec(), _seq()
+    cfg = HeadPruneConfig(target={"heads": 0.5, "ffn": 0.5, "width": 0.25}, rounds=2, importance="hessian", finetune=None,
+                          latency=None)
+    strategy = HeadStrategy(cfg, model, x[:1], F.cross_entropy, _loc)
+    before = strategy.entering()["macs"]
+    output_before = macs_by_module(model, x[:1])["output"]
+    y = torch.randint(1, 500, (4,))
+    records, _ = run_rounds(strategy, Untuned(), lambda k: [(x, y)], Reporter(), "prune")
+    assert [r.figures["width"] for r in records] == [14, 12] and strategy.summary(records[-1].figures)["width_before"] == 16
+    assert model.items.weight.shape == (500, 12) and model.positions.weight.shape == (12, 12) and model.dim == 16
+    assert model.output.weight is model.items.weight
+    norms = [m for m in model.modules() if isinstance(m, nn.LayerNorm)]
+    assert len(norms) == 5 and all(m.normalized_shape == (12,) for m in norms)
+    for block in model.blocks:
+        attention = block.attention
+        assert attention.embed_dim == attention.q_proj.in_features == attention.out_proj.out_features == 12
+        assert attention.num_heads == 1 and block.ffn[0].in_features == block.ffn[3].out_features == 12
+    assert macs_by_module(model, x[:1])["output"] == output_before * 12 // 16  # the tied projection shrank with it
+    assert count_macs_params(model, x[:1])[0] < 0.6 * before
+    scores = model(x)
+    assert scores.shape == (4, 500) and torch.isfinite(scores).all()
+
+    save_checkpoint(ModelHandle(model), tmp_path / "model.pt")
+    reloaded = load_checkpoint(tmp_path / "model.pt", sasrec(500, dim=16, heads=2, blocks=2, max_len=12, dropout=0.0)).module.eval()
+    assert reloaded.output.weight is reloaded.items.weight and reloaded.items.embedding_dim == 12
+    assert torch.allclose(reloaded(x), scores, atol=1e-5)
+
+
+def test_a_width_target_on_a_model_whose_tables_are_concatenated_is_refused_with_why():
+    """A ranker's tables concatenated into its MLP are not a width (the `tables` granularity stores them narrower)."""
+
+    class Concat(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Embedding(30, 4), nn.Embedding(30, 4)
+            self.attention = nn.MultiheadAttention(8, 2, batch_first=True)
+            self.head = nn.Linear(8, 1)
+
+        def forward(self, ids):
+            h = torch.cat([self.a(ids[:, 0:3]), self.b(ids[:, 3:6])], -1)
+            return self.head(self.attention(h, h, h)[0].mean(1))
+
+    cfg = HeadPruneConfig(target={"width": 0.25}, rounds=1, importance="magnitude", finetune=None, latency=None)
+    with pytest.raises(ConfigError) as err:
+        HeadStrategy(cfg, Concat(), torch.randint(0, 30, (1, 6)), F.mse_loss, _loc).entering()
+    assert err.value.loc == _loc("target", "width") and "concatenation" in err.value.detail
+
+
+def test_a_macs_budget_ranks_heads_ffn_neurons_and_width_together_and_lands_on_it():
+    """`granularity: heads` with `target: {macs: 0.5}`: every round lands at or just under its goal (bisection on
+    pruned copies), the units go by score per MAC across the three kinds, every site keeps one unit, the tie holds."""
+    from pruneflow.prune.budget import ranked_units, removable
+
+    model, x = _sasrec(), _seq(16)
+    y = torch.randint(1, 500, (16,), generator=torch.Generator().manual_seed(2))
+    stage = TypeAdapter(PruneConfig).validate_python({"type": "prune", "granularity": "heads", "target": {"macs": 0.5}})
+    assert isinstance(stage, HeadPruneConfig) and stage.importance == "hessian"
+    cfg = stage.model_copy(update={"rounds": 2, "finetune": None, "latency": None})
+    strategy = HeadStrategy(cfg, model, x[:1], F.cross_entropy, _loc)
+    before = strategy.entering()["macs"]
+    records, _ = run_rounds(strategy, Untuned(), lambda k: [(x, y)], Reporter(), "prune")
+    for record, share in zip(records, (0.75, 0.5)):
+        assert share * before - 0.03 * before < record.figures["macs"] <= share * before
+    assert model.output.weight is model.items.weight and model(x).shape == (16, 500)
+    assert "width" in records[-1].removed and all(b.attention.num_heads >= 1 and b.ffn[0].out_features >= 1 for b in model.blocks)
+
+    scores = {"a": torch.tensor([1.0, 8.0, 2.0]), "b": torch.tensor([3.0, 0.5])}
+    costs = {"a": torch.tensor([1.0, 2.0, 1.0]), "b": torch.tensor([1.0, 1.0])}
+    order = ranked_units(scores, costs)
+    assert order == [("b", 1), ("a", 0), ("a", 2), ("b", 0), ("a", 1)]  # 0.5, 1, 2, 3, 4 per MAC
+    assert removable(order, {"a": 3, "b": 2}, 4) == {"a": [0, 2], "b": [1]}  # b keeps one unit: its other goes to none
+
+
+def test_a_macs_budget_and_unit_shares_do_not_mix():
+    with pytest.raises(Exception, match="give macs alone"):
+        TypeAdapter(PruneConfig).validate_python({"type": "prune", "granularity": "heads", "target": {"macs": 0.5, "heads": 0.5}})
+    assert isinstance(TypeAdapter(PruneConfig).validate_python({"type": "prune", "target": {"macs": 0.5}}), ChannelPruneConfig)

@@ -189,3 +189,75 @@ def test_doctor_tries_table_pruning_and_refuses_a_model_without_a_large_table(tm
     (tmp_path / "r.yaml").write_text(json.dumps(recipe))
     result = invoke("doctor", tmp_path / "r.yaml")
     assert result.exit_code != 0 and "min_rows" in result.output and "tables.0 (20000 rows)" in result.output
+
+
+# --------------------------------------------------------------------------- the output projection's rows
+
+
+def test_output_rows_no_label_reaches_are_merged_the_rest_score_as_before_and_the_model_reloads(tmp_path):
+    """`outputs`: a GRU4Rec's catalogue projection keeps the rows training labels, computes one row for all the others
+    (their mean: each scores the mean of what they scored), MACs fall with the rows, the output keeps its shape, and
+    the compacted projection survives a checkpoint; a later channel stage still prunes the GRU into it."""
+    import contextlib
+    import re
+    from pathlib import Path
+
+    import torch.nn.functional as F
+
+    from pruneflow import registry
+    from pruneflow.evaluate import macs_by_module
+    from pruneflow.prune.catalogue import CompactLinear
+    from pruneflow.prune.rounds import run_rounds
+    from pruneflow.prune.tables import TableStrategy
+    from pruneflow.zoo.sequence import gru4rec
+
+    class Quiet:
+        def info(self, message: str) -> None:
+            pass
+
+    class Untuned:
+        metric = "none"
+
+        def after_round(self, model, index, rounds, on_step_end=None) -> float:
+            return 0.0
+
+    torch.manual_seed(0)
+    model = gru4rec(500, dim=8, hidden=12).eval()
+    x, y = torch.randint(1, 500, (64, 10)), torch.randint(1, 300, (64,))  # outputs 300..499 (and 0) never labelled
+    unlabelled = torch.ones(500, dtype=torch.bool)
+    unlabelled[y] = False
+    before, output_macs = model(x), macs_by_module(model, x[:1])["output"]
+    cfg = TablePruneConfig(target={"outputs": 0.1}, min_rows=100, finetune=None, latency=None)
+    strategy = TableStrategy(cfg, model, x[:1], F.cross_entropy, lambda *keys: ("stages", 0, *keys))
+    assert strategy.entering()["outputs"] == 500
+    records, _ = run_rounds(strategy, Untuned(), lambda k: [(x, y)], Quiet(), "prune")
+    merged = int(unlabelled.sum())
+    assert isinstance(model.output, CompactLinear) and model.output.rows == 500 - merged + 1 and merged > 0.1 * 500
+    assert records[-1].figures["outputs"] == model.output.rows and strategy.summary(records[-1].figures)["outputs_never_labelled"] == merged
+    after = model(x)
+    assert after.shape == (64, 500) and torch.allclose(after[:, ~unlabelled], before[:, ~unlabelled], atol=1e-5)
+    assert torch.allclose(after[:, unlabelled], before[:, unlabelled].mean(1, keepdim=True).expand(-1, merged), atol=1e-5)
+    assert macs_by_module(model, x[:1])["output"] == output_macs * model.output.rows // 500
+
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    assert re.search(r'^CompactLinear = "pruneflow\.prune\.catalogue:CompactLinear\.blank"$', pyproject, re.M)
+    rebuildable = registry.rebuildable_modules
+    declared = "CompactLinear" in rebuildable.names()  # a checkout not reinstalled since the entry point was added
+    with contextlib.nullcontext() if declared else rebuildable.registered("CompactLinear", CompactLinear.blank):
+        save_checkpoint(ModelHandle(model), tmp_path / "model.pt")
+        reloaded = load_checkpoint(tmp_path / "model.pt", gru4rec(500, dim=8, hidden=12)).module.eval()
+    assert isinstance(reloaded.output, CompactLinear) and torch.allclose(reloaded(x), after, atol=1e-6)
+
+
+def test_an_outputs_target_needs_an_untied_catalogue_projection():
+    import torch.nn.functional as F
+
+    from pruneflow.errors import ConfigError
+    from pruneflow.prune.tables import TableStrategy
+    from pruneflow.zoo.sequence import sasrec
+
+    cfg = TablePruneConfig(target={"outputs": 0.1}, min_rows=100, finetune=None, latency=None)
+    with pytest.raises(ConfigError) as err:  # SASRec's projection is its item table
+        TableStrategy(cfg, sasrec(500, dim=8, heads=2, blocks=1, max_len=6), torch.randint(1, 500, (1, 6)), F.cross_entropy,
+                      lambda *keys: ("stages", 0, *keys)).entering()
+    assert err.value.loc == ("stages", 0, "target", "outputs") and "not tied" in err.value.detail

@@ -21,9 +21,9 @@ from ..recipe.models import ModelSpec
 from ..stage import StageConfig, StrictModel
 from ..train import FinetuneSettings
 
-_UNIT_KEYS = ("heads", "ffn")
+_UNIT_KEYS = ("heads", "ffn", "width")
 _SHARE_KEYS = ("ratio", "macs", "params")
-_TABLE_KEYS = ("rows", "dims")
+_TABLE_KEYS = ("rows", "dims", "outputs")
 
 
 def _refuse(data: Any, keys: tuple[str, ...], message: str) -> Any:
@@ -43,9 +43,9 @@ class PruneTarget(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _not_units(cls, data: Any) -> Any:
-        """heads/ffn name a transformer target: say which granularity takes them instead of "unknown key"."""
-        return _refuse(data, _UNIT_KEYS, "heads/ffn (transformers) and ratio/macs/params (channels, blocks) do not mix; "
-                       "heads/ffn need `granularity: heads` (or no granularity)")
+        """heads/ffn/width name a transformer target: say which granularity takes them instead of "unknown key"."""
+        return _refuse(data, _UNIT_KEYS, "heads/ffn/width (transformers) and ratio/macs/params (channels, blocks) do not mix; "
+                       "heads/ffn/width need `granularity: heads` (or no granularity)")
 
     @model_validator(mode="after")
     def _one(self) -> "PruneTarget":
@@ -65,20 +65,32 @@ class PruneTarget(StrictModel):
 
 
 class UnitTarget(StrictModel):
-    """Transformers: the share of attention heads and/or FFN neurons to remove."""
+    """Transformers: the share of attention heads, FFN neurons and/or width channels to remove, or a MACs budget
+    (``macs``: the share to keep) that the three kinds reach together, ranked by importance per MAC."""
 
     heads: float | None = Field(default=None, gt=0, lt=1, description="Share of attention heads to remove.")
     ffn: float | None = Field(default=None, gt=0, lt=1, description="Share of FFN neurons to remove.")
+    width: float | None = Field(default=None, gt=0, lt=1, description="Share of the model width to remove: the channels "
+                                "the embedding tables write (the residual stream), with every norm, reader and writer of "
+                                "them and the output projection tied to a table (pruned with it, still one weight).")
+
+    macs: float | None = Field(default=None, gt=0, lt=1, description="Share of the MACs to keep (0.5 = 2x fewer): heads, "
+                               "FFN neurons and width channels go together, the lowest importance per MAC first "
+                               "(`importance: hessian`, the default, makes the three kinds' scores the same quantity).")
 
     @model_validator(mode="before")
     @classmethod
     def _not_shares(cls, data: Any) -> Any:
-        return _refuse(data, _SHARE_KEYS, "heads/ffn (transformers) and ratio/macs/params (channels, blocks) do not mix")
+        return _refuse(data, ("ratio", "params"), "heads/ffn/width/macs (transformers) and ratio/params (channels, blocks) "
+                       "do not mix")
 
     @model_validator(mode="after")
     def _some(self) -> "UnitTarget":
-        if self.heads is None and self.ffn is None:
-            raise ValueError("give heads and/or ffn")
+        shares = [k for k in _UNIT_KEYS if getattr(self, k) is not None]
+        if self.macs is not None and shares:
+            raise ValueError(f"give macs alone (a budget the units reach together) or shares of units ({', '.join(shares)})")
+        if self.macs is None and not shares:
+            raise ValueError("give heads, ffn and/or width, or macs")
         return self
 
 
@@ -204,15 +216,17 @@ class BlockPruneConfig(_PruneBase):
 
 class HeadPruneConfig(_ScoredPruneBase):
     """`granularity: heads`: BERT-style transformers lose attention heads and FFN neurons, models with
-    ``torch.nn.MultiheadAttention`` (a ViT) whole heads (the default for a heads/ffn target)."""
+    ``torch.nn.MultiheadAttention`` (a ViT) whole heads (the default for a heads/ffn/width target); `width` removes
+    channels of the embedding width (the residual stream) with a table tied to the output projection."""
 
     granularity: Literal["heads"] = Field(
         default="heads", description="`heads`: remove attention heads and FFN neurons of a BERT-style transformer, or whole "
-        "heads of torch.nn.MultiheadAttention modules (the embedding width kept); the default when the target names heads or ffn."
+        "heads of torch.nn.MultiheadAttention modules, and with `width` channels of the embedding width (the residual "
+        "stream, a tied output projection with it); the default when the target names heads, ffn or width."
     )
-    target: UnitTarget = Field(description="What to remove: {heads: 0.5, ffn: 0.3} (shares of the original counts).")
+    target: UnitTarget = Field(description="What to remove: {heads: 0.5, ffn: 0.3, width: 0.25} (shares of the original counts).")
     rounds: int | Literal["auto"] = Field(
-        default="auto", description="Prune-then-fine-tune rounds; `auto`: about 10 % of the heads (or FFN neurons) a round."
+        default="auto", description="Prune-then-fine-tune rounds; `auto`: about 10 % of the heads (or FFN neurons, or width) a round."
     )
     importance: Importance = Field(
         default="hessian", description="Unit importance, a registered pruning criterion: `magnitude` (weight norms), `taylor` "
@@ -222,23 +236,27 @@ class HeadPruneConfig(_ScoredPruneBase):
 
 
 class TableTarget(StrictModel):
-    """Embedding tables: the share of their rows to merge and/or of their stored columns to remove."""
+    """Embedding tables: the share of their rows to merge and/or of their stored columns to remove; the output
+    projection over a catalogue: the share of its rows to merge."""
 
     rows: float | None = Field(default=None, gt=0, lt=1, description="Share of the tables' rows merged into one row per "
                                "table (the least read first; rows training never read always go).")
     dims: float | None = Field(default=None, gt=0, lt=1, description="Share of the tables' stored columns removed (a "
                                "weighted SVD per table; the model still reads the full width).")
+    outputs: float | None = Field(default=None, gt=0, lt=1, description="Share of the output projection's rows (one per "
+                                  "catalogue item or class) merged into one row: those no training label reaches always, "
+                                  "then the least labelled. The output keeps its shape; the merged outputs share one score.")
 
     @model_validator(mode="before")
     @classmethod
     def _not_shares(cls, data: Any) -> Any:
-        return _refuse(data, _SHARE_KEYS + _UNIT_KEYS, "tables take rows/dims targets (ratio, macs, params, heads and ffn "
+        return _refuse(data, _SHARE_KEYS + _UNIT_KEYS, "tables take rows/dims/outputs targets (ratio, macs, params, heads, ffn and width "
                        "belong to the channels, blocks and heads granularities)")
 
     @model_validator(mode="after")
     def _some(self) -> "TableTarget":
-        if self.rows is None and self.dims is None:
-            raise ValueError("give rows and/or dims")
+        if self.rows is None and self.dims is None and self.outputs is None:
+            raise ValueError("give rows, dims and/or outputs")
         return self
 
 
@@ -249,10 +267,12 @@ class TablePruneConfig(_PruneBase):
         default="tables", description="`tables`: embedding tables (nn.Embedding of at least `min_rows` rows) lose their least-read rows, merged "
         "into one row per table (its read-weighted mean; ids keep their values, an int32 index maps them), and stored "
         "columns by a read-weighted SVD (a projection restores the width the model reads). Rows are ranked by how often "
-        "the training split reads them; rows it never reads always go. The MLP is left to a `channels` stage. The default "
-        "when the target names rows or dims."
+        "the training split reads them; rows it never reads always go. `outputs` merges the rows of the output projection "
+        "over a catalogue that no training label reaches (then the least labelled) into one row. The MLP is left to a "
+        "`channels` stage. The default when the target names rows, dims or outputs."
     )
-    target: TableTarget = Field(description="What to remove: {rows: 0.6, dims: 0.5} (shares of the tables' rows and columns).")
+    target: TableTarget = Field(description="What to remove: {rows: 0.6, dims: 0.5} (shares of the tables' rows and columns), "
+                                "{outputs: 0.18} (share of the output projection's rows).")
     rounds: int | Literal["auto"] = Field(default="auto", description="Prune-then-fine-tune rounds; `auto`: one.")
     importance_batches: int | None = Field(
         default=None, ge=1, description="Rows are ranked by reads over this many batches of `importance_batch_size` "
@@ -264,8 +284,8 @@ class TablePruneConfig(_PruneBase):
 
 
 def granularity(value: Any) -> str:
-    """The variant a prune stage's mapping validates as: its ``granularity``, else ``tables`` for a rows/dims
-    target, ``heads`` for a heads/ffn target (transformer recipes written before granularity had that value),
+    """The variant a prune stage's mapping validates as: its ``granularity``, else ``tables`` for a rows/dims/outputs
+    target, ``heads`` for a heads/ffn/width target (transformer recipes written before granularity had that value),
     else ``channels``.
 
     Named for the key it reads: pydantic's error for an unknown value names it (``granularity()``).

@@ -1,9 +1,12 @@
 """Transformer pruning (`granularity: heads`) as a round-loop strategy: attention heads and FFN neurons
-scored through per-sample masks and removed by hand-written surgery (see ``transformer.py``).
+scored through per-sample masks and removed by hand-written surgery (see ``transformer.py``), and channels of
+the model width (``width.py``: the embedding tables' columns with every layer reading or writing them, a tied
+output projection with its table).
 
 Models with ``torch.nn.MultiheadAttention`` (a ViT) lose whole heads too: each such module is first turned
 into the :class:`~pruneflow.prune.mha.HeadAttention` computing the same function (``mha.py`` says why),
-so the embedding width stays and each layer keeps its own number of heads."""
+so each layer keeps its own number of heads and the width goes only where the target names it. A target of
+width alone needs no attention: a GRU4Rec's item table loses columns with the GRU's input weights."""
 
 from __future__ import annotations
 
@@ -13,8 +16,11 @@ from ..errors import ConfigError
 from ..evaluate import count_macs_params
 from .criteria import criterion_for
 from .mha import convert_mha
-from .rounds import Batches, Plan, Round, Strategy
-from .transformer import attention_sites, ffn_sites, prune_heads, prune_neurons, select_lowest, unit_importance
+from .rounds import Batches, Plan, Round, Strategy, linear_goal
+from .budget import budget_plan, ranked_units, remove_units, unit_costs, unit_counts
+from .engine import auto_rounds
+from .transformer import attention_sites, ffn_sites, prune_heads, prune_neurons, select_lowest, unit_scores
+from .width import WidthSite, prune_width, width_sites
 
 
 class HeadStrategy(Strategy):
@@ -27,13 +33,31 @@ class HeadStrategy(Strategy):
         self.check_kind()
         self.heads0 = self._heads()
         self.ffn0 = self._neurons()
+        target = self.config.target
+        self.width0 = {s.name: s.width for s in self._width_sites()} if target.width or target.macs else {}
         self.total_heads, self.total_ffn = sum(self.heads0.values()), sum(self.ffn0.values())
+        self.total_width = sum(self.width0.values())
         macs, params = count_macs_params(self.model, self.example)
-        return {"macs": macs, "params": params}
+        self.before = {"macs": macs, "params": params}
+        return self.before
+
+    def _width_sites(self) -> list[WidthSite]:
+        """The model's widths (``width.py``); a ConfigError at ``target.width`` when it has none."""
+        skipped: dict[str, str] = {}
+        sites = width_sites(self.model, self.example, skipped)
+        if not sites and self.config.target.width:  # a budget goes without one (heads and FFN neurons alone)
+            why = "; ".join(f"{n}: {w}" for n, w in skipped.items()) or "it has no nn.Embedding"
+            raise ConfigError(self.loc("target", "width"), f"width counts the channels an embedding table writes (a "
+                              f"transformer's residual stream, with a tied output projection); this model has no width "
+                              f"that can be pruned ({why})", value=self.config.target.width,
+                              hint="drop width from the target and prune heads and ffn")
+        return sites
 
     def check_kind(self) -> None:
-        """BERT-style attention or ``nn.MultiheadAttention`` (already converted); ffn only where FFN sites are."""
-        if not attention_sites(self.model):
+        """BERT-style attention or ``nn.MultiheadAttention`` (already converted); ffn only where FFN sites are. A
+        target of width alone needs no attention (an embedding read by a GRU has a width): ``_width_sites`` checks it."""
+        target = self.config.target
+        if (target.heads or target.ffn) and not attention_sites(self.model):
             raise ConfigError(self.loc("target"), "heads/ffn targets need a model with attention heads: a BERT-style "
                               "transformer or torch.nn.MultiheadAttention modules; this model has neither",
                               hint="use target: {macs: 0.5}, {params: 0.5} or {ratio: 0.3}")
@@ -52,55 +76,100 @@ class HeadStrategy(Strategy):
 
     def rounds(self) -> int:
         target = self.config.target
-        return max(1, round(max(target.heads or 0, target.ffn or 0) / 0.1)) if self.config.rounds == "auto" else self.config.rounds
+        if self.config.rounds != "auto":
+            return self.config.rounds
+        if target.macs is not None:
+            return auto_rounds("macs", target.macs)
+        shares = (target.heads or 0, target.ffn or 0, target.width or 0)
+        return max(1, round(max(shares) / 0.1))
 
     def goal(self, index: int, rounds: int) -> dict[str, float]:
         target = self.config.target
-        return {unit: share * index / rounds for unit, share in (("heads", target.heads), ("ffn", target.ffn)) if share}
+        if target.macs is not None:
+            return linear_goal("macs", self.before, target.macs, index, rounds)
+        return {unit: share * index / rounds for unit, share in (("heads", target.heads), ("ffn", target.ffn),
+                                                                 ("width", target.width)) if share}
 
     def score(self, batches: Callable[[], Batches]):
-        """Head and FFN-neuron scores from the stage's criterion (``importance``; ``criteria.py``)."""
-        return unit_importance(self.model, batches, self.loss, criterion_for(self.config))
+        """Head, FFN-neuron and width-channel scores from the stage's criterion (``importance``; ``criteria.py``)."""
+        widths = width_sites(self.model, self.example) if self.width0 else []
+        return unit_scores(self.model, batches, self.loss, criterion_for(self.config), widths)
 
     def plan(self, scores, goal: dict[str, float]) -> Plan:
-        head_scores, ffn_scores = scores
+        if "macs" in goal:
+            return self._budget_plan(scores, goal["macs"])
+        head_scores, ffn_scores, width_scores = scores
         sites = {s.name: s for s in attention_sites(self.model)}
         ffns = {s.name: s for s in ffn_sites(self.model)}
 
         def apply() -> dict[str, float]:
-            heads, neurons = sum(s.heads for s in sites.values()), sum(s.neurons for s in ffns.values())
+            heads, neurons, width = sum(s.heads for s in sites.values()), sum(s.neurons for s in ffns.values()), self._width()
             if "heads" in goal:
                 _remove_lowest(head_scores, {n: s.heads for n, s in sites.items()}, self.total_heads, goal["heads"],
                                lambda name, idx: prune_heads(sites[name], idx))
             if "ffn" in goal:
                 _remove_lowest(ffn_scores, {n: s.neurons for n, s in ffns.items()}, self.total_ffn, goal["ffn"],
                                lambda name, idx: prune_neurons(ffns[name], idx))
-            return {"heads": heads - sum(s.heads for s in sites.values()),
-                    "ffn_neurons": neurons - sum(s.neurons for s in ffns.values())}
+            if "width" in goal:  # last: its group is traced again on the model the removals above left
+                _remove_lowest(width_scores, {n: len(v) for n, v in width_scores.items()}, self.total_width, goal["width"],
+                               lambda name, idx: prune_width(self.model, self.example, name, idx))
+            removed: dict[str, float] = {"heads": heads - sum(s.heads for s in sites.values()),
+                                         "ffn_neurons": neurons - sum(s.neurons for s in ffns.values())}
+            return {**removed, "width": width - self._width()} if self.width0 else removed
 
         return Plan(apply)
 
+    def _budget_plan(self, scores, macs: float) -> Plan:
+        """The units to remove for ``macs``: every kind ranked together by score per MAC (``budget.py``)."""
+        merged = {name: s for kind in scores for name, s in kind.items()}
+        widths = width_sites(self.model, self.example) if self.width0 else []
+        order = ranked_units(merged, unit_costs(self.model, self.example, widths))
+        chosen = budget_plan(self.model, self.example, order, unit_counts(self.model, widths), macs)
+
+        def apply() -> dict[str, float]:
+            before = self.measure()
+            remove_units(self.model, self.example, chosen)
+            after = self.measure()
+            removed: dict[str, float] = {"heads": before["heads"] - after["heads"],
+                                         "ffn_neurons": before["ffn_neurons"] - after["ffn_neurons"]}
+            return {**removed, "width": before["width"] - after["width"]} if self.width0 else removed
+
+        return Plan(apply)
+
+    def _width(self) -> int:
+        """The model's widths now (their tables' columns; 0 when the target prunes none)."""
+        return sum(int(getattr(self.model.get_submodule(n), "embedding_dim")) for n in self.width0)
+
     def measure(self) -> dict[str, int]:
         macs, params = count_macs_params(self.model, self.example)
-        return {"macs": macs, "params": params, "heads": sum(self._heads().values()), "ffn_neurons": sum(self._neurons().values())}
+        return {"macs": macs, "params": params, "heads": sum(self._heads().values()),
+                "ffn_neurons": sum(self._neurons().values()), "width": self._width()}
 
     def row(self, record: Round) -> dict:
         after = record.figures
-        return {"round": record.index, "heads": after["heads"], "ffn_neurons": after["ffn_neurons"], "macs": after["macs"],
-                "params": after["params"], record.metric: record.value, "seconds": record.seconds}
+        width = {"width": after["width"]} if self.width0 else {}
+        return {"round": record.index, "heads": after["heads"], "ffn_neurons": after["ffn_neurons"], **width,
+                "macs": after["macs"], "params": after["params"], record.metric: record.value, "seconds": record.seconds}
 
     def describe(self, record: Round) -> str:
         after = record.figures
-        return f"{after['heads']} heads, {after['ffn_neurons']} FFN neurons left, {record.metric} {record.value:.4f}"
+        units = [f"{after['heads']} heads"] if self.total_heads else []
+        units += [f"{after['ffn_neurons']} FFN neurons"] if self.total_ffn else []
+        units += [f"width {after['width']}"] if self.width0 else []
+        share = f" ({after['macs'] / self.before['macs']:.1%} of MACs)" if self.config.target.macs else ""
+        return f"{', '.join(units)} left{share}, {record.metric} {record.value:.4f}"
 
     def summary(self, after: dict[str, int]) -> dict[str, float | int]:
+        width = {"width": after["width"], "width_before": self.total_width} if self.width0 else {}
         return {"heads": after["heads"], "heads_before": self.total_heads,
-                "ffn_neurons": after["ffn_neurons"], "ffn_neurons_before": self.total_ffn}
+                "ffn_neurons": after["ffn_neurons"], "ffn_neurons_before": self.total_ffn, **width}
 
     def tables(self, records: list[Round]) -> dict[str, list[dict]]:
         heads1, ffn1 = self._heads(), self._neurons()
         layers = [{"layer": n, "heads before": self.heads0[n], "heads after": heads1[n]} for n in self.heads0]
         layers += [{"layer": n, "ffn before": self.ffn0[n], "ffn after": ffn1[n]} for n in self.ffn0]
+        layers += [{"layer": n, "width before": w, "width after": getattr(self.model.get_submodule(n), "embedding_dim")}
+                   for n, w in self.width0.items()]
         tables: dict[str, list[dict]] = {"units": layers}
         if self.converted:
             tables["notes"] = [{"note": f"{len(self.converted)} nn.MultiheadAttention module(s) became HeadAttention (the same "

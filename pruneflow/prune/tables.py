@@ -43,10 +43,13 @@ from torch import nn
 from ..errors import ConfigError
 from ..evaluate import count_macs_params
 from ..inputs import Inputs, call, size, take, to
+from .catalogue import label_counts, merge_output_rows, output_count, output_projection, output_rows, rows_to_merge
 from .rounds import Batches, Plan, Round, Strategy
 
 #: Samples a counting forward pass reads at once.
 COUNT_BATCH = 8192
+#: The key of the output projection's label counts among the tables' read counts.
+OUTPUTS = "<outputs>"
 
 
 class CompactEmbedding(nn.Embedding):
@@ -281,8 +284,10 @@ class TableStrategy(Strategy):
 
     def entering(self) -> dict[str, int]:
         cfg = self.config
-        self.names = candidate_tables(self.model, cfg.min_rows, self._ignored())
-        if not self.names:
+        self.output = self._output() if cfg.target.outputs is not None else None
+        touches_tables = cfg.target.rows is not None or cfg.target.dims is not None
+        self.names = candidate_tables(self.model, cfg.min_rows, self._ignored()) if touches_tables else []
+        if touches_tables and not self.names:
             found = [f"{n} ({source_rows(m)} rows)" for n, m in self.model.named_modules() if isinstance(m, nn.Embedding)]
             bags = bag_note(self.model)
             raise ConfigError(self.loc("min_rows"), f"the model has no embedding table of at least {cfg.min_rows} rows"
@@ -294,6 +299,16 @@ class TableStrategy(Strategy):
         self.start = {n: (m.num_embeddings, rank(m), table_bytes(m)) for n, m in self._tables().items()}
         self.unread: dict[str, int] = {}
         return self.before
+
+    def _output(self) -> str:
+        """The output projection whose rows `outputs` merges (``catalogue.py``); a ConfigError when there is none."""
+        name = output_projection(self.model, self.example, self.config.min_rows)
+        if name is None or any(name == i or name.startswith(i + ".") for i in self._ignored()):
+            raise ConfigError(self.loc("target", "outputs"), "outputs merges rows of the Linear whose output is the "
+                              f"model's output, one row per catalogue item or class, of at least {self.config.min_rows} "
+                              "rows and not tied to a table; this model has none" + (" outside `ignore`" if name else ""),
+                              value=self.config.target.outputs, hint="drop outputs, or lower min_rows")
+        return name
 
     def _ignored(self) -> tuple[str, ...]:
         names = [n for n, _ in self.model.named_modules() if n]
@@ -318,6 +333,8 @@ class TableStrategy(Strategy):
             out["rows"] = self.before["rows"] * (1 - target.rows * index / rounds)
         if target.dims is not None:
             out["columns"] = self.before["columns"] * (1 - target.dims * index / rounds)
+        if target.outputs is not None:
+            out["outputs"] = self.before["outputs"] * (1 - target.outputs * index / rounds)
         return out
 
     def score(self, batches: Callable[[], Batches]) -> dict[str, torch.Tensor]:
@@ -328,15 +345,19 @@ class TableStrategy(Strategy):
             from ..inputs import cat
 
             x = cat([b for b, _ in batches()])
-        counts = count_reads(self.model, self.names, x, str(device))
+        counts = count_reads(self.model, self.names, x, str(device)) if self.names else {}
         for name, reads in counts.items():
             self.unread.setdefault(name, int((reads == 0).sum()))
+        if self.output is not None:  # what the training split labels each output row
+            labels = self.data.train.y if self.data is not None else torch.cat([y for _, y in batches()])
+            counts[OUTPUTS] = label_counts(labels, output_count(self.model.get_submodule(self.output)))
+            self.unread.setdefault(OUTPUTS, int((counts[OUTPUTS] == 0).sum()))
         return counts
 
     def plan(self, scores: dict[str, torch.Tensor], goal: dict[str, float]) -> Plan:
         def apply() -> dict[str, float]:
-            counts, removed = dict(scores), {"rows": 0.0, "columns": 0.0}
-            tables = self._tables()
+            counts = {n: c for n, c in scores.items() if n != OUTPUTS}  # the tables' reads
+            removed, tables = {"rows": 0.0, "columns": 0.0}, self._tables()
             if "rows" in goal or any(int((c == 0).sum()) for c in counts.values()):
                 plain = sum(1 for m in tables.values() if not isinstance(m, CompactEmbedding))
                 excess = max(0, math.ceil(sum(m.num_embeddings for m in tables.values()) + plain - goal.get("rows", math.inf)))
@@ -347,9 +368,23 @@ class TableStrategy(Strategy):
                         _set(self.model, name, table)
             if "columns" in goal:
                 removed["columns"] = self._cut_columns(counts, goal["columns"])
+            if "outputs" in goal and self.output is not None:
+                removed["outputs"] = self._merge_outputs(scores[OUTPUTS], goal["outputs"])
             return removed
 
         return Plan(apply)
+
+    def _merge_outputs(self, counts: torch.Tensor, rows: float) -> float:
+        """Merge the output projection's rows down to ``rows`` (the never-labelled always); returns the rows gone."""
+        assert self.output is not None
+        module = self.model.get_submodule(self.output)
+        merge = max(0, math.ceil(len(counts) + 1 - rows))  # the merged row is one of the rows computed
+        mask = rows_to_merge(module, counts, merge)
+        if not bool(mask.any()):
+            return 0.0
+        compact = merge_output_rows(module, mask)
+        _set(self.model, self.output, compact)
+        return float(output_rows(module) - compact.rows)
 
     def _cut_columns(self, counts: dict[str, torch.Tensor], columns: float) -> float:
         tables = self._tables()
@@ -364,26 +399,44 @@ class TableStrategy(Strategy):
     def measure(self) -> dict[str, int]:
         macs, params = count_macs_params(self.model, self.example)
         tables = self._tables()
+        outputs = {"outputs": output_rows(self.model.get_submodule(self.output))} if self.output is not None else {}
         return {"macs": macs, "params": params, "rows": sum(m.num_embeddings for m in tables.values()),
-                "columns": sum(rank(m) for m in tables.values()), "table_bytes": sum(table_bytes(m) for m in tables.values())}
+                "columns": sum(rank(m) for m in tables.values()), "table_bytes": sum(table_bytes(m) for m in tables.values()),
+                **outputs}
 
     def row(self, record: Round) -> dict:
         after, before = record.figures, self.before
-        return {"round": record.index, "rows": after["rows"], "rows_kept": round(after["rows"] / before["rows"], 4),
-                "columns": after["columns"], "table_mib": round(after["table_bytes"] / 2**20, 2),
-                "table_bytes_kept": round(after["table_bytes"] / before["table_bytes"], 4), record.metric: record.value,
-                "seconds": record.seconds}
+        out: dict = {"round": record.index}
+        if self.names:
+            out.update({"rows": after["rows"], "rows_kept": round(after["rows"] / before["rows"], 4), "columns": after["columns"],
+                        "table_mib": round(after["table_bytes"] / 2**20, 2),
+                        "table_bytes_kept": round(after["table_bytes"] / before["table_bytes"], 4)})
+        if self.output is not None:
+            out.update({"output_rows": after["outputs"], "macs": after["macs"]})
+        return {**out, record.metric: record.value, "seconds": record.seconds}
 
     def describe(self, record: Round) -> str:
-        f = record.figures
-        return (f"{f['rows']:,} table rows ({f['rows'] / self.before['rows']:.1%}), {f['columns']} columns stored, "
-                f"tables {f['table_bytes'] / self.before['table_bytes']:.1%} of their FP32 bytes, {record.metric} {record.value:.4f}")
+        f, parts = record.figures, []
+        if self.names:
+            parts.append(f"{f['rows']:,} table rows ({f['rows'] / self.before['rows']:.1%}), {f['columns']} columns stored, "
+                         f"tables {f['table_bytes'] / self.before['table_bytes']:.1%} of their FP32 bytes")
+        if self.output is not None:
+            parts.append(f"{f['outputs']:,} of {self.before['outputs']:,} output rows computed "
+                         f"({f['macs'] / self.before['macs']:.1%} of the MACs)")
+        return f"{', '.join(parts)}, {record.metric} {record.value:.4f}"
 
     def summary(self, after: dict[str, int]) -> dict[str, float | int]:
         b = self.before
-        return {"rows_before": b["rows"], "rows": after["rows"], "columns_before": b["columns"], "columns": after["columns"],
-                "table_bytes_before": b["table_bytes"], "table_bytes": after["table_bytes"],
-                "table_reduction": b["table_bytes"] / max(after["table_bytes"], 1), "rows_never_read": sum(self.unread.values())}
+        out: dict[str, float | int] = {}
+        if self.names:
+            out.update({"rows_before": b["rows"], "rows": after["rows"], "columns_before": b["columns"], "columns": after["columns"],
+                        "table_bytes_before": b["table_bytes"], "table_bytes": after["table_bytes"],
+                        "table_reduction": b["table_bytes"] / max(after["table_bytes"], 1),
+                        "rows_never_read": sum(v for k, v in self.unread.items() if k != OUTPUTS)})
+        if self.output is not None:
+            out.update({"output_rows_before": b["outputs"], "output_rows": after["outputs"],
+                        "outputs_never_labelled": self.unread.get(OUTPUTS, 0)})
+        return out
 
     def tables(self, records: list[Round]) -> dict[str, list[dict]]:
         out = []
@@ -394,4 +447,9 @@ class TableStrategy(Strategy):
                         "columns": rank(module), "width_read": out_width(module),
                         "mib_before": round(size / 2**20, 3), "mib": round(table_bytes(module) / 2**20, 3)})
         note = bag_note(self.model)
-        return {"embedding_tables": out, **({"notes": [{"note": note}]} if note else {})}
+        found: dict[str, list[dict]] = {"embedding_tables": out} if self.names else {}
+        if self.output is not None:
+            found["output_rows"] = [{"projection": self.output, "outputs": self.before["outputs"],
+                                     "never_labelled": self.unread.get(OUTPUTS, 0), "rows_before": self.before["outputs"],
+                                     "rows": output_rows(self.model.get_submodule(self.output))}]
+        return {**found, **({"notes": [{"note": note}]} if note else {})}

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 from torch import nn
 
 from .criteria import Criterion, Evidence, Scores
 from .mha import HeadAttention, prune_attention_heads
+from .width import WidthSite, width_norms
 from ..inputs import Inputs, call
 
 
@@ -161,12 +162,14 @@ def prune_neurons(site: FfnSite, remove: Iterable[int]) -> None:
 
 @contextlib.contextmanager
 def unit_masks(model: nn.Module, head_mask: dict[str, torch.Tensor] | None = None,
-               ffn_mask: dict[str, torch.Tensor] | None = None, per_sample: bool = False) -> Iterator[dict]:
-    """Multiply head outputs / FFN activations by masks.
+               ffn_mask: dict[str, torch.Tensor] | None = None, per_sample: bool = False,
+               widths: Sequence[WidthSite] = (), width_mask: dict[str, torch.Tensor] | None = None) -> Iterator[dict]:
+    """Multiply head outputs / FFN activations (and the channels of ``widths``, ``width.py``) by masks.
 
     Fixed masks (shape [units]) emulate removed units, for testing surgery against masking. With
     ``per_sample=True`` each forward creates a ones tensor [batch, units] requiring grad; after the
-    backward, ``captured[site name]`` holds them with ``.grad`` = per-sample gradients.
+    backward, ``captured[site name]`` holds them with ``.grad`` = per-sample gradients. A width's one mask
+    multiplies its channels at every module that outputs them (one forward a context).
     """
     captured: dict[str, torch.Tensor] = {}
     handles = []
@@ -190,6 +193,14 @@ def unit_masks(model: nn.Module, head_mask: dict[str, torch.Tensor] | None = Non
 
         return hook
 
+    def width_hook(site: WidthSite):
+        def hook(module, inputs, output):
+            found = captured.get(site.name) if per_sample else None  # one mask for all the width's outputs
+            mask = found if found is not None else _mask(site.name, width_mask, output.shape[0], output.shape[-1], output)
+            return output * mask.view(mask.shape[0], *([1] * (output.dim() - 2)), -1)
+
+        return hook
+
     def _mask(name, fixed, b, units, like):
         if fixed is not None and name in fixed:
             return fixed[name].to(like.dtype).view(1, units)
@@ -204,6 +215,8 @@ def unit_masks(model: nn.Module, head_mask: dict[str, torch.Tensor] | None = Non
             handles += [(s.hook or s.attn).register_forward_hook(head_hook(s)) for s in attention_sites(model)]
         if ffn_mask is not None or per_sample:
             handles += [s.act.register_forward_hook(ffn_hook(s)) for s in ffn_sites(model)]
+        if width_mask is not None or per_sample:
+            handles += [m.register_forward_hook(width_hook(s)) for s in widths for m in s.masked]
         yield captured
     finally:
         for h in handles:
@@ -211,25 +224,26 @@ def unit_masks(model: nn.Module, head_mask: dict[str, torch.Tensor] | None = Non
 
 
 class UnitEvidence(Evidence):
-    """What a criterion reads for heads and FFN neurons: one score per unit, keyed by site name. A unit's
-    "weight" is its mask (ones), so a criterion's |w·g| or w²·F is the mask's |g| or F. The gradient and the
-    Fisher come from one masked pass over ``batches`` (made when a term first needs it)."""
+    """What a criterion reads for heads, FFN neurons and the channels of ``widths`` (``width.py``): one score per
+    unit, keyed by site name (a width's: its first table's). A unit's "weight" is its mask (ones), so a criterion's
+    |w·g| or w²·F is the mask's |g| or F. The gradient and the Fisher come from one masked pass over ``batches``
+    (made when a term first needs it)."""
 
     def __init__(self, model: nn.Module, batches: "Callable[[], Iterable[tuple[Inputs, torch.Tensor]]]",
-                 loss_fn: Callable[[object, torch.Tensor], torch.Tensor]):
-        self.model, self._batches, self.loss_fn = model, batches, loss_fn
+                 loss_fn: Callable[[object, torch.Tensor], torch.Tensor], widths: Sequence[WidthSite] = ()):
+        self.model, self._batches, self.loss_fn, self.widths = model, batches, loss_fn, list(widths)
         self._moments: tuple[Scores, Scores] | None = None
 
     def magnitude(self) -> Scores:
         heads = {s.name: _head_norms(s) for s in attention_sites(self.model)}
-        return {**heads, **{s.name: s.up.weight.detach().pow(2).sum(1) + s.down.weight.detach().pow(2).sum(0)
-                            for s in ffn_sites(self.model)}}
+        ffn = {s.name: s.up.weight.detach().pow(2).sum(1) + s.down.weight.detach().pow(2).sum(0) for s in ffn_sites(self.model)}
+        return {**heads, **ffn, **{s.name: width_norms(s).to(_like(self.model).dtype) for s in self.widths}}
 
     def weights(self) -> Scores:
-        heads = {s.name: torch.ones(s.heads, dtype=s.query.weight.dtype, device=s.query.weight.device)
-                 for s in attention_sites(self.model)}
-        return {**heads, **{s.name: torch.ones(s.neurons, dtype=s.up.weight.dtype, device=s.up.weight.device)
-                            for s in ffn_sites(self.model)}}
+        like = _like(self.model)
+        sizes = {**{s.name: s.heads for s in attention_sites(self.model)}, **{s.name: s.neurons for s in ffn_sites(self.model)},
+                 **{s.name: s.width for s in self.widths}}
+        return {name: torch.ones(n, dtype=like.dtype, device=like.device) for name, n in sizes.items()}
 
     def gradient(self) -> Scores:
         return self._masked()[0]
@@ -244,19 +258,25 @@ class UnitEvidence(Evidence):
     def _masked(self) -> tuple[Scores, Scores]:
         """Every unit's mean mask gradient and mean squared per-sample mask gradient."""
         if self._moments is None:
-            self._moments = _mask_moments(self.model, self._batches(), self.loss_fn)
+            self._moments = _mask_moments(self.model, self._batches(), self.loss_fn, self.widths)
         return self._moments
 
 
+def _like(model: nn.Module) -> torch.Tensor:
+    """A parameter of ``model``: the dtype and device of its unit scores."""
+    return next(model.parameters())
+
+
 def _mask_moments(model: nn.Module, batches: "Iterable[tuple[Inputs, torch.Tensor]]",
-                  loss_fn: Callable[[object, torch.Tensor], torch.Tensor]) -> tuple[Scores, Scores]:
+                  loss_fn: Callable[[object, torch.Tensor], torch.Tensor],
+                  widths: Sequence[WidthSite] = ()) -> tuple[Scores, Scores]:
     was = model.training
     model.eval()
     grad_sum: dict[str, torch.Tensor] = {}
     sq_sum: dict[str, torch.Tensor] = {}
     count = 0
     for x, y in batches:
-        with unit_masks(model, per_sample=True) as masks:
+        with unit_masks(model, per_sample=True, widths=widths) as masks:
             # Sum, not mean: each sample's mask gradient is then that sample's own gradient.
             loss = loss_fn(call(model, x), y) * len(y)
             model.zero_grad(set_to_none=True)
@@ -276,9 +296,18 @@ def unit_importance(model: nn.Module, batches: "Iterable[tuple[Inputs, torch.Ten
                     criterion: Criterion) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Scores for every head and FFN neuron by ``criterion`` (higher = more important), keyed by site name.
     ``batches``: the importance batches, or a function sampling them (called only when the criterion needs them)."""
+    heads, ffn, _ = unit_scores(model, batches, loss_fn, criterion)
+    return heads, ffn
+
+
+def unit_scores(model: nn.Module, batches: "Iterable[tuple[Inputs, torch.Tensor]] | Callable[[], Iterable]",
+                loss_fn: Callable[[object, torch.Tensor], torch.Tensor], criterion: Criterion,
+                widths: Sequence[WidthSite] = ()) -> tuple[Scores, Scores, Scores]:
+    """``unit_importance`` and the scores of the channels of ``widths`` (one masked pass for all three)."""
     sample = batches if callable(batches) else (lambda: batches)
-    scores = criterion.score(UnitEvidence(model, sample, loss_fn))
-    return ({s.name: scores[s.name] for s in attention_sites(model)}, {s.name: scores[s.name] for s in ffn_sites(model)})
+    scores = criterion.score(UnitEvidence(model, sample, loss_fn, widths))
+    return ({s.name: scores[s.name] for s in attention_sites(model)}, {s.name: scores[s.name] for s in ffn_sites(model)},
+            {s.name: scores[s.name] for s in widths})
 
 
 def _mean(d: dict[str, torch.Tensor]) -> float:
