@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
+from .artifacts import sha256_file
 from .errors import InputError
 
 log = logging.getLogger("pruneflow")
@@ -103,7 +104,7 @@ def verify(folder: Path, key: str) -> str | None:
     if set(found) != set(record["files"]) | {RECORD}:
         return f"it holds other files than its record lists ({sorted(set(found) ^ (set(record['files']) | {RECORD}))[:5]})"
     for name, digest in record["files"].items():
-        if _sha256(folder / name) != digest:
+        if sha256_file(folder / name) != digest:
             return f"{name} differs from what was generated (sha256)"
     return None
 
@@ -144,19 +145,11 @@ def _record(path: Path) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _seal(folder: Path, key: str) -> None:
     files = _files(folder)
     if isinstance(files, str):
         raise InputError(f"generating {folder}: {files}", hint="please report this")
-    record = {"key": key, "files": {name: _sha256(folder / name) for name in files if name != RECORD}}
+    record = {"key": key, "files": {name: sha256_file(folder / name) for name in files if name != RECORD}}
     (folder / RECORD).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
 
 
