@@ -101,7 +101,7 @@ def test_a_rows_or_dims_target_is_the_tables_granularity():
     assert isinstance(cfg, TablePruneConfig) and cfg.rounds == "auto" and cfg.min_rows == 1000
     with pytest.raises(ValidationError, match="rows/dims"):
         adapter.validate_python({"type": "prune", "granularity": "tables", "target": {"rows": 0.5, "ratio": 0.3}})
-    with pytest.raises(ValidationError, match="rows and/or dims"):
+    with pytest.raises(ValidationError, match="rows, dims and/or outputs"):
         adapter.validate_python({"type": "prune", "granularity": "tables", "target": {}})
     with pytest.raises(ValidationError, match="fade"):
         adapter.validate_python({"type": "prune", "target": {"dims": 0.5}, "fade": 0.5})
