@@ -9,9 +9,10 @@
 
 Every figure is copied from a run's metrics.json (nothing is computed here but ratios): per model and head, the
 original FP32 model's metric (the `reference` export, before pruning) against the INT8 ONNX and OpenVINO IR in their
-own runtimes; MACs before and after pruning (torch's FlopCounter); the INT8 ONNX's size against the FP32 ONNX of the
-same pruned model (a tied table counted once); and the INT8 ONNX's speed against that FP32 ONNX at each timed batch,
-both timed interleaved in one loop by the export stage. Writes OUT.md and OUT.json.
+own runtimes; MACs before and after pruning (torch's FlopCounter: entering the first prune stage, after the last);
+the INT8 ONNX's size against the FP32 ONNX of the same pruned model (a tied table counted once); and the INT8 ONNX's
+speed against that FP32 ONNX at each timed batch, both timed interleaved in one loop by the export stage. Writes
+OUT.md and OUT.json.
 """
 
 from __future__ import annotations
@@ -48,9 +49,16 @@ def rows_of(run: Path, name: str) -> list[dict]:
     return rows
 
 
+def prune_stages(flat: dict) -> list[str]:
+    """The recipe's prune stages in their order (``prune``, ``prune-2``, ...: a recipe may prune in several steps)."""
+    ids = {key.rsplit(".", 1)[0] for key in flat if key.endswith(".macs_before") and key.startswith("prune")}
+    return sorted(ids, key=lambda i: int(i.rpartition("-")[2]) if i.rpartition("-")[2].isdigit() else 1)
+
+
 def size_speed(run: Path, name: str) -> dict:
     flat = json.loads((run / "metrics.json").read_text())["flat"]
-    out = {"model": name, "MACs before": flat.get("prune.macs_before"), "MACs after": flat.get("prune.macs"),
+    stages = prune_stages(flat) or ["prune"]  # MACs entering the first prune stage, and after the last one
+    out = {"model": name, "MACs before": flat.get(f"{stages[0]}.macs_before"), "MACs after": flat.get(f"{stages[-1]}.macs"),
            "onnx fp32 MB": flat["onnx.fp32.size_mb"], "onnx int8 MB": flat["onnx.int8.size_mb"],
            "size ratio": flat["onnx.fp32.size_mb"] / flat["onnx.int8.size_mb"]}
     for key, value in flat.items():

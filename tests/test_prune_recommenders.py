@@ -471,3 +471,22 @@ def test_a_macs_budget_and_unit_shares_do_not_mix():
     with pytest.raises(Exception, match="give macs alone"):
         TypeAdapter(PruneConfig).validate_python({"type": "prune", "granularity": "heads", "target": {"macs": 0.5, "heads": 0.5}})
     assert isinstance(TypeAdapter(PruneConfig).validate_python({"type": "prune", "target": {"macs": 0.5}}), ChannelPruneConfig)
+
+
+def test_when_heads_and_ffn_cannot_reach_the_target_the_refusal_suggests_a_budget_the_next_run_reaches():
+    """A SASRec whose tied output projection is most of its MACs: heads and FFN alone cannot reach half, so the
+    refusal of `macs: 0.5` under channels suggests the MACs budget of `granularity: heads`, which takes the width."""
+    torch.manual_seed(0)
+    model, x = _perturb(sasrec(3000, dim=16, heads=2, blocks=2, max_len=12, dropout=0.0)), torch.randint(1, 3000, (4, 12))
+    error = _refusal(ChannelStrategy(_channels({"macs": 0.5}), model, x[:1], F.cross_entropy, _loc))
+    stage = re.search(r"(\{type: prune, granularity: heads, target: \{macs: [\d.]+\}\})", error.hint).group(1)
+    share = float(re.search(r"a trial of it leaves ([\d.]+)% of the MACs", error.hint).group(1)) / 100
+    assert share <= 0.5 and "heads and FFN alone" in error.hint
+    cfg = TypeAdapter(PruneConfig).validate_python(yaml.safe_load(stage))
+    assert isinstance(cfg, HeadPruneConfig)
+    cfg = cfg.model_copy(update={"rounds": 1, "importance": "magnitude", "finetune": None, "latency": None})
+    strategy = HeadStrategy(cfg, model, x[:1], F.cross_entropy, _loc)
+    before = strategy.entering()["macs"]
+    run_rounds(strategy, Untuned(), lambda k: [], Reporter(), "prune")
+    assert count_macs_params(model, x[:1])[0] <= 0.5 * before and model.items.embedding_dim < 16
+    assert model.output.weight is model.items.weight

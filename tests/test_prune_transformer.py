@@ -159,3 +159,60 @@ def test_the_round_loop_records_one_round_per_round_for_heads():
     assert strategy.row(records[1])["heads"] == 4 and strategy.summary(records[1].figures)["heads_before"] == 8
 
 
+
+
+def test_a_macs_budget_on_torchs_encoder_layers_runs_and_one_below_its_floor_is_refused_up_front():
+    """`nn.TransformerEncoderLayer` reads `self_attn.in_proj_bias` before its fused eval path: the converted attention
+    answers None (the layer then calls it), so the model computes the same in eval mode; its FFN is not a site, so
+    heads alone cannot reach half the MACs: refused before any round, with a floor the next run reaches."""
+    import copy
+    import re
+
+    from pydantic import TypeAdapter
+    from torch import nn
+
+    from pruneflow.errors import ConfigError
+    from pruneflow.prune.config import PruneConfig
+    from pruneflow.prune.heads import HeadStrategy
+    from pruneflow.prune.rounds import run_rounds
+
+    class Encoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            layer = nn.TransformerEncoderLayer(16, 4, 32, batch_first=True, norm_first=True, dropout=0.0)
+            self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+            self.head = nn.Linear(16, 3)
+
+        def forward(self, x):
+            return self.head(self.encoder(x)[:, 0])
+
+    class Quiet:
+        def info(self, message: str) -> None:
+            pass
+
+    class Untuned:
+        metric = "none"
+
+        def after_round(self, model, index, rounds, on_step_end=None) -> float:
+            return 0.0
+
+    torch.manual_seed(0)
+    model, x, y = Encoder().eval(), torch.randn(6, 5, 16), torch.randint(0, 3, (6,))
+    expected = model(x)
+    loc = lambda *keys: ("stages", 0, *keys)  # noqa: E731
+    cfg = TypeAdapter(PruneConfig).validate_python({"type": "prune", "granularity": "heads", "target": {"macs": 0.5},
+                                                    "rounds": 1, "finetune": None, "latency": None})
+    strategy = HeadStrategy(cfg, copy.deepcopy(model), x[:1], F.cross_entropy, loc)
+    strategy.entering()
+    assert torch.allclose(strategy.model.eval()(x), expected, atol=1e-5)  # converted, the eval path is the same function
+    with pytest.raises(ConfigError) as err:
+        strategy.prepare()
+    assert err.value.loc == loc("target", "macs") and "by removing heads (" in err.value.detail  # it has no FFN site
+    floor = float(re.search(r"target: \{macs: ([\d.]+)\}", err.value.hint).group(1))
+    pruned = copy.deepcopy(model)
+    strategy = HeadStrategy(cfg.model_copy(update={"target": cfg.target.model_copy(update={"macs": floor})}), pruned, x[:1],
+                            F.cross_entropy, loc)
+    before = strategy.entering()["macs"]
+    strategy.prepare()
+    records, _ = run_rounds(strategy, Untuned(), lambda k: [(x, y)], Quiet(), "prune")
+    assert records[-1].figures["macs"] <= floor * before and pruned.eval()(x).shape == (6, 3)

@@ -10,6 +10,8 @@ width alone needs no attention: a GRU4Rec's item table loses columns with the GR
 
 from __future__ import annotations
 
+import copy
+import math
 from typing import Callable
 
 from ..errors import ConfigError
@@ -17,7 +19,7 @@ from ..evaluate import count_macs_params
 from .criteria import criterion_for
 from .mha import convert_mha
 from .rounds import Batches, Plan, Round, Strategy, linear_goal
-from .budget import budget_plan, ranked_units, remove_units, unit_costs, unit_counts
+from .budget import budget_plan, ranked_units, remove_units, removable, unit_costs, unit_counts
 from .engine import auto_rounds
 from .transformer import attention_sites, ffn_sites, prune_heads, prune_neurons, select_lowest, unit_scores
 from .width import WidthSite, prune_width, width_sites
@@ -40,6 +42,26 @@ class HeadStrategy(Strategy):
         macs, params = count_macs_params(self.model, self.example)
         self.before = {"macs": macs, "params": params}
         return self.before
+
+    def prepare(self) -> None:
+        """A MACs budget below what the units can reach (every site down to one unit) is refused now, before any
+        round, with the floor and a target the next run accepts."""
+        target = self.config.target
+        if target.macs is None:
+            return
+        widths = width_sites(self.model, self.example) if self.width0 else []
+        counts = unit_counts(self.model, widths)
+        trial = copy.deepcopy(self.model)
+        remove_units(trial, self.example, removable([(n, i) for n, c in counts.items() for i in range(c)], counts, sum(counts.values())))
+        floor = count_macs_params(trial, self.example)[0] / self.before["macs"]
+        if floor > target.macs:
+            kinds = " and ".join(k for k, n in (("heads", self.total_heads), ("FFN neurons", self.total_ffn),
+                                                ("width channels", len(widths))) if n)
+            raise ConfigError(self.loc("target", "macs"), f"macs cannot go below {floor:.1%} of the model entering the stage "
+                              f"by removing {kinds} (each attention module, FFN and width keeps one unit); the target asks for "
+                              f"{target.macs:.1%}", value=target.macs,
+                              hint=f"ask for at least the floor: target: {{macs: {math.ceil(floor * 100 + 1) / 100:g}}}, or "
+                              "prune the rest by channels in a later stage")
 
     def _width_sites(self) -> list[WidthSite]:
         """The model's widths (``width.py``); a ConfigError at ``target.width`` when it has none."""

@@ -35,6 +35,9 @@ class HeadAttention(nn.Module):
     """
 
     head_index: torch.Tensor
+    #: What ``nn.TransformerEncoderLayer`` reads before its fused eval path (``self_attn.in_proj_bias is None``: "bias
+    #: False"), which it then skips and calls this module: its q/k/v are separate Linears, no fused projection.
+    in_proj_bias: None = None
 
     def __init__(self, embed_dim: int, num_heads: int, head_dim: int, kdim: int | None = None, vdim: int | None = None,
                  bias: bool = True, dropout: float = 0.0, batch_first: bool = False):

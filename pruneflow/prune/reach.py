@@ -118,9 +118,29 @@ def _unit_suggestion(model: nn.Module, example: Inputs, keep: float) -> str | No
     assert tried is not None
     target, share = tried
     spelled = ", ".join(f"{k}: {v:g}" for k, v in target.items())
+    budget = _budget_trial(trial, example, keep) if share > keep else None
+    if budget is not None and budget < share:  # heads and FFN shares fall short: a budget that takes the width too
+        return (f"`granularity: channels` keeps attention whole, so prune its heads, FFN neurons and width instead, with "
+                f"a MACs budget: {{type: prune, granularity: heads, target: {{macs: {keep:g}}}}} (a trial of it leaves "
+                f"{budget:.1%} of the MACs; heads and FFN alone, {{{spelled}}}, leave {share:.1%})")
     return (f"`granularity: channels` keeps attention whole, so prune its heads{' and FFN neurons' if has_ffn else ''} "
             f"instead, with a `granularity: heads` stage: {{type: prune, target: {{{spelled}}}}} (a trial of it leaves "
             f"{share:.1%} of the MACs)")
+
+
+def _budget_trial(model: nn.Module, example: Inputs, keep: float) -> float:
+    """The share of MACs a `{macs: keep}` budget leaves on a copy of ``model`` (attention converted), units ranked by
+    their weight norms per MAC (``budget.py``; the stage ranks them by its criterion)."""
+    from .budget import budget_plan, ranked_units, remove_units, unit_costs, unit_counts
+    from .width import width_sites
+
+    trial = copy.deepcopy(model)
+    widths = width_sites(trial, example)
+    scores = UnitEvidence(trial, lambda: [], lambda out, y: y, widths).magnitude()
+    before = macs_by_module(trial, example)[""]
+    order = ranked_units(scores, unit_costs(trial, example, widths))
+    remove_units(trial, example, budget_plan(trial, example, order, unit_counts(trial, widths), keep * before))
+    return macs_by_module(trial, example)[""] / before
 
 
 @torch.no_grad()

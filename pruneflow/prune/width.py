@@ -78,7 +78,8 @@ def width_sites(model: nn.Module, example: Inputs, skipped: dict[str, str] | Non
     tables = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Embedding) and m.embedding_dim > 1]
     if not tables:
         return []
-    graph = build_graph(model, bind(model, example))
+    with torch.enable_grad():  # torch-pruning traces through autograd
+        graph = build_graph(model, bind(model, example))
     names = {m: n for n, m in model.named_modules()}
     ties = tied_groups(model)
     sites: list[WidthSite] = []
@@ -135,9 +136,11 @@ def prune_width(model: nn.Module, example: Inputs, site: str, remove: list[int])
     if len(remove) >= width:
         raise ValueError(f"cannot remove all {width} channels of the width of {site!r}")
     ties = tied_groups(model)
-    graph = build_graph(model, bind(model, example))
+    with torch.enable_grad():
+        graph = build_graph(model, bind(model, example))
     table = model.get_submodule(site)
-    graph.get_pruning_group(table, graph.get_pruner_of_module(table).prune_out_channels, remove).prune()
+    with torch.no_grad():
+        graph.get_pruning_group(table, graph.get_pruner_of_module(table).prune_out_channels, remove).prune()
     _retie(ties)
     for module in model.modules():
         if isinstance(module, HeadAttention):  # its q/k/v read the width, its out_proj writes it
