@@ -52,7 +52,7 @@ def quantize_checks(stage, state, ctx) -> list[Check]:
     calib = build_calibration_set(split, size=len(split), strategy="random", seed=ctx.seed)
     base = copy.deepcopy(state.model).eval()
     try:
-        quantized = quantize(copy.deepcopy(state.model), calib, cfg, ignore_loc=stage.loc("ignore"))
+        quantized = quantize(copy.deepcopy(state.model), calib, cfg, ignore_loc=stage.loc("ignore"), task=state.task)
         with torch.no_grad():
             call(quantized.eval(), to(state.data.eval.x, ctx.device))
     except StageError as exc:

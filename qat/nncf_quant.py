@@ -8,7 +8,7 @@ import copy
 import io
 import logging
 import re
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import torch
 from torch import nn
@@ -21,6 +21,9 @@ from pruneflow.calibrate.consumers import nncf_dataset
 
 from .nncf_setup import ensure_built
 from .settings import NncfSettings
+
+if TYPE_CHECKING:
+    from pruneflow.tasks import Task
 
 log = logging.getLogger("pruneflow")
 
@@ -169,7 +172,7 @@ def resolve_model_type(model: nn.Module, model_type: str) -> str:
 
 
 def quantize(model: nn.Module, calib: CalibrationSet, settings: NncfSettings | None = None, *,
-             ignore_loc: tuple = ("ignore",)) -> nn.Module:
+             ignore_loc: tuple = ("ignore",), task: Task | None = None) -> nn.Module:
     """Insert FakeQuantize operations and set their ranges from ``calib``, as ``settings`` say (default:
     ``NncfSettings()``; a qat/ptq stage passes its config). Returns the quantized model (under a
     ``SequentialRoot`` when the model's top module is an ``nn.Sequential``).
@@ -185,7 +188,8 @@ def quantize(model: nn.Module, calib: CalibrationSet, settings: NncfSettings | N
 
     ``model_type``: ``transformer`` uses NNCF's transformer model type (see ``nncf_quantize``), ``cnn`` its
     default, ``auto`` the former for text transformers (``resolve_model_type``). ``smooth_quant``: SmoothQuant's
-    alpha under the transformer type (None: off; see ``transformer_arguments``).
+    alpha under the transformer type (None: off; see ``transformer_arguments``). ``ranges: auto`` takes the
+    activation ranges ``task`` asks for (``Task.ranges``; NNCF's default without a task).
     """
     settings = settings or NncfSettings()
     batch_size = settings.batch_size
@@ -196,7 +200,7 @@ def quantize(model: nn.Module, calib: CalibrationSet, settings: NncfSettings | N
     first = to(next(calib.batches(batch_size)), params.device if params is not None else "cpu")
     was = model.training
     try:
-        quantized = nncf_quantize(model, dataset, items, first, settings, ignore_loc)
+        quantized = nncf_quantize(model, dataset, items, first, settings, ignore_loc, resolve_ranges(settings.ranges, task))
     except ConfigError:
         raise
     except Exception as exc:  # noqa: BLE001 - tracing failures come in many types
@@ -230,7 +234,15 @@ def deepcopyable_property_getters() -> None:
     copy._deepcopy_dispatch.setdefault(types.MethodWrapperType, copy._deepcopy_atomic)  # type: ignore[attr-defined]
 
 
-def nncf_quantize(model: nn.Module, dataset, items: int, example: Inputs, settings: NncfSettings, ignore_loc: tuple) -> nn.Module:
+def resolve_ranges(ranges: str, task: Task | None) -> str:
+    """``ranges`` with ``auto`` resolved: what ``task`` asks for (``Task.ranges``), NNCF's default without one."""
+    if ranges != "auto":
+        return ranges
+    return task.ranges() if task is not None else "mean_minmax"
+
+
+def nncf_quantize(model: nn.Module, dataset, items: int, example: Inputs, settings: NncfSettings, ignore_loc: tuple,
+                  ranges: str = "mean_minmax") -> nn.Module:
     """``nncf.quantize`` on ``model`` (rooted, see ``SequentialRoot``) with ``settings`` (its ``ignore`` resolved, its
     ``model_type`` resolved on ``model``: ``resolve_model_type``); a TorchScript module or an ``ignore`` entry
     selecting nothing is a ConfigError, anything else NNCF raises comes out as it is.
@@ -240,6 +252,10 @@ def nncf_quantize(model: nn.Module, dataset, items: int, example: Inputs, settin
     the int64 token inputs), with embedding lookups left out (``types: [embedding]``: the word-embedding
     table is stored int8 weight-only by pruneflow/export/embedding.py instead) and SmoothQuant at alpha
     ``settings.smooth_quant`` (see ``transformer_arguments``).
+
+    ``ranges`` (resolved: ``resolve_ranges``): ``minmax`` sets every activation quantizer's range from the extremes
+    of all calibration batches (NNCF's ``RangeEstimatorParametersSet.MINMAX``), ``mean_minmax`` is NNCF's default
+    for activations (the mean over batches of each batch's extremes).
     """
     import nncf
 
@@ -253,6 +269,14 @@ def nncf_quantize(model: nn.Module, dataset, items: int, example: Inputs, settin
     nodes = node_names(root, example) if any(not _matched_modules(names, i) for i in ignore) else None
     scope = without_tables(model, ignored_scope(model, ignore, ignore_loc, prefix, nodes), root, example, prefix)
     kwargs = {} if model_type != "transformer" else transformer_arguments(model, scope, settings.smooth_quant)
+    if ranges == "minmax":
+        from dataclasses import replace
+
+        from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters
+        from nncf.quantization.range_estimator import RangeEstimatorParametersSet
+
+        advanced = kwargs.get("advanced_parameters") or AdvancedQuantizationParameters()
+        kwargs["advanced_parameters"] = replace(advanced, activations_range_estimator_params=RangeEstimatorParametersSet.MINMAX)
     try:
         with quiet_nncf():
             quantized = nncf.quantize(root, dataset, subset_size=items, preset=nncf.QuantizationPreset(settings.preset),

@@ -27,6 +27,12 @@ class NncfSettings(StrictModel):
         "to TensorRT's convention and (as uint8: zero point 0 after a ReLU, 128 elsewhere) to CPU runtimes; `auto`: NNCF may use unsigned "
         "quantizers after ReLU (finer there, but no exact TensorRT form).",
     )
+    ranges: Literal["auto", "minmax", "mean_minmax"] = Field(
+        default="auto", description="How each activation quantizer's range is set from the calibration samples: `minmax` "
+        "(the extremes seen: no calibration value is clipped), `mean_minmax` (NNCF's default: the mean over batches of each "
+        "batch's extremes: a finer grid, rare tails clipped); `auto`: what the task asks for, `minmax` for regression (a "
+        "clipped tail moves that sample's prediction: +28 % INT8 MSE on an MLP regressor with `mean_minmax`, +0.8 % with "
+        "`minmax`), `mean_minmax` otherwise.")
     model_type: Literal["auto", "cnn", "transformer"] = Field(
         default="auto", description="NNCF's model type. `transformer`: Linear inputs and the attention score MatMul quantized; "
         "LayerNorm, Softmax, GELU, the context MatMul and embedding lookups kept float (the word-embedding table is stored "

@@ -19,7 +19,7 @@ from pruneflow.handle import ModelHandle
 from pruneflow.stage import Stage, StageConfig, StageResult, StrictModel
 from pruneflow.train import FinetuneSettings, fit
 
-from .nncf_quant import SequentialRoot, is_ranker, quantize, quantizer_parameters, smoothed_inputs
+from .nncf_quant import SequentialRoot, is_ranker, quantize, quantizer_parameters, resolve_ranges, smoothed_inputs
 from .precision import fp16_rounding
 from .sensitivity import Sensitivity, sensitivity_control
 from .settings import NncfSettings
@@ -77,8 +77,10 @@ def _calibration(stage: Stage, state, ctx):
     from pruneflow.calibrate.build import build_calibration_set
 
     split = state.data.train if state.data.train is not None else state.data.eval
+    tails = (" (this task's ranges are the extremes seen, so a calibrate stage of more samples reaches more of the "
+             "tails)" if resolve_ranges(stage.config.ranges, state.task) == "minmax" else "")
     ctx.reporter.warning(f"{stage.id}: no calibrate stage ran; initialising ranges from {stage.config.calibration_size} "
-                         "random training samples")
+                         f"random training samples{tails}")
     return build_calibration_set(split, size=stage.config.calibration_size, strategy="random", seed=ctx.seed)
 
 
@@ -151,7 +153,10 @@ def _int8(stage: Stage, state, ctx, calibration: Callable) -> ModelHandle:
     if snapped:
         ctx.reporter.info(f"{stage.id}: embedding table(s) {', '.join(snapped)} put on the int{cfg.table_bits} grid the "
                           "export stores them in (weight-only, per-row scales) and frozen")
-    quantized = quantize(state.model, calibration(), cfg, ignore_loc=stage.loc("ignore"))
+    quantized = quantize(state.model, calibration(), cfg, ignore_loc=stage.loc("ignore"), task=state.task)
+    if cfg.ranges == "auto" and resolve_ranges("auto", state.task) == "minmax":
+        ctx.reporter.info(f"{stage.id}: activation ranges from the extremes the calibration samples reach (ranges: auto, "
+                          f"for a {state.task.name} task: a clipped tail moves that sample's prediction)")
     smoothed = smoothed_inputs(quantized)
     if smoothed:
         ctx.reporter.info(f"{stage.id}: SmoothQuant (alpha {cfg.smooth_quant:g}) rescaled {smoothed} quantized Linear input(s) "

@@ -3,6 +3,7 @@ regressor through train → prune → ptq → export with its INT8 MSE against t
 
 from __future__ import annotations
 
+import copy
 import json
 
 import numpy as np
@@ -44,14 +45,48 @@ def test_regression_parity_is_relative_error():
     assert figures["relative_error"] == pytest.approx(0.01, rel=1e-4)
 
 
+def test_a_regressions_activation_ranges_reach_the_extremes_it_was_calibrated_on():
+    """`ranges: auto` is minmax for regression (and a multi-task model with a value head), NNCF's mean of each batch's
+    extremes otherwise; with minmax the input quantizer's range covers the one far sample of the calibration set, so
+    the INT8 model's prediction for it stays close (with the mean of the batches' extremes it is clipped)."""
+    from pruneflow.calibrate.calibset import CalibrationSet
+    from pruneflow.qat.nncf_quant import quantize, resolve_ranges
+    from pruneflow.qat.settings import NncfSettings
+    from pruneflow.zoo.mlp import mlp
+
+    assert resolve_ranges("auto", make_task("regression")) == "minmax"
+    assert resolve_ranges("auto", make_task("classification")) == "mean_minmax" and resolve_ranges("auto", None) == "mean_minmax"
+    assert resolve_ranges("mean_minmax", make_task("regression")) == "mean_minmax"
+    multi = make_task({"type": "multi", "heads": {"click": "binary", "dwell": "regression"}})
+    assert resolve_ranges("auto", multi) == "minmax"
+    assert resolve_ranges("auto", make_task({"type": "multi", "heads": {"click": "binary", "finish": "binary"}})) == "mean_minmax"
+
+    torch.manual_seed(0)
+    model = mlp(4, hidden=16, out_features=1).eval()
+    x = torch.randn(256, 4)
+    x[7] = 6.0  # one sample far out in every feature, in one of eight batches of 32
+    with torch.no_grad():
+        want = model(x[7:8])
+    errors = {}
+    for ranges in ("minmax", "mean_minmax"):
+        quantized = quantize(copy.deepcopy(model), CalibrationSet(x=x.clone()), NncfSettings(ranges=ranges),
+                             task=make_task("regression"))
+        with torch.no_grad():
+            errors[ranges] = float((quantized(x[7:8]) - want).abs())
+    print(errors)  # pytest -s
+    assert errors["minmax"] < 0.2 * errors["mean_minmax"], errors
+
+
 @pytest.mark.slow
 def test_a_regressor_prunes_quantizes_and_exports_with_int8_mse_close_to_fp32(tmp_path):
     """The issue's bar (24): INT8 MSE within 2 % of the FP32 model's, held by the recipe's gate and asserted here.
 
-    On 2,000 eval rows of a well-fit MLP (FP32 MSE 0.0083, the noise floor 0.0025), per-tensor INT8 activations add
-    ~0.0018 of MSE: +22 % (onnxruntime and OpenVINO alike; the accuracy control's one-layer fallback still leaves
-    +4.6 %). The 1,000-row version of this test held 5 % only because its model fit worse. Until the product holds
-    2 % here the test is an expected failure naming the figures, never a pass (issue 41)."""
+    On 2,000 eval rows of a well-fit MLP (FP32 MSE 0.0083, the noise floor 0.0025). With NNCF's default activation
+    ranges (the mean over batches of each batch's extremes) INT8 added +22 % of MSE: the tails were clipped. A
+    regression task calibrates with the extremes seen (`ranges: auto` -> minmax, tasks/regression.py), which hold
+    the tails the calibration samples reach: measured on this model +1.0 % from the calibrate stage's 512 samples
+    (ONNX and IR; -0.02 % and +0.04 % from 512 and 1,024 random ones), +2.02 % from 256 and +2.05 % from 300 (the ptq
+    stage's own default without a calibrate stage), whose extremes fall short of the eval split's."""
     gen = np.random.default_rng(1)
     n = 8000  # 2,000 eval rows: the 2 % bar is not lost in the noise of a few hundred
     x = gen.normal(size=(n, 6)).astype(np.float32)
@@ -65,7 +100,8 @@ def test_a_regressor_prunes_quantizes_and_exports_with_int8_mse_close_to_fp32(tm
             {"type": "train", "epochs": 40, "batch_size": 32, "optimizer": "adamw", "lr": 0.003, "weight_decay": 0.0},
             {"type": "prune", "importance": "taylor", "target": {"macs": 0.6},
              "finetune": {"epochs": 3, "batch_size": 32, "optimizer": "adamw", "lr": 0.001, "weight_decay": 0.0}},
-            {"type": "ptq", "calibration_size": 256},
+            {"type": "calibrate"},
+            {"type": "ptq"},
             {"type": "export", "targets": ["onnx", "openvino"], "precisions": ["fp32", "int8"], "latency": None},
         ],
         "gates": [{"metric": "onnx.int8.mse", "baseline": "onnx.fp32.mse", "max_drop_relative": 0.02}],
@@ -82,6 +118,4 @@ def test_a_regressor_prunes_quantizes_and_exports_with_int8_mse_close_to_fp32(tm
     assert fp32["relative_error"] < 1e-4 and fp32["r2"] > 0.8
     worse = {name: artifacts[name]["mse"] / fp32["mse"] - 1 for name in ("model.int8.onnx", "model.int8.xml")}
     print({n: round(m["mse"], 5) for n, m in artifacts.items()})  # pytest -s
-    if failed or max(worse.values()) > 0.02:
-        pytest.xfail("INT8 MSE above FP32's by " + ", ".join(f"{n} {w:+.1%}" for n, w in worse.items()) +
-                     f" (FP32 {fp32['mse']:.5f}): the issue's 2 % is not met on this well-fit regressor")
+    assert not failed and max(worse.values()) <= 0.02, worse

@@ -101,6 +101,10 @@ class MultiTask(Task):
             only = next(iter(self.heads.values()))
             self.agreement, self.agreement_limits = only.agreement, only.agreement_limits  # type: ignore[misc]
 
+    def ranges(self) -> str:
+        """``minmax`` when any head's task asks for it (one head that is a value: its tails count), else NNCF's."""
+        return "minmax" if any(t.ranges() == "minmax" for t in self.heads.values()) else "mean_minmax"
+
     # ---------------------------------------------------------------- the heads as one tensor
 
     @property
