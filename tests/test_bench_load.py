@@ -73,8 +73,19 @@ def test_sweep_serves_every_request_once_and_the_figures_agree(artifacts, tmp_pa
         if lane["max_batch"] == 1:
             assert all(p["mean_batch"] == 1.0 for p in lane["points"])
     best = {b["variant"]: b for b in doc["best"]}
-    assert set(best) == {str(onnx_path), str(xml)} and all(b["qps"] == 120.0 for b in best.values())
-    assert doc["reference"] and all(b["vs_fp32_one_at_a_time"] == 1.0 for b in best.values())
+    assert set(best) == {str(onnx_path), str(xml)}
+    # each artifact's best is the highest knee among its lanes (which rates a host holds is a benchmark's question:
+    # benchmarks/results/load_*.md), and its ratio is to the FP32 lane served one request at a time
+    named = {f"{la['variant']} · {la['runtime_label']} · {la['policy']} · {la['threads']}t": la for la in lanes}
+    reference = named[doc["reference"]] if doc["reference"] else None
+    for variant, b in best.items():
+        knees = [la["knee_qps"] for la in lanes if la["variant"] == variant and la["knee_qps"]]
+        if not knees:
+            assert "no lane held" in b["why"]
+            continue
+        assert b["qps"] == max(knees) and b["policy"] in {la["policy"] for la in lanes if la["knee_qps"] == max(knees)}
+        if reference is not None:
+            assert b["vs_fp32_one_at_a_time"] == pytest.approx(b["qps"] / reference["knee_qps"])
     html = (tmp_path / "load.html").read_text()
     assert html.count("<svg") == 2 and "p99 latency against offered load" in html
     from prometheus_client.parser import text_string_to_metric_families
@@ -140,6 +151,10 @@ def test_load_files_of_two_hosts_merge_and_bad_files_are_named(artifacts, tmp_pa
     result = _load(onnx_path, "--load", "--rate", "30,60", "--max-batch", "1", "--duration", "0.3", "--json", here)
     assert result.exit_code == 0, result.output
     doc = json.loads(here.read_text())
+    for lane in doc["lanes"]:  # this host held both rates (which rates a loaded host holds is a benchmark's question;
+        for point in lane["points"]:  # here, the merge's arithmetic)
+            point |= {"keeps_up": True, "p99_ms": min(point["p99_ms"], 100.0)}
+    here.write_text(json.dumps(doc))
     doc["host"] |= {"label": "other-host"}
     for lane in doc["lanes"]:
         lane["variant"] = "/elsewhere/" + onnx_path.name  # the same artifact, in another folder on the other host
