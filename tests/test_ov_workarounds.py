@@ -18,30 +18,37 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from pruneflow.export.ov_workarounds import prepared_for_openvino  # noqa: E402
 
 
-def _concat_conv(tmp_path, channels=(4, 12), zero_points=(128, 0), pads=1, name="m.onnx"):
-    """``Concat(DQ(Q(a), zp_a), DQ(Clip(Q(b), 0, 127), zp_b)) -> Conv 3x3`` with int8 weights per output channel, as
-    the u8s8 INT8 ONNX writes a U-Net's decoder (a ConvTranspose output at zero point 128, a ReLU skip at 0 clipped to
-    int8's 127: one scale, both on int8's grid). Weights within +-60 keep AVX2's int16 pair sums from saturating, so
-    only the zero points can go wrong."""
+def _concat_conv(tmp_path, channels=(4, 12), zero_points=(128, 0), pads=1, nested=False):
+    """``Concat(DQ(Q(x0), zp0), DQ(Clip(Q(x1), 0, 127), zp1), ...) -> Conv 3x3`` with int8 weights per output channel,
+    as the u8s8 INT8 ONNX writes a U-Net's decoder (a ConvTranspose output at zero point 128, a ReLU skip at 0 clipped
+    to int8's 127: one scale, both on int8's grid); ``nested``: the first two joined by a Concat of their own.
+    Weights within +-60 keep AVX2's int16 pair sums from saturating, so only the zero points can go wrong."""
     rng = np.random.default_rng(0)
     cin, cout = sum(channels), 8
-    consts = {"s": np.array(0.05, np.float32), "za": np.array(zero_points[0], np.uint8), "zb": np.array(zero_points[1], np.uint8),
-              "w": rng.integers(-60, 61, (cout, cin, 3, 3)).astype(np.int8), "ws": np.full(cout, 0.01, np.float32),
-              "wz": np.zeros(cout, np.int8), "bias": rng.standard_normal(cout).astype(np.float32),
+    consts = {"s": np.array(0.05, np.float32), "w": rng.integers(-60, 61, (cout, cin, 3, 3)).astype(np.int8),
+              "ws": np.full(cout, 0.01, np.float32), "wz": np.zeros(cout, np.int8), "bias": rng.standard_normal(cout).astype(np.float32),
               "lo": np.array(0, np.uint8), "hi": np.array(127, np.uint8)}
-    nodes = [helper.make_node("QuantizeLinear", ["a", "s", "za"], ["qa"]), helper.make_node("DequantizeLinear", ["qa", "s", "za"], ["da"]),
-             helper.make_node("QuantizeLinear", ["b", "s", "zb"], ["qb"]), helper.make_node("Clip", ["qb", "lo", "hi"], ["cb"]),
-             helper.make_node("DequantizeLinear", ["cb", "s", "zb"], ["db"]),
-             helper.make_node("Concat", ["da", "db"], ["cat"], axis=1),
-             helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wf"], axis=0),
-             helper.make_node("Conv", ["cat", "wf", "bias"], ["y"], kernel_shape=[3, 3], pads=[pads] * 4, name="conv")]
-    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["B", c, 16, 16]) for n, c in zip("ab", channels)]
+    nodes, feeds = [], {}
+    for i, (count, zp) in enumerate(zip(channels, zero_points)):
+        consts[f"z{i}"] = np.array(zp, np.uint8)
+        q = [helper.make_node("QuantizeLinear", [f"x{i}", "s", f"z{i}"], [f"q{i}"])]
+        if zp == 0:  # a ReLU output: int8's positive half
+            q.append(helper.make_node("Clip", [f"q{i}", "lo", "hi"], [f"q{i}c"]))
+        nodes += q + [helper.make_node("DequantizeLinear", [q[-1].output[0], "s", f"z{i}"], [f"d{i}"])]
+        x = 2 * rng.standard_normal((2, count, 16, 16)).astype(np.float32)
+        feeds[f"x{i}"] = x if zp else np.abs(x)
+    joined = [f"d{i}" for i in range(len(channels))]
+    if nested:
+        nodes.append(helper.make_node("Concat", joined[:2], ["inner"], axis=1))
+        joined = ["inner"] + joined[2:]
+    nodes += [helper.make_node("Concat", joined, ["cat"], axis=1),
+              helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wf"], axis=0),
+              helper.make_node("Conv", ["cat", "wf", "bias"], ["y"], kernel_shape=[3, 3], pads=[pads] * 4, name="conv")]
+    inputs = [helper.make_tensor_value_info(f"x{i}", TensorProto.FLOAT, ["B", c, 16, 16]) for i, c in enumerate(channels)]
     graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
                               [numpy_helper.from_array(v, k) for k, v in consts.items()])
-    path = tmp_path / name
+    path = tmp_path / "m.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
-    feeds = {"a": 2 * rng.standard_normal((2, channels[0], 16, 16)).astype(np.float32),
-             "b": np.abs(2 * rng.standard_normal((2, channels[1], 16, 16))).astype(np.float32)}
     return path, feeds
 
 
@@ -63,6 +70,16 @@ def test_a_padded_conv_of_a_concat_with_two_zero_points_is_split_and_openvino_co
     if ov.__version__.startswith("2026.4") and platform.machine().lower() in ("x86_64", "amd64"):
         # the fault this rewrite works around, on the version it was found in: only the padded border is wrong
         assert before.max() > 1 and before[..., 1:-1, 1:-1].max() < 1e-3
+
+
+def test_a_nested_concat_is_split_into_every_branch(tmp_path):
+    path, feeds = _concat_conv(tmp_path, channels=(4, 4, 8), zero_points=(128, 0, 0), nested=True)
+    want = ort.InferenceSession(str(path)).run(None, feeds)[0]
+    rewritten = prepared_for_openvino(path, tmp_path)
+    ops = [n.op_type for n in onnx.load(str(rewritten)).graph.node]
+    assert "Concat" not in ops and ops.count("Conv") == 3 and ops.count("Add") == 2
+    assert np.abs(ort.InferenceSession(str(rewritten)).run(None, feeds)[0] - want).max() < 1e-4
+    assert np.abs(_openvino(rewritten, feeds) - want).max() < 1e-3
 
 
 @pytest.mark.parametrize("case", [{"zero_points": (128, 128)}, {"pads": 0}])

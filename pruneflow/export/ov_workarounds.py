@@ -133,20 +133,21 @@ def _split_mixed_zero_point_convs(model) -> bool:
         concat = producers.get(conv.input[0])
         if concat is None or concat.op_type != "Concat" or _attr(concat, "axis", 0) != 1:
             continue
-        zero_points = [_zero_point(producers.get(name), inits) for name in concat.input]
+        branches, concats = _branches(concat, producers)
+        zero_points = [_zero_point(producers.get(name), inits) for name in branches]
         if any(z is None for z in zero_points) or len(set(zero_points)) < 2:
             continue
         if shapes is None:
             inferred = shape_inference.infer_shapes(model).graph
             shapes = {v.name: v.type.tensor_type.shape for v in list(inferred.value_info) + list(inferred.input)}
-        channels = [_channels(shapes.get(name)) for name in concat.input]
+        channels = [_channels(shapes.get(name)) for name in branches]
         weight = _weight(conv.input[1], producers, inits)
         if any(c is None for c in channels) or weight is None or weight[0].shape[1] != sum(channels):
             continue
         w, dq = weight
         parts: list[str] = []
         start = 0
-        for i, (name, count) in enumerate(zip(concat.input, channels)):
+        for i, (name, count) in enumerate(zip(branches, channels)):
             w_name = _unique(inits, f"{conv.input[1]}_part{i}")
             inits[w_name] = numpy_helper.from_array(np.ascontiguousarray(w[:, start : start + count]), w_name)
             graph.initializer.append(inits[w_name])
@@ -171,9 +172,25 @@ def _split_mixed_zero_point_convs(model) -> bool:
             for offset, node in enumerate(new):
                 graph.node.insert(index + offset, node)
         graph.node.remove(conv)
-        _drop_unread(graph, [concat] + ([dq] if dq is not None else []), [dq.input[0] if dq is not None else conv.input[1]], inits)
+        _drop_unread(graph, concats + ([dq] if dq is not None else []), [dq.input[0] if dq is not None else conv.input[1]], inits)
         changed = True
     return changed
+
+
+def _branches(concat, producers) -> tuple[list[str], list]:
+    """The tensors a channel Concat joins, those of the channel Concats among its inputs in their place (DenseNet-style
+    nesting), and every Concat met, outermost first: each Conv of the split reads one of the tensors."""
+    found: list[str] = []
+    concats = [concat]
+    for name in concat.input:
+        inner = producers.get(name)
+        if inner is not None and inner.op_type == "Concat" and _attr(inner, "axis", 0) == 1:
+            names, nested = _branches(inner, producers)
+            found += names
+            concats += nested
+        else:
+            found.append(name)
+    return found, concats
 
 
 def _unique(taken, name: str) -> str:
