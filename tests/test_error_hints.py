@@ -153,8 +153,8 @@ def _raises_without_hint() -> list[str]:
             func = node.exc.func
             name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
             text = ast.unparse(node.exc)
-            if name in _INPUT_ERRORS and not any(k.arg == "hint" for k in node.exc.keywords) \
-                    and not any(word in text for word in ("known:", "columns:")):
+            hinted = any(k.arg == "hint" for k in node.exc.keywords) or any(w in text for w in ("known:", "columns:"))
+            if name in _INPUT_ERRORS and not hinted:
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno} {text[:100]}")
     return found
 

@@ -123,8 +123,7 @@ def _split_mixed_zero_point_convs(model) -> bool:
     different per-tensor zero points as one Conv per Concat input, over the weights of that input's channels, the
     bias on the first, summed by ``Add`` into the Conv's output (see the module docstring). Convs whose channel
     counts or weights are not constant here are left as they are."""
-    import numpy as np
-    from onnx import helper, numpy_helper, shape_inference
+    from onnx import shape_inference
 
     graph = model.graph
     producers = {out: node for node in graph.node for out in node.output}
@@ -151,37 +150,46 @@ def _split_mixed_zero_point_convs(model) -> bool:
         weight = _weight(conv.input[1], producers, inits)
         if any(c is None for c in channels) or weight is None or weight[0].shape[1] != sum(channels):
             continue
-        w, dq = weight
-        parts: list[str] = []
-        start = 0
-        for i, (name, count) in enumerate(zip(branches, channels)):
-            w_name = _unique(inits, f"{conv.input[1]}_part{i}")
-            inits[w_name] = numpy_helper.from_array(np.ascontiguousarray(w[:, start : start + count]), w_name)
-            graph.initializer.append(inits[w_name])
-            start += count
-            new: list = []
-            if dq is not None:
-                new.append(helper.make_node("DequantizeLinear", [w_name, *dq.input[1:]], [w_name + "_dq"],
-                                            name=f"{dq.name}_part{i}", axis=_attr(dq, "axis", 1)))
-                w_name += "_dq"
-            out = f"{conv.output[0]}_part{i}"
-            inputs = [name, w_name] + (list(conv.input[2:3]) if i == 0 else [])
-            conv_i = helper.make_node("Conv", inputs, [out], name=f"{conv.name}_part{i}")
-            conv_i.attribute.extend(conv.attribute)
-            new.append(conv_i)
-            if parts:
-                last = i == len(channels) - 1
-                total = conv.output[0] if last else f"{conv.output[0]}_sum{i}"
-                new.append(helper.make_node("Add", [parts[-1], out], [total], name=f"{conv.name}_sum{i}"))
-                out = total
-            parts.append(out)
-            index = list(graph.node).index(conv)
-            for offset, node in enumerate(new):
-                graph.node.insert(index + offset, node)
-        graph.node.remove(conv)
+        _split_conv(graph, conv, list(zip(branches, channels)), weight, inits)
+        dq = weight[1]
         _drop_unread(graph, concats + ([dq] if dq is not None else []), [dq.input[0] if dq is not None else conv.input[1]], inits)
         changed = True
     return changed
+
+
+def _split_conv(graph, conv, branches: list, weight: tuple, inits: dict) -> None:
+    """Replace ``conv`` in ``graph`` by one Conv per ``(tensor, channels)`` of ``branches`` over those channels of
+    ``weight`` (``(weights, their DequantizeLinear or None)``), the bias on the first, summed into its output."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    w, dq = weight
+    parts: list[str] = []
+    start = 0
+    for i, (name, count) in enumerate(branches):
+        w_name = _unique(inits, f"{conv.input[1]}_part{i}")
+        inits[w_name] = numpy_helper.from_array(np.ascontiguousarray(w[:, start : start + count]), w_name)
+        graph.initializer.append(inits[w_name])
+        start += count
+        new: list = []
+        if dq is not None:
+            new.append(helper.make_node("DequantizeLinear", [w_name, *dq.input[1:]], [w_name + "_dq"],
+                                        name=f"{dq.name}_part{i}", axis=_attr(dq, "axis", 1)))
+            w_name += "_dq"
+        out = f"{conv.output[0]}_part{i}"
+        conv_i = helper.make_node("Conv", [name, w_name] + (list(conv.input[2:3]) if i == 0 else []), [out],
+                                  name=f"{conv.name}_part{i}")
+        conv_i.attribute.extend(conv.attribute)
+        new.append(conv_i)
+        if parts:
+            total = conv.output[0] if i == len(branches) - 1 else f"{conv.output[0]}_sum{i}"
+            new.append(helper.make_node("Add", [parts[-1], out], [total], name=f"{conv.name}_sum{i}"))
+            out = total
+        parts.append(out)
+        index = list(graph.node).index(conv)
+        for offset, node in enumerate(new):
+            graph.node.insert(index + offset, node)
+    graph.node.remove(conv)
 
 
 def _branches(concat, producers) -> tuple[list[str], list]:
