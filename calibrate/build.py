@@ -78,7 +78,7 @@ def build_calibration_set(split: Split, *, size: int, strategy: str, seed: int, 
     if strategy not in STRATEGIES:
         raise ConfigError(("strategy",), f"unknown strategy; known: {', '.join(STRATEGIES)}", value=strategy)
     if size < 1:
-        raise ConfigError(("size",), "must be at least 1", value=size)
+        raise ConfigError(("size",), "must be at least 1", value=size, hint="e.g. size: 512, the samples to keep")
     if len(split) == 0:
         raise InputError("calibrate: the source holds no samples", hint="point at a source with data in it")
     keep = first_occurrences(content_hashes(split.x)) if dedupe else np.arange(len(split))

@@ -112,7 +112,8 @@ class CalibrationSet:
         meta = {k: v for k, v in info.items() if k in ("source", "strategy", "seed", "size", "by", "features", "indices")}
         calib = cls(x, y, meta)
         if calib.fingerprint != info["fingerprint"]:
-            raise InputError(f"{folder}: the samples do not match the fingerprint in calibration.json (changed on disk?)")
+            raise InputError(f"{folder}: the samples do not match the fingerprint in calibration.json (changed on disk?)",
+                             hint="build it again: `pruneflow calibrate SOURCE --out FOLDER` (or the recipe's calibrate stage)")
         return calib
 
 

@@ -59,9 +59,10 @@ def calibrate_source(source: Path, out: Path, *, size: int, strategy: str, by: s
     if strategy not in STRATEGIES:
         raise UsageError(f"--strategy: unknown strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
     if size < 1:
-        raise UsageError("--size must be at least 1")
+        raise UsageError("--size must be at least 1", hint="e.g. --size 512: samples to keep")
     if not source.exists():
-        raise InputError(f"calibration source not found: {source}")
+        raise InputError(f"calibration source not found: {source}", hint="SOURCE is a data file or folder (npz, csv, json, parquet, "
+                         "an image folder, a save_to_disk folder); check the path")
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "calibration.json").is_file())):
         raise InputError(f"--out {out} exists and is not a calibration set; refusing to replace it",
                          hint="choose a new or empty folder for --out")
@@ -76,7 +77,8 @@ def calibrate_source(source: Path, out: Path, *, size: int, strategy: str, by: s
         try:
             groups = length_buckets(split.x)
         except ValueError as exc:
-            raise UsageError(f"--by length: {exc}") from None
+            raise UsageError(f"--by length: {exc}", hint="--by length needs tokenized text: pass --recipe with a recipe whose data has a "
+                             "tokenizer, or stratify --by label or a column") from None
     elif strategy == "stratified" and by not in ("label", label_column or spec.label_column):
         if by not in ds.column_names:
             raise UsageError(f"--by: the source has no column {by!r}; columns: {', '.join(ds.column_names)}")

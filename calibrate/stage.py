@@ -110,7 +110,8 @@ class CalibrateStage(Stage[CalibrateConfig]):
         else:  # stratifying the recipe's data by another column than the label: refused by recipe_rules
             split = state.data.train if cfg.split == "train" else state.data.eval
             if split is None:
-                raise ConfigError(self.loc("split"), f"the recipe's data has no {cfg.split} split", value=cfg.split)
+                raise ConfigError(self.loc("split"), f"the recipe's data has no {cfg.split} split", value=cfg.split,
+                                  hint="calibrate on the split the data has (split: train or eval), or on a file: source: {path: ...}")
             where = f"recipe data ({cfg.split} split)"
         if cfg.strategy == "stratified" and cfg.by == "length":  # token-count buckets, even where a column is named so
             groups = self._length_buckets(split)

@@ -80,6 +80,10 @@ def describe_structure(model: nn.Module) -> dict[str, dict]:
             for name, m in model.named_modules()}
 
 
+#: What to do with a checkpoint file that cannot be used: the run that wrote it can write it again.
+_RERUN = ("re-run the stage that wrote it (`pruneflow optimize RECIPE --out OUT --resume` redoes a stage whose checkpoint "
+          "is damaged); a state_dict of your own goes in the recipe's model.checkpoint")
+
 def restore_structure(model: nn.Module, structure: dict[str, dict], state_dict: dict[str, torch.Tensor], path: Path) -> nn.Module:
     """A copy of ``model`` (built from the recipe) reshaped to ``structure``, with ``state_dict`` loaded.
 
@@ -87,7 +91,7 @@ def restore_structure(model: nn.Module, structure: dict[str, dict], state_dict: 
     copy beyond what the structure and the weights describe.
     """
     if not isinstance(structure, dict) or not all(isinstance(d, dict) and isinstance(d.get("attrs"), dict) for d in structure.values()):
-        raise InputError(f"{path} is not a pruneflow checkpoint (its structure is malformed)")
+        raise InputError(f"{path} is not a pruneflow checkpoint (its structure is malformed)", hint=_RERUN)
     _check_dtypes(model, state_dict, path)
     model = copy.deepcopy(model)
     _reshape_modules(model, structure, path)
@@ -103,7 +107,7 @@ def _check_dtypes(model: nn.Module, state_dict: dict[str, torch.Tensor], path: P
     """Each tensor must be of the kind (int, float, bool) of the recipe model's: reshaping takes the file's dtype,
     and ``load_state_dict`` would cast the rest silently."""
     if not isinstance(state_dict, dict) or not all(isinstance(v, torch.Tensor) for v in state_dict.values()):
-        raise InputError(f"{path} is not a pruneflow checkpoint (its state_dict holds more than tensors)")
+        raise InputError(f"{path} is not a pruneflow checkpoint (its state_dict holds more than tensors)", hint=_RERUN)
     try:
         check_dtypes(model.state_dict(), state_dict, path)
     except InputError as exc:
@@ -175,7 +179,8 @@ def load_checkpoint(path: Path, into: nn.Module | None = None) -> ModelHandle:
     path = Path(path)
     payload = _current(_read(path), path)
     if into is None:
-        raise InputError(f"{path} holds weights and structure, not code: the model to load them into is built from the recipe")
+        raise InputError(f"{path} holds weights and structure, not code: the model to load them into is built from the recipe",
+                         hint="pass into=build_model(recipe.model), the model the run's recipe builds; or `pruneflow inspect RUN_DIR`")
     base = restore_structure(into, payload["structure"], payload["state_dict"], path)
     kind = registry.model_kinds.get(payload["kind"])()
     try:
@@ -200,12 +205,13 @@ class PickledCheckpointError(InputError):
 def _read(path: Path) -> Any:
     """The file's contents through weights-only loading; every way that fails is an InputError naming the file."""
     if not path.is_file():
-        raise InputError(f"checkpoint not found: {path}")
+        raise InputError(f"checkpoint not found: {path}", hint="a stage writes RUN_DIR/stages/NN-STAGE/model.pt (manifest.json lists "
+                         "them); check the path, or run the recipe first")
     try:
         return _weights_only_load(path)
     except pickle.UnpicklingError as exc:
         if "Unsupported global" not in str(exc) and "GLOBAL" not in str(exc):
-            raise InputError(f"{path} is not a readable checkpoint (not a torch file, or damaged)") from exc
+            raise InputError(f"{path} is not a readable checkpoint (not a torch file, or damaged)", hint=_RERUN) from exc
         raise PickledCheckpointError(
             f"{path} holds pickled Python objects (e.g. a whole module), which pruneflow never unpickles: "
             "its checkpoints are weights, structure and plain values",
@@ -213,7 +219,7 @@ def _read(path: Path) -> Any:
             "or save the model's state_dict and use model.checkpoint",
         ) from exc
     except Exception as exc:  # noqa: BLE001 - truncated or not a torch file
-        raise InputError(f"{path} is not a readable checkpoint: {type(exc).__name__}: {exc}") from exc
+        raise InputError(f"{path} is not a readable checkpoint: {type(exc).__name__}: {exc}", hint=_RERUN) from exc
 
 
 def _current(payload: Any, path: Path) -> dict[str, Any]:
@@ -226,7 +232,7 @@ def _current(payload: Any, path: Path) -> dict[str, Any]:
                          hint="re-run the stage that wrote it with this version of pruneflow")
     missing = [k for k in ("kind", "structure", "state_dict", "meta", "kind_payload") if k not in payload]
     if missing:
-        raise InputError(f"{path} is not a pruneflow checkpoint (it has no {', '.join(missing)})")
+        raise InputError(f"{path} is not a pruneflow checkpoint (it has no {', '.join(missing)})", hint=_RERUN)
     return payload
 
 

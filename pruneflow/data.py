@@ -237,11 +237,13 @@ def _load_source(fmt: str, path: str, field_name: str):
                         hint="point data.train and data.eval at single-split folders instead",
                     )
         else:  # pragma: no cover - the recipe model restricts formats
-            raise InputError(f"unknown data format {fmt!r}")
+            raise InputError(f"unknown data format {fmt!r}", hint="data.format: npz, csv, json, parquet, imagefolder or disk")
     except (InputError, MissingDependencyError):
         raise
     except Exception as exc:  # noqa: BLE001 - datasets raises many types for unreadable files
-        raise InputError(f"{field_name}: could not read {p} as {fmt}: {type(exc).__name__}: {exc}") from exc
+        raise InputError(f"{field_name}: could not read {p} as {fmt}: {type(exc).__name__}: {exc}",
+                         hint=f"check that {p} is {fmt} data, or set data.format to what it holds (npz, csv, json, parquet, "
+                         "imagefolder, disk: a datasets save_to_disk folder)") from exc
     if len(ds) == 0:
         raise InputError(f"{field_name}: {p} holds no rows (empty dataset)", hint="point at a file with samples in it")
     return ds, class_names
@@ -298,7 +300,8 @@ def _npz(path: Path):
     _check_npz_fits(path)
     arrays = dict(np.load(path, allow_pickle=False))
     if not arrays:
-        raise InputError(f"data: {path} holds no arrays")
+        raise InputError(f"data: {path} holds no arrays", hint="write it with np.savez(path, x=inputs, y=labels) and name the keys "
+                         "in data.input_column and data.label_column")
     class_names = None
     if "class_names" in arrays:
         class_names = [str(n) for n in arrays.pop("class_names")]
@@ -316,7 +319,9 @@ def _npz(path: Path):
         elif len(shape) in array_types:
             features[key] = array_types[len(shape)](shape, dtype)
         else:
-            raise InputError(f"data: array {key!r} in {path} has {arr.ndim} dimensions; at most 6 are supported")
+            raise InputError(f"data: array {key!r} in {path} has {arr.ndim} dimensions; at most 6 are supported",
+                             hint="merge trailing axes before saving (samples first, at most 5 more) and reshape them back in "
+                             "the model's forward")
     return datasets.Dataset.from_dict(columns, features=datasets.Features(features)), class_names
 
 
@@ -530,7 +535,8 @@ def _to_split(ds, spec: DataSpec, role: str, require_label: bool = True, task: "
     if spec.tokenizer:
         return Split(_tokenize(ds, _input_columns(ds, spec, label), spec), torch.from_numpy(y))
     if spec.features is not None and schema is None:  # pragma: no cover - every caller passes the run's schema
-        raise InputError(f"{role}: tabular data needs the vocabularies fitted on the recipe's training split")
+        raise InputError(f"{role}: tabular data needs the vocabularies fitted on the recipe's training split",
+                         hint="pass schema=, the run's fitted schema (load_data returns it as data.tabular)")
     if schema is not None:
         if not len(ds):
             raise InputError(f"data: the {role} split is empty", hint="use more data or a smaller eval_fraction")
@@ -586,7 +592,9 @@ def load_tokenizer(path: str):
         else:
             tok = transformers.AutoTokenizer.from_pretrained(str(p), local_files_only=True, trust_remote_code=False)
     except Exception as exc:  # noqa: BLE001 - transformers raises many types for unreadable folders
-        raise InputError(f"data.tokenizer: could not load a tokenizer from {p}: {type(exc).__name__}: {exc}") from exc
+        raise InputError(f"data.tokenizer: could not load a tokenizer from {p}: {type(exc).__name__}: {exc}",
+                         hint="point at a folder a tokenizer was saved to (save_pretrained: tokenizer.json or vocab.txt "
+                         "with its config) or at a BERT vocab.txt file; nothing is downloaded") from exc
     if len(tok) < 10:
         raise InputError(f"data.tokenizer: {p} gave a tokenizer of only {len(tok)} tokens", hint="check the vocab file")
     _TOKENIZERS[path] = tok
@@ -673,7 +681,8 @@ def _preprocess(x: np.ndarray, spec: DataSpec, layout: str | None = None) -> tor
     if spec.mean is not None:
         c = t.shape[1]
         if len(spec.mean) != c:
-            raise InputError(f"data.mean has {len(spec.mean)} values but the inputs have {c} channels")
+            raise InputError(f"data.mean has {len(spec.mean)} values but the inputs have {c} channels",
+                             hint=f"give data.mean and data.std {c} values each, one per channel")
         shape = (1, c) + (1,) * (t.dim() - 2)
         t = (t - torch.tensor(spec.mean).view(shape)) / torch.tensor(spec.std).view(shape)
     return t.contiguous()

@@ -73,6 +73,10 @@ class Found:
         self.example = example  # a real first sample, for a model with several inputs
 
 
+#: What `pruneflow inspect` reads, for a path that is not there.
+_SOURCES = ("check the path; inspect reads a zoo name, a factory (models.py:build), a recipe, a run directory, a checkpoint "
+            "in one (or with --recipe), or an .onnx file")
+
 def inspect_source(source: str, input_shape: tuple[int, ...] | None = None, recipe: Path | None = None,
                    trust_code: Sequence[str] = ()) -> dict:
     """Params, MACs and a per-layer table of whatever ``source`` names: a zoo model, a factory
@@ -106,7 +110,7 @@ def _find_model(source: str, path: Path, recipe: Path | None, trust_code: Sequen
         return Found(build_model(spec), input_shape_for(spec, None), "zoo model")
     if path.is_dir() or path.suffix in CHECKPOINT_SUFFIXES:
         if not path.exists():
-            raise InputError(f"{path} does not exist")
+            raise InputError(f"{path} does not exist", hint=_SOURCES)
         run_dir = _run_dir_of(path.resolve())
         if run_dir is not None:
             model, shape, kind = load_run_model(run_dir, path.resolve() if path.is_file() else None, recipe, trust_code)
@@ -200,11 +204,12 @@ def _inspect_onnx(path: Path) -> dict:
 
     onnx = require("onnx", "pip install onnx", "inspecting ONNX models")
     if not path.is_file():
-        raise InputError(f"{path} does not exist")
+        raise InputError(f"{path} does not exist", hint=_SOURCES)
     try:
         model = onnx.load(str(path))
     except Exception as exc:  # noqa: BLE001 - protobuf raises its own DecodeError on a corrupt file
-        raise InputError(f"{path} is not a readable ONNX model: {type(exc).__name__}: {exc}") from exc
+        raise InputError(f"{path} is not a readable ONNX model: {type(exc).__name__}: {exc}",
+                         hint="export the model again, or point at the .onnx file a run wrote (OUT/NAME/export/onnx/)") from exc
     if not model.opset_import or not model.HasField("graph"):  # an empty file parses as an empty model
         raise InputError(f"{path} holds no ONNX graph ({path.stat().st_size:,} bytes: an empty or truncated file)",
                          hint="export the model again, or point at the .onnx file a run wrote (OUT/NAME/export/onnx/)")

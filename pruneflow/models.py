@@ -242,7 +242,9 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         try:
             state = load_file(str(path))
         except Exception as exc:  # noqa: BLE001
-            raise InputError(f"model.checkpoint {path} is not a readable safetensors file: {exc}") from exc
+            raise InputError(f"model.checkpoint {path} is not a readable safetensors file: {exc}",
+                             hint="save it again with safetensors.torch.save_file(model.state_dict(), path), or pass a "
+                             "torch state_dict (.pt)") from exc
     else:
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)

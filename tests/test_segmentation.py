@@ -98,12 +98,15 @@ def test_a_tiny_fcn_prunes_quantizes_and_exports_with_int8_miou_close_to_fp32(tm
 @pytest.mark.slow
 def test_a_unet_with_transposed_convolutions_exports_both_int8_onnx_forms(tmp_path):
     """A ConvTranspose2d's per-channel weight scales sit on axis 1 (its output channels): both INT8 ONNX forms meet
-    their convention (they failed it when axis 0 was required of every weight) and keep mIoU in onnxruntime.
+    their convention (they failed it when axis 0 was required of every weight) and keep mIoU in onnxruntime, and the
+    OpenVINO INT8 IR keeps it too, its parity gates passing.
 
-    OpenVINO 2026.4 computed this model's INT8 IR wrongly on an AVX-512 VNNI + BF16 EPYC (cosine 0.77 to the
-    quantized model, from the first float Conv after a Concat of a ConvTranspose output and a quantized skip) and
-    rightly on an AVX2 EPYC (cosine 0.9999, mIoU 0.9758 against 0.9757). Either way it is never shipped silently
-    wrong: the IR keeps mIoU, or its parity gates refuse it (exit 1, the only failed gates)."""
+    The IR used to fail them on an AVX-512 VNNI + BF16 EPYC (cosine 0.77 to the quantized model at both hints, mIoU
+    0.61 against 0.98; issue 41): each decoder Conv reads a Concat of a ConvTranspose output (zero point 128) and a
+    ReLU skip (zero point 0), and OpenVINO's int8 jit kernels pad such per-channel zero points wrongly inside a
+    16-channel block (8 with AVX2, where this U-Net's 8-channel halves happened to be right). The IR is now converted
+    with each such Conv split per Concat input (``export/ov_workarounds.py``; ``test_ov_workarounds.py`` holds the
+    kernel's fault on a two-branch graph)."""
     images, masks = _shapes(320, 24, np.random.default_rng(1))
     np.savez(tmp_path / "shapes.npz", images=images, masks=masks)
     recipe = {
@@ -120,17 +123,13 @@ def test_a_unet_with_transposed_convolutions_exports_both_int8_onnx_forms(tmp_pa
     result = invoke("optimize", tmp_path / "recipe.yaml", "--out", tmp_path / "runs", "--json")
     out = json.loads(result.stdout)
     failed = [g["name"] for g in out["gates"] if not g["passed"]]
-    # the portable u8s8 form (no serving CPU named) is refused at OpenVINO's default and at f32 alike where it miscomputes
-    refused = ([], ["openvino.int8.parity"], ["openvino.int8.parity", "openvino.int8.parity_f32"])
-    assert failed in refused and result.exit_code == (1 if failed else 0), result.output[-3000:]
+    assert failed == [] and result.exit_code == 0, result.output[-3000:]
     stages = {s["name"]: s["metrics"] for s in out["stages"]}
     artifacts = {a["path"].rsplit("/", 1)[-1]: a["metrics"] for a in out["artifacts"] if a["target"]}
     built = {a["path"].rsplit("/", 1)[-1] for a in out["artifacts"] if a["status"] == "built"}
-    assert {"model.int8.onnx", "model.int8.tensorrt.onnx"} <= built
+    assert {"model.int8.onnx", "model.int8.tensorrt.onnx", "model.int8.xml"} <= built
     fp32 = artifacts["model.fp32.onnx"]["miou"]
     assert stages["train"]["miou"] > 0.5
-    for name in ("model.int8.onnx", "model.int8.tensorrt.onnx") + (() if failed else ("model.int8.xml",)):
+    for name in ("model.int8.onnx", "model.int8.tensorrt.onnx", "model.int8.xml"):
         assert artifacts[name]["miou"] >= fp32 - 0.01, (name, artifacts[name]["miou"], fp32)
-    if failed:  # refused, not shipped wrong: but the U-Net's OpenVINO INT8 did not hold here, so this is no pass (issue 41)
-        pytest.xfail(f"host-dependent: OpenVINO {artifacts['model.int8.xml'].get('runtime', '')} computed the U-Net's INT8 IR "
-                     f"wrongly on this CPU, and its parity gates refused it ({', '.join(failed)}); README: cell H")
+    print({n: round(m["miou"], 4) for n, m in artifacts.items()})  # pytest -s

@@ -75,7 +75,8 @@ def write_template(name: str, path: str | Path | None = None, *, force: bool = F
     no data beside it) is kept, and the note names its key so the user knows what to edit."""
     known = templates()
     if name not in known:
-        raise UnknownNameError(f"unknown template {name!r}; known: {', '.join(sorted(known))}")
+        raise UnknownNameError(f"unknown template {name!r}; known: {', '.join(sorted(known))}",
+                               hint="`pruneflow init --list` says what each one builds")
     target = Path(path) if path is not None else Path(f"{name}.yaml")
     if path is not None and (target.is_dir() or str(path).endswith(("/", os.sep))):  # a folder: NAME.yaml inside it
         target = target / f"{name}.yaml"

@@ -46,7 +46,9 @@ class EvaluateStage(Stage[EvaluateConfig]):
     def run(self, state, ctx):
         split = state.data.eval if self.config.split == "eval" else state.data.train
         if split is None:
-            raise ConfigError(self.loc("split"), f"the data has no {self.config.split} split", value=self.config.split)
+            raise ConfigError(self.loc("split"), f"the data has no {self.config.split} split", value=self.config.split,
+                              hint="set this stage's split: eval, or give the recipe that split (data.path, or data.train "
+                              "and data.eval)")
         metrics = evaluate_model(state.model, split, state.task, ctx.recipe.data.eval_batch_size, ctx.device,
                                  ctx.reporter, description=self.id)
         # A quantized model is counted through its float twin (quantizer ranges are not model parameters).

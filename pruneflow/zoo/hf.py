@@ -26,6 +26,10 @@ def _transformers():
     return transformers
 
 
+#: What model.kwargs.folder must hold (loaded with local_files_only: nothing is downloaded).
+_FOLDER_HINT = ("point model.kwargs.folder at a folder a Hugging Face model was saved to (save_pretrained: config.json and "
+                "model.safetensors or pytorch_model.bin); nothing is downloaded")
+
 def _load_quietly(load: Any, folder: str, **kwargs: Any) -> tuple[Any, dict]:
     """``load(folder, ...)`` (a ``from_pretrained``) without transformers' own output: its per-weight progress bar and the
     LOAD REPORT table it prints on stderr for every key it skips (an embedder leaves the pooler out on purpose: its two
@@ -97,7 +101,8 @@ def bert_classifier_with_new_parameters(
         try:
             model, info = _load_quietly(tf.AutoModelForSequenceClassification.from_pretrained, folder)
         except Exception as exc:  # noqa: BLE001
-            raise InputError(f"model.kwargs.folder: could not load a model from {folder}: {type(exc).__name__}: {exc}") from exc
+            raise InputError(f"model.kwargs.folder: could not load a model from {folder}: {type(exc).__name__}: {exc}",
+                             hint=_FOLDER_HINT) from exc
         return SequenceClassifier(model, pad_id), sorted(f"model.{k}" for k in info.get("missing_keys", []))
     else:
         config = tf.BertConfig(vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_layers,
@@ -144,7 +149,8 @@ def bert_embedder(folder: str | None = None, vocab_size: int = 30522, hidden_siz
         try:
             encoder, _ = _load_quietly(tf.AutoModel.from_pretrained, folder, add_pooling_layer=False)
         except Exception as exc:  # noqa: BLE001
-            raise InputError(f"model.kwargs.folder: could not load a model from {folder}: {type(exc).__name__}: {exc}") from exc
+            raise InputError(f"model.kwargs.folder: could not load a model from {folder}: {type(exc).__name__}: {exc}",
+                             hint=_FOLDER_HINT) from exc
     else:
         config = tf.BertConfig(vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_layers,
                                num_attention_heads=num_heads, intermediate_size=intermediate_size,
