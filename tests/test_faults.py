@@ -25,7 +25,7 @@ import torch
 import yaml
 from pydantic import Field
 
-from pruneflow.cli import json_line
+from pruneflow.cli.console import json_line
 from pruneflow import registry
 from pruneflow.artifacts import run_dir_lock
 from pruneflow.checkpoint import FORMAT

@@ -12,7 +12,7 @@ price times the share of its CPUs the lane uses, and ``exit_code()`` is 1 when n
 
 Everything runs through the runtime layer (``pruneflow.runtime``): ``open_artifact`` loads each file,
 ``time_interleaved`` times all of them in one loop per batch size, ``host_info`` describes the machine.
-The library prints nothing; ``cli.py`` renders the table and writes the files (``write_outputs``).
+The library prints nothing; ``cli/bench.py`` renders the table and writes the files (``write_outputs``).
 """
 
 from __future__ import annotations
