@@ -28,7 +28,7 @@ from ..errors import ExportError
 from ..inputs import as_numpy, take, trim
 from ..runtime import fresh_batch, host_info, time_interleaved
 from ..recipe.cpus import VNNI_FLAGS as _VNNI
-from .qdq import ENCODINGS
+from .qdq.graph import ENCODINGS
 
 if TYPE_CHECKING:
     from ..tasks import Task

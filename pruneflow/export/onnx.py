@@ -29,7 +29,7 @@ from .tied import quantize_float_ties, share_tied_tables
 if TYPE_CHECKING:
     from .forms import Choice
     from .fusion import Fusion
-    from .qdq import Form, PassReport
+    from .qdq.graph import Form, PassReport
 
 
 class OnnxConfig(TargetConfig):
@@ -466,7 +466,8 @@ def write_int8_onnx(raw, path: Path, *, form: "Form", encoding: str = "u8s8", me
     """Convert a copy of ``raw`` (``export_raw_qdq``) to ``form``/``encoding``, check it against the form's
     convention and write it atomically to ``path``."""
     from .embedding import quantize_embeddings
-    from .qdq import check_convention, convert, float_ops
+    from .qdq import convert
+    from .qdq.checks import check_convention, float_ops
     from .stacked import notes as stacked_notes
     from .stacked import stack_field_reads
 

@@ -1,6 +1,6 @@
 """OpenVINO IR target, converted from the onnx target's files when the recipe builds them: FP32, FP16 (compressed
 weights) and BF16 (compressed weights, bf16 inference precision pinned in its record) from the fp32 ONNX, INT8
-from the INT8 ONNX of the form OpenVINO runs fastest on this host (pruneflow/export/qdq.py, forms.py), so every
+from the INT8 ONNX of the form OpenVINO runs fastest on this host (pruneflow/export/qdq/, forms.py), so every
 artifact of a run has the same graph, input and output names (`input`, `logits`) and quantization parameters.
 Without those files the same ONNX is exported here first."""
 
