@@ -118,24 +118,24 @@ def test_the_serving_cpus_are_part_of_the_export_stages_resume_key(tmp_path):
 def _targets(**config):
     from pruneflow.export.onnx import OnnxConfig, OnnxTarget
     from pruneflow.export.openvino import OpenVinoConfig, OpenVinoTarget
-    from pruneflow.stages.export import ExportConfig, ExportStage
 
-    stage = ExportStage(ExportConfig(targets=["onnx", "openvino"]), "export", 0)
-    return stage, OnnxTarget(OnnxConfig(**config)), OpenVinoTarget(OpenVinoConfig(**config))
+    return OnnxTarget(OnnxConfig(**config)), OpenVinoTarget(OpenVinoConfig(**config))
 
 
 def test_auto_is_pinned_for_the_named_cpus_and_a_recorded_form_they_cannot_run_is_not_taken_again():
-    stage, onnx, ov = _targets()
-    assert stage._pinned("onnx", onnx, {}, None).config.form == "u8s8"
-    pinned = stage._pinned("openvino", ov, {}, ["avx2"])
-    assert (pinned.config.form, pinned.config.int8_hint) == ("u8s8", "f32") and pinned.for_hosts["form"][0] == "u8s8"
-    assert stage._pinned("onnx", onnx, {}, ["avx512_vnni"]) is onnx  # left to `auto`: timed here
-    vnni = stage._pinned("onnx", onnx, {"int8_form": "u8s8_vnni"}, None)  # an old record, made for this host
+    from pruneflow.stages.export_hosts import pinned
+
+    onnx, ov = _targets()
+    assert pinned("onnx", onnx, {}, None).config.form == "u8s8"
+    for_avx2 = pinned("openvino", ov, {}, ["avx2"])
+    assert (for_avx2.config.form, for_avx2.config.int8_hint) == ("u8s8", "f32") and for_avx2.for_hosts["form"][0] == "u8s8"
+    assert pinned("onnx", onnx, {}, ["avx512_vnni"]) is onnx  # left to `auto`: timed here
+    vnni = pinned("onnx", onnx, {"int8_form": "u8s8_vnni"}, None)  # an old record, made for this host
     assert vnni.config.form == "u8s8" and not vnni.from_record
-    again = stage._pinned("onnx", onnx, {"int8_form": "u8s8_vnni"}, ["avx512_vnni"])
+    again = pinned("onnx", onnx, {"int8_form": "u8s8_vnni"}, ["avx512_vnni"])
     assert again.config.form == "u8s8_vnni" and again.from_record == {"form": "u8s8_vnni"}
-    _, onnx, _ = _targets(form="s8s8")  # the recipe's own pin is never touched
-    assert stage._pinned("onnx", onnx, {}, None) is onnx
+    onnx, _ = _targets(form="s8s8")  # the recipe's own pin is never touched
+    assert pinned("onnx", onnx, {}, None) is onnx
 
 
 def test_the_record_names_the_cpus_only_when_named_and_the_served_on_rows_say_which_each_artifact_is_for():

@@ -76,7 +76,7 @@ def test_a_static_batch_export_is_measured_one_sample_at_a_time(tmp_path, write_
 
 
 def test_parity_limits_follow_the_precision_the_runtime_computed_in():
-    from pruneflow.stages.export import ParitySpec
+    from pruneflow.stages.export_config import ParitySpec
     from pruneflow.stages.measure import PARITY_DEFAULTS
 
     spec = ParitySpec()
