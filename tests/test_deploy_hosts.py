@@ -101,15 +101,16 @@ def test_optimize_for_names_the_cpus_and_refuses_an_unknown_one(tmp_path):
 
 
 def test_the_serving_cpus_are_part_of_the_export_stages_resume_key(tmp_path):
-    from pruneflow.pipeline import _serving_part, plan_stages
+    from pruneflow.pipeline import plan_stages
+    from pruneflow.resume import serving_part
     from pruneflow.recipe import load_recipe
 
     loaded = load_recipe(_recipe(tmp_path), ["deploy.cpu=[avx2]"])
     stages = plan_stages(loaded)
     export = next(s for s in stages if s.config.type == "export")
     other = load_recipe(_recipe(tmp_path), ["deploy.cpu=[avx512_vnni]"]).recipe
-    assert _serving_part(export, loaded.recipe) != _serving_part(export, other)
-    assert all(_serving_part(s, loaded.recipe) == [] for s in stages if s is not export)
+    assert serving_part(export, loaded.recipe) != serving_part(export, other)
+    assert all(serving_part(s, loaded.recipe) == [] for s in stages if s is not export)
 
 
 # --------------------------------------------------------------------------- the stage's pins
