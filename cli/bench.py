@@ -222,8 +222,10 @@ def _print_load(result, written: list[Path]) -> None:
 
 
 def _json_file(json_out: str | None) -> Path | None:
+    from pruneflow.formats import format_of
+
     json_file = Path(json_out) if json_out and json_out != "-" else None
-    if json_file is not None and (json_file.is_dir() or json_file.suffix in (".onnx", ".xml")):
+    if json_file is not None and (json_file.is_dir() or format_of(json_file) is not None):
         raise UsageError(f"--json took {json_out!r} as the file to write, and it is a model or a folder",
                          hint="put --json after the artifacts, or write --json=FILE")
     return json_file

@@ -253,6 +253,14 @@ class Target(Generic[T]):
         """
         raise NotImplementedError
 
+    #: Whether the model the run started from (``headline.py``) is timed in this target's format beside its artifacts
+    #: (``start_file`` makes it), so the headline's latency ratios compare like with like.
+    times_start: ClassVar[bool] = False
+
+    def start_file(self, onnx: Path, tmp: Path) -> Path:
+        """The starting model in this target's format, made in ``tmp`` from its FP32 ONNX ``onnx`` (``times_start``)."""
+        raise NotImplementedError
+
     def runner(self, path: Path, threads: int | None = None) -> "Callable[[np.ndarray], np.ndarray] | None":
         """A function running the artifact on this machine, or None when its runtime is absent here."""
         return None

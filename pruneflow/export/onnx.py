@@ -78,6 +78,10 @@ class OnnxConfig(TargetConfig):
 class OnnxTarget(Target[OnnxConfig]):
     Config = OnnxConfig
     precisions = ("fp32", "fp16", "int8")
+    times_start = True
+
+    def start_file(self, onnx: Path, tmp: Path) -> Path:
+        return onnx
 
     def preflight(self) -> list[str]:
         require("onnx", "pip install onnx", "the onnx target")

@@ -81,6 +81,13 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
     #: the fp32 and fp16 IR, the INT8 file of the chosen form for int8: one graph, one set of names and
     #: quantization parameters, one lineage); without it, that ONNX is exported here.
     depends_on = ["onnx"]
+    times_start = True
+
+    def start_file(self, onnx: Path, tmp: Path) -> Path:
+        import openvino as ov
+
+        ov.save_model(ov.convert_model(str(onnx)), str(tmp / "start.xml"))
+        return tmp / "start.xml"
 
     def preflight(self) -> list[str]:
         require("openvino", "pip install openvino", "the openvino target")

@@ -261,24 +261,20 @@ class ExportStage(Stage[ExportConfig]):
         from ..inputs import to
 
         start = getattr(state, "start", None)
-        targets = [name for name, _ in self.make_targets() if name in ("onnx", "openvino")]
+        targets = [(name, target) for name, target in self.make_targets() if target.times_start]
         if start is None or not targets or self.config.latency is None:
             return []
         view = reading_view(dataclasses.replace(state, handle=start.handle))
-        paths = {"onnx": tmp / "start.onnx"}
+        onnx, paths = tmp / "start.onnx", {}
         try:
-            export_onnx(view.handle.float_module(), to(state.example_input, "cpu"), paths["onnx"],
-                        output_name=state.task.output_name)
-            if "openvino" in targets:
-                import openvino as ov
-
-                ov.save_model(ov.convert_model(str(paths["onnx"])), str(tmp / "start.xml"))
-                paths["openvino"] = tmp / "start.xml"
+            export_onnx(view.handle.float_module(), to(state.example_input, "cpu"), onnx, output_name=state.task.output_name)
+            for name, target in targets:
+                paths[name] = target.start_file(onnx, tmp)
         except Exception as exc:  # noqa: BLE001 - the headline then goes without latency; the artifacts are unaffected
             log.warning("%s: the starting model could not be exported for timing: %s", self.id, exc)
             return []
         lanes = []
-        for name in targets:
+        for name, _ in targets:
             artifact = Artifact(path=f"(start) {paths[name].name}", kind="start", producer=self.id, target=name,
                                 precision="fp32", form="start")
             executors = open_for(artifact, None, paths[name], self.config.latency.threads)  # type: ignore[arg-type]

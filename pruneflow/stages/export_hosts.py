@@ -11,6 +11,7 @@ import numpy as np
 from ..artifacts import Artifact
 from ..export import deploy_hosts
 from ..export.forms import needs_vnni
+from ..formats import format_of, format_of_kind, runs_elsewhere
 from ..gates import GateResult
 from ..inputs import as_numpy, take, trim
 from ..runtime import host_info
@@ -53,7 +54,7 @@ def form_choice(name: str, target: Target, artifact: Artifact, recorded: dict[st
     ``recorded_choices``, the resumed run's) says so."""
     if artifact.deployment is not None and "runtime" in artifact.deployment and artifact.deployment["runtime"] is None:
         del artifact.deployment["runtime"]  # asks nothing of the runtime: absent, as in every fp32 record
-    if artifact.precision != "int8" or artifact.form == "tensorrt":
+    if artifact.precision != "int8" or runs_elsewhere(artifact):
         return
     for setting, (value, why) in (getattr(target, "for_hosts", None) or {}).items():
         if setting == "form":
@@ -87,13 +88,14 @@ def check_emulated_avx2(stage_id: str, parity_spec: ParitySpec, artifact: Artifa
     against the quantized torch model: the ``LABEL.parity_emulated_avx2`` gate, under the int8 parity limits.
     onnxruntime has no such cap (MLAS picks kernels by CPUID): an ONNX gets a note, its form being exact by
     construction. One that cannot run under the cap gets a note (emulation has its own failures), no gate."""
-    if artifact.form == "tensorrt":
-        return []  # TensorRT's, not a CPU's
-    if artifact.kind == "onnx":
-        artifact.notes.append("not checked under AVX2 emulation: onnxruntime's MLAS picks its kernels from CPUID and "
-                              "has no instruction-set cap; its INT8 form is exact on AVX2 by construction (u8s8)")
+    fmt = format_of_kind(artifact.kind)
+    if fmt is None or runs_elsewhere(artifact):
+        return []  # (TensorRT's form: a GPU's, not a CPU's)
+    if not fmt.emulates_cpus:
+        if fmt.no_emulation_note:
+            artifact.notes.append(fmt.no_emulation_note)
         return []
-    if artifact.kind != "openvino" or len(state.task.output_names) != 1:
+    if len(state.task.output_names) != 1:
         return []
     x = trim(take(state.data.eval.x, slice(0, parity_spec.samples)))  # the samples `_check` compares
     try:
@@ -124,7 +126,7 @@ def time_emulated_avx2(stage_id: str, lat: LatencySpec | None, artifacts: list[A
     """With an AVX2 CPU named on a richer host: every OpenVINO IR timed again with oneDNN capped at AVX2 (f32, one
     thread, in turn; ``deploy_hosts.time_avx2``), as ``latency_b{bs}_median_ms_emulated_avx2``, so the delivery
     choice (``export_choice``) asks INT8 to win there too. onnxruntime has no such cap: its files are not timed so."""
-    irs = [a for a in artifacts if a.status == "built" and a.path.endswith(".xml")]
+    irs = [a for a in artifacts if a.status == "built" and (fmt := format_of(a.path)) is not None and fmt.emulates_cpus]
     if lat is None or len(irs) < 2:
         return
     ctx.reporter.info(f"{stage_id}: timing {len(irs)} OpenVINO IRs again under AVX2 emulation (ONEDNN_MAX_CPU_ISA=AVX2)")
