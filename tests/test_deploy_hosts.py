@@ -124,19 +124,19 @@ def _targets(**config):
 
 
 def test_auto_is_pinned_for_the_named_cpus_and_a_recorded_form_they_cannot_run_is_not_taken_again():
-    from pruneflow.stages.export_hosts import pinned
+    from pruneflow.stages.export_hosts import Pins, pinned
 
     onnx, ov = _targets()
-    assert pinned("onnx", onnx, {}, None).config.form == "u8s8"
-    for_avx2 = pinned("openvino", ov, {}, ["avx2"])
-    assert (for_avx2.config.form, for_avx2.config.int8_hint) == ("u8s8", "f32") and for_avx2.for_hosts["form"][0] == "u8s8"
-    assert pinned("onnx", onnx, {}, ["avx512_vnni"]) is onnx  # left to `auto`: timed here
-    vnni = pinned("onnx", onnx, {"int8_form": "u8s8_vnni"}, None)  # an old record, made for this host
-    assert vnni.config.form == "u8s8" and not vnni.from_record
-    again = pinned("onnx", onnx, {"int8_form": "u8s8_vnni"}, ["avx512_vnni"])
-    assert again.config.form == "u8s8_vnni" and again.from_record == {"form": "u8s8_vnni"}
+    assert pinned("onnx", onnx, {}, None)[0].config.form == "u8s8"
+    for_avx2, pins = pinned("openvino", ov, {}, ["avx2"])
+    assert (for_avx2.config.form, for_avx2.config.int8_hint) == ("u8s8", "f32") and pins.for_hosts["form"][0] == "u8s8"
+    assert pinned("onnx", onnx, {}, ["avx512_vnni"]) == (onnx, Pins())  # left to `auto`: timed here
+    vnni, pins = pinned("onnx", onnx, {"int8_form": "u8s8_vnni"}, None)  # an old record, made for this host
+    assert vnni.config.form == "u8s8" and not pins.from_record
+    again, pins = pinned("onnx", onnx, {"int8_form": "u8s8_vnni"}, ["avx512_vnni"])
+    assert again.config.form == "u8s8_vnni" and pins.from_record == {"form": "u8s8_vnni"}
     onnx, _ = _targets(form="s8s8")  # the recipe's own pin is never touched
-    assert pinned("onnx", onnx, {}, None) is onnx
+    assert pinned("onnx", onnx, {}, None)[0] is onnx
 
 
 def test_the_record_names_the_cpus_only_when_named_and_the_served_on_rows_say_which_each_artifact_is_for():

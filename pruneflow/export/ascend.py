@@ -32,7 +32,7 @@ from pydantic import Field, field_validator
 from ..artifacts import Artifact, publish_dir
 from ..deps import require
 from ..errors import ExportError, TargetUnavailableError
-from ..stage import Target, TargetConfig
+from ..stage import BuildInputs, Target, TargetConfig
 from .bags import swap_bags
 from .ascend_ops import (OPS_DOCUMENTED_FOR, OPS_SOURCE, SOC_FAMILIES, SOC_VERSIONS, first_errors, onnx_inputs, soc_family,
                          unsupported_nodes)
@@ -222,13 +222,13 @@ class AscendTarget(Target[AscendConfig]):
                 hint="put the CANN toolkit's atc first on PATH (source its set_env.sh), or set `required: false`")
         return [f"ascend: atc at {atc} ({'CANN ' + version if version else 'not inside a CANN toolkit: its output will not be trusted'})"]
 
-    def build(self, state, ctx, out_dir: Path, precision: str) -> Artifact:
+    def build(self, state, ctx, out_dir: Path, precision: str, given: BuildInputs) -> Artifact:
         cfg = self.config
         mode = precision_mode_for(cfg, precision)
         if cfg.aipp and isinstance(state.example_input, dict):
             raise ExportError(f"the ascend target's `aipp: true` is for image models; this model takes {', '.join(state.example_input)}",
                               hint="set `aipp: false` on the ascend target (text inputs go to the OM as they are)")
-        reference = self._reference_onnx()
+        reference = self._reference_onnx(given.upstream)
         if self._prepared is None or self._prepared[0] is not state.handle:  # one ONNX for every precision
             from ..inputs import take
 
@@ -255,9 +255,9 @@ class AscendTarget(Target[AscendConfig]):
                               hint=f"read {bundle / 'atc.log'}; rerun {bundle / 'convert.sh'} after the fix")
         return _artifact(ctx.run_dir, bundle, status, precision, reference)
 
-    def _reference_onnx(self) -> Artifact | None:
+    def _reference_onnx(self, upstream: list[Artifact]) -> Artifact | None:
         """The onnx target's fp32 ONNX built earlier in this export stage, if any."""
-        return next((a for a in self.upstream if a.label == "onnx.fp32" and a.status == "built"), None)
+        return next((a for a in upstream if a.label == "onnx.fp32" and a.status == "built"), None)
 
 
 def precision_mode_for(cfg: AscendConfig, precision: str) -> str:

@@ -33,7 +33,7 @@ from ..export import deploy_hosts
 from ..gates import GateResult, artifact_gates
 from ..inputs import as_numpy, call, take, trim
 from ..recipe.models import list_of, target_union
-from ..stage import Stage, StageResult, Target
+from ..stage import BuildInputs, Stage, StageResult, Target
 from ..tasks import ReadOutput
 from .export_choice import choose_precisions
 from .export_config import ExportConfig, recipe_rules
@@ -122,7 +122,8 @@ class ExportStage(Stage[ExportConfig]):
         recorded = (self.recorded_choices or {}).get("targets") or {}
         hosts = ctx.recipe.deploy.cpu
         self.choices = {"host": host_key(), "deploy_cpu": hosts, "targets": {}}
-        targets = [(name, pinned(name, target, recorded.get(name) or {}, hosts)) for name, target in self.make_targets()]
+        made = [(name, *pinned(name, target, recorded.get(name) or {}, hosts)) for name, target in self.make_targets()]
+        targets, pins = [(name, target) for name, target, _ in made], {name: p for name, _, p in made}
         emulate = deploy_hosts.needs_avx2_emulation(hosts)
         for name, target in targets:
             # export/<target>/ for the usual single export stage; a second one gets export/<its id>/<target>/.
@@ -133,7 +134,7 @@ class ExportStage(Stage[ExportConfig]):
                         result.gates.append(GateResult(f"{artifact.label}.build", False, "; ".join(artifact.notes)
                                                        or f"{name} {precision} failed"))
                     if artifact.status == "built":
-                        form_choice(name, target, artifact, recorded.get(name) or {}, self.recorded_choices, self.choices)
+                        form_choice(name, pins[name], artifact, recorded.get(name) or {}, self.recorded_choices, self.choices)
                         artifact.metrics["size_mb"] = (artifact.size_bytes or 0) / 1e6
                         checked = self._check(artifact, target, state, ctx)
                         result.gates += checked[1]
@@ -186,11 +187,9 @@ class ExportStage(Stage[ExportConfig]):
         error in its notes (the stage then fails its ``<label>.build`` gate, exit 1), never the end of the stage:
         the other targets and precisions are still built and measured."""
         ctx.reporter.info(f"{self.id}: building {name} {precision}")
-        target.upstream = upstream  # what this stage built before: a target may convert it (OpenVINO INT8 from ONNX)
-        target.onnx_export = self.onnx_export()
-        target.latency = self.config.latency  # how this stage times: a target choosing a form by measuring does the same
+        given = BuildInputs(upstream=upstream, onnx_export=self.onnx_export(), latency=self.config.latency)
         try:
-            built = target.build(state, ctx, out_dir, precision)
+            built = target.build(state, ctx, out_dir, precision, given)
         except (InputError, MissingDependencyError):
             raise  # the recipe or the machine is wrong: no other artifact would fare better
         except Exception as exc:  # noqa: BLE001 - reported on the artifact, with the target named

@@ -4,6 +4,7 @@ checked and timed under AVX2 emulation (``export/deploy_hosts.py``)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -20,10 +21,20 @@ from .export_config import LatencySpec, ParitySpec
 from .measure import parity_gate, parity_metrics, reference_outputs
 
 
-def pinned(name: str, target: Target, recorded: dict[str, Any], hosts: list[str] | None = None) -> Target:
+@dataclass(frozen=True)
+class Pins:
+    """Which `auto` settings of a target ``pinned`` set, and from where: taken from the resumed run's record
+    (``from_record``: setting -> value), or chosen for the serving CPUs (``for_hosts``: setting -> (value, why))."""
+
+    from_record: dict[str, Any] = field(default_factory=dict)
+    for_hosts: dict[str, tuple[Any, str]] = field(default_factory=dict)
+
+
+def pinned(name: str, target: Target, recorded: dict[str, Any], hosts: list[str] | None = None) -> tuple[Target, Pins]:
     """``target`` with `auto` settings pinned: to what an earlier run chose by measuring (``recorded``: nothing is
     timed again, and the files come out as that run wrote them), else to what the serving CPUs (``hosts``, None:
-    unknown) leave to choose (``deploy_hosts``: ``u8s8`` unless every one has VNNI; f32 where none computes bf16)."""
+    unknown) leave to choose (``deploy_hosts``: ``u8s8`` unless every one has VNNI; f32 where none computes bf16);
+    with the ``Pins`` saying which (``target`` itself, and no pins, when nothing was left to pin)."""
     from_record, for_hosts = {}, {}
     if getattr(target.config, "form", None) == "auto":
         form, why = deploy_hosts.int8_form_for(hosts)
@@ -40,14 +51,11 @@ def pinned(name: str, target: Target, recorded: dict[str, Any], hosts: list[str]
                 for_hosts["int8_hint"] = (hint, why)
     updates = {**from_record, **{k: v for k, (v, _) in for_hosts.items()}}
     if not updates:
-        return target
-    pinned = type(target)(target.config.model_copy(update=updates))
-    pinned.from_record = from_record  # type: ignore[attr-defined]
-    pinned.for_hosts = for_hosts  # type: ignore[attr-defined]
-    return pinned
+        return target, Pins()
+    return type(target)(target.config.model_copy(update=updates)), Pins(from_record, for_hosts)
 
 
-def form_choice(name: str, target: Target, artifact: Artifact, recorded: dict[str, Any], recorded_choices: dict[str, Any] | None,
+def form_choice(name: str, pins: Pins, artifact: Artifact, recorded: dict[str, Any], recorded_choices: dict[str, Any] | None,
                 choices: dict[str, Any] | None) -> None:
     """Record the INT8 form (and OpenVINO hint) ``artifact`` was written in, into its metrics and notes and ``choices`` (what
     this run chose, manifest.json's ``choices``); one taken from ``recorded`` (this target's entry of
@@ -56,14 +64,14 @@ def form_choice(name: str, target: Target, artifact: Artifact, recorded: dict[st
         del artifact.deployment["runtime"]  # asks nothing of the runtime: absent, as in every fp32 record
     if artifact.precision != "int8" or runs_elsewhere(artifact):
         return
-    for setting, (value, why) in (getattr(target, "for_hosts", None) or {}).items():
+    for setting, (value, why) in pins.for_hosts.items():
         if setting == "form":
             artifact.metrics["int8_form"] = value
             artifact.notes[:] = [n for n in artifact.notes if not n.startswith(f"INT8 form {value}: set in the recipe")]
             artifact.notes.append(f"INT8 form {value}, chosen for the serving CPUs without timing: {why}")
         else:
             artifact.notes.append(f"OpenVINO {setting} {value}, chosen for the serving CPUs without timing: {why}")
-    pinned = getattr(target, "from_record", None)
+    pinned = pins.from_record
     if pinned:
         form = pinned.get("form") or artifact.metrics.get("int8_form")
         if form:
