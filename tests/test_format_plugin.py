@@ -6,40 +6,22 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-from conftest import invoke
+from conftest import invoke, plugin_installed
 
-PLUGINS = Path(__file__).parent / "plugins"
-
-
-def _reset() -> None:
-    from pruneflow import registry
-
-    registry.formats._entry_points = None
-    registry.formats.unregister("ortm")
 
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     """pf_ortm installed as a distribution would be: the module on sys.path, its entry point in a dist-info."""
-    site = tmp_path_factory.mktemp("site")
-    shutil.copy(PLUGINS / "pf_ortm.py", site / "pf_ortm.py")
-    info = site / "pf_ortm-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pf-ortm\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[pruneflow.formats]\nortm = pf_ortm:OrtModel\n")
-    sys.path.insert(0, str(site))
-    _reset()
-    yield site
-    sys.path.remove(str(site))
-    sys.modules.pop("pf_ortm", None)
-    _reset()
+    from pruneflow import registry
+
+    with plugin_installed(tmp_path_factory.mktemp("site"), "pf_ortm", registry.formats, "ortm = pf_ortm:OrtModel") as site:
+        yield site
 
 
 @pytest.fixture(scope="module")
