@@ -110,25 +110,9 @@ def test_the_scan_leaves_other_strings_alone():
 
 #: What knows a format, runtime or target by name: the formats package (the kinds themselves) and the registries.
 FORMAT_ROOMS = ("pruneflow/formats/", "pruneflow/registry.py")
-#: The INT8 Q/DQ rewrite and the targets writing it still name the ``tensorrt`` INT8 form (``qdq.Form``, which is also
-#: the tensorrt target's name) with a string: the next step of issue 40 makes each INT8 form a declared kind of its
-#: format. Listed as ``path  code``; the scan must find exactly these (drop one when it is fixed).
-KNOWN_FORM_SWITCHES = {
-    'pruneflow/export/forms.py  return form in ("u8s8_vnni", "s8s8", "tensorrt", "fused", "fused_dynamic")',
-    'pruneflow/export/onnx.py  if form == "tensorrt":',
-    'pruneflow/export/openvino.py  if form == "tensorrt":',
-    'pruneflow/export/openvino.py  write_int8_onnx(raw, tmp / f"{form}.onnx", form="tensorrt" if form == "tensorrt" else "cpu",',
-    'pruneflow/export/openvino.py  encoding="u8s8" if form == "tensorrt" else form)',
-    'pruneflow/export/qdq/__init__.py  if form == "tensorrt":',
-    'pruneflow/export/qdq/__init__.py  if form == "tensorrt" or encoding != "s8s8":',
-    'pruneflow/export/qdq/checks.py  if form == "tensorrt":',
-    'pruneflow/export/qdq/checks.py  if form == "tensorrt" and (zp.dtype != np.int8 or np.any(zp != 0)):',
-    'pruneflow/export/qdq/checks.py  if scale.size != 1 and (form == "tensorrt" or _attr(node, "axis", 1) != 1):',
-    'pruneflow/export/qdq/checks.py  problems.append(f"{node.name}: activation scale must be per-tensor" + ("" if form == "tensorrt" else " or per channel (axis 1)"))',
-    'pruneflow/export/qdq/encodings.py  if form == "tensorrt":',
-    'pruneflow/export/tied.py  if form == "tensorrt":',
-    'pruneflow/export/tied.py  saved = value.nbytes if form == "tensorrt" else value.size + 4 * value.shape[0]',
-}
+#: Places the scan may find and that are still to be fixed (``path  code``); the scan must find exactly these. Empty:
+#: the INT8 Q/DQ passes read a form's declared ``Convention`` (``export/qdq/graph.py``), not its name.
+KNOWN_FORM_SWITCHES: set[str] = set()
 
 
 def format_switches(source: str, where: str, names: set[str], suffixes: set[str]) -> list[str]:

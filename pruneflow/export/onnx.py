@@ -24,6 +24,7 @@ from .attention_mask import soften_mask_fill
 from .bags import export_error_in, swap_bags
 from .forms import record_choice
 from .fused_int8 import AUTO_FUSED, FUSED_ENCODINGS
+from .qdq.graph import convention
 from .tied import quantize_float_ties, share_tied_tables
 
 if TYPE_CHECKING:
@@ -174,7 +175,7 @@ class OnnxTarget(Target[OnnxConfig]):
             fp32 = out_dir / "model.fp32.onnx"  # written first when precisions list fp32 before int8
             if fp32.is_file():
                 artifact.metrics["size_ratio_fp32"] = round(fp32.stat().st_size / path.stat().st_size, 3)
-        if form == "tensorrt":
+        if convention(form).foreign:
             artifact.notes.append("TensorRT explicit-quantization form (int8, zero point 0, per-channel weights on axis 0); "
                                   "checked and measured here in onnxruntime without Q/DQ fusion (DequantizeLinear, then float kernels: "
                                   "its arithmetic, not onnxruntime's integer kernels; its latency there says nothing of TensorRT's)")

@@ -21,6 +21,7 @@ from ..deps import require
 from ..errors import ExportError
 from ..inputs import to
 from ..stage import BuildInputs, Target, TargetConfig
+from .qdq.graph import convention, form_and_encoding
 
 
 def canonical_names(model) -> None:
@@ -216,8 +217,8 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
                 raw = export_raw_qdq(state.handle.int8_module(example), example, tmp, dynamic_batch=self.config.dynamic_batch,
                                      output_name=state.task.output_names, **given.onnx_opset())
             try:
-                write_int8_onnx(raw, tmp / f"{form}.onnx", form="tensorrt" if form == "tensorrt" else "cpu",
-                                encoding="u8s8" if form == "tensorrt" else form)
+                qdq_form, encoding = form_and_encoding(form)
+                write_int8_onnx(raw, tmp / f"{form}.onnx", form=qdq_form, encoding=encoding)
             except ExportError as exc:
                 if self.config.form != "auto":
                     raise
@@ -229,8 +230,8 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
     def _int8_artifact(self, upstream: list[Artifact], form: str, run_dir: Path) -> Artifact | None:
         """The onnx target's INT8 artifact of ``form`` built in this stage, if any (a run before forms were chosen
         wrote its CPU file in ``u8s8``)."""
-        if form == "tensorrt":
-            return self._onnx_artifact(upstream, "onnx.int8_tensorrt", run_dir)
+        if convention(form_and_encoding(form)[0]).foreign:  # the onnx target's file of that form (onnx.int8_tensorrt)
+            return self._onnx_artifact(upstream, f"onnx.int8_{form}", run_dir)
         found = self._onnx_artifact(upstream, "onnx.int8", run_dir)
         return found if found is not None and found.metrics.get("int8_form", "u8s8") == form else None
 

@@ -53,13 +53,14 @@ from collections import Counter
 from .checks import check_convention, float_ops
 from .encodings import fit_u8s8_pairs, relu_in_integer_domain, rewrite_activations, u8s8_overflow_risks
 from .folding import fold_batchnorm, fold_smooth_quant_scales, fold_weight_quantizers, quantize_gemm_biases
-from .graph import ENCODINGS, Encoding, Form, PassReport, _Graph, _remove_identities, _short_tensor_names
+from .graph import CONVENTIONS, ENCODINGS, Convention, Encoding, Form, PassReport, _Graph, _remove_identities, _short_tensor_names, convention
 from .placement import drop_rounding_before_float_concats, place_residual_quantizers, requantize_moves, share_input_quantizers
 
 #: What callers import from ``pruneflow.export.qdq``; the passes themselves live in the modules by concern:
 #: ``graph`` (the view, the report, the form and encoding names), ``placement``, ``encodings`` (and their u8s8 fit),
 #: ``folding`` and ``checks``.
-__all__ = ["ENCODINGS", "Encoding", "Form", "PassReport", "check_convention", "convert", "float_ops", "u8s8_overflow_risks"]
+__all__ = ["CONVENTIONS", "ENCODINGS", "Convention", "Encoding", "Form", "PassReport", "check_convention", "convention", "convert",
+           "float_ops", "u8s8_overflow_risks"]
 
 
 def convert(model, form: Form, encoding: str = "u8s8") -> PassReport:
@@ -67,29 +68,31 @@ def convert(model, form: Form, encoding: str = "u8s8") -> PassReport:
     the cpu form's activation encoding (``Encoding``)."""
     if encoding not in ENCODINGS:
         raise ValueError(f"unknown INT8 encoding {encoding!r}: one of {', '.join(ENCODINGS)}")
+    conv = convention(form)
+    encoded = not conv.symmetric_activations  # the cpu form: activations in one of its encodings
     graph = _Graph(model)
     report = PassReport()
     fold_weight_quantizers(graph, report)
     share_input_quantizers(graph, report)
     fold_batchnorm(graph, report)
     fold_smooth_quant_scales(graph, report)
-    if form == "cpu":
+    if encoded:
         drop_rounding_before_float_concats(graph, report)
-    guarded = form == "cpu" and encoding == "u8s8"
-    if form == "tensorrt" or encoding != "s8s8":
+    guarded = encoded and encoding == "u8s8"
+    if conv.symmetric_activations or encoding != "s8s8":
         rewrite_activations(graph, form, report, guard=guarded)
-    if form == "cpu" and encoding != "s8s8":
+    if encoded and encoding != "s8s8":
         relu_in_integer_domain(graph, report)
     if guarded:
         fit_u8s8_pairs(graph, report)
-    if form == "cpu" and encoding == "u8s8_vnni" and report.activations_unsigned:
+    if encoded and encoding == "u8s8_vnni" and report.activations_unsigned:
         report.notes.append(f"{report.activations_unsigned} non-negative activation(s) in the full uint8 range (no Clip at "
                             "NNCF's 127 steps): exact on CPUs with VNNI or AMX, may saturate on x86 CPUs without them")
     _remove_identities(graph)
-    if form == "cpu":
+    if encoded:
         requantize_moves(graph, report)
         quantize_gemm_biases(graph, report)
-    if form == "tensorrt":
+    if conv.residual_placement:
         place_residual_quantizers(graph, report)
     graph.prune_initializers()
     _short_tensor_names(graph)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .graph import _attr, _dequantized, Form, _Graph, QUANT_OPS, WEIGHTED_OPS
+from .graph import _attr, convention, _dequantized, Form, _Graph, QUANT_OPS, WEIGHTED_OPS
 from .placement import residual_adds, _weighted_branch
 
 
@@ -45,9 +45,10 @@ def _quantizer_problems(graph: _Graph, node, form: Form) -> list[str]:
         if scale.size > 1 and _attr(node, "axis", 1) != axis:
             problems.append(f"{node.name}: per-channel weight scales must be on axis {axis} (output channels)")
         return problems
-    if scale.size != 1 and (form == "tensorrt" or _attr(node, "axis", 1) != 1):
-        problems.append(f"{node.name}: activation scale must be per-tensor" + ("" if form == "tensorrt" else " or per channel (axis 1)"))
-    if form == "tensorrt" and (zp.dtype != np.int8 or np.any(zp != 0)):
+    symmetric = convention(form).symmetric_activations
+    if scale.size != 1 and (symmetric or _attr(node, "axis", 1) != 1):
+        problems.append(f"{node.name}: activation scale must be per-tensor" + ("" if symmetric else " or per channel (axis 1)"))
+    if symmetric and (zp.dtype != np.int8 or np.any(zp != 0)):
         problems.append(f"{node.name}: activation must be int8 with zero point 0")
     return problems
 
@@ -77,6 +78,6 @@ def check_convention(model, form: Form) -> list[str]:
     for node in graph.g.node:
         if node.op_type in QUANT_OPS and not is_row_dequantize(node, graph.producer):  # a table read: no convention
             problems += _quantizer_problems(graph, node, form)
-    if form == "tensorrt":
+    if convention(form).residual_placement:
         problems += residual_problems(graph)
     return problems

@@ -8,7 +8,7 @@ import numpy as np
 
 from ...errors import ExportError
 
-from .graph import _activation_zero_point, _attr, _bcast, Form, _Graph, PASS_THROUGH, PassReport, _stored_out_axis, _toposort, WEIGHTED_OPS
+from .graph import _activation_zero_point, _attr, _bcast, convention, Form, _Graph, PASS_THROUGH, PassReport, _stored_out_axis, _toposort, WEIGHTED_OPS
 
 
 def per_tensor_activations(graph: _Graph, report: PassReport) -> None:
@@ -97,7 +97,7 @@ def rewrite_activations(graph: _Graph, form: Form, report: PassReport, guard: bo
     zero point 0 followed by ``Clip(0, 127)`` (``guard``; without it, the full uint8 range); any other tensor
     becomes uint8 with zero point 128.
     """
-    if form == "tensorrt":
+    if convention(form).symmetric_activations:
         per_tensor_activations(graph, report)
         _check_tensorrt_activations(graph)
         graph.refresh()

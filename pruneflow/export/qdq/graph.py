@@ -4,7 +4,7 @@ encoding names, and the small helpers every pass reads a node with."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, cast
 
 import numpy as np
 
@@ -24,6 +24,44 @@ Form = Literal["tensorrt", "cpu"]
 #:   where the CPU has VNNI); a ReLU stays a float op before its quantizer.
 Encoding = Literal["u8s8", "u8s8_vnni", "s8s8"]
 ENCODINGS: tuple[Encoding, ...] = ("u8s8", "u8s8_vnni", "s8s8")
+
+
+@dataclass(frozen=True)
+class Convention:
+    """What an INT8 form (``Form``) asks of a Q/DQ graph, declared once: the passes, the checks and the targets read
+    these, never the form's name (``convention(form)``)."""
+
+    name: str
+    #: Activations int8 with zero point 0, per tensor (TensorRT's explicit quantization); otherwise the cpu form's
+    #: encodings (uint8 or int8 per ``Encoding``).
+    symmetric_activations: bool
+    #: At a residual Add after a convolution only the skip input is quantized (TensorRT fuses Conv(+BN)+Add in int8).
+    residual_placement: bool
+    #: Int8 constants are read through DequantizeLinear only (a tied table's lookup gathers from its output).
+    dequantized_constants: bool
+    #: Written for another runtime than the CPU ones that check it here: its latency here says nothing of that runtime's.
+    foreign: bool
+
+
+CONVENTIONS: dict[str, Convention] = {
+    "tensorrt": Convention("tensorrt", symmetric_activations=True, residual_placement=True, dequantized_constants=True,
+                           foreign=True),
+    "cpu": Convention("cpu", symmetric_activations=False, residual_placement=False, dequantized_constants=False,
+                      foreign=False),
+}
+
+
+def convention(form: str) -> Convention:
+    """The convention of INT8 form ``form`` (``tensorrt`` or ``cpu``); ValueError naming them for another."""
+    if form not in CONVENTIONS:
+        raise ValueError(f"unknown INT8 form {form!r}: one of {', '.join(CONVENTIONS)}")
+    return CONVENTIONS[form]
+
+
+def form_and_encoding(name: str) -> tuple[Form, str]:
+    """A candidate's name as (INT8 form, cpu encoding): a form's own name (``tensorrt``: encoded as it declares), or
+    an encoding of the cpu form (``u8s8``, ``s8s8``, ...)."""
+    return (cast(Form, name), "u8s8") if name in CONVENTIONS else ("cpu", name)
 
 
 QUANT_OPS = ("QuantizeLinear", "DequantizeLinear")
