@@ -217,7 +217,8 @@ def avx2_run(tmp_path_factory):
 
 
 def test_a_run_for_avx2_delivers_the_portable_form_and_says_which_cpus_each_artifact_is_for(avx2_run):
-    from pruneflow.deployment import read_ir, read_onnx
+    from pruneflow.formats.onnx import read_onnx
+    from pruneflow.formats.openvino import read_ir
 
     by = {a.label: a for a in avx2_run.artifacts if a.target}
     assert by["onnx.int8"].metrics["int8_form"] == "u8s8" and by["openvino.int8"].metrics["int8_form"] == "u8s8"

@@ -156,7 +156,8 @@ def test_an_ir_converted_from_a_stamped_onnx_holds_its_record_once(tmp_path):
     import openvino as ov
     import torch
 
-    from pruneflow.deployment import read_ir, stamp_ir, stamp_onnx
+    from pruneflow.formats.onnx import stamp_onnx
+    from pruneflow.formats.openvino import read_ir, stamp_ir
     from pruneflow.export.openvino import _without_onnx_metadata
 
     path = tmp_path / "m.onnx"

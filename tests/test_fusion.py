@@ -184,7 +184,8 @@ def test_a_fused_file_says_it_needs_onnxruntime_and_bench_opens_it_there_only(pr
     from pruneflow.benchmark.measure import open_lanes
     from pruneflow.benchmark.variants import _from_file
     from pruneflow.benchmark.measure import BenchSettings
-    from pruneflow.deployment import onnxruntime_fused_runtime, onnxruntime_only, stamp_onnx
+    from pruneflow.deployment import onnxruntime_fused_runtime, onnxruntime_only
+    from pruneflow.formats.onnx import stamp_onnx
 
     _, x, path = pruned_fp32
     assert fuse_for_onnxruntime(path, tmp_path / "fused.onnx", {k: v.numpy() for k, v in x.items()}).kept

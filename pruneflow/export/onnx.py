@@ -14,7 +14,8 @@ from pydantic import Field
 
 from ..artifacts import Artifact, atomic_path
 from ..deployment import (INPUT_NAME, OUTPUT_NAME, deployment_record, int8_cpu_runtime, onnxruntime_fused_runtime,
-                          record_outputs, stamp_onnx)
+                          record_outputs)
+from ..formats.onnx import stamp_onnx
 from ..deps import require
 from ..errors import ExportError, InputError, MissingDependencyError, PruneflowError
 from ..evaluate import no_attention_fastpath

@@ -16,7 +16,8 @@ from pydantic import Field
 
 from ..artifacts import Artifact
 from ..deployment import (deployment_record, int8_cpu_runtime, openvino_bf16_runtime, openvino_int8_default_runtime,
-                          openvino_int8_runtime, stamp_ir)
+                          openvino_int8_runtime)
+from ..formats.openvino import stamp_ir
 from ..deps import require
 from ..errors import ExportError
 from ..inputs import to

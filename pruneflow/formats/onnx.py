@@ -4,10 +4,12 @@ and ``tensorrt`` (TensorRT's Q/DQ convention, only checked on a CPU: ``export/qd
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from ..deployment import KEYS, file_props
 from ..errors import InputError
 from .base import Format, InputSpec
 
@@ -32,13 +34,9 @@ class OnnxFormat(Format):
         return [Path(f"{path}.data")]
 
     def read_record(self, path: Path) -> dict[str, Any]:
-        from ..deployment import read_onnx
-
         return read_onnx(path)
 
     def stamp_record(self, model: Any, record: dict[str, Any], precision: str | None) -> None:
-        from ..deployment import stamp_onnx
-
         stamp_onnx(model, record, precision)
 
     def refused(self, record: dict[str, Any] | None) -> dict[str, str]:
@@ -71,8 +69,6 @@ class OnnxFormat(Format):
         params = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
         rows = [{"op": op, "count": n} for op, n in ops.most_common()]
         inputs = [f"{i.name}{[d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim]}" for i in model.graph.input]
-        from ..deployment import read_onnx
-
         deployment = read_onnx(model)  # what pruneflow wrote into metadata_props ({} for another tool's file)
         totals = {"params": params, "nodes": len(model.graph.node), "opset": model.opset_import[0].version,
                   "inputs": ", ".join(inputs), "outputs": ", ".join(o.name for o in model.graph.output)}
@@ -92,3 +88,21 @@ class OnnxFormat(Format):
         tensor = first.type.tensor_type
         shape = tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim)
         return InputSpec(first.name, shape, ONNX_DTYPES.get(tensor.elem_type, "float32"))
+
+
+def stamp_onnx(model: Any, record: dict[str, Any], precision: str | None) -> None:
+    """Write the record into an ONNX ModelProto's metadata_props (other entries are kept)."""
+    import onnx
+
+    props = {p.key: p.value for p in model.metadata_props}
+    props.update(file_props(record, precision))
+    onnx.helper.set_model_props(model, props)
+
+
+def read_onnx(source: Any) -> dict[str, Any]:
+    """The record written into an ONNX file or loaded ModelProto ({} for a model pruneflow did not write)."""
+    import onnx
+
+    model = source if hasattr(source, "metadata_props") else onnx.load(str(source), load_external_data=False)
+    props = {p.key: p.value for p in model.metadata_props}
+    return {key: json.loads(props[f"pruneflow.{key}"]) for key in KEYS if f"pruneflow.{key}" in props}

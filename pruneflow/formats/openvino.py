@@ -4,10 +4,12 @@ precision hint steers and whose instruction set can be capped (AVX2 emulation); 
 
 from __future__ import annotations
 
+import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+from ..deployment import KEYS, file_props
 from .base import Format, InputSpec
 
 #: IR element types -> numpy dtype names.
@@ -29,13 +31,9 @@ class IrFormat(Format):
         return [path.with_suffix(".bin")]
 
     def read_record(self, path: Path) -> dict[str, Any]:
-        from ..deployment import read_ir
-
         return read_ir(path)
 
     def stamp_record(self, model: Any, record: dict[str, Any], precision: str | None) -> None:
-        from ..deployment import stamp_ir
-
         stamp_ir(model, record, precision)
 
     def recorded_hint(self, runtime: str, record: dict[str, Any] | None) -> str | None:
@@ -54,3 +52,21 @@ class IrFormat(Format):
         dims = [d.strip() for d in attrs.get("shape", "").split(",") if d.strip()]
         shape = tuple(int(d) if d.isdigit() else None for d in dims)
         return InputSpec(layer.get("name", "input"), shape, IR_DTYPES.get(attrs.get("element_type", "f32"), "float32"))
+
+
+def stamp_ir(model: Any, record: dict[str, Any], precision: str | None) -> None:
+    """Write the record into an OpenVINO model's rt_info (``<rt_info><pruneflow>`` in the .xml)."""
+    for key, value in file_props(record, precision).items():
+        model.set_rt_info(value, ["pruneflow", key.removeprefix("pruneflow.")])
+
+
+def read_ir(path: str | Path) -> dict[str, Any]:
+    """The record written into an OpenVINO IR's rt_info ({} for an IR pruneflow did not write)."""
+    import openvino as ov
+
+    model = ov.Core().read_model(str(path))
+    out = {}
+    for key in KEYS:
+        if model.has_rt_info(["pruneflow", key]):
+            out[key] = json.loads(model.get_rt_info(["pruneflow", key]).astype(str))
+    return out
