@@ -172,6 +172,16 @@ def test_the_format_scan_leaves_other_strings_alone():
     assert format_switches(clean, "clean.py", *_format_names()) == []
 
 
+def test_a_registry_finds_its_built_ins_where_no_entry_point_names_them_and_an_entry_point_wins():
+    from pruneflow.formats.onnx import OnnxFormat
+    from pruneflow.registry import Registry
+
+    fresh = Registry("artifact format", "pruneflow.no_such_group", built_in={"onnx": "pruneflow.formats.onnx:OnnxFormat"})
+    assert fresh.names() == ["onnx"] and fresh.get("onnx") is OnnxFormat
+    shadowed = Registry("stage type", "pruneflow.stages", built_in={"train": "pruneflow.formats.onnx:OnnxFormat"})
+    assert shadowed.get("train") is registry.stages.get("train")  # the installed entry point, not the listed built-in
+
+
 def test_the_built_in_formats_and_runtimes_are_registered_kinds():
     from pruneflow.formats import Format, Runtime, format_of, runtime_named, runtimes_for
 
