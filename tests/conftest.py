@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import time
 from pathlib import Path
 from typing import Callable, TypeVar
 
@@ -176,6 +177,15 @@ def shared_data() -> Path:
     if not (SHARED_DATA / "cifar10").is_dir():
         pytest.skip(f"shared data not found at {SHARED_DATA}")
     return SHARED_DATA
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    """Poll ``predicate`` every 0.1 s until it holds; AssertionError naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
 
 
 def write(path: Path, content: dict | str) -> Path:
