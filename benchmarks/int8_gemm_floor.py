@@ -87,7 +87,8 @@ def eval_batch(run: Path, batch: int):
 
 
 def _record_hint(xml: Path) -> str | None:
-    from pruneflow.deployment import openvino_hint, read_ir
+    from pruneflow.deployment import openvino_hint
+    from pruneflow.formats.openvino import read_ir
 
     return openvino_hint(read_ir(xml))
 

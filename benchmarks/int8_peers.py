@@ -157,7 +157,8 @@ def lanes(run: Path, peers: dict[str, Path], fp32_onnx: Path, fp32_xml: Path, al
 
 
 def _record_hint(xml: Path) -> str | None:
-    from pruneflow.deployment import openvino_hint, read_ir
+    from pruneflow.deployment import openvino_hint
+    from pruneflow.formats.openvino import read_ir
 
     return openvino_hint(read_ir(xml))
 

@@ -28,7 +28,8 @@ import numpy as np
 from pruneflow.benchmark.inputs import Feeds
 from pruneflow.benchmark.variants import collect_variants
 from pruneflow.runtime import BatchPolicy, Server, ServerClosed, host_info, open_artifact
-from pruneflow.deployment import openvino_hint, read_ir
+from pruneflow.deployment import openvino_hint
+from pruneflow.formats.openvino import read_ir
 
 REQUESTS, CLIENTS = 1000, 8
 

@@ -14,7 +14,8 @@ One record per artifact (``Artifact.deployment``, and the run's in the manifest'
 The same values go into each file: ONNX ``metadata_props`` (keys ``pruneflow.input``, ``pruneflow.output``,
 ``pruneflow.preprocessing``, ``pruneflow.labels``, ``pruneflow.precision``, ``pruneflow.format``,
 ``pruneflow.runtime``, and ``pruneflow.hosts`` where CPUs were named; each value JSON) and OpenVINO IR ``rt_info`` (the same keys under ``pruneflow``),
-read back by :func:`read_onnx` and :func:`read_ir`.
+written and read back by each file's format (``pruneflow/formats/``: ``onnx.stamp_onnx``/``read_onnx``,
+``openvino.stamp_ir``/``read_ir``).
 """
 
 from __future__ import annotations
@@ -253,42 +254,20 @@ def file_props(record: dict[str, Any], precision: str | None) -> dict[str, str]:
     return {f"pruneflow.{key}": json.dumps(values.get(key)) for key in KEYS if key not in OPTIONAL_KEYS or values.get(key)}
 
 
-def stamp_onnx(model: Any, record: dict[str, Any], precision: str | None) -> None:
-    """Write the record into an ONNX ModelProto's metadata_props (other entries are kept)."""
-    import onnx
-
-    props = {p.key: p.value for p in model.metadata_props}
-    props.update(file_props(record, precision))
-    onnx.helper.set_model_props(model, props)
-
-
-def stamp_ir(model: Any, record: dict[str, Any], precision: str | None) -> None:
-    """Write the record into an OpenVINO model's rt_info (``<rt_info><pruneflow>`` in the .xml)."""
-    for key, value in file_props(record, precision).items():
-        model.set_rt_info(value, ["pruneflow", key.removeprefix("pruneflow.")])
-
-
-def read_onnx(source: Any) -> dict[str, Any]:
-    """The record written into an ONNX file or loaded ModelProto ({} for a model pruneflow did not write)."""
-    import onnx
-
-    model = source if hasattr(source, "metadata_props") else onnx.load(str(source), load_external_data=False)
-    props = {p.key: p.value for p in model.metadata_props}
-    return {key: json.loads(props[f"pruneflow.{key}"]) for key in KEYS if f"pruneflow.{key}" in props}
-
-
 def openvino_hint(record: dict[str, Any] | None) -> str | None:
     """The INFERENCE_PRECISION_HINT a deployment record tells OpenVINO to compile with (None: its default)."""
     return (((record or {}).get("runtime") or {}).get("openvino") or {}).get("INFERENCE_PRECISION_HINT")
 
 
-def read_ir(path: str | Path) -> dict[str, Any]:
-    """The record written into an OpenVINO IR's rt_info ({} for an IR pruneflow did not write)."""
-    import openvino as ov
+#: The record's readers and writers of each file type live with its format (``pruneflow/formats/``); the names stay
+#: importable from here, where code written before the move (and the README of 0.1) found them.
+_MOVED = {"read_onnx": "pruneflow.formats.onnx", "stamp_onnx": "pruneflow.formats.onnx",
+          "read_ir": "pruneflow.formats.openvino", "stamp_ir": "pruneflow.formats.openvino"}
 
-    model = ov.Core().read_model(str(path))
-    out = {}
-    for key in KEYS:
-        if model.has_rt_info(["pruneflow", key]):
-            out[key] = json.loads(model.get_rt_info(["pruneflow", key]).astype(str))
-    return out
+
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        import importlib  # (at use: pruneflow.formats imports this module)
+
+        return getattr(importlib.import_module(_MOVED[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

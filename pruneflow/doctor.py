@@ -31,7 +31,7 @@ from .handle import ModelHandle
 from .inputs import Inputs, as_numpy, describe, take, to
 from .prepare import load_inputs, plan_stages, preflight
 from .recipe import LoadedRecipe
-from .stage import Check, Stage
+from .stage import BuildInputs, Check, Stage
 
 #: The fix when an exported file fails in its runtime on a batch (the export traced a batch of 2).
 TRACED_SIZES = ("the export traces forward with a batch of 2 and the file runs a batch of 32: a size read with len() or "
@@ -190,7 +190,7 @@ def _model_checks(state: RunState, ctx: RunContext) -> list[Check]:
     assert state.data is not None
     try:
         target_class = registry.targets.get(MODEL_CHECK_TARGET)
-        made = target_class(target_class.Config(type=MODEL_CHECK_TARGET)).build(state, ctx, out_dir, "fp32")
+        made = target_class(target_class.Config(type=MODEL_CHECK_TARGET)).build(state, ctx, out_dir, "fp32", BuildInputs())
         artifact = made[0] if isinstance(made, list) else made
         open_artifact(ctx.run_dir / artifact.path, runtime="onnxruntime")(as_numpy(state.data.eval.x))
     except Exception as exc:  # noqa: BLE001

@@ -9,6 +9,7 @@ from pydantic import Field
 
 from .artifacts import Artifact, Precision
 from .config import StrictModel
+from .formats import runs_elsewhere
 from .recipe.models import GateSpec
 from .stage import GateResult as GateResult  # a kernel record (StageResult carries it); found here as always
 
@@ -107,7 +108,7 @@ def artifact_gates(spec: ArtifactGates, artifacts: list[Artifact], timed: list[i
             ok = size <= spec.max_size_mb
             checked.append((artifact, GateResult(f"{artifact.label}.max_size_mb", ok, f"{artifact.path} (all its files): "
                                                  f"{size:.4g} MB {'<=' if ok else '>'} max_size_mb {spec.max_size_mb:g}", size)))
-        if spec.min_speedup is not None and artifact.precision != "fp32" and artifact.form != "tensorrt":
+        if spec.min_speedup is not None and artifact.precision != "fp32" and not runs_elsewhere(artifact):
             checked.append((artifact, _speedup_gate(spec.min_speedup, artifact, spec.batch_sizes or timed)))
     for artifact, gate in checked:
         if not gate.passed:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
@@ -10,6 +9,7 @@ import torch
 
 from .artifacts import Manifest, check_run_sizes, manifest_entries, run_file
 from .errors import InputError, UsageError
+from .formats import format_of
 
 if TYPE_CHECKING:
     from .inputs import Inputs
@@ -89,8 +89,10 @@ def inspect_source(source: str, input_shape: tuple[int, ...] | None = None, reci
     if input_shape is not None:
         _check_input_shape(input_shape)
     path = Path(source)
-    if path.suffix == ".onnx":
-        return _inspect_onnx(path)
+    fmt = format_of(path)
+    graph = fmt.inspect(path) if fmt is not None else None  # a file whose format tabulates its graph (ONNX)
+    if graph is not None:
+        return graph
     found = _find_model(source, path, recipe, trust_code)
     shape = input_shape or found.shape
     if shape is None:
@@ -196,33 +198,3 @@ def _check_input_shape(shape: tuple[int, ...]) -> None:
         raise UsageError(f"--input-shape {','.join(map(str, shape))}: {problem}",
                          hint="give one sample's shape without the batch dimension, e.g. --input-shape 3,32,32")
 
-
-def _inspect_onnx(path: Path) -> dict:
-    import numpy as np
-
-    from .deps import require
-
-    onnx = require("onnx", "pip install onnx", "inspecting ONNX models")
-    if not path.is_file():
-        raise InputError(f"{path} does not exist", hint=_SOURCES)
-    try:
-        model = onnx.load(str(path))
-    except Exception as exc:  # noqa: BLE001 - protobuf raises its own DecodeError on a corrupt file
-        raise InputError(f"{path} is not a readable ONNX model: {type(exc).__name__}: {exc}",
-                         hint="export the model again, or point at the .onnx file a run wrote (OUT/NAME/export/onnx/)") from exc
-    if not model.opset_import or not model.HasField("graph"):  # an empty file parses as an empty model
-        raise InputError(f"{path} holds no ONNX graph ({path.stat().st_size:,} bytes: an empty or truncated file)",
-                         hint="export the model again, or point at the .onnx file a run wrote (OUT/NAME/export/onnx/)")
-    ops = Counter(n.op_type for n in model.graph.node)
-    params = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
-    rows = [{"op": op, "count": n} for op, n in ops.most_common()]
-    inputs = [f"{i.name}{[d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim]}" for i in model.graph.input]
-    from .deployment import read_onnx
-
-    deployment = read_onnx(model)  # what pruneflow wrote into metadata_props ({} for another tool's file)
-    totals = {"params": params, "nodes": len(model.graph.node), "opset": model.opset_import[0].version,
-              "inputs": ", ".join(inputs), "outputs": ", ".join(o.name for o in model.graph.output)}
-    if deployment:
-        totals.update(precision=deployment.get("precision"), layout=(deployment.get("input") or {}).get("layout"),
-                      preprocessing=(deployment.get("preprocessing") or {}).get("steps"))
-    return {"source": str(path), "kind": "onnx", "layers": rows, "totals": totals, "deployment": deployment}

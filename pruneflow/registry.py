@@ -1,5 +1,5 @@
-"""Registries of what varies: stages, export targets, model kinds, pruning criteria, rebuildable modules (and
-what the modules below add).
+"""Registries of what varies: stages, export targets, model kinds, pruning criteria, artifact formats and runtimes,
+rebuildable modules (and what the modules below add).
 
 Built-ins and third-party plugins arrive the same way, through entry points::
 
@@ -22,12 +22,16 @@ T = TypeVar("T")
 
 
 class Registry(Generic[T]):
-    def __init__(self, kind: str, group: str, plural: str | None = None):
+    def __init__(self, kind: str, group: str, plural: str | None = None, built_in: dict[str, str] | None = None):
+        """``built_in``: name -> ``module:attribute`` of the kinds pruneflow ships, found under ``group`` like any
+        plugin's; listed here too so that an install made before the group existed (an editable install whose
+        metadata predates it) still has them. An entry point of the same name wins."""
         self.kind = kind
         self.group = group
         self.plural = plural or f"{kind}s"
         self._items: dict[str, T] = {}
         self._entry_points: dict[str, EntryPoint] | None = None
+        self._built_in = {name: EntryPoint(name, value, group) for name, value in (built_in or {}).items()}
 
     def register(self, name: str) -> Callable[[T], T]:
         """Decorator registering ``obj`` under ``name`` (for code that is not an installed plugin)::
@@ -58,7 +62,7 @@ class Registry(Generic[T]):
 
     def _eps(self) -> dict[str, EntryPoint]:
         if self._entry_points is None:
-            self._entry_points = {ep.name: _moved(ep) for ep in entry_points(group=self.group)}
+            self._entry_points = {**self._built_in, **{ep.name: _moved(ep) for ep in entry_points(group=self.group)}}
         return self._entry_points
 
     def names(self) -> list[str]:
@@ -110,6 +114,14 @@ tasks: Registry = Registry("task", "pruneflow.tasks")
 model_kinds: Registry = Registry("model kind", "pruneflow.model_kinds")
 #: Pruning criteria (pruneflow/prune/criteria.py): how important a channel, head or FFN neuron is.
 criteria: Registry = Registry("pruning criterion", "pruneflow.criteria", plural="pruning criteria")
+#: Artifact formats (pruneflow/formats/): a file's suffixes, its deployment record, input spec, runtimes and INT8 forms.
+formats: Registry = Registry("artifact format", "pruneflow.formats", built_in={
+    "onnx": "pruneflow.formats.onnx:OnnxFormat", "openvino": "pruneflow.formats.openvino:IrFormat",
+    "tensorrt": "pruneflow.formats.tensorrt:EngineFormat", "ascend": "pruneflow.formats.ascend:OmFormat"})
+#: Runtimes that load artifacts (pruneflow/formats/runtimes.py): their devices, precision hints and loaders.
+runtimes: Registry = Registry("runtime", "pruneflow.runtimes", built_in={
+    "onnxruntime": "pruneflow.formats.runtimes:OnnxRuntime", "openvino": "pruneflow.formats.runtimes:OpenVinoRuntime",
+    "tensorrt": "pruneflow.formats.runtimes:TensorRtRuntime"})
 #: Module classes a checkpoint may rebuild where the recipe's model has another (pruneflow/checkpoint.py):
 #: class name -> a zero-argument callable making a blank one (its sizes come from the checkpoint).
 rebuildable_modules: Registry = Registry("rebuildable module", "pruneflow.rebuildable_modules")

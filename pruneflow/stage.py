@@ -202,6 +202,28 @@ class Stage(Generic[C]):
         return []
 
 
+@dataclass(frozen=True)
+class BuildInputs:
+    """What the export stage gives each target's ``build`` beside the run's state, one typed value.
+
+        target.build(state, ctx, out_dir, "int8", BuildInputs(upstream=built, latency=stage.config.latency))
+    """
+
+    #: The artifacts this export stage built before this target (those of ``depends_on`` among them): a target reuses
+    #: them instead of exporting again (the OpenVINO INT8 IR from the onnx target's INT8 ONNX).
+    upstream: "list[Artifact]" = field(default_factory=list)
+    #: The stage's onnx target's ``opset`` and ``exporter`` ({} when it has none): a target that exports an ONNX of its
+    #: own exports it alike.
+    onnx_export: dict[str, Any] = field(default_factory=dict)
+    #: The export stage's ``latency`` settings (``batch_sizes``, ``runs``, ``threads``; None when it times nothing): a
+    #: target that chooses between forms by measuring times them alike.
+    latency: Any = None
+
+    def onnx_opset(self) -> dict[str, Any]:
+        """``onnx_export``'s ``opset`` alone, for the int8 QDQ exports (written by the legacy exporter whatever it says)."""
+        return {k: v for k, v in self.onnx_export.items() if k == "opset"}
+
+
 class Target(Generic[T]):
     """Base class of export targets, generic over its config: one folder, one or more artifacts."""
 
@@ -211,22 +233,9 @@ class Target(Generic[T]):
 
     def __init__(self, config: T):
         self.config: T = config
-        #: The artifacts this export stage built before this target (those of ``depends_on`` among them),
-        #: set by the export stage before each ``build``: a target reuses them instead of exporting again.
-        self.upstream: list["Artifact"] = []
-        #: The export stage's ``latency`` settings (``batch_sizes``, ``runs``, ``threads``; None when it times
-        #: nothing), set with ``upstream``: a target that chooses between forms by measuring times them alike.
-        self.latency: Any = None
-        #: The stage's onnx target's ``opset`` and ``exporter`` ({} when it has none), set with ``upstream``: a target
-        #: that exports an ONNX of its own (the onnx target's file being fused for onnxruntime, say) exports it alike.
-        self.onnx_export: dict[str, Any] = {}
         #: Tables for the report (list of row dicts by name), e.g. the INT8 forms a target measured to choose one;
         #: the export stage adds them to its own.
         self.tables: dict[str, list[dict]] = {}
-
-    def onnx_opset(self) -> dict[str, Any]:
-        """``onnx_export``'s ``opset`` alone, for the int8 QDQ exports (written by the legacy exporter whatever it says)."""
-        return {k: v for k, v in self.onnx_export.items() if k == "opset"}
 
     def preflight(self) -> list[str]:
         """Raise MissingDependencyError when the toolchain is absent; return notes otherwise."""
@@ -245,12 +254,22 @@ class Target(Generic[T]):
         writes, ``index``: its export stage's, ``loc``: its key path), as ConfigErrors; nothing by default."""
         return iter(())
 
-    def build(self, state: "RunState", ctx: "RunContext", out_dir: Path, precision: str) -> "Artifact | list[Artifact]":  # pragma: no cover
-        """Write the artifact(s) under ``out_dir`` (atomically) and return them.
+    def build(self, state: "RunState", ctx: "RunContext", out_dir: Path, precision: str,
+              given: "BuildInputs") -> "Artifact | list[Artifact]":  # pragma: no cover
+        """Write the artifact(s) under ``out_dir`` (atomically) and return them; ``given``: what the export stage
+        hands every target (what it built before this one, how it exports ONNX and how it times).
 
         One precision may give several artifacts (e.g. ONNX INT8 in the CPU and the TensorRT form);
         each has its own ``precision`` label, which names it in metrics and gates.
         """
+        raise NotImplementedError
+
+    #: Whether the model the run started from (``headline.py``) is timed in this target's format beside its artifacts
+    #: (``start_file`` makes it), so the headline's latency ratios compare like with like.
+    times_start: ClassVar[bool] = False
+
+    def start_file(self, onnx: Path, tmp: Path) -> Path:
+        """The starting model in this target's format, made in ``tmp`` from its FP32 ONNX ``onnx`` (``times_start``)."""
         raise NotImplementedError
 
     def runner(self, path: Path, threads: int | None = None) -> "Callable[[np.ndarray], np.ndarray] | None":

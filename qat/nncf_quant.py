@@ -183,7 +183,7 @@ def quantize(model: nn.Module, calib: CalibrationSet, settings: NncfSettings | N
     ``activations="signed"`` forces every activation quantizer to int8 (-128..127, zero point 0), the
     only activation type TensorRT accepts; the CPU INT8 form writes the same grid as uint8 (zero point 0
     and a Clip at 127 after a ReLU, zero point 128 elsewhere), so one set of trained scales serves both
-    (pruneflow/export/qdq.py). ``"auto"`` lets
+    (pruneflow/export/qdq/). ``"auto"`` lets
     NNCF use unsigned quantizers after ReLU (one more bit there, but no exact TensorRT form).
 
     ``model_type``: ``transformer`` uses NNCF's transformer model type (see ``nncf_quantize``), ``cnn`` its
@@ -430,7 +430,7 @@ def strip_quantizers(model: nn.Module, example: Inputs) -> nn.Module:
     """A CPU copy of ``model`` with NNCF's quantizers replaced by torch's native fake-quant ops.
 
     torch.onnx writes those as QuantizeLinear/DequantizeLinear pairs, the input of pruneflow's INT8 passes
-    (pruneflow/export/qdq.py). The live model may be on a GPU and still in use, hence the copy.
+    (pruneflow/export/qdq/). The live model may be on a GPU and still in use, hence the copy.
     """
     import warnings
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import time
 from pathlib import Path
 from typing import Callable, TypeVar
 
@@ -139,12 +140,52 @@ def stages_registered(**stages):
     recipe_model.cache_clear()
 
 
+@contextlib.contextmanager
+def plugin_installed(site: Path, module: str, registry, entry: str, also: Callable[[], None] = lambda: None):
+    """``tests/plugins/<module>.py`` installed into ``site`` as a distribution would be: the module on sys.path, its
+    entry point (``entry``: ``name = module:Class``) under ``registry``'s group in a dist-info. The registry reads its
+    entry points again before the block and after it (when the plugin is gone), and ``also`` runs with it (caches
+    built from the registry)."""
+    import shutil
+    import sys
+
+    name = entry.split("=")[0].strip()
+
+    def reset() -> None:
+        registry._entry_points = None
+        registry.unregister(name)
+        also()
+
+    shutil.copy(Path(__file__).parent / "plugins" / f"{module}.py", site / f"{module}.py")
+    info = site / f"{module}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module.replace('_', '-')}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[{registry.group}]\n{entry}\n")
+    sys.path.insert(0, str(site))
+    reset()
+    try:
+        yield site
+    finally:
+        sys.path.remove(str(site))
+        sys.modules.pop(module, None)
+        reset()
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     """../shared/data beside the checkout (present locally and in CI); skip where it is absent."""
     if not (SHARED_DATA / "cifar10").is_dir():
         pytest.skip(f"shared data not found at {SHARED_DATA}")
     return SHARED_DATA
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    """Poll ``predicate`` every 0.1 s until it holds; AssertionError naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
 
 
 def write(path: Path, content: dict | str) -> Path:

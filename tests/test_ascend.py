@@ -36,10 +36,9 @@ from pruneflow.export.ascend import (
     first_errors,
     parse_check_result,
     precision_mode_for,
-    prepare_onnx,
-    to_opset,
     write_bundle,
 )
+from pruneflow.export.ascend_onnx import prepare_onnx, to_opset
 from pruneflow.export.ascend_ops import SUPPORTED_ONNX_OPS, unsupported_nodes
 from pruneflow.recipe.models import DataSpec
 from pruneflow.zoo.digits import digits_cnn

@@ -20,7 +20,8 @@ def artifacts(tmp_path_factory):
     import onnx
     import openvino as ov
 
-    from pruneflow.deployment import stamp_ir, stamp_onnx
+    from pruneflow.formats.onnx import stamp_onnx
+    from pruneflow.formats.openvino import stamp_ir
 
     torch.manual_seed(0)
     folder = tmp_path_factory.mktemp("load")

@@ -416,7 +416,9 @@ def test_the_readmes_serving_snippets_run_as_written_with_the_irs_precision_hint
     import openvino as ov
     import torch
 
-    from pruneflow.deployment import openvino_int8_runtime, read_ir, stamp_ir, stamp_onnx
+    from pruneflow.deployment import openvino_int8_runtime
+    from pruneflow.formats.onnx import stamp_onnx
+    from pruneflow.formats.openvino import read_ir, stamp_ir
 
     blocks = _serving_blocks()
     assert len(blocks) == 2 and "onnxruntime" in blocks[0] and "openvino_hint(read_ir(" in blocks[1]

@@ -15,8 +15,9 @@ import torch
 
 from pruneflow.artifacts import PRECISIONS, Artifact, Manifest, combined_sha256, sha256_file
 from pruneflow.checkpoint import load_checkpoint
-from pruneflow.deployment import (int8_cpu_runtime, openvino_int8_default_runtime, openvino_int8_runtime, read_ir, read_onnx,
-                                  resolved_scale)
+from pruneflow.deployment import int8_cpu_runtime, openvino_int8_default_runtime, openvino_int8_runtime, resolved_scale
+from pruneflow.formats.onnx import read_onnx
+from pruneflow.formats.openvino import read_ir
 from pruneflow.export.forms import needs_vnni
 from pruneflow.export.onnx import export_onnx
 from pruneflow.runtime import open_artifact

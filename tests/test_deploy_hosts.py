@@ -101,15 +101,16 @@ def test_optimize_for_names_the_cpus_and_refuses_an_unknown_one(tmp_path):
 
 
 def test_the_serving_cpus_are_part_of_the_export_stages_resume_key(tmp_path):
-    from pruneflow.pipeline import _serving_part, plan_stages
+    from pruneflow.pipeline import plan_stages
+    from pruneflow.resume import serving_part
     from pruneflow.recipe import load_recipe
 
     loaded = load_recipe(_recipe(tmp_path), ["deploy.cpu=[avx2]"])
     stages = plan_stages(loaded)
     export = next(s for s in stages if s.config.type == "export")
     other = load_recipe(_recipe(tmp_path), ["deploy.cpu=[avx512_vnni]"]).recipe
-    assert _serving_part(export, loaded.recipe) != _serving_part(export, other)
-    assert all(_serving_part(s, loaded.recipe) == [] for s in stages if s is not export)
+    assert serving_part(export, loaded.recipe) != serving_part(export, other)
+    assert all(serving_part(s, loaded.recipe) == [] for s in stages if s is not export)
 
 
 # --------------------------------------------------------------------------- the stage's pins
@@ -118,24 +119,24 @@ def test_the_serving_cpus_are_part_of_the_export_stages_resume_key(tmp_path):
 def _targets(**config):
     from pruneflow.export.onnx import OnnxConfig, OnnxTarget
     from pruneflow.export.openvino import OpenVinoConfig, OpenVinoTarget
-    from pruneflow.stages.export import ExportConfig, ExportStage
 
-    stage = ExportStage(ExportConfig(targets=["onnx", "openvino"]), "export", 0)
-    return stage, OnnxTarget(OnnxConfig(**config)), OpenVinoTarget(OpenVinoConfig(**config))
+    return OnnxTarget(OnnxConfig(**config)), OpenVinoTarget(OpenVinoConfig(**config))
 
 
 def test_auto_is_pinned_for_the_named_cpus_and_a_recorded_form_they_cannot_run_is_not_taken_again():
-    stage, onnx, ov = _targets()
-    assert stage._pinned("onnx", onnx, {}, None).config.form == "u8s8"
-    pinned = stage._pinned("openvino", ov, {}, ["avx2"])
-    assert (pinned.config.form, pinned.config.int8_hint) == ("u8s8", "f32") and pinned.for_hosts["form"][0] == "u8s8"
-    assert stage._pinned("onnx", onnx, {}, ["avx512_vnni"]) is onnx  # left to `auto`: timed here
-    vnni = stage._pinned("onnx", onnx, {"int8_form": "u8s8_vnni"}, None)  # an old record, made for this host
-    assert vnni.config.form == "u8s8" and not vnni.from_record
-    again = stage._pinned("onnx", onnx, {"int8_form": "u8s8_vnni"}, ["avx512_vnni"])
-    assert again.config.form == "u8s8_vnni" and again.from_record == {"form": "u8s8_vnni"}
-    _, onnx, _ = _targets(form="s8s8")  # the recipe's own pin is never touched
-    assert stage._pinned("onnx", onnx, {}, None) is onnx
+    from pruneflow.stages.export_hosts import Pins, pinned
+
+    onnx, ov = _targets()
+    assert pinned("onnx", onnx, {}, None)[0].config.form == "u8s8"
+    for_avx2, pins = pinned("openvino", ov, {}, ["avx2"])
+    assert (for_avx2.config.form, for_avx2.config.int8_hint) == ("u8s8", "f32") and pins.for_hosts["form"][0] == "u8s8"
+    assert pinned("onnx", onnx, {}, ["avx512_vnni"]) == (onnx, Pins())  # left to `auto`: timed here
+    vnni, pins = pinned("onnx", onnx, {"int8_form": "u8s8_vnni"}, None)  # an old record, made for this host
+    assert vnni.config.form == "u8s8" and not pins.from_record
+    again, pins = pinned("onnx", onnx, {"int8_form": "u8s8_vnni"}, ["avx512_vnni"])
+    assert again.config.form == "u8s8_vnni" and pins.from_record == {"form": "u8s8_vnni"}
+    onnx, _ = _targets(form="s8s8")  # the recipe's own pin is never touched
+    assert pinned("onnx", onnx, {}, None)[0] is onnx
 
 
 def test_the_record_names_the_cpus_only_when_named_and_the_served_on_rows_say_which_each_artifact_is_for():
@@ -216,7 +217,8 @@ def avx2_run(tmp_path_factory):
 
 
 def test_a_run_for_avx2_delivers_the_portable_form_and_says_which_cpus_each_artifact_is_for(avx2_run):
-    from pruneflow.deployment import read_ir, read_onnx
+    from pruneflow.formats.onnx import read_onnx
+    from pruneflow.formats.openvino import read_ir
 
     by = {a.label: a for a in avx2_run.artifacts if a.target}
     assert by["onnx.int8"].metrics["int8_form"] == "u8s8" and by["openvino.int8"].metrics["int8_form"] == "u8s8"

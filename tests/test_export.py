@@ -76,7 +76,7 @@ def test_a_static_batch_export_is_measured_one_sample_at_a_time(tmp_path, write_
 
 
 def test_parity_limits_follow_the_precision_the_runtime_computed_in():
-    from pruneflow.stages.export import ParitySpec
+    from pruneflow.stages.export_config import ParitySpec
     from pruneflow.stages.measure import PARITY_DEFAULTS
 
     spec = ParitySpec()
@@ -156,7 +156,8 @@ def test_an_ir_converted_from_a_stamped_onnx_holds_its_record_once(tmp_path):
     import openvino as ov
     import torch
 
-    from pruneflow.deployment import read_ir, stamp_ir, stamp_onnx
+    from pruneflow.formats.onnx import stamp_onnx
+    from pruneflow.formats.openvino import read_ir, stamp_ir
     from pruneflow.export.openvino import _without_onnx_metadata
 
     path = tmp_path / "m.onnx"

@@ -16,7 +16,7 @@ from pydantic import Field
 
 from pruneflow import registry
 from pruneflow.errors import InputError
-from pruneflow.pipeline import RUN_FILES
+from pruneflow.run_folder import RUN_FILES
 from pruneflow.recipe.models import recipe_model, target_union
 from pruneflow.stage import Stage, StageConfig, StageResult
 from tests.conftest import invoke, tiny_recipe_dict, write

@@ -1,5 +1,6 @@
 """Faults a run must survive (issue 14): hostile run folders and checkpoints, reproducible checkpoint bytes,
-SIGTERM, two runs into one folder, a stale NNCF build lock, and the --json contract.
+SIGTERM, two runs into one folder, NNCF's log after a resume, and the --json contract (a stale NNCF build lock:
+tests/test_nncf_build_lock.py).
 
 Each case asserts the exit code, a message that says what, where and the fix, and that nothing was run,
 written or lost. Runs are tiny (digits_cnn, 300 training digits, one epoch); subprocesses run the real CLI.
@@ -25,13 +26,13 @@ import torch
 import yaml
 from pydantic import Field
 
-from pruneflow.cli import json_line
+from pruneflow.cli.console import json_line
 from pruneflow import registry
 from pruneflow.artifacts import run_dir_lock
 from pruneflow.checkpoint import FORMAT
 from pruneflow.recipe.models import recipe_model, target_union
 from pruneflow.stage import Stage, StageConfig, StageResult
-from conftest import invoke, runs_a_recipe, tiny_train_recipe as tiny, write
+from conftest import invoke, runs_a_recipe, tiny_train_recipe as tiny, wait_for, write
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -251,14 +252,6 @@ def test_the_same_seed_gives_byte_identical_checkpoints(trained, tmp_path):
 # --------------------------------------------------------------------------- 3. SIGTERM
 
 
-def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
-
-
 SLOW = {"type": "train", "name": "long", "epochs": 400, "batch_size": 32, "lr": 0.05}
 
 
@@ -351,86 +344,7 @@ def test_an_out_folder_that_is_a_file_is_a_clear_error(tmp_path):
     assert "lock" in result.stderr and "--out" in result.stderr and "internal error" not in result.stderr
 
 
-# --------------------------------------------------------------------------- 5. a stale NNCF build lock
-
-
-def holder(lock: Path) -> subprocess.Popen:
-    """A process holding ``lock`` open, as torch's FileBaton does while it builds."""
-    proc = subprocess.Popen([PYTHON, "-c", f"import os,sys,time; fd=os.open({str(lock)!r}, os.O_RDONLY); "
-                                           "print('held', flush=True); time.sleep(120)"], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
-    return proc
-
-
-def build_lock(folder: Path) -> Path:
-    lock = folder / "nncf" / "quantized_functions_cpu" / f"{torch.__version__}" / "lock"
-    write(lock, "")
-    return lock
-
-
-def test_a_stale_nncf_build_lock_is_removed_with_a_message(tmp_path, monkeypatch):
-    from pruneflow.qat import nncf_setup
-
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
-    lock = build_lock(tmp_path / "ext")
-    said: list[str] = []
-    assert nncf_setup.configure(notify=said.append) == tmp_path / "ext"
-    assert not lock.exists()
-    assert len(said) == 1 and str(lock) in said[0] and "stale" in said[0] and "no process holds it" in said[0]
-
-
-def test_a_live_build_is_waited_for_with_messages_and_its_lock_cleared_when_its_owner_dies(tmp_path, monkeypatch):
-    from pruneflow.qat import nncf_setup
-
-    lock = build_lock(tmp_path / "ext")
-    owner = holder(lock)
-    said: list[str] = []
-    try:
-        assert nncf_setup.lock_holders(lock) == [owner.pid]
-        nncf_setup.clear_stale_locks(tmp_path / "ext", said.append)
-        assert lock.exists() and said == []  # a live owner's lock stays (and a one-off check says nothing)
-        with nncf_setup.watching_locks(tmp_path / "ext", said.append, every=0.1):
-            wait_for(lambda: said, 10, "a waiting message")
-            assert f"waiting for NNCF's C++ extension build by pid {owner.pid}" in said[0] and str(lock) in said[0]
-            owner.kill()
-            owner.wait()
-            wait_for(lambda: not lock.exists(), 10, "the stale lock to be removed")
-        assert "removed a stale lock" in said[-1]
-    finally:
-        owner.kill()
-
-
-def test_a_lock_whose_owner_cannot_be_looked_up_is_judged_by_its_age(tmp_path, monkeypatch):
-    from pruneflow.qat import nncf_setup
-
-    monkeypatch.setattr(nncf_setup, "lock_holders", lambda lock: None)
-    young, old = build_lock(tmp_path / "a"), build_lock(tmp_path / "b")
-    past = time.time() - nncf_setup.STALE_LOCK_SECONDS - 60
-    os.utime(old, (past, past))
-    said: list[str] = []
-    waiting: dict = {}
-    nncf_setup.clear_stale_locks(tmp_path / "a", said.append, waiting)
-    nncf_setup.clear_stale_locks(tmp_path / "b", said.append, waiting)
-    assert young.exists() and not old.exists()
-    assert "waiting for NNCF's C++ extension build by an unknown process" in said[0] and "min old" in said[1]
-
-
-def test_a_real_load_with_a_stale_lock_finishes_instead_of_hanging(tmp_path):
-    """The built extension copied from the cache into a fresh folder, a killed build's lock planted: the load
-    (before: a silent endless wait) takes seconds and says what it removed."""
-    from pruneflow.qat.nncf_setup import extensions_dir
-
-    built = extensions_dir() / "nncf" / "quantized_functions_cpu"
-    if not any(built.glob("*/quantized_functions_cpu.so")):
-        pytest.skip(f"NNCF's extension is not built in {built}; run `python -m pruneflow.qat.nncf_setup` first")
-    shutil.copytree(built, tmp_path / "ext" / "nncf" / "quantized_functions_cpu", ignore=shutil.ignore_patterns("lock"))
-    lock = next((tmp_path / "ext").rglob("quantized_functions_cpu.so")).parent / "lock"
-    lock.touch()
-    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
-    done = subprocess.run([PYTHON, "-m", "pruneflow.qat.nncf_setup"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert f"removed a stale lock of NNCF's C++ extension build, {lock} (no process holds it" in done.stderr
-    assert "NNCF CPU extension ready" in done.stdout and not lock.exists()
+# --------------------------------------------------------------------------- 5. NNCF's log after a resume (its build lock: test_nncf_build_lock.py)
 
 
 @pytest.mark.slow
@@ -574,34 +488,3 @@ def test_run_files_are_strict_json_with_null_for_nan(tmp_path):
         raise AssertionError(f"{name} in {path.name}")
 
     assert json.loads(path.read_text(), parse_constant=refuse) == {"a": None, "b": [None, 1.5], "c": None, "d": 2.0}
-
-
-@pytest.mark.slow  # two interpreters importing NNCF (~30 s); builds nothing when the cache is warm, as CI's is
-def test_the_nncf_extension_is_not_rebuilt_when_the_shell_puts_another_ninja_first(tmp_path):
-    """With the environment activated torch ran pip's ninja 1.13, without it the system's 1.11: each took the
-    other's build as stale, and the extension was rebuilt at every switch (1.5-3 minutes, issue 26). The
-    environment's own ninja is now put first whatever PATH says: the second command rebuilds nothing."""
-    import os
-    import subprocess
-    import sys
-
-    from pruneflow.qat.nncf_setup import extension_state
-
-    venv_bin = str(Path(sys.executable).parent)
-    others = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != venv_bin]
-    orders = {"activated": [venv_bin, *others], "not activated": [*others, venv_bin]}
-
-    def build(order: str) -> None:
-        env = {**os.environ, "PATH": os.pathsep.join(orders[order])}
-        done = subprocess.run([sys.executable, "-m", "pruneflow.qat.nncf_setup"], cwd=Path(__file__).resolve().parents[1], env=env,
-                              capture_output=True, text=True, timeout=900)
-        assert done.returncode == 0, done.stderr
-
-    build("activated")  # builds when the cache is cold, else loads
-    built, folder = extension_state()
-    assert built
-    files = sorted(folder.rglob("*.so")) + sorted(folder.rglob("*.o")) + sorted(folder.rglob(".ninja_log"))
-    before = {f: f.stat().st_mtime_ns for f in files}
-    build("not activated")
-    build("activated")
-    assert {f: f.stat().st_mtime_ns for f in files} == before, "the extension was rebuilt"

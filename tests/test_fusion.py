@@ -184,7 +184,8 @@ def test_a_fused_file_says_it_needs_onnxruntime_and_bench_opens_it_there_only(pr
     from pruneflow.benchmark.measure import open_lanes
     from pruneflow.benchmark.variants import _from_file
     from pruneflow.benchmark.measure import BenchSettings
-    from pruneflow.deployment import onnxruntime_fused_runtime, onnxruntime_only, stamp_onnx
+    from pruneflow.deployment import onnxruntime_fused_runtime, onnxruntime_only
+    from pruneflow.formats.onnx import stamp_onnx
 
     _, x, path = pruned_fp32
     assert fuse_for_onnxruntime(path, tmp_path / "fused.onnx", {k: v.numpy() for k, v in x.items()}).kept
@@ -192,7 +193,7 @@ def test_a_fused_file_says_it_needs_onnxruntime_and_bench_opens_it_there_only(pr
     stamp_onnx(proto, {"runtime": onnxruntime_fused_runtime(None)}, "fp32")
     onnx.save(proto, str(tmp_path / "fused.onnx"))
     variant = _from_file(tmp_path / "fused.onnx")
-    assert variant.onnxruntime_only and not onnxruntime_only({"runtime": None})
+    assert set(variant.refused) == {"openvino"} and not onnxruntime_only({"runtime": None})
     lanes = open_lanes([variant], BenchSettings())
     assert {lane.runtime for lane in lanes} == {"onnxruntime"} and all(lane.error is None for lane in lanes)
     assert any("OpenVINO does not read this file" in n for n in variant.notes)

@@ -70,7 +70,7 @@ def test_bench_does_not_time_an_artifact_this_cpu_would_compute_wrongly(tmp_path
     from onnx import TensorProto, helper
 
     from pruneflow.benchmark import measure, variants
-    from pruneflow.deployment import stamp_onnx
+    from pruneflow.formats.onnx import stamp_onnx
 
     graph = helper.make_graph([helper.make_node("Relu", ["input"], ["logits"])], "g",
                               [helper.make_tensor_value_info("input", TensorProto.FLOAT, [None, 4])],

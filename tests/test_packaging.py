@@ -19,8 +19,9 @@ def test_every_package_folder_is_listed_in_pyproject():
             continue
         found.add(".".join(rel.parts))
     found.discard("recipes")
-    # qat/ and calibrate/ install inside pruneflow (never as top-level names that could collide)
-    moved = {name: f"pruneflow.{name}" for name in ("qat", "calibrate")}
+    # qat/, calibrate/ and cli/ install inside pruneflow (never as top-level names that could collide)
+    moved = {name: f"pruneflow.{name}" for name in ("qat", "calibrate", "cli")}
     assert {moved.get(name, name) for name in found} | {"pruneflow.templates"} == listed
-    assert config["package-dir"] == {"pruneflow.templates": "recipes", "pruneflow.qat": "qat", "pruneflow.calibrate": "calibrate"}
-    assert "py-modules" not in config  # cli.py goes in as pruneflow/cli.py (setup.py), not as a top-level `cli`
+    assert config["package-dir"] == {"pruneflow.templates": "recipes", "pruneflow.qat": "qat", "pruneflow.calibrate": "calibrate",
+                                     "pruneflow.cli": "cli"}
+    assert "py-modules" not in config  # cli/ goes in as pruneflow/cli/, not as a top-level `cli`

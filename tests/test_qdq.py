@@ -163,7 +163,8 @@ def test_weights_reading_a_signed_input_are_regridded_until_no_pair_can_saturate
     before the fit, they were off by 13 in 56 on an AVX2 EPYC)."""
     from onnx import TensorProto, helper
 
-    from pruneflow.export.qdq import PassReport, _Graph, fit_u8s8_pairs
+    from pruneflow.export.qdq.encodings import fit_u8s8_pairs
+    from pruneflow.export.qdq.graph import PassReport, _Graph
 
     gen = np.random.default_rng(0)
     w = gen.integers(-127, 128, size=(4, 64)).astype(np.int8)
@@ -254,7 +255,8 @@ def test_both_forms_compute_what_the_quantized_torch_model_computes(quantized):
 
 
 def test_batchnorm_folding_through_the_weight_quantizer_is_exact(quantized):
-    from pruneflow.export.qdq import PassReport, _Graph, fold_batchnorm, fold_weight_quantizers
+    from pruneflow.export.qdq.folding import fold_batchnorm, fold_weight_quantizers
+    from pruneflow.export.qdq.graph import PassReport, _Graph
 
     q, x, _, paths, _ = quantized
     from pruneflow.export.onnx import export_onnx
@@ -340,7 +342,9 @@ def resnet20_int8(tmp_path_factory):
 
 def _nncf_placement(raw: Path):
     """The tensorrt form as it was before the residual pass: every pass of ``convert`` but that one."""
-    from pruneflow.export.qdq import PassReport, _Graph, _remove_identities, fold_batchnorm, fold_weight_quantizers, rewrite_activations
+    from pruneflow.export.qdq.encodings import rewrite_activations
+    from pruneflow.export.qdq.folding import fold_batchnorm, fold_weight_quantizers
+    from pruneflow.export.qdq.graph import PassReport, _Graph, _remove_identities
 
     model = onnx.load(str(raw))
     graph, report = _Graph(model), PassReport()
@@ -353,7 +357,8 @@ def _nncf_placement(raw: Path):
 
 @pytest.mark.slow  # ResNet-20 through NNCF: about 15 s on two cores
 def test_resnet20_tensorrt_form_quantizes_the_skip_and_leaves_the_conv_branch_float(resnet20_int8):
-    from pruneflow.export.qdq import _Graph, residual_adds
+    from pruneflow.export.qdq.graph import _Graph
+    from pruneflow.export.qdq.placement import residual_adds
 
     _, _, _, out = resnet20_int8
     model = onnx.load(str(out / "trt.onnx"))

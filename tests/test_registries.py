@@ -26,7 +26,7 @@ from conftest import stages_registered, tiny_recipe_dict, write
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The library, the plugins and the CLI; registry.py holds the registries themselves.
-SOURCES = [p for top in ("pruneflow", "qat", "calibrate") for p in sorted((ROOT / top).rglob("*.py"))] + [ROOT / "cli.py"]
+SOURCES = [p for top in ("pruneflow", "qat", "calibrate", "cli") for p in sorted((ROOT / top).rglob("*.py"))]
 EXEMPT = {"pruneflow/registry.py"}
 #: Names whose comparison with a string means "which kind is this": a stage's or a config's ``type``, a criterion.
 KIND_ATTRIBUTES = {"type", "importance", "criterion", "stage_type"}
@@ -104,6 +104,96 @@ def test_the_scan_leaves_other_strings_alone():
              'if precision == "fp16" and "fp32" in precisions:\n    pass\n'
              'criterion = registry.criteria.get(config.importance)\n')
     assert kind_switches(clean, "clean.py", _kind_names(), frozenset(registry.stages.names())) == []
+
+
+# --------------------------------------------------------------------------- formats and runtimes
+
+#: What knows a format, runtime or target by name: the formats package (the kinds themselves) and the registries.
+FORMAT_ROOMS = ("pruneflow/formats/", "pruneflow/registry.py")
+#: Places the scan may find and that are still to be fixed (``path  code``); the scan must find exactly these. Empty:
+#: the INT8 Q/DQ passes read a form's declared ``Convention`` (``export/qdq/graph.py``), not its name.
+KNOWN_FORM_SWITCHES: set[str] = set()
+
+
+def format_switches(source: str, where: str, names: set[str], suffixes: set[str]) -> list[str]:
+    """``where  code`` for each place that tells formats, runtimes or targets apart by name: a comparison with one of
+    their ``names`` or a file ``suffixes`` (``runtime == "openvino"``, ``path.suffix in (".onnx", ".xml")``,
+    ``form != "tensorrt"``), an ``endswith``/``with_suffix`` on a suffix, a dict literal keyed by two or more."""
+    found = []
+    lines = source.splitlines()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            hit = any(set(_strings(s) or ()) & (names | suffixes) for s in [node.left, *node.comparators])
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("endswith", "with_suffix"):
+            hit = any(set(_strings(a) or ()) & suffixes for a in node.args)
+        elif isinstance(node, ast.Dict):
+            hit = len(set(_strings(node) or ()) & (names | suffixes)) >= 2
+        else:
+            continue
+        if hit:
+            found.append(f"{where}  {lines[node.lineno - 1].strip()}")
+    return list(dict.fromkeys(found))
+
+
+def _format_names() -> tuple[set[str], set[str]]:
+    from pruneflow.formats import suffixes
+
+    return set(registry.formats.names()) | set(registry.runtimes.names()) | set(registry.targets.names()), set(suffixes())
+
+
+def test_no_string_switch_on_a_runtime_format_or_target_name_outside_the_formats():
+    names, suffixes = _format_names()
+    assert {"onnx", "openvino", "tensorrt", "ascend", "onnxruntime"} <= names and {".onnx", ".xml", ".engine", ".om"} <= suffixes
+    found = {hit for path in SOURCES if not path.relative_to(ROOT).as_posix().startswith(FORMAT_ROOMS)
+             for hit in format_switches(path.read_text(), path.relative_to(ROOT).as_posix(), names, suffixes)}
+    assert found == KNOWN_FORM_SWITCHES, ("a format, runtime or target is told apart by its name: ask its registered kind "
+                                          "(pruneflow.formats: format_of, runtime_named, runs_elsewhere) instead.\nnew: "
+                                          + "\n".join(sorted(found - KNOWN_FORM_SWITCHES)) + "\nfixed (drop from KNOWN_FORM_SWITCHES): "
+                                          + "\n".join(sorted(KNOWN_FORM_SWITCHES - found)))
+
+
+@pytest.mark.parametrize("planted", [
+    'if runtime == "openvino":\n    pass\n',
+    'if executor.runtime != "onnxruntime":\n    pass\n',
+    'record = read_ir(p) if p.suffix == ".xml" else read_onnx(p)\n',
+    'ok = path.suffix in (".onnx", ".xml")\n',
+    'irs = [a for a in artifacts if a.path.endswith(".xml")]\n',
+    'if artifact.target not in ("onnx", "openvino"):\n    pass\n',
+    'DEVICES = {"onnxruntime": {"cpu": "cpu"}, "openvino": {"cpu": "CPU"}}\n',
+])
+def test_the_format_scan_finds_a_planted_switch(planted):
+    assert format_switches(planted, "planted.py", *_format_names()), planted
+
+
+def test_the_format_scan_leaves_other_strings_alone():
+    clean = ('if precision == "fp16" and "fp32" in precisions:\n    pass\n'
+             'require("onnx", "pip install onnx", "the onnx target")\n'
+             'fmt = format_of(path)\nif fmt is not None and fmt.emulates_cpus:\n    pass\n')
+    assert format_switches(clean, "clean.py", *_format_names()) == []
+
+
+def test_a_registry_finds_its_built_ins_where_no_entry_point_names_them_and_an_entry_point_wins():
+    from pruneflow.formats.onnx import OnnxFormat
+    from pruneflow.registry import Registry
+
+    fresh = Registry("artifact format", "pruneflow.no_such_group", built_in={"onnx": "pruneflow.formats.onnx:OnnxFormat"})
+    assert fresh.names() == ["onnx"] and fresh.get("onnx") is OnnxFormat
+    shadowed = Registry("stage type", "pruneflow.stages", built_in={"train": "pruneflow.formats.onnx:OnnxFormat"})
+    assert shadowed.get("train") is registry.stages.get("train")  # the installed entry point, not the listed built-in
+
+
+def test_the_built_in_formats_and_runtimes_are_registered_kinds():
+    from pruneflow.formats import Format, Runtime, format_of, runtime_named, runtimes_for
+
+    for name in ("onnx", "openvino", "tensorrt", "ascend"):
+        assert issubclass(registry.formats.get(name), Format) and registry.formats.get(name).name == name
+    for name in ("onnxruntime", "openvino", "tensorrt"):
+        assert issubclass(registry.runtimes.get(name), Runtime) and runtime_named(name).name == name
+    assert format_of("a/model.int8.xml").name == "openvino" and format_of("m.plan").name == "tensorrt"
+    assert format_of("m.bin") is None and runtimes_for("m.om") == () and runtimes_for("m.onnx") == ("onnxruntime", "openvino")
+    assert runtime_named("openvino").takes_precision_hint and not runtime_named("onnxruntime").takes_precision_hint
+    with pytest.raises(PruneflowError, match="unknown runtime 'tflite'.*known runtimes: onnxruntime, openvino, tensorrt"):
+        runtime_named("tflite")
 
 
 # --------------------------------------------------------------------------- criteria

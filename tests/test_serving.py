@@ -238,7 +238,7 @@ def test_the_example_service_answers_over_http_and_drains_on_sigterm(mlp, tmp_pa
 
     import onnx
 
-    from pruneflow.deployment import stamp_onnx
+    from pruneflow.formats.onnx import stamp_onnx
 
     path, record = mlp
     stamped = tmp_path / "mlp.onnx"

@@ -229,7 +229,7 @@ def test_ranker_artifact_has_named_inputs_int8_tables_and_its_vocabularies(ranke
     import onnx
     import onnxruntime as ort
 
-    from pruneflow.deployment import read_onnx
+    from pruneflow.formats.onnx import read_onnx
 
     folder, out, _, _ = ranker_run
     path = next(folder / "runs" / "ranker" / a["path"] for a in out["artifacts"] if a["path"].endswith("model.int8.onnx"))

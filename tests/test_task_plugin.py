@@ -6,18 +6,14 @@ metric (the pinball loss, lower is better) shows in report.md, --json and bench.
 from __future__ import annotations
 
 import json
-import shutil
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import invoke
+from conftest import invoke, plugin_installed
 
 pytestmark = pytest.mark.slow  # end-to-end: a whole recipe runs
 
-PLUGINS = Path(__file__).parent / "plugins"
 
 MODEL = '''
 from torch import nn
@@ -28,12 +24,9 @@ def build(features: int = 8, hidden: int = 64):
 '''
 
 
-def _reset_registries() -> None:
-    from pruneflow import registry
+def _clear_recipe_models() -> None:
     from pruneflow.recipe import models
 
-    registry.tasks._entry_points = None
-    registry.tasks.unregister("quantile")
     models.task_union.cache_clear()
     models.recipe_model.cache_clear()
 
@@ -41,18 +34,11 @@ def _reset_registries() -> None:
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     """pf_quantile installed as a distribution would be: the module on sys.path, its entry point in a dist-info."""
-    site = tmp_path_factory.mktemp("site")
-    shutil.copy(PLUGINS / "pf_quantile.py", site / "pf_quantile.py")
-    info = site / "pf_quantile-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pf-quantile\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[pruneflow.tasks]\nquantile = pf_quantile:Quantile\n")
-    sys.path.insert(0, str(site))
-    _reset_registries()
-    yield site
-    sys.path.remove(str(site))
-    sys.modules.pop("pf_quantile", None)
-    _reset_registries()
+    from pruneflow import registry
+
+    with plugin_installed(tmp_path_factory.mktemp("site"), "pf_quantile", registry.tasks, "quantile = pf_quantile:Quantile",
+                          _clear_recipe_models) as site:
+        yield site
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ price times the share of its CPUs the lane uses, and ``exit_code()`` is 1 when n
 
 Everything runs through the runtime layer (``pruneflow.runtime``): ``open_artifact`` loads each file,
 ``time_interleaved`` times all of them in one loop per batch size, ``host_info`` describes the machine.
-The library prints nothing; ``cli.py`` renders the table and writes the files (``write_outputs``).
+The library prints nothing; ``cli/bench.py`` renders the table and writes the files (``write_outputs``).
 """
 
 from __future__ import annotations
@@ -120,13 +120,21 @@ def _check_something_loads(lanes: list[Lane], settings: BenchSettings) -> None:
     raise PruneflowError(f"no artifact could be loaded ({reasons})", hint="check the files with `pruneflow inspect`")
 
 
+def _app_times(runtime: str, path: Path) -> bool:
+    """Whether the runtime's vendor tool (OpenVINO's benchmark_app) times this lane: a file of its native format (an IR)."""
+    from ..formats import format_of, runtime_named
+
+    fmt = format_of(path)
+    return fmt is not None and fmt.native_runtime == runtime and runtime_named(runtime).vendor_benchmark
+
+
 def _second_opinion(rows: list[Row], settings: BenchSettings, reporter: Reporter) -> dict[str, Any]:
     """benchmark_app on every timed IR row (same file, batch, precision hint and threads)."""
     prefix, how = benchmark_app_command()
     if prefix is None:
         return {"available": False, "how": how}
-    chosen = [r for r in rows if r.stats is not None and r.lane.runtime == "openvino"
-              and r.lane.variant.path is not None and r.lane.variant.path.suffix == ".xml"]
+    chosen = [r for r in rows if r.stats is not None and r.lane.variant.path is not None
+              and _app_times(r.lane.runtime, r.lane.variant.path)]
     with reporter.progress("benchmark_app on each IR", total=len(chosen)) as advance:
         for row in chosen:
             assert row.lane.variant.path is not None and row.shape is not None and row.stats is not None

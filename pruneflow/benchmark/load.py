@@ -31,6 +31,7 @@ import numpy as np
 
 from ..context import Reporter
 from ..errors import PruneflowError, UsageError
+from ..formats import runtime_named
 from ..runtime import BatchPolicy, RuntimeUnavailable, Server, host_info, open_artifact, runtimes_for
 from ..runtime.base import Executor
 from .exposition import strict
@@ -201,7 +202,7 @@ class LoadResult:
         """The reference a service is held to: the first FP32 artifact (an ONNX first) in its runtime's default,
         served one request at a time (max_batch 1) on the fewest threads, at the highest rate it held."""
         lanes = [lane for lane in self.lanes if lane.variant.precision == "fp32" and lane.policy.max_batch == 1]
-        lanes.sort(key=lambda lane: (lane.variant.path.suffix != ".onnx" if lane.variant.path else True, lane.threads))
+        lanes.sort(key=lambda lane: (not _interchange(lane.variant.path), lane.threads))
         for lane in lanes:
             best = lane.best(self.settings.p99_budget_ms)
             if best is not None:
@@ -272,20 +273,27 @@ def _pool(variant: Variant, feeds: Feeds) -> list[Any]:
     return [batch[i] for i in range(POOL)]
 
 
+def _interchange(path: Path | None) -> bool:
+    """Whether ``path`` is in the interchange format (ONNX), the reference a service is held to when there is one."""
+    from ..formats import format_of
+
+    fmt = format_of(path) if path is not None else None
+    return fmt is not None and fmt.interchange
+
+
 def _open_lanes(variants: list[Variant], settings: LoadSettings) -> list[LoadLane]:
-    from ..deployment import read_ir, read_onnx
+    from ..formats import read_record
 
     lanes = []
     for variant in variants:
         assert variant.path is not None
-        record = read_ir(variant.path) if variant.path.suffix == ".xml" else read_onnx(variant.path)
+        record = read_record(variant.path)
         own = list(runtimes_for(variant.path))
         runtimes = [r for r in own if r in settings.runtimes] if settings.runtimes is not None else own[:1]
-        if variant.onnxruntime_only and "openvino" in runtimes:
-            runtimes.remove("openvino")
+        runtimes = [r for r in runtimes if r not in variant.refused]
         for runtime in runtimes:
-            hints: list[str | None] = ["record"] if runtime != "openvino" or settings.openvino_precisions is None else [
-                None if h == "default" else h for h in settings.openvino_precisions]
+            asked = settings.openvino_precisions if runtime_named(runtime).takes_precision_hint else None
+            hints: list[str | None] = ["record"] if asked is None else [None if h == "default" else h for h in asked]
             for hint in hints:
                 for threads in settings.threads:
                     opened = _executors(variant, record, runtime, hint, threads, settings.workers)
@@ -301,13 +309,14 @@ def _open_lanes(variants: list[Variant], settings: LoadSettings) -> list[LoadLan
 
 def _executors(variant: Variant, record: dict[str, Any], runtime: str, hint: str | None, threads: int,
                workers: int) -> list[Executor] | str:
-    from ..deployment import openvino_hint
+    from ..formats import format_of
 
     path = variant.path
     assert path is not None
     try:
         if hint == "record":
-            hint = openvino_hint(record) if runtime == "openvino" and path.suffix == ".xml" else None
+            fmt = format_of(path)
+            hint = fmt.recorded_hint(runtime, record) if fmt is not None else None
         return [open_artifact(path, runtime=runtime, threads=threads, precision_hint=hint) for _ in range(workers)]
     except RuntimeUnavailable as exc:
         return f"unavailable: {exc.message}"
@@ -317,9 +326,9 @@ def _executors(variant: Variant, record: dict[str, Any], runtime: str, hint: str
 
 def _label(executor: Executor) -> str:
     used = str(executor.info.get("inference_precision") or "")
-    if executor.runtime != "openvino":
+    if not runtime_named(executor.runtime).takes_precision_hint:
         return f"{executor.runtime}/{executor.device}"
-    return f"openvino/{executor.device} " + (executor.info.get("precision_hint") or f"default={used}")
+    return f"{executor.runtime}/{executor.device} " + (executor.info.get("precision_hint") or f"default={used}")
 
 
 def _capacity(lane: LoadLane, pool: list[Any]) -> float | None:

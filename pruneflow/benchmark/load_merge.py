@@ -77,7 +77,9 @@ def merge_load(paths: list[Path], prices: Prices | None = None, p99_budget_ms: f
 
 def _artifact(variant: str) -> str:
     """What names an artifact across hosts: a bare file's name (its folder differs per host), or ``run/label``."""
-    return Path(variant).name if Path(variant).suffix in (".onnx", ".xml") else variant
+    from ..formats import format_of
+
+    return Path(variant).name if format_of(variant) is not None else variant
 
 
 def _holds(point: dict[str, Any], budget: float | None) -> bool:

@@ -16,14 +16,15 @@ from typing import Any, Callable
 import numpy as np
 
 from ..context import Reporter
+from .. import registry
 from ..errors import PruneflowError, UsageError
+from ..formats import runtime_named
 from ..headline import NOISY_SPREAD
 from ..runtime import Executor, LatencyStats, RuntimeUnavailable, open_artifact, runtimes_for
 from ..runtime.timing import DEFAULT_RUNS, DEFAULT_THREADS, DEFAULT_WARMUP, interleaved_times
 from .inputs import Feeds
 from .variants import Variant
 
-KNOWN_RUNTIMES = tuple(dict.fromkeys(r for suffix in (".onnx", ".xml", ".engine") for r in runtimes_for(f"x{suffix}")))
 OPENVINO_HINTS = ("default", "f32", "bf16", "f16")
 #: Cap on the runs a --duration may turn into (a sub-microsecond model would otherwise loop for ever).
 MAX_RUNS = 100_000
@@ -66,9 +67,10 @@ class BenchSettings:
 
     def check(self) -> None:
         """Bad values are usage errors (exit 2) naming the option."""
-        unknown = [r for r in self.runtimes or [] if r not in KNOWN_RUNTIMES]
+        known = registry.runtimes.names()
+        unknown = [r for r in self.runtimes or [] if r not in known]
         if unknown:
-            raise UsageError(f"--runtime {', '.join(unknown)}: unknown runtime", hint=f"use {', '.join(KNOWN_RUNTIMES)}")
+            raise UsageError(f"--runtime {', '.join(unknown)}: unknown runtime", hint=f"use {', '.join(known)}")
         bad_hints = [h for h in self.openvino_precisions if h not in OPENVINO_HINTS]
         if bad_hints or not self.openvino_precisions:
             raise UsageError(f"--openvino-precision {','.join(bad_hints) or '(empty)'}: unknown precision hint",
@@ -129,10 +131,10 @@ class Lane:
     def label(self) -> str:
         """``onnxruntime/CPU``, ``openvino/CPU default=bf16``, ``openvino/CPU f32``: the runtime column."""
         device = self.executor.device if self.executor is not None else "?"
-        if self.runtime != "openvino":
+        if not runtime_named(self.runtime).takes_precision_hint:
             return f"{self.runtime}/{device}"
         used = self.inference_precision
-        return f"openvino/{device} " + (self.hint or (f"default={used}" if used else "default"))
+        return f"{self.runtime}/{device} " + (self.hint or (f"default={used}" if used else "default"))
 
     @property
     def inference_precision(self) -> str | None:
@@ -148,16 +150,18 @@ def open_lanes(variants: list[Variant], settings: BenchSettings) -> list[Lane]:
     for variant in (v for v in variants if v.timed):
         assert variant.path is not None
         runtimes = [r for r in runtimes_for(variant.path) if settings.runtimes is None or r in settings.runtimes]
-        if variant.onnxruntime_only and "openvino" in runtimes:
-            runtimes.remove("openvino")
-            variant.notes.append("onnxruntime's fused contrib ops (com.microsoft): OpenVINO does not read this file")
+        for refused, why in variant.refused.items():
+            if refused in runtimes:
+                runtimes.remove(refused)
+                variant.notes.append(why)
         if not runtimes:
             variant.notes.append(f"--runtime {','.join(settings.runtimes or [])} cannot load {variant.path.suffix} files")
         for runtime in runtimes:
             if variant.shortfall:  # timing it would time another model than the one it was built as
                 lanes.append(Lane(variant, runtime, None, error=f"not timed: {variant.shortfall}"))
                 continue
-            hints = [None if h == "default" else h for h in settings.openvino_precisions] if runtime == "openvino" else [None]
+            hints = ([None if h == "default" else h for h in settings.openvino_precisions]
+                     if runtime_named(runtime).takes_precision_hint else [None])
             opened = [_open(variant, runtime, hint, settings.threads) for hint in hints]
             lanes += _without_duplicate_f32(opened)
     return lanes

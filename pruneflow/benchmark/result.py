@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..formats import runtime_named
 from ..units import dataframe, human_bytes, text_table
 from .measure import MIN_P99_RUNS, BenchSettings, Row
 from .variants import Variant, metric_key
@@ -89,7 +90,7 @@ class BenchResult:
         v = row.lane.variant
         if not v.measured_in:
             return v.metric_value
-        precision = row.lane.inference_precision if row.lane.runtime == "openvino" else None
+        precision = row.lane.inference_precision if runtime_named(row.lane.runtime).takes_precision_hint else None
         return v.measured_in.get(metric_key(row.lane.runtime, precision))
 
     def row_metric_delta(self, row: Row) -> float | None:
@@ -221,13 +222,14 @@ def best_under_budget(rows: list[dict[str, Any]], budget: float) -> list[dict[st
 def row_record(row: Row, result: BenchResult) -> dict[str, Any]:
     """One row of a bench as a flat dict (the JSON's ``results``, ``BenchResult.to_records``)."""
     lane, variant, stats = row.lane, row.lane.variant, row.stats
+    hinted = runtime_named(lane.runtime).takes_precision_hint
     figures = stats.as_dict() if stats is not None else dict.fromkeys(("runs", "p50_ms", "p90_ms", "p99_ms", "mean_ms",
                                                                         "throughput"))
     figures.pop("batch", None)
     return {"variant": variant.name, "model": variant.model, "label": variant.label, "precision": variant.precision,
             "runtime": lane.runtime, "device": lane.executor.device if lane.executor else None,
-            "runtime_label": lane.label, "precision_hint": lane.hint or ("default" if lane.runtime == "openvino" else None),
-            "inference_precision": lane.inference_precision if lane.runtime == "openvino" else None,
+            "runtime_label": lane.label, "precision_hint": lane.hint or ("default" if hinted else None),
+            "inference_precision": lane.inference_precision if hinted else None,
             "batch": row.batch, "shape": row.shape, **figures, "size_bytes": variant.size_bytes,
             "metric": variant.metric, "metric_value": result.row_metric(row), "metric_direction": variant.metric_direction,
             "variant_metric_value": variant.metric_value, "speedup": row.speedup, "baseline_runtime": row.baseline_runtime,

@@ -7,29 +7,17 @@ borrows the manifest entry (label, the task's headline metric, data) of the run 
 
 from __future__ import annotations
 
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..artifacts import check_run_sizes, manifest_entries, read_record, run_file
-from ..deployment import cpu_shortfall, onnxruntime_only
+from ..deployment import cpu_shortfall
 from ..errors import InputError, UsageError
+from ..formats import InputSpec, companions, format_of, input_spec, read_record as file_record
 from ..runtime import runtimes_for
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
-
-
-@dataclass
-class InputSpec:
-    """The artifact's (first) input: name, shape with None for a dynamic dimension, numpy dtype."""
-
-    name: str
-    shape: tuple[int | None, ...]
-    dtype: str = "float32"
-
-    def batch_fits(self, batch: int) -> bool:
-        return not self.shape or self.shape[0] in (None, batch)
 
 
 @dataclass
@@ -58,8 +46,8 @@ class Variant:
     notes: list[str] = field(default_factory=list)
     #: Why this host cannot run the artifact exactly (``deployment.cpu_shortfall``): its lanes are not timed.
     shortfall: str | None = None
-    #: Its record says only onnxruntime runs it (fused contrib ops): no OpenVINO lane.
-    onnxruntime_only: bool = False
+    #: Runtimes of its format that cannot read this file (its deployment record says why) -> the note saying so.
+    refused: dict[str, str] = field(default_factory=dict)
 
     @property
     def timed(self) -> bool:
@@ -119,7 +107,9 @@ def _from_run(run_dir: Path, metric: str | None = None) -> list[Variant]:
 
 def metric_key(runtime: str, inference_precision: str | None) -> str:
     """Where a figure was computed: ``onnxruntime``, or ``openvino/<what it computed in>`` (``bf16``, ``f32``)."""
-    return runtime if runtime != "openvino" else f"openvino/{inference_precision or 'f32'}"
+    from ..formats import runtime_named
+
+    return f"{runtime}/{inference_precision or 'f32'}" if runtime_named(runtime).takes_precision_hint else runtime
 
 
 def _measured_in(metrics: dict[str, Any], metric: str | None) -> dict[str, float]:
@@ -161,7 +151,7 @@ def _from_entry(run_dir: Path, run_name: str, entry: dict[str, Any], task: dict[
     elif status == "built" and runtimes_for(path):
         variant.input = read_input_spec(path)
         variant.shortfall = cpu_shortfall(entry.get("deployment"))
-        variant.onnxruntime_only = onnxruntime_only(entry.get("deployment"))
+        variant.refused = _refused(path, entry.get("deployment"))
     elif status == "built":
         variant.notes.append(f"no runtime here loads {path.suffix or 'this'} files")
     return variant
@@ -186,21 +176,25 @@ def _from_file(path: Path) -> Variant:
     owner = _owning_run(path)
     if owner is not None:
         return owner
-    companion = path.with_suffix(".bin") if path.suffix == ".xml" else Path(f"{path}.data")
     precision = next((p for p in PRECISIONS if p in path.name.split(".")), None)
     record = _file_record(path)
+    fmt = format_of(path)
     return Variant(name=str(path), model=path.stem, label=path.name, path=path, precision=precision,
-                   target={".onnx": "onnx", ".xml": "openvino"}.get(path.suffix),
-                   size_bytes=disk_size([path, companion]), input=read_input_spec(path),
-                   shortfall=cpu_shortfall(record), onnxruntime_only=onnxruntime_only(record))
+                   target=fmt.name if fmt is not None else None,
+                   size_bytes=disk_size([path, *companions(path)]), input=read_input_spec(path),
+                   shortfall=cpu_shortfall(record), refused=_refused(path, record))
+
+
+def _refused(path: Path, record: dict[str, Any] | None) -> dict[str, str]:
+    """The runtimes that load ``path``'s format but not this file (``Format.refused``)."""
+    fmt = format_of(path)
+    return fmt.refused(record) if fmt is not None else {}
 
 
 def _file_record(path: Path) -> dict[str, Any] | None:
     """The deployment record written into a bare artifact (None when it has none or cannot be read here)."""
-    from ..deployment import read_ir, read_onnx
-
     try:
-        return read_onnx(path) if path.suffix == ".onnx" else read_ir(path)
+        return file_record(path)
     except Exception:  # noqa: BLE001 - a file that will not parse is reported when it is opened for timing
         return None
 
@@ -243,41 +237,8 @@ def _unique_names(variants: list[Variant]) -> None:
 
 
 def read_input_spec(path: Path) -> InputSpec | None:
-    """The first input of an ONNX model or OpenVINO IR, read from the file (no runtime needed)."""
-    try:
-        return _onnx_input(path) if path.suffix == ".onnx" else _ir_input(path) if path.suffix == ".xml" else None
-    except Exception:  # noqa: BLE001 - an unreadable header: the runtime will say more when it loads the file
-        return None
-
-
-ONNX_DTYPES = {1: "float32", 10: "float16", 6: "int32", 7: "int64", 2: "uint8", 3: "int8", 9: "bool"}
-IR_DTYPES = {"f32": "float32", "f16": "float16", "i32": "int32", "i64": "int64", "u8": "uint8", "i8": "int8",
-             "boolean": "bool"}
-
-
-def _onnx_input(path: Path) -> InputSpec | None:
-    import onnx
-
-    graph = onnx.load(str(path), load_external_data=False).graph
-    weights = {init.name for init in graph.initializer}
-    first = next((i for i in graph.input if i.name not in weights), None)
-    if first is None:
-        return None
-    tensor = first.type.tensor_type
-    shape = tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim)
-    return InputSpec(first.name, shape, ONNX_DTYPES.get(tensor.elem_type, "float32"))
-
-
-def _ir_input(path: Path) -> InputSpec | None:
-    root = ET.parse(path).getroot()
-    layer = next((la for la in root.iter("layer") if la.get("type") == "Parameter"), None)
-    if layer is None:
-        return None
-    data = layer.find("data")
-    attrs = data.attrib if data is not None else {}
-    dims = [d.strip() for d in attrs.get("shape", "").split(",") if d.strip()]
-    shape = tuple(int(d) if d.isdigit() else None for d in dims)
-    return InputSpec(layer.get("name", "input"), shape, IR_DTYPES.get(attrs.get("element_type", "f32"), "float32"))
+    """The first input of an artifact, read from the file by its format (no runtime needed)."""
+    return input_spec(path)
 
 
 def pick_baseline(variants: list[Variant], wanted: str | None) -> Variant:

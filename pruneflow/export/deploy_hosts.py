@@ -35,6 +35,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ..formats import format_of_kind, runs_elsewhere
 from ..recipe.cpus import (ARM_FLAGS, BF16_FLAGS, IMPLIED, PORTABLE_FORM, VNNI_FLAGS, canonical, computes_bf16,
                            cpu_flags, exact_int8, host_of, int8_form_for, int8_hint_for, known_names, normalise)
 
@@ -61,8 +62,10 @@ def served_on(artifact: Any, hosts: list[str] | None) -> dict[str, Any]:
 
     form = artifact.metrics.get("int8_form") if artifact.precision == "int8" else None
     named = ", ".join(hosts) if hosts else None
-    if artifact.form == "tensorrt" or artifact.target not in ("onnx", "openvino"):
-        where, why = "its target's device", f"not a CPU artifact ({artifact.target}{', TensorRT form' if artifact.form == 'tensorrt' else ''})"
+    fmt = format_of_kind(artifact.target)
+    if fmt is None or not fmt.serves_on_cpu or runs_elsewhere(artifact):
+        foreign = f", {fmt.foreign_int8_title}" if fmt is not None and runs_elsewhere(artifact) else ""
+        where, why = "its target's device", f"not a CPU artifact ({artifact.target}{foreign})"
     elif form and needs_vnni(form):
         wrong = form_conflict(form, hosts)
         where = (f"NOT {', '.join(wrong)}; " if wrong else "") + (named or "x86 CPUs with VNNI/AMX, and ARM")
@@ -72,8 +75,8 @@ def served_on(artifact: Any, hosts: list[str] | None) -> dict[str, Any]:
         why = (f"INT8 form {form}: exact on every CPU" if form else
                "bf16 arithmetic only where the CPU has AVX-512 BF16/AMX, f32 elsewhere" if artifact.precision == "bf16"
                else f"{artifact.precision}: runs alike on every CPU")
-        if artifact.target == "openvino" and artifact.precision == "int8":
-            hint = (((artifact.deployment or {}).get("runtime") or {}).get("openvino") or {}).get("INFERENCE_PRECISION_HINT")
+        if fmt.native_runtime is not None and artifact.precision == "int8":
+            hint = fmt.recorded_hint(fmt.native_runtime, artifact.deployment)
             why += f"; float parts at {hint or 'OpenVINO default'} precision"
     row = {"artifact": artifact.label, "for": where, "why": why}
     emulated = artifact.metrics.get("cosine_emulated_avx2")

@@ -28,7 +28,7 @@ from ..errors import ExportError
 from ..inputs import as_numpy, take, trim
 from ..runtime import fresh_batch, host_info, time_interleaved
 from ..recipe.cpus import VNNI_FLAGS as _VNNI
-from .qdq import ENCODINGS
+from .qdq.graph import CONVENTIONS, ENCODINGS
 
 if TYPE_CHECKING:
     from ..tasks import Task
@@ -60,7 +60,7 @@ def exact_encodings(host: dict[str, Any] | None = None) -> tuple[list[str], str]
 def needs_vnni(form: str) -> bool:
     """Whether an artifact of this form can saturate on an x86 CPU without VNNI (int8 activations too: the
     kernels there shift them to uint8 and add product pairs in int16 all the same)."""
-    return form in ("u8s8_vnni", "s8s8", "tensorrt", "fused", "fused_dynamic")
+    return form in ("u8s8_vnni", "s8s8", "fused", "fused_dynamic") or (form in CONVENTIONS and CONVENTIONS[form].symmetric_activations)
 
 
 @dataclass

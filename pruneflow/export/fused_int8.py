@@ -43,7 +43,7 @@ import numpy as np
 from ..errors import ExportError
 from .embedding import quantize_embeddings
 from .fusion import optimize_bert, pin_head_counts
-from .qdq import _attr, _Graph
+from .qdq.graph import _attr, _Graph
 
 Mode = Literal["static", "dynamic"]
 #: The onnx target's cpu-form encodings this module writes (``fused``: static, ``fused_dynamic``: dynamic).

@@ -14,22 +14,24 @@ from pydantic import Field
 
 from ..artifacts import Artifact, atomic_path
 from ..deployment import (INPUT_NAME, OUTPUT_NAME, deployment_record, int8_cpu_runtime, onnxruntime_fused_runtime,
-                          record_outputs, stamp_onnx)
+                          record_outputs)
+from ..formats.onnx import stamp_onnx
 from ..deps import require
 from ..errors import ExportError, InputError, MissingDependencyError, PruneflowError
 from ..evaluate import no_attention_fastpath
 from ..inputs import Inputs, bind, fresh, is_token, padded_text, take, to
-from ..stage import Target, TargetConfig
+from ..stage import BuildInputs, Target, TargetConfig
 from .attention_mask import soften_mask_fill
 from .bags import export_error_in, swap_bags
 from .forms import record_choice
 from .fused_int8 import AUTO_FUSED, FUSED_ENCODINGS
+from .qdq.graph import convention
 from .tied import quantize_float_ties, share_tied_tables
 
 if TYPE_CHECKING:
     from .forms import Choice
     from .fusion import Fusion
-    from .qdq import Form, PassReport
+    from .qdq.graph import Form, PassReport
 
 
 class OnnxConfig(TargetConfig):
@@ -78,19 +80,24 @@ class OnnxConfig(TargetConfig):
 class OnnxTarget(Target[OnnxConfig]):
     Config = OnnxConfig
     precisions = ("fp32", "fp16", "int8")
+    times_start = True
+
+    def start_file(self, onnx: Path, tmp: Path) -> Path:
+        return onnx
 
     def preflight(self) -> list[str]:
         require("onnx", "pip install onnx", "the onnx target")
         require("onnxruntime", "pip install onnxruntime", "the onnx target")
         return []
 
-    def build(self, state, ctx, out_dir: Path, precision: str) -> Artifact | list[Artifact]:
+    def build(self, state, ctx, out_dir: Path, precision: str, given: BuildInputs) -> Artifact | list[Artifact]:
         cfg = self.config
         path = out_dir / f"model.{precision}.onnx"
         record = deployment_record(state, ctx, dynamic_batch=cfg.dynamic_batch)
         if precision == "int8":
             stripped = state.handle.int8_module(state.example_input)  # once for every form
-            return [self._int8_or_failed(stripped, state, ctx, out_dir, form, record) for form in dict.fromkeys(cfg.int8_forms)]
+            return [self._int8_or_failed(stripped, state, ctx, out_dir, form, record, given.latency)
+                    for form in dict.fromkeys(cfg.int8_forms)]
         # fp32/fp16: the float model that entered quantization, when a ptq/qat stage ran (handle.float_module).
         export = functools.partial(export_onnx, state.handle.float_module(), state.example_input, opset=cfg.opset,
                                    dynamic_batch=cfg.dynamic_batch, exporter=cfg.exporter, output_name=state.task.output_names)
@@ -125,11 +132,12 @@ class OnnxTarget(Target[OnnxConfig]):
         fusion = fuse_for_onnxruntime(path, path, parity_samples(state), stamp=lambda proto: stamp_onnx(proto, fused_record, "fp32"))
         return (fusion if fusion.heads else None), (fused_record if fusion.kept else record)
 
-    def _int8_or_failed(self, stripped: torch.nn.Module, state, ctx, out_dir: Path, form: Form, record: dict) -> Artifact:
+    def _int8_or_failed(self, stripped: torch.nn.Module, state, ctx, out_dir: Path, form: Form, record: dict,
+                        latency: Any) -> Artifact:
         """One INT8 form, or its ``failed`` record: one form that cannot be written leaves the other (the export
         stage turns a failed artifact into a failed ``<label>.build`` gate, exit 1)."""
         try:
-            return self._int8(stripped, state, ctx, out_dir, form, record)
+            return self._int8(stripped, state, ctx, out_dir, form, record, latency)
         except (InputError, MissingDependencyError):
             raise
         except PruneflowError as exc:
@@ -138,7 +146,7 @@ class OnnxTarget(Target[OnnxConfig]):
                             status="failed", target="onnx", precision="int8", form=form,
                             notes=[exc.message + (f" (hint: {exc.hint})" if exc.hint else "")])
 
-    def _int8(self, stripped: torch.nn.Module, state, ctx, out_dir: Path, form: Form, record: dict) -> Artifact:
+    def _int8(self, stripped: torch.nn.Module, state, ctx, out_dir: Path, form: Form, record: dict, latency: Any) -> Artifact:
         cfg = self.config
         path = out_dir / ("model.int8.onnx" if form == "cpu" else "model.int8.tensorrt.onnx")
         raw = export_raw_qdq(stripped, state.example_input, out_dir, opset=max(cfg.opset, 13), dynamic_batch=cfg.dynamic_batch,
@@ -146,7 +154,7 @@ class OnnxTarget(Target[OnnxConfig]):
         choice = None
         if form == "cpu":
             record = dict(record)
-            report, choice = self._cpu_form(raw, state, ctx, path, record)
+            report, choice = self._cpu_form(raw, state, ctx, path, record, latency)
         else:
             report = write_int8_onnx(raw, path, form=form, metadata=record)
         artifact = Artifact.from_file(ctx.run_dir, path, kind="onnx", producer="export", target="onnx",
@@ -168,15 +176,16 @@ class OnnxTarget(Target[OnnxConfig]):
             fp32 = out_dir / "model.fp32.onnx"  # written first when precisions list fp32 before int8
             if fp32.is_file():
                 artifact.metrics["size_ratio_fp32"] = round(fp32.stat().st_size / path.stat().st_size, 3)
-        if form == "tensorrt":
+        if convention(form).foreign:
             artifact.notes.append("TensorRT explicit-quantization form (int8, zero point 0, per-channel weights on axis 0); "
                                   "checked and measured here in onnxruntime without Q/DQ fusion (DequantizeLinear, then float kernels: "
                                   "its arithmetic, not onnxruntime's integer kernels; its latency there says nothing of TensorRT's)")
         return artifact
 
-    def _cpu_form(self, raw, state, ctx, path: Path, record: dict) -> "tuple[PassReport, Choice | None]":
+    def _cpu_form(self, raw, state, ctx, path: Path, record: dict, latency: Any) -> "tuple[PassReport, Choice | None]":
         """Write model.int8.onnx in the recipe's `form`, or (``auto``) in the encoding this host runs fastest in
-        onnxruntime, chosen by measuring the exact ones side by side (``forms.py``)."""
+        onnxruntime, chosen by measuring the exact ones side by side (``forms.py``) as the export stage times
+        (``latency``, its settings)."""
         from ..runtime import open_artifact
         from .forms import Candidate, decide, exact_encodings
 
@@ -187,7 +196,7 @@ class OnnxTarget(Target[OnnxConfig]):
             if encoding in FUSED_ENCODINGS:
                 record["runtime"] = onnxruntime_fused_runtime(record["runtime"])
             report = write_int8_onnx(raw, path, form="cpu", encoding=encoding, metadata=record)
-            return report, None if self.config.form != "auto" else decide([], state, self.latency, why=why, only=encoding)
+            return report, None if self.config.form != "auto" else decide([], state, latency, why=why, only=encoding)
         if self.config.fuse == "auto" and isinstance(state.example_input, dict):
             encodings = encodings + list(AUTO_FUSED)  # tried; a model the fusions do not fit is no candidate
         ctx.reporter.info(f"onnx int8: timing the encodings {', '.join(encodings)} in onnxruntime to keep the fastest")
@@ -197,7 +206,7 @@ class OnnxTarget(Target[OnnxConfig]):
                 file = Path(tmp) / f"{encoding}.onnx"
                 try:
                     reports[encoding] = write_int8_onnx(raw, file, form="cpu", encoding=encoding, metadata=None)
-                    run = open_artifact(file, runtime="onnxruntime", threads=self.latency.threads if self.latency else 1)
+                    run = open_artifact(file, runtime="onnxruntime", threads=latency.threads if latency else 1)
                 except Exception as exc:  # noqa: BLE001 - an optional fused form that fails is no candidate
                     if encoding not in FUSED_ENCODINGS:
                         raise
@@ -205,7 +214,7 @@ class OnnxTarget(Target[OnnxConfig]):
                     ctx.reporter.info(f"onnx int8: the {encoding} form is not a candidate: {why}")
                     continue
                 candidates.append(Candidate(encoding, file, run))
-            choice = decide(candidates, state, self.latency, static=not self.config.dynamic_batch)
+            choice = decide(candidates, state, latency, static=not self.config.dynamic_batch)
             record["runtime"] = int8_cpu_runtime(choice.form)
             if choice.form in FUSED_ENCODINGS:
                 record["runtime"] = onnxruntime_fused_runtime(record["runtime"])
@@ -466,7 +475,8 @@ def write_int8_onnx(raw, path: Path, *, form: "Form", encoding: str = "u8s8", me
     """Convert a copy of ``raw`` (``export_raw_qdq``) to ``form``/``encoding``, check it against the form's
     convention and write it atomically to ``path``."""
     from .embedding import quantize_embeddings
-    from .qdq import check_convention, convert, float_ops
+    from .qdq import convert
+    from .qdq.checks import check_convention, float_ops
     from .stacked import notes as stacked_notes
     from .stacked import stack_field_reads
 

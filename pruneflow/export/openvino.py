@@ -1,6 +1,6 @@
 """OpenVINO IR target, converted from the onnx target's files when the recipe builds them: FP32, FP16 (compressed
 weights) and BF16 (compressed weights, bf16 inference precision pinned in its record) from the fp32 ONNX, INT8
-from the INT8 ONNX of the form OpenVINO runs fastest on this host (pruneflow/export/qdq.py, forms.py), so every
+from the INT8 ONNX of the form OpenVINO runs fastest on this host (pruneflow/export/qdq/, forms.py), so every
 artifact of a run has the same graph, input and output names (`input`, `logits`) and quantization parameters.
 Without those files the same ONNX is exported here first."""
 
@@ -10,17 +10,19 @@ import os
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
 from ..artifacts import Artifact
 from ..deployment import (deployment_record, int8_cpu_runtime, openvino_bf16_runtime, openvino_int8_default_runtime,
-                          openvino_int8_runtime, stamp_ir)
+                          openvino_int8_runtime)
+from ..formats.openvino import stamp_ir
 from ..deps import require
 from ..errors import ExportError
 from ..inputs import to
-from ..stage import Target, TargetConfig
+from ..stage import BuildInputs, Target, TargetConfig
+from .qdq.graph import convention, form_and_encoding
 
 
 def canonical_names(model) -> None:
@@ -81,21 +83,28 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
     #: the fp32 and fp16 IR, the INT8 file of the chosen form for int8: one graph, one set of names and
     #: quantization parameters, one lineage); without it, that ONNX is exported here.
     depends_on = ["onnx"]
+    times_start = True
+
+    def start_file(self, onnx: Path, tmp: Path) -> Path:
+        import openvino as ov
+
+        ov.save_model(ov.convert_model(str(onnx)), str(tmp / "start.xml"))
+        return tmp / "start.xml"
 
     def preflight(self) -> list[str]:
         require("openvino", "pip install openvino", "the openvino target")
         return []
 
-    def build(self, state, ctx, out_dir: Path, precision: str) -> Artifact:
+    def build(self, state, ctx, out_dir: Path, precision: str, given: BuildInputs) -> Artifact:
         xml = out_dir / f"model.{precision}.xml"
         record = deployment_record(state, ctx, dynamic_batch=self.config.dynamic_batch)
         if precision == "int8":
-            return self._int8(state, ctx, xml, record)
+            return self._int8(state, ctx, xml, record, given)
         if precision == "bf16":
             record["runtime"] = openvino_bf16_runtime()
-        source = self._onnx_artifact("onnx.fp32", ctx.run_dir)
+        source = self._onnx_artifact(given.upstream, "onnx.fp32", ctx.run_dir)
         with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
-            onnx_file = ctx.run_dir / source.path if source else self._export_onnx(state, Path(tmp), precision)
+            onnx_file = ctx.run_dir / source.path if source else self._export_onnx(state, Path(tmp), precision, given.onnx_export)
             self._save(self._convert(onnx_file, source is not None), xml, record, precision)
         return self._artifact(ctx, xml, record, precision, source)
 
@@ -133,7 +142,7 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
             artifact.notes.append(f"converted from {source.path}")
         return artifact
 
-    def _int8(self, state, ctx, xml: Path, record: dict) -> Artifact:
+    def _int8(self, state, ctx, xml: Path, record: dict, given: BuildInputs) -> Artifact:
         """The INT8 IR, converted from the form the recipe names or (``auto``) the one OpenVINO runs fastest here."""
         from .forms import decide, exact_encodings, needs_vnni, record_choice
 
@@ -141,15 +150,15 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
         forms: list[str] = [self.config.form] if self.config.form != "auto" else exact + (["tensorrt"] if len(exact) > 1 else [])
         record["runtime"] = openvino_int8_runtime()
         with tempfile.TemporaryDirectory(dir=xml.parent) as tmp:
-            sources = self._int8_sources(forms, state, ctx, Path(tmp))
+            sources = self._int8_sources(forms, state, ctx, Path(tmp), given)
             models = {form: self._convert(path, upstream is not None, int8=True) for form, (path, upstream) in sources.items()}
-            candidates = self._candidates(models, Path(tmp))
+            candidates = self._candidates(models, Path(tmp), given.latency)
             if len(candidates) == 1:
-                choice = decide([], state, self.latency, why=why if self.config.form == "auto" else "set in the recipe",
+                choice = decide([], state, given.latency, why=why if self.config.form == "auto" else "set in the recipe",
                                 only=next(iter(models)))
             else:
                 ctx.reporter.info(f"openvino int8: timing {', '.join(c.form for c in candidates)} to keep the fastest")
-                choice = decide(candidates, state, self.latency, static=not self.config.dynamic_batch)
+                choice = decide(candidates, state, given.latency, static=not self.config.dynamic_batch)
             form, at_default = choice.form.removesuffix(DEFAULT_HINT), choice.form.endswith(DEFAULT_HINT)
             if at_default or self.config.int8_hint == "default":
                 record["runtime"] = openvino_int8_default_runtime()
@@ -166,7 +175,7 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
         artifact.metrics["int8_hint"] = "default" if at_default or self.config.int8_hint == "default" else "f32"
         return artifact
 
-    def _candidates(self, models: dict, tmp: Path) -> list:
+    def _candidates(self, models: dict, tmp: Path, latency: Any) -> list:
         """Each form's IR opened at the f32 hint and, under ``int8_hint: auto`` on a CPU whose OpenVINO default is bf16,
         also at that default (``FORM@default``, before the same form at f32: ``forms._pick`` keeps the first within 3 %
         of the fastest, and a default one counts only when it agrees with the quantized model as well as at f32).
@@ -176,7 +185,7 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
         from .forms import Candidate
 
         ov = require("openvino", "pip install openvino", "the openvino target")
-        threads = self.latency.threads if self.latency else 1
+        threads = latency.threads if latency else 1
         isa = set(host_info()["cpu"].get("isa") or ())
         pinned: dict[str, list[str | None]] = {"f32": ["f32"], "default": [None]}
         hints = pinned.get(self.config.int8_hint) or ([None, "f32"] if isa & set(openvino_bf16_runtime()["fast_with_any_of"]) else ["f32"])
@@ -191,7 +200,7 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
                 candidates.append(Candidate(name, tmp / f"{form}.xml", run, at_least_as=form if name != form else None))
         return candidates
 
-    def _int8_sources(self, forms: list[str], state, ctx, tmp: Path) -> dict[str, tuple[Path, Artifact | None]]:
+    def _int8_sources(self, forms: list[str], state, ctx, tmp: Path, given: BuildInputs) -> dict[str, tuple[Path, Artifact | None]]:
         """``{form: (INT8 ONNX, the onnx target's artifact or None)}``: the onnx target's file of that form when it
         built one, else one written into ``tmp``. Under ``form: auto`` a form that cannot be written (TensorRT's needs
         signed activations) is left out; a pinned one raises."""
@@ -200,17 +209,17 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
         sources: dict[str, tuple[Path, Artifact | None]] = {}
         raw = None
         for form in forms:
-            upstream = self._int8_artifact(form, ctx.run_dir)
+            upstream = self._int8_artifact(given.upstream, form, ctx.run_dir)
             if upstream is not None:
                 sources[form] = (ctx.run_dir / upstream.path, upstream)
                 continue
             if raw is None:
                 example = to(state.example_input, "cpu")
                 raw = export_raw_qdq(state.handle.int8_module(example), example, tmp, dynamic_batch=self.config.dynamic_batch,
-                                     output_name=state.task.output_names, **self.onnx_opset())
+                                     output_name=state.task.output_names, **given.onnx_opset())
             try:
-                write_int8_onnx(raw, tmp / f"{form}.onnx", form="tensorrt" if form == "tensorrt" else "cpu",
-                                encoding="u8s8" if form == "tensorrt" else form)
+                qdq_form, encoding = form_and_encoding(form)
+                write_int8_onnx(raw, tmp / f"{form}.onnx", form=qdq_form, encoding=encoding)
             except ExportError as exc:
                 if self.config.form != "auto":
                     raise
@@ -219,25 +228,25 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
             sources[form] = (tmp / f"{form}.onnx", None)
         return sources
 
-    def _int8_artifact(self, form: str, run_dir: Path) -> Artifact | None:
+    def _int8_artifact(self, upstream: list[Artifact], form: str, run_dir: Path) -> Artifact | None:
         """The onnx target's INT8 artifact of ``form`` built in this stage, if any (a run before forms were chosen
         wrote its CPU file in ``u8s8``)."""
-        if form == "tensorrt":
-            return self._onnx_artifact("onnx.int8_tensorrt", run_dir)
-        found = self._onnx_artifact("onnx.int8", run_dir)
+        if convention(form_and_encoding(form)[0]).foreign:  # the onnx target's file of that form (onnx.int8_tensorrt)
+            return self._onnx_artifact(upstream, f"onnx.int8_{form}", run_dir)
+        found = self._onnx_artifact(upstream, "onnx.int8", run_dir)
         return found if found is not None and found.metrics.get("int8_form", "u8s8") == form else None
 
-    def _onnx_artifact(self, label: str, run_dir: Path | None = None) -> Artifact | None:
-        """The ONNX the onnx target built in this stage under ``label`` (``onnx.fp32``: the fp32 and fp16 IR
+    def _onnx_artifact(self, upstream: list[Artifact], label: str, run_dir: Path | None = None) -> Artifact | None:
+        """The ONNX the onnx target built in this stage (among ``upstream``) under ``label`` (``onnx.fp32``: the fp32 and fp16 IR
         come from it, fp16 by compressing its weights; ``onnx.int8``: the CPU-form INT8), if any and (given
         ``run_dir`` to read it) with the batch dimension this target asks for; never a file fused for onnxruntime
         (``fused_ops``: com.microsoft ops OpenVINO does not read)."""
-        found = [a for a in self.upstream if a.label == label and a.status == "built" and not a.metrics.get("fused_ops")]
+        found = [a for a in upstream if a.label == label and a.status == "built" and not a.metrics.get("fused_ops")]
         if not found or (run_dir is not None and _dynamic_batch(run_dir / found[0].path) != self.config.dynamic_batch):
             return None
         return found[0]
 
-    def _export_onnx(self, state, tmp: Path, precision: str) -> Path:
+    def _export_onnx(self, state, tmp: Path, precision: str, onnx_export: dict[str, Any]) -> Path:
         """The ONNX to convert, exported into ``tmp`` when the onnx target did not build it in this stage: the
         same exporter (and the onnx target's ``opset`` and ``exporter``), names and constant folding as the onnx
         target's, so every artifact reads alike."""
@@ -245,7 +254,7 @@ class OpenVinoTarget(Target[OpenVinoConfig]):
 
         path = tmp / f"{precision}.onnx"
         export_onnx(state.handle.float_module(), to(state.example_input, "cpu"), path, dynamic_batch=self.config.dynamic_batch,
-                    output_name=state.task.output_names, **self.onnx_export)
+                    output_name=state.task.output_names, **onnx_export)
         return path
 
 

@@ -30,7 +30,7 @@ from pydantic import Field, model_validator
 from ..artifacts import Artifact, publish_dir, sha256_file, write_text_atomic
 from ..errors import ExportError, InputError, MissingDependencyError
 from ..inputs import to
-from ..stage import StrictModel, Target, TargetConfig
+from ..stage import BuildInputs, StrictModel, Target, TargetConfig
 from . import tensorrt_build
 
 SOURCE_NAMES = {"fp32": "model.fp32.onnx", "fp16": "model.fp16.onnx", "int8": "model.int8.tensorrt.onnx"}
@@ -120,19 +120,19 @@ class TensorRtTarget(Target[TensorRtConfig]):
                 "a prepared bundle (the ONNX, build_engine.py and the trtexec commands) to build there")
         return [f"tensorrt: prepared, not built ({reason})"]
 
-    def build(self, state, ctx, out_dir: Path, precision: str) -> Artifact:
+    def build(self, state, ctx, out_dir: Path, precision: str, given: BuildInputs) -> Artifact:
         with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
-            source, parent = self._source(state, ctx, Path(tmp), precision)
+            source, parent = self._source(state, ctx, Path(tmp), precision, given)
             shapes = self._check_profile(source, self.config.sequence or default_sequence(state, ctx))
             available, reason = toolchain_status()
             if available:
                 return self._build_engine(ctx, out_dir, precision, source, parent, shapes)
             return self._prepare(ctx, out_dir, precision, source, parent, shapes, reason)
 
-    def _source(self, state, ctx, tmp: Path, precision: str) -> tuple[Path, Artifact | None]:
+    def _source(self, state, ctx, tmp: Path, precision: str, given: BuildInputs) -> tuple[Path, Artifact | None]:
         """The ONNX to build from: the onnx target's (same precision and form) or one exported into ``tmp`` at the
         onnx target's ``opset`` and ``exporter`` (its int8: at its opset, QDQ being written by the legacy exporter)."""
-        found = [a for a in self.upstream if a.label == UPSTREAM_LABELS[precision] and a.status == "built"
+        found = [a for a in given.upstream if a.label == UPSTREAM_LABELS[precision] and a.status == "built"
                  and not a.metrics.get("fused_ops")]  # onnxruntime's fused contrib ops: TensorRT reads standard ONNX
         if found:
             return ctx.run_dir / found[0].path, found[0]
@@ -142,15 +142,15 @@ class TensorRtTarget(Target[TensorRtConfig]):
         example = to(state.example_input, "cpu")
         if precision == "int8":
             report = export_int8_onnx(state.handle.int8_module(example), example, path, form="tensorrt",
-                                      output_name=state.task.output_names, **self.onnx_opset())
+                                      output_name=state.task.output_names, **given.onnx_opset())
             for note in report.notes:
                 ctx.reporter.info(f"tensorrt int8: {note}")
         elif precision == "fp16":
             export_onnx(state.handle.float_module(), example, tmp / "fp32.onnx", output_name=state.task.output_names,
-                        **self.onnx_export)
+                        **given.onnx_export)
             to_fp16(tmp / "fp32.onnx", path)
         else:
-            export_onnx(state.handle.float_module(), example, path, output_name=state.task.output_names, **self.onnx_export)
+            export_onnx(state.handle.float_module(), example, path, output_name=state.task.output_names, **given.onnx_export)
         return path, None
 
     def _check_profile(self, source: Path, sequence: TensorRtSequence) -> dict:

@@ -49,6 +49,8 @@ from typing import Any
 
 import numpy as np
 
+from .qdq.graph import convention
+
 #: How far, in steps of the weight's grid, the float table may sit from the dequantized weight and still be
 #: its quantization: the quantization stage leaves the table exactly on the grid (``exact``, a thousandth of a
 #: step for float rounding), the x86 u8s8 fit (``qdq.fit_u8s8_pairs``) re-grids a row coarser, where the table
@@ -242,7 +244,7 @@ def _share_quantized(view: _View, table: str, form: str, report: TiedReport) -> 
     if found is None:
         return
     dq, change = found
-    if form == "tensorrt":
+    if convention(form).dequantized_constants:
         # TensorRT reads int8 constants through DequantizeLinear only: the lookup gathers from its output, the one
         # DequantizeLinear the projection reads too (moved before the first Gather, its inputs being initializers)
         moved = type(dq)()
@@ -261,7 +263,7 @@ def _share_quantized(view: _View, table: str, form: str, report: TiedReport) -> 
     view.drop_unread([table])
     # the second copy this leaves out: the float table (TensorRT form), or the int8 rows and scales quantize_embeddings
     # would have written for it (CPU form)
-    saved = value.nbytes if form == "tensorrt" else value.size + 4 * value.shape[0]
+    saved = value.nbytes if convention(form).dequantized_constants else value.size + 4 * value.shape[0]
     report.tables.append({"name": table, "shape": list(value.shape), "reader": reader, "bytes_saved": saved,
                           "grid": "int8 re-gridded" if change else "int8", "max_abs_change": change})
 

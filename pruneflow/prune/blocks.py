@@ -29,6 +29,7 @@ from torch import nn
 from ..errors import ConfigError
 from ..inputs import Inputs, call
 from .engine import auto_rounds, channel_table, layer_channels, measure, resolve_ignored
+from .observe import observing
 from .rounds import Batches, Plan, Round, Strategy, linear_goal
 
 _ADDS = {operator.add, operator.iadd, torch.add}
@@ -100,16 +101,8 @@ def find_blocks(model: nn.Module, example: "Inputs", ignored: tuple[str, ...] = 
         return record
 
     named = [(n, m) for n, m in model.named_modules() if n and not any(n == i or n.startswith(i + ".") for i in ignored)]
-    handles = [m.register_forward_hook(hook(n)) for n, m in named if list(m.children())]
-    was = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            call(model, example)
-    finally:
-        model.train(was)
-        for h in handles:
-            h.remove()
+    with observing(model, [m.register_forward_hook(hook(n)) for n, m in named if list(m.children())]), torch.no_grad():
+        call(model, example)
     return [n for n, m in named if shapes.get(n) and is_residual(m)]
 
 

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from ..inputs import Inputs, call
+from .observe import observing
 
 
 class CompactLinear(nn.Module):
@@ -66,15 +67,8 @@ def output_projection(model: nn.Module, example: Inputs, min_rows: int) -> str |
     found: dict[str, torch.Tensor] = {}
     kinds = (nn.Linear, CompactLinear)
     names = {m: n for n, m in model.named_modules() if isinstance(m, kinds)}
-    handles = [m.register_forward_hook(lambda mod, args, out: found.__setitem__(names[mod], out)) for m in names]
-    was = model.training
-    model.eval()
-    try:
+    with observing(model, [m.register_forward_hook(lambda mod, args, out: found.__setitem__(names[mod], out)) for m in names]):
         out = call(model, example)
-    finally:
-        model.train(was)
-        for h in handles:
-            h.remove()
     name = next((n for n, t in found.items() if t is out), None)
     if name is None:
         return None

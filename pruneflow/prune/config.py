@@ -143,6 +143,12 @@ class _PruneBase(StageConfig):
 class _ScoredPruneBase(_PruneBase):
     """What channel and head pruning share: gradient-based importance on a few training batches."""
 
+    importance: Importance = Field(
+        default="hessian", description="What ranks the channels (or heads, FFN neurons and width channels), a registered "
+        "pruning criterion: `magnitude` (weight magnitude; a unit's weight norms), `taylor` (first-order Taylor: |w·g|; "
+        "|mean g| of a unit's mask), `hessian` (OBD, w²·Fisher; a unit's Fisher, mean g²), `hessian+taylor` (both mixed), "
+        "or a plugin's (entry point `pruneflow.criteria`)."
+    )
     importance_batches: int | None = Field(
         default=None, ge=1, description="Training batches used to score importance each round (default 4)."
     )
@@ -159,11 +165,6 @@ class ChannelPruneConfig(_ScoredPruneBase):
     target: PruneTarget = Field(description="What to reach: {ratio: 0.3} channels removed, {macs: 0.5} or {params: 0.5} kept.")
     rounds: int | Literal["auto"] = Field(
         default="auto", description="Prune-then-fine-tune rounds; `auto` removes about 10 % of channels a round."
-    )
-    importance: Importance = Field(
-        default="hessian", description="Channel importance, a registered pruning criterion: `magnitude` (weight magnitude), "
-        "`taylor` (first-order Taylor, |w·g|), `hessian` (OBD, w²·Fisher), `hessian+taylor` (both mixed), or a plugin's "
-        "(entry point `pruneflow.criteria`)."
     )
     allocation: Literal["global", "uniform"] = Field(
         default="global", description="`global` ranks channels across layers; `uniform` prunes every layer by the same ratio."
@@ -227,11 +228,6 @@ class HeadPruneConfig(_ScoredPruneBase):
     target: UnitTarget = Field(description="What to remove: {heads: 0.5, ffn: 0.3, width: 0.25} (shares of the original counts).")
     rounds: int | Literal["auto"] = Field(
         default="auto", description="Prune-then-fine-tune rounds; `auto`: about 10 % of the heads (or FFN neurons, or width) a round."
-    )
-    importance: Importance = Field(
-        default="hessian", description="Unit importance, a registered pruning criterion: `magnitude` (weight norms), `taylor` "
-        "(first-order Taylor, |mean g| of a unit's mask), `hessian` (Fisher: mean g²), `hessian+taylor` (both mixed), or a "
-        "plugin's (entry point `pruneflow.criteria`)."
     )
 
 

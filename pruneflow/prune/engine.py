@@ -22,6 +22,7 @@ from ..inputs import Inputs, bind, call, take
 from . import rnn as rnn_units
 from .importance import SaliencyImportance
 from .keep import KeepRule
+from .observe import observing
 from .surgery import ChannelEmbedConv
 from .tp_adapter import GroupPruner, Selection, prune, selection_members
 
@@ -138,15 +139,8 @@ def output_positions(model: nn.Module, example: Inputs) -> dict[nn.Module, int]:
         out[module] = int(output[0].numel() // channels)
 
     kinds = (nn.modules.conv._ConvNd, nn.Linear, nn.RNNBase)
-    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, kinds)]
-    was = model.training
-    model.eval()
-    try:
+    with observing(model, [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, kinds)]):
         call(model, take(example, slice(0, 1)))
-    finally:
-        model.train(was)
-        for h in handles:
-            h.remove()
     return out
 
 

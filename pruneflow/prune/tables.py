@@ -44,6 +44,7 @@ from ..errors import ConfigError
 from ..evaluate import count_macs_params
 from ..inputs import Inputs, call, size, take, to
 from .catalogue import label_counts, merge_output_rows, output_count, output_projection, output_rows, rows_to_merge
+from .observe import observing
 from .rounds import Batches, Plan, Round, Strategy
 
 #: Samples a counting forward pass reads at once.
@@ -157,16 +158,9 @@ def count_reads(model: nn.Module, names: list[str], x: Inputs, device: str, batc
             counts[name] += torch.bincount(ids.reshape(-1).long().cpu(), minlength=module.num_embeddings).double()
         return record
 
-    handles = [m.register_forward_pre_hook(hook(n)) for n, m in modules.items()]
-    was = model.training
-    model.eval()
-    try:
+    with observing(model, [m.register_forward_pre_hook(hook(n)) for n, m in modules.items()]):
         for start in range(0, size(x), batch):
             call(model, to(take(x, slice(start, start + batch)), device))
-    finally:
-        model.train(was)
-        for h in handles:
-            h.remove()
     return counts
 
 

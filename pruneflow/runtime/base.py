@@ -62,9 +62,10 @@ class Executor:
 
     @property
     def label(self) -> str:
-        """``onnxruntime/CPU``, ``openvino/CPU (default: bf16)``, ``openvino/CPU (f32)``: the runtime column of tables."""
+        """``onnxruntime/CPU``, ``openvino/CPU (default: bf16)``, ``openvino/CPU (f32)``: the runtime column of tables
+        (what it computed in, where the runtime says: one that takes a precision hint)."""
         hint = self.info.get("precision_hint")
-        if self.runtime != "openvino" or not self.info.get("inference_precision"):
+        if not self.info.get("inference_precision"):
             return f"{self.runtime}/{self.device}"
         shown = hint if hint else f"default: {self.info['inference_precision']}"
         return f"{self.runtime}/{self.device} ({shown})"

@@ -1,24 +1,20 @@
-"""Executors: one loaded artifact on one runtime and device, called like a function on a numpy batch."""
+"""Executors: one loaded artifact on one runtime and device, called like a function on a numpy batch.
+
+The file's format (``pruneflow.formats``) says which runtimes load it; the runtime (a registered kind too) opens it.
+"""
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
-from typing import Any
 
-from ..deps import require
-from .base import Executor, RuntimeUnavailable, feed_for, joined
-
-#: Runtimes that can load each file type, the first being the default.
-RUNTIMES = {".onnx": ("onnxruntime", "openvino"), ".xml": ("openvino",), ".engine": ("tensorrt",), ".plan": ("tensorrt",)}
-
-#: onnxruntime's execution providers by device name, the best first when no device is asked for.
-ORT_PROVIDERS = {"cuda": "CUDAExecutionProvider", "cpu": "CPUExecutionProvider"}
+from .base import Executor, RuntimeUnavailable
 
 
 def runtimes_for(path: str | Path) -> tuple[str, ...]:
-    """The runtimes that can load ``path`` (by its suffix), the default first; () when none can."""
-    return RUNTIMES.get(Path(path).suffix, ())
+    """The runtimes that can load ``path`` (by its format), the default first; () when none can."""
+    from ..formats import runtimes_for as of_format
+
+    return of_format(path)
 
 
 def open_artifact(path: str | Path, *, runtime: str | None = None, device: str | None = None,
@@ -37,6 +33,8 @@ def open_artifact(path: str | Path, *, runtime: str | None = None, device: str |
         >>> ex.label, ex.info["inference_precision"]                       # doctest: +SKIP
         ('openvino/CPU (f32)', 'f32')
     """
+    from ..formats import runtime_named
+
     path = Path(path)
     choices = runtimes_for(path)
     runtime = runtime or (choices[0] if choices else None)
@@ -45,96 +43,5 @@ def open_artifact(path: str | Path, *, runtime: str | None = None, device: str |
                                  hint=f"use one of: {', '.join(choices) or '(none)'}")
     if not path.is_file():
         raise RuntimeUnavailable(f"{path}: no such file", hint="pass the path of a built artifact")
-    if runtime == "onnxruntime":
-        return _onnxruntime(path, device, threads, precision_hint, exact_int8)
-    loader = {"openvino": _openvino, "tensorrt": _tensorrt}[runtime]
-    return loader(path, device, threads, precision_hint)
-
-
-def _ort_provider(available: list[str], device: str | None) -> str:
-    if device is None:
-        return next(p for p in (*ORT_PROVIDERS.values(),) if p in available)
-    provider = ORT_PROVIDERS.get(device.lower())
-    if provider is None or provider not in available:
-        raise RuntimeUnavailable(f"onnxruntime has no {device!r} device here (providers: {', '.join(available)})",
-                                 hint="devices: cpu, or cuda with onnxruntime-gpu on a machine with a CUDA GPU")
-    return provider
-
-
-def _onnxruntime(path: Path, device: str | None, threads: int | None, hint: str | None, exact_int8: bool = False) -> Executor:
-    ort = require("onnxruntime", "pip install onnxruntime", "running ONNX models")
-    provider = _ort_provider(ort.get_available_providers(), device)
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    if exact_int8:  # no QDQ fusion: DequantizeLinear then float kernels (the x64quantprecision switch crashed
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC  # on a DenseNet's QDQ)
-    if threads:
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-    # onnxruntime 1.32's NchwcTransformer (a CPU layout pass of ORT_ENABLE_ALL) segfaults loading an FP16 SASRec: the
-    # process dies with no message (exit 139). It only re-lays convolutions for AVX-512 float32 kernels, so it is
-    # turned off for float16 graphs alone.
-    skip = ["NchwcTransformer"] if provider == "CPUExecutionProvider" and _float16(path) else []
-    session = ort.InferenceSession(str(path), options, providers=[provider], disabled_optimizers=skip)
-    names = [i.name for i in session.get_inputs()]
-    used = session.get_providers()
-
-    def outputs(x: Any) -> list:
-        return session.run(None, feed_for(x, names))
-
-    return Executor(path, "onnxruntime", "CUDA" if used[0].startswith("CUDA") else "CPU", lambda x: joined(outputs(x)),
-                    {"providers": used, "version": ort.__version__, "threads": threads or 0, "exact_int8": exact_int8},
-                    outputs)
-
-
-def _openvino(path: Path, device: str | None, threads: int | None, hint: str | None) -> Executor:
-    ov = require("openvino", "pip install openvino", "running OpenVINO models")
-    core = ov.Core()
-    device = device or "CPU"
-    if device not in core.available_devices:
-        raise RuntimeUnavailable(f"OpenVINO has no {device!r} device here (devices: {', '.join(core.available_devices)})",
-                                 hint="choose one of the listed devices")
-    config: dict[str, str | int] = {}
-    if hint:
-        config["INFERENCE_PRECISION_HINT"] = hint
-    if threads:
-        config["INFERENCE_NUM_THREADS"] = threads
-    compiled = core.compile_model(str(path), device, config)
-    outputs = list(compiled.outputs)  # one a head for a multi-head task
-    names = [i.get_any_name() for i in compiled.inputs]
-    used = compiled.get_property("INFERENCE_PRECISION_HINT")
-    used_name = used.to_string() if hasattr(used, "to_string") else str(used)  # an ov.Type: "bf16", "f32"
-    request = compiled.create_infer_request()  # one per executor: an executor serves one thread at a time
-
-    def run_all(x: Any) -> list:
-        return _in_order(request.infer(feed_for(x, names)), outputs)
-
-    return Executor(path, "openvino", device, lambda x: joined(run_all(x)),
-                    {"precision_hint": hint, "inference_precision": used_name, "version": ov.get_version(),
-                     "threads": threads or 0}, run_all)
-
-
-def _float16(path: Path) -> bool:
-    """Whether the ONNX file holds float16 weights or inputs (an fp16 artifact); parsed once per file version (the
-    export stage and ``bench`` open an artifact several times)."""
-    stat = path.stat()
-    return _float16_file(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
-
-
-@functools.lru_cache(maxsize=64)
-def _float16_file(path: str, mtime_ns: int, size: int) -> bool:
-    onnx = require("onnx", "pip install onnx", "reading ONNX models")
-    model = onnx.load(path, load_external_data=False)
-    half = onnx.TensorProto.FLOAT16
-    return (any(t.data_type == half for t in model.graph.initializer)
-            or any(v.type.tensor_type.elem_type == half for v in model.graph.input))
-
-
-def _in_order(result: Any, outputs: list) -> list:
-    return [result[o] for o in outputs]
-
-
-def _tensorrt(path: Path, device: str | None, threads: int | None, hint: str | None) -> Executor:
-    from .tensorrt import load_engine
-
-    return load_engine(path, device)
+    assert runtime is not None
+    return runtime_named(runtime).open(path, device, threads, precision_hint, exact_int8)

@@ -79,10 +79,10 @@ class ServingMetrics:
         """Labels from the artifact: ``model`` its run folder's name (or the file's stem), ``version`` the given one
         or the first 12 hex digits of its sha256, ``precision`` from its deployment record."""
         from ..artifacts import sha256_file
-        from ..deployment import read_ir, read_onnx
+        from ..formats import read_record
 
         path = Path(path)
-        record = read_ir(path) if path.suffix == ".xml" else read_onnx(path) if path.suffix == ".onnx" else {}
+        record = read_record(path)
         run = next((p for p in path.resolve().parents if (p / "manifest.json").is_file()), None)
         return cls({"model": run.name if run else path.stem, "version": version or sha256_file(path)[:12],
                     "precision": str(record.get("precision") or "unknown"), "runtime": runtime, "device": device},

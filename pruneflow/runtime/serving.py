@@ -45,10 +45,16 @@ Sample = Union[np.ndarray, Mapping[str, np.ndarray]]
 #: What a caller gets back: its row(s) of the only output, or head name -> row(s) for a multi-head artifact.
 Answer = Union[np.ndarray, dict[str, np.ndarray]]
 
-#: The devices a service names and what each runtime calls them.
-DEVICES = {"onnxruntime": {"cpu": "cpu", "cuda": "cuda"},
-           "openvino": {"cpu": "CPU", "gpu": "GPU", "npu": "NPU"},
-           "tensorrt": {"cuda": "cuda"}}
+def devices_of(runtime: str | None) -> dict[str, str]:
+    """The devices a service names (``cpu``, ``cuda``, ``gpu``, ``npu``) and what ``runtime`` calls each (its
+    registered kind's ``devices``; {} for none, or a name no runtime is registered under)."""
+    from ..errors import UnknownNameError
+    from ..formats import runtime_named
+
+    try:
+        return dict(runtime_named(runtime).devices) if runtime else {}
+    except UnknownNameError:
+        return {}
 
 
 class ServerClosed(PruneflowError):
@@ -213,24 +219,26 @@ class Server:
         ``threads`` runtime threads each. ``precision_hint="record"`` compiles an IR as its deployment record says
         (the hint it was measured with); None leaves OpenVINO's default; ``"f32"``/``"bf16"`` force one.
         ``metrics``: a :class:`Metrics`, or a callable making one from the server (labels from its record)."""
-        from ..deployment import openvino_hint, read_ir, read_onnx
+        from ..formats import read_record, runtime_named
         from .executor import open_artifact, runtimes_for
 
         path = Path(path)
         if not path.is_file():
             raise RuntimeUnavailable(f"{path}: no such artifact", hint="pass the path of a built ONNX file or IR (.xml)")
         runtime = runtime or (runtimes_for(path) or (None,))[0]
-        devices = DEVICES.get(runtime or "", {})
+        devices = devices_of(runtime)
         if device.lower() not in devices:
             raise RuntimeUnavailable(f"{path.name}: {runtime or 'no runtime'} has no device {device!r} "
                                      f"(it serves on: {', '.join(devices) or 'nothing here'})",
                                      hint="name one of those devices, or another runtime (runtime='openvino' / 'onnxruntime')")
         if workers < 1 or (threads is not None and threads < 1):
             raise UsageError(f"workers={workers}, threads={threads}: both must be >= 1", hint="e.g. workers=1, threads=1")
-        record = read_ir(path) if path.suffix == ".xml" else read_onnx(path) if path.suffix == ".onnx" else {}
-        hint = openvino_hint(record) if precision_hint == "record" else precision_hint
+        record = read_record(path)
+        assert runtime is not None  # (devices_of found it)
+        kind = runtime_named(runtime)
+        hint = kind.hint_for(record) if precision_hint == "record" else precision_hint
         executors = [open_artifact(path, runtime=runtime, device=devices[device.lower()], threads=threads,
-                                   precision_hint=hint if runtime == "openvino" else None) for _ in range(workers)]
+                                   precision_hint=hint if kind.takes_precision_hint else None) for _ in range(workers)]
         server = cls(executors, record, policy, None)
         server.metrics = metrics(server) if callable(metrics) and not hasattr(metrics, "on_batch") else metrics  # type: ignore[assignment]
         return server

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..artifacts import Artifact
+from ..formats import runs_elsewhere
 from ..gates import GateResult
 from ..headline import as_deployed
 
@@ -64,7 +65,7 @@ class Decision:
 
 def candidates(artifacts: list[Artifact], target: str) -> list[Artifact]:
     """The built artifacts of ``target`` that compete (a form written for another runtime does not)."""
-    return [a for a in artifacts if a.target == target and a.status == "built" and a.form != "tensorrt"]
+    return [a for a in artifacts if a.target == target and a.status == "built" and not runs_elsewhere(a)]
 
 
 def decide(built: list[Artifact], own_gates: dict[str, list[GateResult]], batch_sizes: list[int],

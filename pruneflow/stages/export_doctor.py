@@ -12,7 +12,7 @@ from ..doctor import TRACED_SIZES
 from ..errors import MissingDependencyError
 from ..inputs import as_numpy, call, to
 from ..runtime import open_artifact, runtimes_for
-from ..stage import Check
+from ..stage import BuildInputs, Check
 
 
 def export_checks(stage, state, ctx) -> list[Check]:
@@ -32,10 +32,9 @@ def export_checks(stage, state, ctx) -> list[Check]:
         for precision in precisions:
             if precision == "fp16" and "fp32" in precisions:  # the same graph, converted: tried as fp32 (below)
                 continue
-            target.upstream = list(built)
-            target.onnx_export = stage.onnx_export()
             try:
-                made = target.build(state, ctx, out_dir, precision)
+                made = target.build(state, ctx, out_dir, precision, BuildInputs(upstream=list(built),
+                                                                                onnx_export=stage.onnx_export()))
             except Exception as exc:  # noqa: BLE001
                 rows.append(Check.failed(f"{name}.{precision}", exc))
                 continue

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, NamedTuple
 import numpy as np
 import torch
 
+from ..formats import runs_elsewhere, runtime_named
 from ..gates import GateResult
 from ..inputs import Inputs, call, to
 from ..tasks import Classification, Metric, Task
@@ -113,9 +114,9 @@ def open_for(artifact: "Artifact", target: "Target", path: "Path", threads: int 
             return {"": Executor(path, artifact.target or "plugin", "default", run)}
         # TensorRT's form is checked in onnxruntime for its arithmetic: onnxruntime's u8s8 pair sums (x86
         # without VNNI) would saturate on its int8 activations, which TensorRT does not do
-        default = open_artifact(path, threads=threads, exact_int8=artifact.form == "tensorrt")
+        default = open_artifact(path, threads=threads, exact_int8=runs_elsewhere(artifact))
         executors = {"": default}
-        if default.runtime == "openvino" and default.info.get("inference_precision") != "f32":
+        if runtime_named(default.runtime).takes_precision_hint and default.info.get("inference_precision") != "f32":
             executors[F32] = open_artifact(path, threads=threads, precision_hint="f32")
         return executors
     except RuntimeUnavailable as exc:

@@ -1,0 +1,271 @@
+"""What every command shares at run time: the consoles, the one exception → message → exit-code mapping,
+signals, stdout under --json, the JSON lines and the progress reporter."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import traceback
+from typing import Iterator
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from pruneflow.context import Reporter
+from pruneflow.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_STAGE_FAILED, PruneflowError, RecipeError
+
+def err_console() -> Console:
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+class _ReaderGone(Exception):
+    """stdout's reader closed the pipe (``pruneflow ... | head -1``): not an error of the command's."""
+
+
+class _PipeConsole(Console):
+    def on_broken_pipe(self) -> None:  # rich's own handling raises SystemExit(1), which read as user code exiting
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # nothing more is written to the closed pipe, at exit included
+        raise _ReaderGone()
+
+
+def out_console() -> Console:
+    console = _PipeConsole(highlight=False, soft_wrap=True)
+    if not console.is_terminal:  # CI logs and pipes: wide enough that tables do not wrap
+        console = _PipeConsole(highlight=False, soft_wrap=True, width=max(console.width, 140))
+    return console
+
+
+@contextlib.contextmanager
+def handle_errors(verbose: bool, json_mode: bool = False) -> Iterator[None]:
+    """The one mapping from exceptions to messages and exit codes."""
+    err = err_console()
+    try:
+        yield
+    except typer.Exit:
+        raise
+    except _ReaderGone:  # what the reader wanted it read; the command did its work (as `yes | head -1` does)
+        raise typer.Exit(EXIT_OK) from None
+    except PruneflowError as exc:
+        _print_error(err, exc, verbose)
+        issues = [i.as_dict() for i in exc.issues] if isinstance(exc, RecipeError) else None
+        caught: BaseException = exc
+        failure = (exc.exit_code, type(exc).__name__, exc.message, exc.hint, issues)
+    except KeyboardInterrupt as exc:
+        what = f"terminated ({exc.signal_name})" if isinstance(exc, Terminated) else "interrupted"
+        err.print(f"[bold yellow]{what}[/]: finished stages are kept; run again with --resume to continue.")
+        caught = exc
+        failure = (EXIT_INTERRUPTED, type(exc).__name__, what, None, None)
+    except SystemExit as exc:  # code we called (a plugin, user code) exited instead of raising
+        err.print(f"[bold red]stage failed:[/] code run by pruneflow called sys.exit({exc.code!r})", markup=True)
+        caught = exc
+        failure = (EXIT_STAGE_FAILED, "SystemExit", f"code run by pruneflow called sys.exit({exc.code!r})",
+                   "raise an exception instead of calling sys.exit", None)
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: a message, not a traceback
+        _print_internal_error(err, exc, verbose)
+        caught = exc
+        failure = (EXIT_STAGE_FAILED, type(exc).__name__, str(exc), None, None)
+    else:
+        return
+    partial = partial_of(caught)
+    if partial is not None and not json_mode:
+        err.print(f"the stages that finished and the error: {partial.run_dir / 'report.md'} (log: "
+                  f"{partial.run_dir / 'logs' / 'pruneflow.log'})", markup=False)
+    if json_mode:
+        print(error_json(*failure, run=partial.as_json() if partial is not None else None))
+    raise typer.Exit(failure[0])
+
+
+def partial_of(exc: BaseException):
+    """The finished part of a run that ``exc`` stopped (``pruneflow.results.partial_run``), or None."""
+    from pruneflow.results import partial_run
+
+    return partial_run(exc)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (CI cancellation, ``docker stop``) or SIGHUP (the terminal or ssh session closed), raised where the run
+    is, so it stops like Ctrl-C: manifest ``interrupted``, exit 130, a message, ``--resume`` picks up."""
+
+    def __init__(self, signal_name: str = "SIGTERM"):
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Within the block, SIGTERM and SIGHUP raise :class:`Terminated` (in the main thread; elsewhere signals cannot be
+    set). SIGHUP ended a run with no message and left its manifest `running` (issue 41)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum, frame):
+        raise Terminated(signal.Signals(signum).name)
+
+    caught = [signal.SIGTERM, *([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])]
+    previous = {sig: signal.signal(sig, terminate) for sig in caught}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def stdout_to_stderr(active: bool) -> Iterator[None]:
+    """Under --json, stdout carries one JSON object: while the pipeline runs, whatever else writes there
+    (a factory's print, NNCF's INFO log handler bound to stdout, a C library) goes to stderr instead."""
+    if not active:
+        yield
+        return
+    import logging
+    import os
+
+    original = sys.stdout
+    loggers = [logging.getLogger(), *(lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger))]
+    moved = [(h, h.stream) for lg in loggers for h in lg.handlers
+             if type(h) is logging.StreamHandler and h.stream in (original, sys.__stdout__)]
+    for handler, _ in moved:
+        handler.setStream(sys.stderr)
+    saved_fd = _redirect_fd1()
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stderr.flush()
+        if saved_fd is not None:
+            os.dup2(saved_fd, 1)
+            os.close(saved_fd)
+        for handler, stream in moved:
+            handler.setStream(stream)
+
+
+def _redirect_fd1() -> int | None:
+    """Point file descriptor 1 at 2 (for output below Python); the saved descriptor, or None when stdout
+    is not descriptor 1 (under a test runner)."""
+    import os
+
+    try:
+        if sys.stdout.fileno() != 1:
+            return None
+        sys.stdout.flush()
+        saved = os.dup(1)
+        os.dup2(sys.stderr.fileno(), 1)
+        return saved
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError and a ValueError
+        return None
+
+
+def json_line(payload: object) -> str:
+    """Strict JSON (RFC 8259) on one line: NaN and infinities become null, as strict parsers require."""
+    from pruneflow.artifacts import finite
+
+    return json.dumps(finite(payload), default=str, allow_nan=False)
+
+
+def error_json(exit_code: int, type_name: str, message: str, hint: str | None = None,
+               issues: list[dict] | None = None, run: dict | None = None) -> str:
+    """The `--json` error object, built in one place so every failure reads the same to CI.
+
+    ``{"exit_code": N, "error": {"type", "message", "hint", "issues"?}}`` (the README's contract):
+    ``issues`` only for a recipe error, one per location. ``run``: when a run folder was made before the
+    failure, what ``optimize --json`` prints for a run (``run_dir``, ``stages`` with the metrics of those that
+    finished, ``artifacts``, ``gates``) is merged in.
+    """
+    error: dict = {"type": type_name, "message": message, "hint": hint}
+    if issues is not None:
+        error["issues"] = issues
+    return json_line({**(run or {}), "exit_code": exit_code, "error": error})
+
+
+def _print_error(err: Console, exc: PruneflowError, verbose: bool) -> None:
+    """Our own errors: title, message, one line per recipe issue, and the fix; a traceback only with -v."""
+    if verbose:
+        err.print(traceback.format_exc(), markup=False)
+    err.print(f"[bold red]{exc.title}:[/] ", end="")
+    err.print(exc.message, markup=False)
+    if isinstance(exc, RecipeError):
+        for issue in exc.issues:
+            err.print(issue.format(), markup=False)
+    if exc.hint:
+        err.print("[bold]Fix:[/] ", end="")
+        err.print(exc.hint, markup=False)
+
+
+def _print_internal_error(err: Console, exc: Exception, verbose: bool) -> None:
+    """A bug (not a user error): one line naming it, and how to get the traceback for a report."""
+    if verbose:
+        err.print(traceback.format_exc(), markup=False)
+    err.print(f"[bold red]internal error:[/] {type(exc).__name__}: ", end="")
+    err.print(str(exc), markup=False)
+    if not verbose:
+        err.print("Run again with -v for the traceback, and please report it.")
+
+
+class RichReporter(Reporter):
+    """Progress bars and stage lines on stderr; silent with --quiet/--json."""
+
+    def __init__(self, console: Console, quiet: bool):
+        self.console = console
+        self.quiet = quiet
+        self.headline = ""  # the task's headline metric, shown on each stage's line (run_started)
+
+    @contextlib.contextmanager
+    def progress(self, description, total):
+        if self.quiet or not self.console.is_terminal:
+            yield lambda n=1, **fields: None
+            return
+        columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), TextColumn("{task.fields[info]}")]
+        with Progress(*columns, console=self.console, transient=True) as bar:
+            task = bar.add_task(description, total=total, info="")
+
+            def advance(n=1, **fields):
+                info = " ".join(f"{k} {v}" for k, v in fields.items())
+                bar.update(task, advance=n, info=info)
+
+            yield advance
+
+    def stage_started(self, stage_id, stage_type, index, total):
+        super().stage_started(stage_id, stage_type, index, total)
+        if not self.quiet:
+            self.console.print(f"[bold cyan]▶ {index + 1}/{total} {stage_id}[/] [dim]({stage_type})[/]")
+
+    def run_started(self, name, task):
+        super().run_started(name, task)
+        self.headline = task.get("headline", "")
+
+    def stage_finished(self, stage_id, seconds, metrics, skipped=False):
+        super().stage_finished(stage_id, seconds, metrics, skipped)
+        if not self.quiet:
+            shown_keys = (self.headline, "macs", "params")
+            shown = ", ".join(f"{k} {_fmt(v)}" for k, v in metrics.items() if k in shown_keys)
+            how = "resumed from checkpoint" if skipped else f"{seconds:.1f}s"
+            self.console.print(f"  [green]✓[/] {stage_id} [dim]{how}[/] {shown}")
+
+    def info(self, message):
+        super().info(message)
+
+    def warning(self, message):
+        super().warning(message)
+        if not self.quiet:
+            self.console.print(f"[yellow]warning:[/] {message}", markup=True)
+
+
+def _fmt(value) -> str:
+    from pruneflow.report import fmt
+
+    return fmt(value)
+
+
+def print_code(console: Console, loaded, indent: str = "") -> None:
+    """One line per callable the recipe runs beyond the zoo, and why it may (``recipe/code.py``)."""
+    for loc, ref, why in loaded.code:
+        console.print(f"{indent}this recipe runs code: {ref} ({'.'.join(map(str, loc))}; {why})", markup=False)

@@ -1,0 +1,72 @@
+"""OpenVINO IR: ``.xml`` (the graph) with its ``.bin`` (the weights), run by OpenVINO, whose CPU plugin a recorded
+precision hint steers and whose instruction set can be capped (AVX2 emulation); the deployment record in the IR's
+``rt_info``."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+from ..deployment import KEYS, file_props
+from .base import Format, InputSpec
+
+#: IR element types -> numpy dtype names.
+IR_DTYPES = {"f32": "float32", "f16": "float16", "i32": "int32", "i64": "int64", "u8": "uint8", "i8": "int8",
+             "boolean": "bool"}
+
+
+class IrFormat(Format):
+    name = "openvino"
+    title = "OpenVINO IR"
+    suffixes = (".xml",)
+    runtimes = ("openvino",)
+    int8_forms = ("cpu",)
+    serves_on_cpu = True
+    native_runtime = "openvino"
+    emulates_cpus = True
+
+    def companions(self, path: Path) -> list[Path]:
+        return [path.with_suffix(".bin")]
+
+    def read_record(self, path: Path) -> dict[str, Any]:
+        return read_ir(path)
+
+    def stamp_record(self, model: Any, record: dict[str, Any], precision: str | None) -> None:
+        stamp_ir(model, record, precision)
+
+    def recorded_hint(self, runtime: str, record: dict[str, Any] | None) -> str | None:
+        """An IR's record names the INFERENCE_PRECISION_HINT to compile it with (``deployment.openvino_int8_runtime``)."""
+        from ..deployment import openvino_hint
+
+        return openvino_hint(record) if runtime == self.native_runtime else None
+
+    def input_spec(self, path: Path) -> InputSpec | None:
+        root = ET.parse(path).getroot()
+        layer = next((la for la in root.iter("layer") if la.get("type") == "Parameter"), None)
+        if layer is None:
+            return None
+        data = layer.find("data")
+        attrs = data.attrib if data is not None else {}
+        dims = [d.strip() for d in attrs.get("shape", "").split(",") if d.strip()]
+        shape = tuple(int(d) if d.isdigit() else None for d in dims)
+        return InputSpec(layer.get("name", "input"), shape, IR_DTYPES.get(attrs.get("element_type", "f32"), "float32"))
+
+
+def stamp_ir(model: Any, record: dict[str, Any], precision: str | None) -> None:
+    """Write the record into an OpenVINO model's rt_info (``<rt_info><pruneflow>`` in the .xml)."""
+    for key, value in file_props(record, precision).items():
+        model.set_rt_info(value, ["pruneflow", key.removeprefix("pruneflow.")])
+
+
+def read_ir(path: str | Path) -> dict[str, Any]:
+    """The record written into an OpenVINO IR's rt_info ({} for an IR pruneflow did not write)."""
+    import openvino as ov
+
+    model = ov.Core().read_model(str(path))
+    out = {}
+    for key in KEYS:
+        if model.has_rt_info(["pruneflow", key]):
+            out[key] = json.loads(model.get_rt_info(["pruneflow", key]).astype(str))
+    return out
