@@ -34,14 +34,14 @@ _openvino_telemetry_off()
 
 def _source_checkout() -> None:
     """The QAT and calibration plugins and the CLI live beside ``pruneflow/`` in the repository (``qat/``,
-    ``calibrate/``, ``cli/``) and install as ``pruneflow.qat``, ``pruneflow.calibrate`` and ``pruneflow.cli``
-    (pyproject's package-dir): never as top-level ``qat`` or ``cli``, names anything else may have. Run
+    ``calibrate/``, ``cli.py``) and install as ``pruneflow.qat``, ``pruneflow.calibrate`` and ``pruneflow.cli``
+    (pyproject's package-dir, setup.py): never as top-level ``qat`` or ``cli``, names anything else may have. Run
     from a checkout (``PYTHONPATH``, an editable install), the same names resolve to those files: the package also
     searches the repository root. An installed wheel holds them in ``pruneflow/`` itself and searches nothing more."""
     here = os.path.dirname(os.path.abspath(__file__))
     root = os.path.dirname(here)
-    checkout = os.path.isfile(os.path.join(root, "pyproject.toml")) and os.path.isfile(os.path.join(root, "cli", "__init__.py"))
-    if checkout and not os.path.exists(os.path.join(here, "cli")) and root not in __path__:
+    checkout = os.path.isfile(os.path.join(root, "pyproject.toml")) and os.path.isfile(os.path.join(root, "cli.py"))
+    if checkout and not os.path.exists(os.path.join(here, "cli.py")) and root not in __path__:
         __path__.append(root)
 
 

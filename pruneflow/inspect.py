@@ -74,7 +74,7 @@ class Found:
 
 
 #: What `pruneflow inspect` reads, for a path that is not there.
-_SOURCES = ("check the path; inspect reads a zoo name, a factory (models.py:build), a recipe, a run directory, a checkpoint "
+SOURCES_HINT = ("check the path; inspect reads a zoo name, a factory (models.py:build), a recipe, a run directory, a checkpoint "
             "in one (or with --recipe), or an .onnx file")
 
 def inspect_source(source: str, input_shape: tuple[int, ...] | None = None, recipe: Path | None = None,
@@ -112,7 +112,7 @@ def _find_model(source: str, path: Path, recipe: Path | None, trust_code: Sequen
         return Found(build_model(spec), input_shape_for(spec, None), "zoo model")
     if path.is_dir() or path.suffix in CHECKPOINT_SUFFIXES:
         if not path.exists():
-            raise InputError(f"{path} does not exist", hint=_SOURCES)
+            raise InputError(f"{path} does not exist", hint=SOURCES_HINT)
         run_dir = _run_dir_of(path.resolve())
         if run_dir is not None:
             model, shape, kind = load_run_model(run_dir, path.resolve() if path.is_file() else None, recipe, trust_code)

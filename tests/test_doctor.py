@@ -102,7 +102,7 @@ def test_doctor_tries_every_stage_and_says_everything_will_work(tmp_path):
 
 def test_a_slow_doctor_says_so_in_its_own_report_and_still_passes(capsys):
     """The speed bound lives in doctor's report (issue 42, item 7), not in an assert: over 30 s is a note."""
-    from pruneflow.cli.check import _print_doctor
+    from pruneflow.commands.check import _print_doctor
     from pruneflow.doctor import DoctorReport, DoctorRow
 
     quick, slow = (DoctorReport("r.yaml", [DoctorRow("model", "forward on one batch", "ok")], s) for s in (4.2, 37.5))

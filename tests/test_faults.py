@@ -26,7 +26,7 @@ import torch
 import yaml
 from pydantic import Field
 
-from pruneflow.cli.console import json_line
+from pruneflow.commands.app import json_line
 from pruneflow import registry
 from pruneflow.artifacts import run_dir_lock
 from pruneflow.checkpoint import FORMAT

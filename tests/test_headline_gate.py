@@ -105,7 +105,7 @@ def test_a_gate_counting_from_another_baseline_than_the_headline_says_so(tmp_pat
                      "from `train.accuracy` (0.9889), the model entering `prune`"]
     result.baseline_notes = notes
     assert result.as_json()["baseline_notes"] == notes
-    from pruneflow.cli.optimize import _print_summary
+    from pruneflow.commands.optimize import _print_summary
 
     _print_summary(result)
     assert "note: gate `onnx.int8.accuracy` counts its change from `qat.accuracy_fp32`" in capsys.readouterr().out

@@ -185,9 +185,9 @@ def _sources(tmp_path: Path) -> Path:
     """What a wheel is built from, copied (a build writes build/ and *.egg-info beside its sources)."""
     src = tmp_path / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md", "cli.py"):
         shutil.copy(REPO / name, src / name)
-    for name in ("pruneflow", "qat", "calibrate", "cli", "recipes"):
+    for name in ("pruneflow", "qat", "calibrate", "recipes"):
         shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
     return src
 
@@ -202,7 +202,7 @@ def test_the_wheel_installs_pruneflow_and_no_top_level_cli_qat_or_calibrate(tmp_
     assert done.returncode == 0, done.stderr[-3000:]
     names = zipfile.ZipFile(next((tmp_path / "dist").glob("pruneflow-*.whl"))).namelist()
     assert {n.split("/")[0] for n in names} == {"pruneflow", next(n for n in names if ".dist-info/" in n).split("/")[0]}
-    for module in ("pruneflow/cli/__init__.py", "pruneflow/cli/bench.py", "pruneflow/qat/stage.py", "pruneflow/calibrate/stage.py",
+    for module in ("pruneflow/cli.py", "pruneflow/commands/bench.py", "pruneflow/qat/stage.py", "pruneflow/calibrate/stage.py",
                    "pruneflow/templates/quickstart.yaml"):
         assert module in names
     meta = zipfile.ZipFile(next((tmp_path / "dist").glob("pruneflow-*.whl")))

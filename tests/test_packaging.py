@@ -19,9 +19,8 @@ def test_every_package_folder_is_listed_in_pyproject():
             continue
         found.add(".".join(rel.parts))
     found.discard("recipes")
-    # qat/, calibrate/ and cli/ install inside pruneflow (never as top-level names that could collide)
-    moved = {name: f"pruneflow.{name}" for name in ("qat", "calibrate", "cli")}
+    # qat/ and calibrate/ install inside pruneflow (never as top-level names that could collide)
+    moved = {name: f"pruneflow.{name}" for name in ("qat", "calibrate")}
     assert {moved.get(name, name) for name in found} | {"pruneflow.templates"} == listed
-    assert config["package-dir"] == {"pruneflow.templates": "recipes", "pruneflow.qat": "qat", "pruneflow.calibrate": "calibrate",
-                                     "pruneflow.cli": "cli"}
-    assert "py-modules" not in config  # cli/ goes in as pruneflow/cli/, not as a top-level `cli`
+    assert config["package-dir"] == {"pruneflow.templates": "recipes", "pruneflow.qat": "qat", "pruneflow.calibrate": "calibrate"}
+    assert "py-modules" not in config  # cli.py goes in as pruneflow/cli.py (setup.py), not as a top-level `cli`

@@ -145,7 +145,7 @@ def _code_mentions(word: str) -> list[str]:
 
     from conftest import REPO
 
-    files = [p for top in ("pruneflow", "qat", "calibrate", "cli") for p in sorted((REPO / top).rglob("*.py"))]
+    files = [p for top in ("pruneflow", "qat", "calibrate") for p in sorted((REPO / top).rglob("*.py"))] + [REPO / "cli.py"]
     found = []
     for path in files:
         tree = ast.parse(path.read_text())
@@ -178,7 +178,7 @@ def test_no_code_compares_a_task_name():
 
     from conftest import REPO
 
-    files = [p for top in ("pruneflow", "qat", "calibrate", "cli") for p in sorted((REPO / top).rglob("*.py"))]
+    files = [p for top in ("pruneflow", "qat", "calibrate") for p in sorted((REPO / top).rglob("*.py"))] + [REPO / "cli.py"]
     pattern = re.compile(r"""(==|!=|\bin)\s*\(?\s*["'](classification|regression|binary|embedding|segmentation)["']"""
                          r"""|["'](classification|regression|binary|embedding|segmentation)["']\s*(==|!=|\bin\b)""")
     hits = [f"{p.relative_to(REPO)}:{i}" for p in files for i, line in enumerate(p.read_text().splitlines(), 1)

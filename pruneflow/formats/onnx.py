@@ -57,8 +57,9 @@ class OnnxFormat(Format):
 
         onnx = require("onnx", "pip install onnx", "inspecting ONNX models")
         if not path.is_file():
-            raise InputError(f"{path} does not exist", hint="check the path (a relative one is read from the current folder); "
-                             "a run writes its ONNX files to OUT/NAME/export/onnx/")
+            from ..inspect import SOURCES_HINT
+
+            raise InputError(f"{path} does not exist", hint=SOURCES_HINT)
         try:
             model = onnx.load(str(path))
         except Exception as exc:  # noqa: BLE001 - protobuf raises its own DecodeError on a corrupt file

@@ -11,7 +11,7 @@ import typer
 from pruneflow.errors import EXIT_OK
 
 from .app import VerboseOpt, app, exits
-from .console import err_console, handle_errors, out_console
+from .app import err_console, handle_errors, out_console
 
 @app.command(epilog=exits(0, 2))
 def schema(

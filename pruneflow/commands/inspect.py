@@ -11,7 +11,7 @@ from rich.table import Table
 from pruneflow.errors import UsageError
 
 from .app import JsonOpt, TrustCodeOpt, VerboseOpt, app, exits
-from .console import handle_errors, json_line, out_console, stdout_to_stderr
+from .app import handle_errors, json_line, out_console, stdout_to_stderr
 
 @app.command(name="inspect", epilog=exits(0, 2, 3, 130))
 def inspect_(

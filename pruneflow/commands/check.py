@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from .app import AllowPathOpt, JsonOpt, RecipeArg, SetOpt, TrustCodeOpt, VerboseOpt, app, exits
-from .console import RichReporter, err_console, handle_errors, json_line, out_console, print_code, stdout_to_stderr
+from .app import RichReporter, err_console, handle_errors, json_line, out_console, print_code, stdout_to_stderr
 
 @app.command(epilog=exits(0, 2, 3, 130))
 def validate(

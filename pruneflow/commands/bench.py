@@ -15,7 +15,7 @@ from rich.table import Table
 from pruneflow.errors import UsageError
 
 from .app import VerboseOpt, app, exits
-from .console import RichReporter, err_console, handle_errors, out_console
+from .app import RichReporter, err_console, handle_errors, out_console
 
 def _print_budget(console: Console, result) -> None:
     """The best batch under --p99-budget-ms per artifact and runtime, with throughput per core and, given a price,

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from .app import JsonOpt, VerboseOpt, app, exits
-from .console import err_console, handle_errors, out_console
+from .app import err_console, handle_errors, out_console
 
 @app.command(name="calibrate", epilog=exits(0, 2, 3, 4, 130))
 def calibrate_cmd(

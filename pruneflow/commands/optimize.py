@@ -17,7 +17,7 @@ from pruneflow.context import Reporter
 from pruneflow.errors import EXIT_OK, EXIT_STAGE_FAILED, UsageError
 
 from .app import EPILOG, AllowPathOpt, DeviceOpt, ForOpt, JsonOpt, NprocOpt, RecipeArg, SetOpt, TrustCodeOpt, VerboseOpt, app
-from .console import (RichReporter, err_console, handle_errors, json_line, out_console, print_code, sigterm_as_interrupt,
+from .app import (RichReporter, err_console, handle_errors, json_line, out_console, print_code, sigterm_as_interrupt,
                       stdout_to_stderr)
 
 @app.command(epilog=EPILOG)
