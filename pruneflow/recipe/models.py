@@ -117,6 +117,8 @@ class FeaturesSpec(StrictModel):
         "`padding_idx=0` reads it (zoo `dlrm_bags`).")
     bag_length: int = Field(default=8, ge=1, le=4096, description="`multi_hot`: values kept a bag (the first ones; a "
                             "shorter list is padded with 0).")
+    max_vocabulary: int | None = Field(default=None, ge=1, description="At most this many values a vocabulary (the most "
+                                       "frequent, after `min_count`): a cap on a table's rows; the rest share id 0.")
 
     @model_validator(mode="after")
     def _columns(self) -> "FeaturesSpec":
