@@ -32,7 +32,7 @@ import torch
 
 from .errors import InputError
 from .recipe.models import FeaturesSpec
-from .tabular_arrow import Lookup, bag_ids, hashed_ids, list_values, text as arrow_text
+from .tabular_arrow import Lookup, bag_ids, hashed_ids, list_values, numbers, standardised, text as arrow_text
 
 #: The forward parameters (and artifact input names) of a tabular model.
 IDS, DENSE, BAGS = "ids", "dense", "bags"
@@ -56,7 +56,7 @@ class CategoricalField:
 
     def encode(self, values: np.ndarray) -> np.ndarray:
         if self.buckets is not None:
-            return hashed(values, self.buckets)
+            return hashed(values, self.buckets) if isinstance(values, np.ndarray) else hashed_ids(values, self.buckets)
         return self.lookup(values)
 
     def lookup(self, values: Any) -> np.ndarray:
@@ -74,11 +74,8 @@ class NumericField:
     log1p: bool = False
 
     def encode(self, values: np.ndarray) -> np.ndarray:
-        x = _numbers(values, self.name)
-        if self.log1p:
-            x = np.sign(x) * np.log1p(np.abs(x))
-        x = np.where(np.isnan(x), self.mean, x)
-        return ((x - self.mean) / self.std).astype(np.float32)
+        x = _numbers(values, self.name) if isinstance(values, np.ndarray) else numbers(values)
+        return standardised(x, self.mean, self.std, self.log1p)
 
 
 @dataclass
@@ -94,6 +91,8 @@ class MultiHotField:
 
     def encode(self, values: np.ndarray, length: int) -> np.ndarray:
         """``[rows, length]`` ids of each row's list (its first ``length`` values; 0 after)."""
+        if not isinstance(values, (np.ndarray, list)):  # an Arrow column (a streamed batch)
+            return bag_ids(values, self._bag_lookup(), length)
         arr = values if isinstance(values, np.ndarray) else np.asarray(values, dtype=object)
         if arr.ndim == 2 or arr.dtype.kind != "O":  # npz's 2-D arrays: read row by row (_lists), looked up at once
             rows = [items[:length] for items in _lists(values, self.name)]

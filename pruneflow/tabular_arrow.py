@@ -8,6 +8,7 @@ distinct value once: the column is dictionary-encoded first), numbers are normal
 The hash a deployment record names (``hash_buckets``) is reproducible by any serving system:
 
 - an integer value (an integer column) is its own hash: ``id = value mod buckets`` (Python's ``%``: never negative);
+  a missing value in an integer column hashes as the text ``""`` (below);
 - any other value is taken as text (surrounding whitespace removed; a missing value is ``""``; a float holding a
   whole number is written as that integer, ``7.0`` -> ``"7"``), and ``id = FNV-1a-64(utf8(text)) mod buckets``,
   FNV-1a-64 being ``h = 0xcbf29ce484222325; for byte in text: h = ((h ^ byte) * 0x100000001b3) mod 2**64``.
@@ -103,9 +104,14 @@ def hashed_ids(values: Any, buckets: int) -> np.ndarray:
     text, each distinct value hashed once."""
     import pyarrow.compute as pc
 
+    import pyarrow as pa
+
     arr = as_arrow(values)
-    if is_integer(arr) and arr.null_count == 0:
-        return np.mod(arr.to_numpy(zero_copy_only=False).astype(np.int64), buckets)
+    if pa.types.is_integer(arr.type):  # booleans are text "0"/"1", as tabular._text has them
+        ids = np.mod(pc.fill_null(arr.cast(pa.int64()), 0).to_numpy(zero_copy_only=False), buckets)
+        if arr.null_count:  # a missing value in an integer column: the text "", as everywhere else
+            ids[arr.is_null().to_numpy(zero_copy_only=False)] = int(fnv1a_64(pa.array([""]))[0] % np.uint64(buckets))
+        return ids
     encoded = pc.dictionary_encode(text(arr))
     distinct = fnv1a_64(encoded.dictionary) % np.uint64(buckets)
     return distinct.astype(np.int64)[encoded.indices.to_numpy(zero_copy_only=False)]

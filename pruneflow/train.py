@@ -111,7 +111,7 @@ def fit(model: nn.Module, data: DataBundle, task: Task, s: TrainSettings, ctx: R
     frozen = freeze_parameters(model, s.freeze)
     opt = make_optimizer(model, s, extra_modules)
     batch_size = distributed.global_batch_share(s.batch_size)
-    steps_per_epoch = math.ceil(distributed.shard_size(len(train)) / batch_size)
+    steps_per_epoch = math.ceil(distributed.shard_size(data.train_rows or len(train)) / batch_size)
     loop = _Loop(model, opt, task, s, ctx, extra_loss, extra_modules, on_step_end, steps_per_epoch, description)
     history = []
     for epoch in range(1, s.epochs + 1):
