@@ -244,3 +244,28 @@ def test_a_bad_shard_is_exit_2_before_any_stage(shards, tmp_path):
     assert result.exit_code == 2, result.output
     assert str(bad) in " ".join(result.output.split()).replace(" ", "") or bad.name in result.output
     assert not (tmp_path / "runs" / "bad-shard" / "stages").exists()
+
+
+@pytest.mark.slow
+def test_two_processes_each_read_their_own_half_of_the_log(shards, tmp_path):
+    """`--nproc 2` (gloo) on streamed shards: rank 0 reads training rows 0..9000 and rank 1 rows 9000..18001 each epoch
+    (their logs say so), the counting pass is shared (both ranks fit the same vocabularies: the run completes and
+    rank 1's trained weights equal rank 0's)."""
+    from test_distributed import _optimize, _sha
+
+    recipe = write(tmp_path / "r.yaml", {
+        "name": "ddp-stream", "task": "binary", "seed": 0, "threads": 1,
+        "model": {"factory": "deepfm", "kwargs": {"embedding_dim": 4, "hidden": 16, "layers": 1}},
+        "data": {**json.loads(_spec(shards).model_dump_json(exclude_none=True)), "eval_batch_size": 1024},
+        "stages": [{"type": "train", "epochs": 2, "batch_size": 1024, "lr": 0.01}]})
+    scratch = tmp_path / "scratch"
+    proc, _ = _optimize(recipe, tmp_path / "runs", "--nproc", "2", scratch=scratch, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    logs = [(tmp_path / "runs" / "ddp-stream" / "logs" / "pruneflow.log").read_text(),
+            (scratch / "rank1" / "ddp-stream" / "logs" / "pruneflow.log").read_text()]
+    assert logs[0].count("rank 0 of 2 reads rows 0..9000 (9000 of 18001)") == 2  # once an epoch
+    assert logs[0].count("rank 0 read 9000 rows this epoch") == 2
+    assert logs[1].count("rank 1 of 2 reads rows 9000..18001 (9001 of 18001)") == 2
+    assert logs[1].count("rank 1 read 9001 rows this epoch") == 2
+    model = Path("stages") / "01-train" / "model.pt"
+    assert _sha(tmp_path / "runs" / "ddp-stream" / model) == _sha(scratch / "rank1" / "ddp-stream" / model)
