@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
@@ -431,4 +431,3 @@ def _vocabulary_file(stream: StreamSpec) -> dict[str, list[str]]:
     return {str(k): [str(v) for v in values] for k, values in found.items()}
 
 
-__all__ = ["StreamedTrain", "load_streamed", "replace"]
