@@ -43,13 +43,13 @@ def load_data(spec: DataSpec, seed: int = 0, with_train: bool = True, task: "Tas
     label column (``Task.read_targets``: class ids, values...) and says whether splits are stratified by it;
     default: classification.
     """
-    import datasets
-
     task = task or Classification()
-    if spec.stream is not None:  # shards too large to hold: read in record batches (tabular_stream.py)
+    if spec.stream is not None:  # shards too large to hold: read in record batches (tabular_stream.py), no `datasets`
         from .tabular_stream import load_streamed
 
         return load_streamed(spec, seed, task, with_train)
+    import datasets
+
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity_error()
     train_ds, eval_ds, class_names, where = _sources(spec, seed, with_train or spec.features is not None, task)
