@@ -199,11 +199,18 @@ def _stream_data(folder: str) -> dict:
     return {**data, "format": "parquet", "train": f"{folder}/train", "eval": f"{folder}/eval"}
 
 
-def scale(rows: int, nproc: int, out: Path) -> dict:
+def scale(rows: int, nproc: int, out: Path, data_only: bool = False) -> dict:
     import yaml
 
     folder = out / f"log-{rows}"
     entry: dict = {"rows": rows, "nproc": nproc, "host": _host()}
+    if data_only:  # the data pass again, into the entry a full run wrote
+        entry = json.loads(RESULTS.read_text())[f"scale-{rows}-np{nproc}"]
+        proc, wall, rss = _timed([PY, __file__, "data-pass", str(folder)])
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        entry["data_pass"] = {**json.loads(proc.stdout), "process_peak_rss_mib": rss, "wall_s": wall,
+                              "host": _host()}
+        return entry
     if not (folder / "planted.json").exists():
         shards = max(4, rows // 250_000)
         proc, wall, rss = _timed([PY, "-m", "pruneflow.clicklog", "--rows", str(rows), "--shards", str(shards),
@@ -320,6 +327,7 @@ def main() -> None:
     sc.add_argument("--rows", type=int, nargs="+", required=True)
     sc.add_argument("--nproc", type=int, default=1)
     sc.add_argument("--out", type=Path, default=Path("/tmp/stream_scale"))
+    sc.add_argument("--data-only", action="store_true", help="measure the data pass again, keep the rest of the entry")
     dp = sub.add_parser("data-pass")
     dp.add_argument("folder")
     sub.add_parser("report")
@@ -330,7 +338,7 @@ def main() -> None:
         print(json.dumps(result, indent=2))
     elif args.cmd == "scale":
         for rows in args.rows:
-            entry = scale(rows, args.nproc, args.out)
+            entry = scale(rows, args.nproc, args.out, args.data_only)
             _merge(f"scale-{rows}-np{args.nproc}", entry)
             print(json.dumps(entry, indent=2))
     elif args.cmd == "data-pass":
