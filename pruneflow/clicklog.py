@@ -179,8 +179,9 @@ def write_shards(out: Path, rows: int, shards: int, eval_fraction: float = 0.1, 
             logit, finish = columns.pop("planted_logit"), columns.pop("planted_finish_logit")
             rates += (columns["clicked"].sum(), columns["finished"].sum())
             if split == "eval":
-                planted["logit"].append(logit), planted["clicked"].append(columns["clicked"])
-                planted["finish"].append(finish), planted["finished"].append(columns["finished"])
+                for key, value in (("logit", logit), ("clicked", columns["clicked"]), ("finish", finish),
+                                   ("finished", columns["finished"])):
+                    planted[key].append(value)
             table = pa.table({k: _column(v, slice(0, n), pa) for k, v in columns.items()})
             tmp = out / split / f".part-{part:05d}.parquet.tmp"
             pq.write_table(table, tmp, row_group_size=ROW_GROUP)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Generator, Iterator
 
 import numpy as np
 import torch
@@ -151,7 +151,9 @@ class _Reservoir:
     """The ``size`` rows with the smallest keys seen so far: a uniform sample without replacement, in one pass."""
 
     def __init__(self, size: int):
-        self.size, self.tables, self.keys, self.held = size, [], [], 0
+        self.size, self.held = size, 0
+        self.tables: list[Any] = []
+        self.keys: list[np.ndarray] = []
         self.cut = math.inf
 
     def add(self, batch: "pa.RecordBatch", keys: np.ndarray) -> None:
@@ -248,7 +250,8 @@ def fit(passed: dict[str, Any], spec: DataSpec, where: str, vocabularies: dict[s
         elif c in vocabularies:
             cats.append(CategoricalField(c, vocabularies[c][: features.max_vocabulary], train_values=len(vocabularies[c])))
         else:
-            cats.append(vocabulary_from_counts(c, *passed["counts"][c], features.min_count, features.max_vocabulary))
+            values, counts = passed["counts"][c]
+            cats.append(vocabulary_from_counts(c, values, counts, features.min_count, features.max_vocabulary))
     nums = []
     for c in features.numeric:
         n, mean, m2 = passed["moments"][c]
@@ -262,7 +265,8 @@ def fit(passed: dict[str, Any], spec: DataSpec, where: str, vocabularies: dict[s
         if c in vocabularies:
             bags.append(MultiHotField(c, vocabularies[c][: features.max_vocabulary], len(vocabularies[c])))
             continue
-        found = vocabulary_from_counts(c, *passed["counts"][c], features.min_count, features.max_vocabulary)
+        values, counts = passed["counts"][c]
+        found = vocabulary_from_counts(c, values, counts, features.min_count, features.max_vocabulary)
         bags.append(MultiHotField(c, found.vocabulary, found.train_values))
     return TabularSchema(cats, nums, features.min_count, bags, features.bag_length)
 
@@ -334,10 +338,10 @@ def _rows(split: Split, idx: Any) -> Split:
 
 
 def _drain(buffer: list[Split], batch_size: int, generator: torch.Generator,
-           final: bool) -> Iterator[tuple[Any, torch.Tensor]]:
+           final: bool) -> Generator[tuple[Any, torch.Tensor], None, tuple[list[Split], int]]:
     """Shuffled batches of the buffer's rows; all of them when ``final``, else the whole batches (the rest stays)."""
     if not buffer:
-        return [], 0  # type: ignore[return-value]
+        return [], 0
     x0 = buffer[0].x
     x = ({k: torch.cat([b.x[k] for b in buffer]) for k in x0} if isinstance(x0, dict)  # type: ignore[index]
          else torch.cat([b.x for b in buffer]))  # type: ignore[misc]
@@ -348,7 +352,7 @@ def _drain(buffer: list[Split], batch_size: int, generator: torch.Generator,
         part = _rows(whole, order[s : s + batch_size])
         yield part.x, part.y
     rest = _rows(whole, order[end:])
-    return ([rest] if len(rest) else []), len(rest)  # type: ignore[return-value]
+    return ([rest] if len(rest) else []), len(rest)
 
 
 # --------------------------------------------------------------------------- loading
