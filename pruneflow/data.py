@@ -367,8 +367,13 @@ def load_inputs(spec: DataSpec, fmt: str, path: str, field_name: str, schema: Ta
 
     Labels are optional: ``Split.y`` is -1 where the source has no label column. Returns the split
     and the underlying ``datasets.Dataset`` (for other columns, e.g. to stratify by). ``schema``: the run's
-    tabular vocabularies and statistics (``DataBundle.tabular``), applied unchanged.
+    tabular vocabularies and statistics (``DataBundle.tabular``), applied unchanged. With ``data.stream`` a Parquet or
+    CSV source (a file, folder or glob of shards) is sampled in one pass instead (``tabular_stream.sample_source``).
     """
+    if spec.stream is not None and schema is not None and fmt in ("parquet", "csv"):
+        from .tabular_stream import sample_source
+
+        return sample_source(spec, fmt, path, field_name, schema)
     import datasets
 
     datasets.disable_progress_bars()

@@ -76,18 +76,57 @@ class Source:
                 first += batch.num_rows
 
 
-def open_source(path: str, spec: DataSpec, field: str) -> Source:
-    """The shards ``path`` names, checked (``tabular_shards.inspect``); CSV shards counted."""
+def open_source(path: str, spec: DataSpec, field: str, fmt: str | None = None, labels: bool = True) -> Source:
+    """The shards ``path`` names, checked (``tabular_shards.inspect``); CSV shards counted. ``labels=False``: a
+    source that may lack the label column (logged inputs to calibrate on); it is read when there."""
     features = spec.features
     assert features is not None and spec.stream is not None
     roles = {c: CATEGORICAL for c in features.categorical} | {c: NUMERIC for c in features.numeric}
-    roles |= {c: MULTI_HOT for c in features.multi_hot} | {c: LABEL for c in _labels(spec)}
-    fmt = "parquet" if spec.format == "clicklog" else spec.format
+    roles |= {c: MULTI_HOT for c in features.multi_hot}
+    fmt = fmt or ("parquet" if spec.format == "clicklog" else spec.format)
+    if labels or all(_has_column(f, fmt, c) for f in shard_files(path, fmt, field)[:1] for c in _labels(spec)):
+        roles |= {c: LABEL for c in _labels(spec)}
     options = csv_options(roles) if fmt == "csv" else None
     shards = inspect(shard_files(path, fmt, field), fmt, roles, field, options, list(features.hash_buckets))
     if fmt == "csv":
         shards = [count_csv_rows(s, spec.stream.batch_rows, field, options) for s in shards]
     return Source(shards, field, roles, options, spec.stream.batch_rows)
+
+
+def _has_column(f: Any, fmt: str, column: str) -> bool:
+    import pyarrow.csv as pcsv
+    import pyarrow.parquet as pq
+
+    try:
+        names = pq.read_schema(f).names if fmt == "parquet" else pcsv.open_csv(f).schema.names
+    except Exception:  # noqa: BLE001 - inspect() names what is wrong with the file
+        return True
+    return column in names
+
+
+def sample_source(spec: DataSpec, fmt: str, path: str, field: str, schema: TabularSchema, seed: int = 0) -> tuple[Split, Any]:
+    """A uniform sample of ``stream.sample_rows`` rows of a file, folder or glob of shards (inputs logged in
+    production, to calibrate on), drawn in one pass with bounded memory (the reservoir of the counting pass), encoded
+    with the run's ``schema``; targets are class ids where the label column is there, else -1. Returns the split and
+    the sampled rows as a ``datasets.Dataset`` (other columns: what `calibrate --by` stratifies on)."""
+    import datasets
+
+    from .tasks import Classification
+
+    stream = spec.stream
+    assert stream is not None
+    source = open_source(path, spec, field, fmt, labels=False)
+    keep = _Reservoir(stream.sample_rows)
+    for index, first, batch in source.batches():
+        keep.add(batch, row_keys(seed, index, first, batch.num_rows))
+    table, _ = keep.rows()
+    assert table is not None
+    x = schema.encode({c: table.column(c) for c in table.column_names})
+    label = _labels(spec)[0]
+    y = (torch.from_numpy(np.asarray(Classification().read_targets(table.column(label).to_numpy(zero_copy_only=False), label)))
+         if label in table.column_names else torch.full((len(table),), -1, dtype=torch.long))
+    log.info("%s: a uniform sample of %d of %d rows of %d shard(s)", field, len(table), source.rows, len(source.shards))
+    return Split(x, y), datasets.Dataset(table)
 
 
 def _labels(spec: DataSpec) -> list[str]:

@@ -269,3 +269,23 @@ def test_two_processes_each_read_their_own_half_of_the_log(shards, tmp_path):
     assert logs[1].count("rank 1 read 9001 rows this epoch") == 2
     model = Path("stages") / "01-train" / "model.pt"
     assert _sha(tmp_path / "runs" / "ddp-stream" / model) == _sha(scratch / "rank1" / "ddp-stream" / model)
+
+
+def test_calibration_inputs_from_a_large_source_are_a_one_pass_sample(shards, tmp_path):
+    """`load_inputs` (the calibrate stage's `source`, `pruneflow calibrate SOURCE`) on shards with data.stream: a uniform
+    sample of sample_rows rows, encoded with the run's schema; a source without the label column gives -1 targets."""
+    from pruneflow.data import load_inputs
+
+    spec = _spec(shards, sample_rows=700)
+    schema = load_data(spec, task=make_task("binary")).tabular
+    split, ds = load_inputs(spec, "parquet", str(shards / "train"), "source", schema=schema)
+    assert len(split) == 700 and len(ds) == 700 and set(split.y.tolist()) <= {0, 1}
+    table = pa.Table.from_pandas(ds.to_pandas())
+    assert torch.equal(split.x["ids"], schema.encode({c: table.column(c) for c in FEATURES["categorical"] + ["item_tags"]
+                                                       + FEATURES["numeric"]})["ids"])
+    unlabelled = tmp_path / "logged"
+    unlabelled.mkdir()
+    for f in sorted((shards / "train").glob("*.parquet")):
+        pq.write_table(pq.read_table(f).drop_columns(["clicked"]), unlabelled / f.name)
+    split, _ = load_inputs(spec, "parquet", str(unlabelled), "source", schema=schema)
+    assert len(split) == 700 and (split.y == -1).all()
