@@ -35,7 +35,9 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 def _host() -> dict:
     model = next((line.split(":", 1)[1].strip() for line in subprocess.run(["lscpu"], capture_output=True, text=True)
                   .stdout.splitlines() if line.startswith("Model name")), platform.processor())
-    return {"cpu": model, "cores": os.cpu_count(), "load_avg_1m": os.getloadavg()[0], "python": platform.python_version()}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    return {"cpu": model, "cores": os.cpu_count(), "load_avg_1m": os.getloadavg()[0], "python": platform.python_version(),
+            "commit": commit}
 
 
 def _merge(key: str, entry: dict) -> None:
