@@ -207,7 +207,7 @@ def scale(rows: int, nproc: int, out: Path, data_only: bool = False) -> dict:
     folder = out / f"log-{rows}"
     entry: dict = {"rows": rows, "nproc": nproc, "host": _host()}
     if data_only:  # the data pass again, into the entry a full run wrote
-        entry = json.loads(RESULTS.read_text())[f"scale-{rows}-np{nproc}"]
+        entry = json.loads(RESULTS.read_text()).get(f"scale-{rows}-np{nproc}", entry)
         proc, wall, rss = _timed([PY, __file__, "data-pass", str(folder)])
         assert proc.returncode == 0, proc.stderr[-2000:]
         entry["data_pass"] = {**json.loads(proc.stdout), "process_peak_rss_mib": rss, "wall_s": wall,
