@@ -272,6 +272,52 @@ def _slope(xs: list[float], ys: list[float]) -> float | None:
     return float(np.polyfit(np.log(xs), np.log(ys), 1)[0])
 
 
+def _f(value: float | None, digits: int = 1) -> str:
+    return "–" if value is None else f"{value:,.{digits}f}"
+
+
+def _scale_lines(runs: list[dict]) -> list[str]:
+    """The one-process table, the fitted exponents and the RSS ratios."""
+    lines = ["## Scale (one process)", "",
+             "Data pass (`data-pass`, its own process, no model): the counting pass timed warm (a second call; the first "
+             "call also pays first imports and Arrow's registries), then one epoch of batches read, encoded and "
+             "shuffled through the 262,144-row buffer. Recipe: `recipes/ctr-scale-stream.yaml` pointed at the same "
+             "shards, end to end (`pruneflow optimize --json`), peak RSS by `/usr/bin/time`.", "",
+             "| rows | generate s | counting pass s (first call) | epoch read+encode s (M rows/s) | data pass peak RSS MiB | "
+             "recipe wall s | before first stage s | train s (rows/s) | reference export s | calibrate s | ptq s | export s | "
+             "recipe peak RSS MiB | exit | AUC FP32 / INT8 ONNX | load 1m |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        d, rc = r.get("data_pass", {}), r["recipe"]
+        s, auc = rc["stage_seconds"], rc["auc"]
+        rate = d.get("epoch_rows", 0) / d["epoch_read_encode_s"] / 1e6 if d.get("epoch_read_encode_s") else None
+        lines.append(
+            f"| {r['rows']:,} | {_f(r.get('generate', {}).get('seconds'))} | {_f(d.get('count_s'), 2)} ({_f(d.get('count_first_s'), 2)}) | "
+            f"{_f(d.get('epoch_read_encode_s'), 2)} ({_f(rate, 2)}) | {_f(d.get('process_peak_rss_mib'), 0)} | {_f(rc['wall_s'])} | "
+            f"{_f(rc['before_first_stage_s'])} | {_f(s.get('train'))} ({_f(rc.get('train_rows_per_s'), 0)}) | {_f(s.get('reference'))} | "
+            f"{_f(s.get('calibrate'))} | {_f(s.get('ptq'))} | {_f(s.get('export'))} | {_f(rc['peak_rss_mib'], 0)} | {rc['exit_code']} | "
+            f"{_f(auc.get('export/reference/onnx/model.fp32.onnx'), 4)} / {_f(auc.get('export/onnx/model.int8.onnx'), 4)} | "
+            f"{_f(r['host']['load_avg_1m'], 1)} |")
+    xs = [r["rows"] for r in runs]
+    lines += ["", f"Fitted exponent b of time ∝ rows^b (least squares on log-log over {', '.join(f'{x:,}' for x in xs)} rows):", ""]
+    series = {"generate (the clicklog writer)": [r.get("generate", {}).get("seconds", 0) for r in runs],
+              "counting pass (warm)": [r.get("data_pass", {}).get("count_s", 0) for r in runs],
+              "epoch read+encode+shuffle": [r.get("data_pass", {}).get("epoch_read_encode_s", 0) for r in runs],
+              "train stage (2 epochs, steps ∝ rows)": [r["recipe"]["stage_seconds"].get("train", 0) for r in runs],
+              "recipe end to end": [r["recipe"]["wall_s"] for r in runs]}
+    for name, ys in series.items():
+        lines.append(f"- {name}: {_f(_slope(xs, ys), 3)}")
+    lines += ["- fixed-step stages (not fitted): reference export, calibrate, ptq and export evaluate the eval rows held "
+              "(every eval row up to `eval_rows` = 200,000, then a sample of that many: 10,000 / 100,000 / 200,000 rows "
+              "here) and a calibration set of fixed size, so their time stops growing with the log;"]
+    rss = {r["rows"]: (r["recipe"]["peak_rss_mib"], r.get("data_pass", {}).get("process_peak_rss_mib")) for r in runs}
+    lines += ["", "Peak RSS, recipe / data pass: " + ", ".join(f"{x:,} rows {_f(a, 0)} / {_f(b, 0)} MiB" for x, (a, b) in rss.items()) + "."]
+    if 10_000_000 in rss and 1_000_000 in rss:
+        lines.append(f"10^7 over 10^6: recipe {rss[10_000_000][0] / rss[1_000_000][0]:.2f}x, data pass "
+                     f"{(rss[10_000_000][1] or 0) / (rss[1_000_000][1] or 1):.2f}x (bar: ≤ 1.5x).")
+    return lines + [""]
+
+
 def report() -> None:
     data = json.loads(RESULTS.read_text())
     runs = sorted((v for k, v in data.items() if k.startswith("scale-") and v["nproc"] == 1), key=lambda v: v["rows"])
@@ -287,30 +333,7 @@ def report() -> None:
                   f"(bar: ≤ 1.5x). Vocabulary ids and dense values identical: {e['same_vocab_ids_and_dense']}. "
                   f"Host: {e['host']['cpu']}, {e['host']['cores']} cores, load {e['host']['load_avg_1m']:.2f}.", ""]
     if runs:
-        lines += ["## Scale (one process)", "", "| rows | generate s | counting pass s | epoch read+encode s (rows/s) | data-pass peak RSS MiB | "
-                  "recipe wall s | before first stage s | train s | reference export s | calibrate s | ptq s | export s | recipe peak RSS MiB | exit | AUC fp32 onnx / int8 onnx |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        for r in runs:
-            d, rc = r.get("data_pass", {}), r["recipe"]
-            s = rc["stage_seconds"]
-            auc = rc["auc"]
-            lines.append(f"| {r['rows']:,} | {r.get('generate', {}).get('seconds', float('nan')):.1f} | {d.get('count_s', float('nan')):.1f} | "
-                         f"{d.get('epoch_read_encode_s', float('nan')):.1f} ({d.get('epoch_rows', 0) / max(d.get('epoch_read_encode_s', 1), 1e-9) / 1e6:.2f} M) | "
-                         f"{d.get('process_peak_rss_mib', float('nan')):.0f} | {rc['wall_s']:.1f} | {rc['before_first_stage_s']:.1f} | "
-                         f"{s.get('train', float('nan')):.1f} | {s.get('reference', float('nan')):.1f} | {s.get('calibrate', float('nan')):.1f} | "
-                         f"{s.get('ptq', float('nan')):.1f} | {s.get('export', float('nan')):.1f} | {rc['peak_rss_mib']:.0f} | {rc['exit_code']} | "
-                         f"{auc.get('export/reference/onnx/model.fp32.onnx', float('nan')):.4f} / {auc.get('export/onnx/model.int8.onnx', float('nan')):.4f} |")
-        xs = [r["rows"] for r in runs]
-        lines += ["", "Fitted exponent b of time ∝ rows^b (least squares on log-log over the rows measured):", ""]
-        series = {"counting pass": [r.get("data_pass", {}).get("count_s", 0) for r in runs],
-                  "epoch read+encode": [r.get("data_pass", {}).get("epoch_read_encode_s", 0) for r in runs],
-                  "train stage": [r["recipe"]["stage_seconds"].get("train", 0) for r in runs],
-                  "recipe wall": [r["recipe"]["wall_s"] for r in runs]}
-        for name, ys in series.items():
-            b = _slope(xs, ys)
-            lines.append(f"- {name}: {'n/a' if b is None else f'{b:.3f}'}")
-        rss = [r["recipe"]["peak_rss_mib"] for r in runs]
-        lines += ["", f"Peak RSS of the recipe by rows: {', '.join(f'{x:,}: {m:.0f} MiB' for x, m in zip(xs, rss))}.", ""]
+        lines += _scale_lines(runs)
     ddp = [v for k, v in data.items() if k.startswith("scale-") and v["nproc"] > 1]
     for r in ddp:
         one = next((v for v in runs if v["rows"] == r["rows"]), None)
