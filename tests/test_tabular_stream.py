@@ -289,3 +289,14 @@ def test_calibration_inputs_from_a_large_source_are_a_one_pass_sample(shards, tm
         pq.write_table(pq.read_table(f).drop_columns(["clicked"]), unlabelled / f.name)
     split, _ = load_inputs(spec, "parquet", str(unlabelled), "source", schema=schema)
     assert len(split) == 700 and (split.y == -1).all()
+
+
+@pytest.mark.parametrize("data, words", [
+    ({"format": "parquet", "train": "t", "eval": "e", "stream": {}}, "needs `features`"),
+    ({"format": "npz", "train": "t", "eval": "e", "stream": {}, "features": {"numeric": ["x"]}}, "`format: parquet`, `csv`"),
+    ({"format": "parquet", "path": "p", "stream": {}, "features": {"numeric": ["x"]}}, "not `path`"),
+])
+def test_a_stream_section_that_cannot_stream_is_refused_when_the_recipe_loads(data, words):
+    with pytest.raises(ValueError, match="stream") as err:
+        DataSpec(**data)
+    assert words in str(err.value)
