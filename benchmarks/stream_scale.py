@@ -306,7 +306,8 @@ def _scale_lines(runs: list[dict]) -> list[str]:
               "train stage (2 epochs, steps ∝ rows)": [r["recipe"]["stage_seconds"].get("train", 0) for r in runs],
               "recipe end to end": [r["recipe"]["wall_s"] for r in runs]}
     for name, ys in series.items():
-        lines.append(f"- {name}: {_f(_slope(xs, ys), 3)}")
+        steps = [f"{xs[i]:.0e}→{xs[i + 1]:.0e}: {_f(_slope(xs[i:i + 2], ys[i:i + 2]), 3)}" for i in range(len(xs) - 1)]
+        lines.append(f"- {name}: {_f(_slope(xs, ys), 3)}" + (f" (step by step: {', '.join(steps)})" if len(xs) > 2 else ""))
     lines += ["- fixed-step stages (not fitted): reference export, calibrate, ptq and export evaluate the eval rows held "
               "(every eval row up to `eval_rows` = 200,000, then a sample of that many: 10,000 / 100,000 / 200,000 rows "
               "here) and a calibration set of fixed size, so their time stops growing with the log;"]
