@@ -319,6 +319,22 @@ def _scale_lines(runs: list[dict]) -> list[str]:
     return lines + [""]
 
 
+def _figures_lines(data: dict) -> list[str]:
+    """The train-figures check: a tiny model's streamed epoch with the 2^20-row cap on training figures, and without."""
+    check = data.get("train_figures_rss")
+    if not check:
+        return []
+    runs = check["runs"]
+    rows = [f"| {int(n):,} | {v['fix']['peak_rss_kb'] / 1024:,.0f} MiB, {v['fix']['seconds']:.1f} s | "
+            f"{v['nofix']['peak_rss_kb'] / 1024:,.0f} MiB, {v['nofix']['seconds']:.1f} s |" for n, v in runs.items()]
+    return ["## What grew with the rows, and the fix", "",
+            "The 10^7-row recipe above was run before this fix. The train stage's training figures (train AUC) kept "
+            "every output of the epoch (a binary task's AUC reads them all), so the stage's memory and its AUC time grew "
+            "with the log. Since then an epoch's training figures read every k-th batch past 2^20 rows (`train.FIGURE_ROWS`; "
+            "every split of up to 2^20 rows an epoch, so every existing recipe, is read as before). " + check["what"] + ":", "",
+            "| rows | with the cap | without |", "|---|---|---|", *rows, ""]
+
+
 def report() -> None:
     data = json.loads(RESULTS.read_text())
     runs = sorted((v for k, v in data.items() if k.startswith("scale-") and v["nproc"] == 1), key=lambda v: v["rows"])
@@ -348,6 +364,7 @@ def report() -> None:
             lines.append(f"Train-stage throughput ratio (2 processes / 1): {one['recipe']['stage_seconds']['train'] / rc['stage_seconds']['train']:.2f}x; "
                          f"FP32 ONNX AUC {a2:.4f} vs one process {a1:.4f} (difference {abs(a2 - a1):.4f}; bar 0.002).")
         lines += ["", "What each rank logged:", ""] + [f"- `{line}`" for line in r.get("rank_logs", [])] + [""]
+    lines += _figures_lines(data)
     (RESULTS.parent / "stream_scale.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
