@@ -348,7 +348,10 @@ def report() -> None:
                   f"pruneflow {e['best_s']['pruneflow']:.3f} s ({e['rows_per_s']['pruneflow'] / 1e6:.2f} M rows/s), plain pandas/numpy "
                   f"{e['best_s']['plain']:.3f} s ({e['rows_per_s']['plain'] / 1e6:.2f} M rows/s): **ratio {e['ratio_pruneflow_over_plain']:.2f}x** "
                   f"(bar: ≤ 1.5x). Vocabulary ids and dense values identical: {e['same_vocab_ids_and_dense']}. "
-                  f"Host: {e['host']['cpu']}, {e['host']['cores']} cores, load {e['host']['load_avg_1m']:.2f}.", ""]
+                  f"Host: {e['host']['cpu']}, {e['host']['cores']} cores, load {e['host']['load_avg_1m']:.2f}. The plain script "
+                  "(`_plain` here): `batch.to_pandas()`, `np.mod` for integer ids, `pandas.util.hash_array` on stripped text "
+                  "for the hashed text id, `pd.Index.get_indexer` on each vocabulary, numpy for the numbers; pruneflow's "
+                  "encoder is `TabularSchema.encode` on the Arrow columns (FNV-1a over the distinct values, `pc.index_in`).", ""]
     if runs:
         lines += _scale_lines(runs)
     ddp = [v for k, v in data.items() if k.startswith("scale-") and v["nproc"] > 1]
