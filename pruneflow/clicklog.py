@@ -151,6 +151,92 @@ def _column(values: Any, part: slice, pa: Any) -> Any:
     return pa.ListArray.from_arrays(pa.array(cut - cut[0], pa.int32()), pa.array(flat[cut[0]:cut[-1]]))
 
 
+#: Rows a row group of a written shard (a streamed epoch shuffles row groups, then rows within its buffer).
+ROW_GROUP = 131_072
+
+
+def write_shards(out: Path, rows: int, shards: int, eval_fraction: float = 0.1, users: int = 1_000_000,
+                 items: int = 100_000, categories: int = 200, seed: int = 0) -> dict:
+    """The log as Parquet shards, ``train/part-NNNNN.parquet`` (``shards`` of them) and ``eval/part-NNNNN.parquet`` (a
+    tenth as many), generated a shard at a time: memory is one shard's, whatever ``rows`` is. The users' and items'
+    effects are drawn once from ``seed``, each shard's rows from ``(seed, shard)``; the same arguments give the same
+    bytes (not those of ``write``, which draws every row from one generator). ``planted.json`` as ``write`` has it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from .tasks.binary import auc
+
+    world = _world(seed, users, items, categories)
+    n_eval = int(rows * eval_fraction)
+    eval_shards = max(1, shards // 10)
+    planted: dict[str, list] = {"logit": [], "clicked": [], "finish": [], "finished": []}
+    rates = np.zeros(2)
+    for split, count, parts in (("train", rows - n_eval, shards), ("eval", n_eval, eval_shards)):
+        (out / split).mkdir(parents=True, exist_ok=True)
+        for part in range(parts):
+            n = count * (part + 1) // parts - count * part // parts
+            columns = _shard_rows(world, np.random.default_rng([seed, 1 + (split == "eval"), part]), n)
+            logit, finish = columns.pop("planted_logit"), columns.pop("planted_finish_logit")
+            rates += (columns["clicked"].sum(), columns["finished"].sum())
+            if split == "eval":
+                for key, value in (("logit", logit), ("clicked", columns["clicked"]), ("finish", finish),
+                                   ("finished", columns["finished"])):
+                    planted[key].append(value)
+            table = pa.table({k: _column(v, slice(0, n), pa) for k, v in columns.items()})
+            tmp = out / split / f".part-{part:05d}.parquet.tmp"
+            pq.write_table(table, tmp, row_group_size=ROW_GROUP)
+            tmp.replace(out / split / f"part-{part:05d}.parquet")
+    cat = {k: np.concatenate(v) for k, v in planted.items()}
+    summary = {"rows": rows, "eval_rows": n_eval, "shards": shards, "eval_shards": eval_shards, "users": users,
+               "items": items, "seed": seed, "click_rate": float(rates[0] / rows), "finish_rate": float(rates[1] / rows),
+               "planted_auc_eval": auc(cat["logit"], cat["clicked"].astype(np.float64)),
+               "planted_finish_auc_eval": auc(cat["finish"], cat["finished"].astype(np.float64))}
+    (out / "planted.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _world(seed: int, users: int, items: int, categories: int) -> dict[str, np.ndarray]:
+    """What every shard of a sharded log shares: the users' and items' planted effects and id popularity."""
+    gen = np.random.default_rng([seed, 0])
+    tags, tag_count = gen.integers(1, TAGS + 1, (items, 3)), gen.integers(1, 4, items)
+    popularity = {}
+    for name, count, exponent in (("user", users, 0.9), ("item", items, 1.0)):
+        weights = np.arange(1, count + 1, dtype=np.float64) ** -exponent
+        popularity[name + "_cdf"], popularity[name + "_perm"] = np.cumsum(weights / weights.sum()), gen.permutation(count)
+    return {"user_bias": gen.normal(0, 0.8, users), "item_bias": gen.normal(0, 0.6, items),
+            "taste": gen.normal(0, 0.6, (users, 4)), "flavour": gen.normal(0, 0.6, (categories, 4)),
+            "item_category": gen.integers(0, categories, items), "tags": tags, "tag_count": tag_count,
+            "tag_quality": _tag_quality(gen, tags, tag_count), "quality": gen.normal(0, 0.9, items),
+            "patience": gen.normal(0, 0.7, users), **popularity}
+
+
+def _shard_rows(world: dict[str, np.ndarray], gen: np.random.Generator, rows: int) -> dict[str, Any]:
+    """One shard's rows: ``_generate``'s model, with the world's effects fixed."""
+    def zipf(name: str) -> np.ndarray:
+        cdf = world[name + "_cdf"]
+        return world[name + "_perm"][np.minimum(np.searchsorted(cdf, gen.random(rows)), len(cdf) - 1)]
+
+    user, item = zipf("user"), zipf("item")
+    category = world["item_category"][item]
+    device, hour = gen.integers(0, len(DEVICES), rows), gen.integers(0, 24, rows)
+    price, age = np.exp(gen.normal(3.0, 1.0, rows)).round(2), gen.exponential(30.0, rows).round(1)
+    activity = gen.poisson(5.0, rows) + (user % 7)
+    taste = (world["taste"][user] * world["flavour"][category]).sum(1)
+    logit = (-1.6 + world["user_bias"][user] + world["item_bias"][item] + taste
+             + np.array([0.3, 0.1, -0.2, -0.5, 0.0])[device] + 0.4 * np.sin(hour / 24 * 2 * np.pi)
+             - 0.25 * (np.log(price) - 3.0) - 0.01 * age + 0.03 * activity)
+    clicked = (gen.random(rows) < 1 / (1 + np.exp(-logit))).astype(np.int64)
+    recent = _recent_categories(gen, world["taste"][user], world["flavour"])
+    finish = (-0.4 + world["quality"][item] + world["patience"][user] + 0.5 * taste
+              + np.array([0.2, 0.3, -0.4, 0.6, 0.0])[device] - 0.004 * age + world["tag_quality"][item])
+    finished = (gen.random(rows) < 1 / (1 + np.exp(-finish))).astype(np.int64)
+    return {"user_id": user.astype(np.int64), "item_id": item.astype(np.int64), "category": category.astype(np.int64),
+            "device": DEVICES[device], "hour": hour.astype(np.int64), "price": price, "item_age_days": age,
+            "user_activity": activity.astype(np.int64), "clicked": clicked, "finished": finished,
+            "item_tags": _ragged(world["tags"][item], world["tag_count"][item]), "recent_categories": recent,
+            "planted_logit": logit, "planted_finish_logit": finish}
+
+
 def cached(spec: Any, kind: str = "clicklog", writer: "Callable[[Path, Any], Any] | None" = None) -> Path:
     """The folder of the log ``spec`` (``recipe.models.ClickLogSpec``) describes, generated on first use into the user
     cache and reused after (deterministic: one folder per settings), only while its files are the ones generated
@@ -159,11 +245,14 @@ def cached(spec: Any, kind: str = "clicklog", writer: "Callable[[Path, Any], Any
     (``pruneflow.seqlog``)."""
     from .cache import cached_folder
 
-    settings = spec.model_dump() | ({"columns": 3} if kind == "clicklog" else {})  # 3: finished, item_tags, recent_categories
+    settings = spec.model_dump(exclude_none=True) | ({"columns": 3} if kind == "clicklog" else {})  # 3: finished, item_tags, recent_categories
 
     def make(folder: Path) -> None:
         if writer is not None:
             writer(folder, spec)
+        elif getattr(spec, "shards", None):
+            write_shards(folder, spec.rows, spec.shards, eval_fraction=spec.eval_fraction, users=spec.users,
+                         items=spec.items, seed=spec.seed)
         else:
             write(folder, spec.rows, eval_fraction=spec.eval_fraction, users=spec.users, items=spec.items, seed=spec.seed)
 
@@ -176,9 +265,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--users", type=int, default=1_000_000)
     parser.add_argument("--items", type=int, default=100_000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--shards", type=int, default=0, help="write train/part-*.parquet and eval/part-*.parquet "
+                        "shards, a shard at a time (bounded memory), instead of one file a split")
     parser.add_argument("--out", type=Path, required=True, help="folder for train.parquet, eval.parquet, planted.json")
     args = parser.parse_args(argv)
-    print(json.dumps(write(args.out, args.rows, users=args.users, items=args.items, seed=args.seed), indent=2))
+    kwargs = {"users": args.users, "items": args.items, "seed": args.seed}
+    summary = write_shards(args.out, args.rows, args.shards, **kwargs) if args.shards else write(args.out, args.rows, **kwargs)
+    print(json.dumps(summary, indent=2))
 
 
 if __name__ == "__main__":

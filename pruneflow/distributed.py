@@ -268,6 +268,8 @@ def shard(data: Any, epoch: int, seed: int) -> Any:
     (:func:`shard_indices`); ``data`` itself outside torchrun."""
     if not active() or data.train is None:
         return data
+    if data.stream is not None:  # a streamed split: each rank reads its own row range of the shards (logged there)
+        return replace(data, stream=data.stream.shard(rank(), world()))
     return replace(data, train=_take(data.train, shard_indices(len(data.train), epoch, seed, rank(), world())))
 
 

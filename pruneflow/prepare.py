@@ -54,7 +54,8 @@ def preflight(loaded: LoadedRecipe, stages: list[Stage], out: str | Path | None 
     files = [("model", "checkpoint")] + [("data", name) for name in ("path", "train", "eval")]
     for section, name in files:
         value = getattr(getattr(recipe, section), name)
-        if value and not (Path(value).is_file() if name == "checkpoint" else Path(value).exists()):
+        if value and not (Path(value).is_file() if name == "checkpoint" else _exists(value, section == "data"
+                                                                                          and recipe.data.stream is not None)):
             problems.append(ConfigError((section, name), f"file not found: {value}", hint=path_hint(loaded, (section, name))))
     problems += _static_batch_problems(recipe)
     notes = list(factory_notes)
@@ -73,6 +74,15 @@ def preflight(loaded: LoadedRecipe, stages: list[Stage], out: str | Path | None 
     if problems:  # every missing file at once, each at its line
         raise loaded.error(problems)
     return notes
+
+
+def _exists(path: str, glob_allowed: bool) -> bool:
+    """A path exists; a streamed data source may be a glob of shards, which then matches at least one file."""
+    if glob_allowed and any(ch in path for ch in "*?["):
+        import glob
+
+        return any(Path(f).is_file() for f in glob.iglob(path, recursive=True))
+    return Path(path).exists()
 
 
 def _static_batch_problems(recipe: RecipeBase) -> list[ConfigError]:

@@ -233,7 +233,7 @@ def render_markdown(result: "RunResult", loaded: "LoadedRecipe", data: "DataBund
         *headline_section(result),
         f"- recipe: `{loaded.file}`" + (f" (extends {', '.join(f'`{p}`' for p in loaded.chain[1:])})" if len(loaded.chain) > 1 else ""),
         f"- model: `{recipe.model.factory}`" + (f", checkpoint `{recipe.model.checkpoint}`" if recipe.model.checkpoint else ""),
-        f"- data: {data.description}; {len(data.train) if data.train is not None else 0} train / {len(data.eval)} eval samples, "
+        f"- data: {data.description}; {data.train_rows} train / {len(data.eval)} eval samples, "
         f"{labels + ', ' if labels else ''}input {list(data.input_shape)}",
         f"- task: `{task.name}`; headline metric `{headline.name}` ({headline.direction})"
         + "".join(f", `{m.name}` ({m.direction})" for m in task.metrics if m.name != headline.name),

@@ -7,6 +7,7 @@ whole batches: datasets' own transforms run per sample in Python and would domin
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator
 
@@ -41,6 +42,24 @@ class Split:
             yield trim(take(self.x, idx)), self.y[idx]
 
 
+class TrainStream(ABC):
+    """A training split too large to hold: read from its source once an epoch, in shuffled batches (a streamed click
+    log: ``tabular_stream.StreamedTrain``). ``DataBundle.train`` then holds a uniform sample of it (what calibration,
+    pruning importance and doctor read), and the epochs read this."""
+
+    @abstractmethod
+    def __len__(self) -> int:
+        """Rows of the whole training split (every rank's together)."""
+
+    @abstractmethod
+    def epoch(self, batch_size: int, generator: torch.Generator) -> Iterator[tuple[Inputs, torch.Tensor]]:
+        """One epoch of shuffled batches of this stream's rows (a rank's own rows once ``shard`` cut them)."""
+
+    @abstractmethod
+    def shard(self, rank: int, world: int) -> "TrainStream":
+        """The part rank ``rank`` of ``world`` reads: disjoint, together the whole split, each as many batches."""
+
+
 @dataclass
 class DataBundle:
     train: Split | None
@@ -54,9 +73,19 @@ class DataBundle:
     description: str = ""
     #: Tabular click data: the fitted vocabularies and statistics (``tabular.TabularSchema``), else None.
     tabular: "TabularSchema | None" = None
+    #: A training split streamed from its source each epoch (``train`` is then a sample of it), else None.
+    stream: TrainStream | None = None
+
+    @property
+    def train_rows(self) -> int:
+        """Rows an epoch covers: the stream's, else the train split's (0 without one)."""
+        return len(self.stream) if self.stream is not None else len(self.train) if self.train is not None else 0
 
     def train_batches(self, batch_size: int, generator: torch.Generator, augment: bool = True):
-        """Shuffled, augmented training batches (one epoch)."""
+        """Shuffled, augmented training batches (one epoch): from the stream when there is one."""
+        if self.stream is not None:
+            yield from self.stream.epoch(batch_size, generator)
+            return
         if self.train is None:
             raise InputError("this recipe's data has no training split", hint="set data.path or data.train")
         order = torch.randperm(len(self.train), generator=generator)

@@ -32,6 +32,7 @@ import torch
 
 from .errors import InputError
 from .recipe.models import FeaturesSpec
+from .tabular_arrow import Lookup, bag_ids, hashed_ids, list_values, numbers, standardised, text as arrow_text
 
 #: The forward parameters (and artifact input names) of a tabular model.
 IDS, DENSE, BAGS = "ids", "dense", "bags"
@@ -45,7 +46,8 @@ class CategoricalField:
     name: str
     vocabulary: list[str] = field(default_factory=list)  # id i + 1 is vocabulary[i]
     buckets: int | None = None  # hashed: ids 0..buckets-1, no vocabulary
-    train_values: int = 0  # distinct values in the training split (before min_count)
+    train_values: int = 0  # distinct values in the training split (before min_count; a streamed hashed field: 0)
+    _lookup: "Lookup | None" = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def size(self) -> int:
@@ -54,10 +56,14 @@ class CategoricalField:
 
     def encode(self, values: np.ndarray) -> np.ndarray:
         if self.buckets is not None:
-            return hashed(values, self.buckets)
-        index = {v: i + 1 for i, v in enumerate(self.vocabulary)}
-        text = _text(values)
-        return np.fromiter((index.get(v, OOV) for v in text), dtype=np.int64, count=len(text))
+            return hashed(values, self.buckets) if isinstance(values, np.ndarray) else hashed_ids(values, self.buckets)
+        return self.lookup(values)
+
+    def lookup(self, values: Any) -> np.ndarray:
+        """The vocabulary ids of a column, as one Arrow hash-table lookup (``tabular_arrow.Lookup``, built once)."""
+        if self._lookup is None:
+            self._lookup = Lookup(self.vocabulary)
+        return self._lookup(values)
 
 
 @dataclass
@@ -68,11 +74,8 @@ class NumericField:
     log1p: bool = False
 
     def encode(self, values: np.ndarray) -> np.ndarray:
-        x = _numbers(values, self.name)
-        if self.log1p:
-            x = np.sign(x) * np.log1p(np.abs(x))
-        x = np.where(np.isnan(x), self.mean, x)
-        return ((x - self.mean) / self.std).astype(np.float32)
+        x = _numbers(values, self.name) if isinstance(values, np.ndarray) else numbers(values)
+        return standardised(x, self.mean, self.std, self.log1p)
 
 
 @dataclass
@@ -80,6 +83,7 @@ class MultiHotField:
     name: str
     vocabulary: list[str] = field(default_factory=list)  # id i + 1 is vocabulary[i]; 0 pads (and drops the unknown)
     train_values: int = 0
+    _lookup: "Lookup | None" = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def size(self) -> int:
@@ -87,12 +91,31 @@ class MultiHotField:
 
     def encode(self, values: np.ndarray, length: int) -> np.ndarray:
         """``[rows, length]`` ids of each row's list (its first ``length`` values; 0 after)."""
-        index = {v: i + 1 for i, v in enumerate(self.vocabulary)}
-        out = np.zeros((len(values), length), dtype=np.int64)
-        for row, items in enumerate(_lists(values, self.name)):
-            ids = [index.get(v, 0) for v in items[:length]]
-            out[row, :len(ids)] = ids
-        return out
+        if not isinstance(values, (np.ndarray, list)):  # an Arrow column (a streamed batch)
+            return bag_ids(values, self._bag_lookup(), length)
+        arr = values if isinstance(values, np.ndarray) else np.asarray(values, dtype=object)
+        if arr.ndim == 2 or arr.dtype.kind != "O":  # npz's 2-D arrays: read row by row (_lists), looked up at once
+            rows = [items[:length] for items in _lists(values, self.name)]
+            counts = np.array([len(r) for r in rows], dtype=np.int64)
+            out = np.zeros((len(rows), length), dtype=np.int64)
+            if counts.sum():
+                pos = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+                flat = np.asarray([v for r in rows for v in r], dtype=object)
+                out[np.repeat(np.arange(len(rows)), counts), pos] = self.lookup(flat)
+            return out
+        try:
+            return bag_ids(arr, self._bag_lookup(), length)
+        except TypeError:
+            raise InputError(f"data.features.multi_hot: column {self.name!r} holds values that are not lists",
+                             hint="store a list a row (parquet, json), a 2-D array (npz) or `a|b|c` text (csv)") from None
+
+    def lookup(self, values: Any) -> np.ndarray:
+        return self._bag_lookup()(values)
+
+    def _bag_lookup(self) -> "Lookup":
+        if self._lookup is None:
+            self._lookup = Lookup(self.vocabulary)
+        return self._lookup
 
 
 @dataclass
@@ -112,7 +135,7 @@ class TabularSchema:
             if name in spec.hash_buckets:
                 cats.append(CategoricalField(name, buckets=spec.hash_buckets[name], train_values=len(np.unique(_text(values)))))
                 continue
-            cats.append(_vocabulary(name, values, spec.min_count))
+            cats.append(_vocabulary(name, values, spec.min_count, spec.max_vocabulary))
         nums = []
         for name in spec.numeric:
             x = _numbers(columns[name], name, source)
@@ -127,8 +150,7 @@ class TabularSchema:
             nums.append(NumericField(name, float(seen.mean()), std if std > 0 else 1.0, log))
         bags = []
         for name in spec.multi_hot:
-            flat = np.asarray([v for items in _lists(columns[name], name, source) for v in items], dtype=str)
-            vocabulary = _vocabulary(name, flat, spec.min_count)
+            vocabulary = _vocabulary(name, _flat_values(columns[name], name, source), spec.min_count, spec.max_vocabulary)
             bags.append(MultiHotField(name, vocabulary.vocabulary, vocabulary.train_values))
         return cls(cats, nums, spec.min_count, bags, spec.bag_length)
 
@@ -182,14 +204,22 @@ class TabularSchema:
         return ", ".join(parts)
 
 
-def _vocabulary(name: str, values: np.ndarray, min_count: int) -> CategoricalField:
+def _vocabulary(name: str, values: np.ndarray, min_count: int, cap: int | None = None) -> CategoricalField:
     import pandas as pd  # type: ignore[import-untyped]
 
     counts = pd.Series(_text(values)).value_counts(sort=False)
-    kept = counts[counts >= min_count]
-    # most frequent first, ties by value: the same training data always gives the same ids
-    order = sorted(kept.items(), key=lambda kv: (-int(kv[1]), kv[0]))
-    return CategoricalField(name, [v for v, _ in order], train_values=len(counts))
+    return vocabulary_from_counts(name, counts.index.to_numpy(), counts.to_numpy(), min_count, cap)
+
+
+def vocabulary_from_counts(name: str, values: np.ndarray, counts: np.ndarray, min_count: int,
+                           cap: int | None = None) -> CategoricalField:
+    """A field's vocabulary from its distinct training values and their counts: those seen ``min_count`` times or more,
+    most frequent first, ties by value (the same training data always gives the same ids), the first ``cap`` kept."""
+    import pandas as pd
+
+    table = pd.DataFrame({"value": np.asarray(values, dtype=object).astype(str), "count": np.asarray(counts, np.int64)})
+    kept = table[table["count"] >= min_count].sort_values(["count", "value"], ascending=[False, True], kind="stable")
+    return CategoricalField(name, kept["value"].tolist()[:cap], train_values=len(table))
 
 
 def _text(values: np.ndarray) -> np.ndarray:
@@ -201,7 +231,19 @@ def _text(values: np.ndarray) -> np.ndarray:
         whole = np.where(np.isnan(arr), 0, arr)
         text = np.where(whole == np.round(whole), np.round(whole).astype(np.int64).astype(str), arr.astype(str))
         return np.where(np.isnan(arr), "", text)
-    return np.char.strip(np.array(["" if v is None else str(v) for v in arr], dtype=str))
+    return np.asarray(arrow_text(arr).to_numpy(zero_copy_only=False), dtype=object)
+
+
+def _flat_values(values: np.ndarray, name: str, source: str) -> np.ndarray:
+    """Every value of every row's list (a multi-hot column), as text: column operations where the column is lists or
+    ``a|b`` text, ``_lists`` row by row for npz's 2-D arrays."""
+    arr = values if isinstance(values, np.ndarray) else np.asarray(values, dtype=object)
+    if arr.ndim == 1 and arr.dtype.kind == "O":
+        try:
+            return np.asarray(list_values(arr)[0].to_numpy(zero_copy_only=False), dtype=object)
+        except (TypeError, ValueError):
+            pass  # not lists: _lists names the column
+    return np.asarray([v for items in _lists(arr, name, source) for v in items], dtype=object)
 
 
 def _lists(values: np.ndarray, name: str, source: str = "the data") -> list[list[str]]:
@@ -236,14 +278,16 @@ def _numbers(values: np.ndarray, name: str, source: str = "the data") -> np.ndar
 
 
 def hashed(values: np.ndarray, buckets: int) -> np.ndarray:
-    """The hashed ids of a column (see the module docstring): integers modulo ``buckets``, text by FNV-1a 64."""
+    """The hashed ids of a column (see the module docstring): integers modulo ``buckets``, text by FNV-1a 64, as column
+    operations (``tabular_arrow.hashed_ids``)."""
     arr = np.asarray(values)
     if arr.dtype.kind in "iu":
         return np.mod(arr.astype(np.int64), buckets)
-    return np.fromiter((fnv1a(v) % buckets for v in _text(arr)), dtype=np.int64, count=len(arr))
+    return hashed_ids(arr, buckets)
 
 
 def fnv1a(text: str) -> int:
+    """FNV-1a-64 of one text, value by value: the definition ``tabular_arrow.fnv1a_64`` vectorises."""
     h = _FNV_OFFSET
     for byte in text.encode():
         h = ((h ^ byte) * _FNV_PRIME) & 0xFFFFFFFFFFFFFFFF

@@ -117,6 +117,8 @@ class FeaturesSpec(StrictModel):
         "`padding_idx=0` reads it (zoo `dlrm_bags`).")
     bag_length: int = Field(default=8, ge=1, le=4096, description="`multi_hot`: values kept a bag (the first ones; a "
                             "shorter list is padded with 0).")
+    max_vocabulary: int | None = Field(default=None, ge=1, description="At most this many values a vocabulary (the most "
+                                       "frequent, after `min_count`): a cap on a table's rows; the rest share id 0.")
 
     @model_validator(mode="after")
     def _columns(self) -> "FeaturesSpec":
@@ -144,6 +146,26 @@ class ClickLogSpec(StrictModel):
     items: int = Field(default=100_000, ge=1, le=50_000_000, description="Distinct item ids.")
     seed: int = Field(default=0, ge=0, le=2**32 - 1, description="Generator seed (the log is deterministic).")
     eval_fraction: float = Field(default=0.1, gt=0, lt=1, description="The last share of the rows, held out for eval.")
+    shards: int | None = Field(default=None, ge=1, le=10_000, description="Write the log as this many Parquet shards "
+                               "(`train/part-*.parquet`, and a tenth as many under `eval/`), generated a shard at a time "
+                               "in bounded memory, for `data.stream`; default: one train.parquet and one eval.parquet.")
+
+
+class StreamSpec(StrictModel):
+    """Streamed tabular data (``pruneflow/tabular_stream.py``): a file, folder or glob of Parquet or CSV shards read in
+    record batches, never whole; memory bounded by the shuffle buffer and the samples below, not by the log's rows."""
+
+    batch_rows: int = Field(default=65_536, ge=256, le=4_194_304, description="Rows a record batch read from a shard.")
+    shuffle_buffer: int = Field(default=262_144, ge=256, le=67_108_864, description="Training rows held for shuffling: "
+                                "each epoch reads the shards' row groups in a random order and shuffles rows within "
+                                "this buffer (the memory an epoch takes grows with it, not with the log).")
+    eval_rows: int = Field(default=200_000, ge=100, description="Evaluation rows held in memory: every eval row when "
+                           "there are no more, else a uniform sample (reservoir, one pass); every rank evaluates the same.")
+    sample_rows: int = Field(default=65_536, ge=100, description="Training rows sampled uniformly (reservoir, in the "
+                             "counting pass) and held in memory for what reads training rows at random: calibration, "
+                             "pruning importance, doctor.")
+    vocabulary_file: str | None = PathField(description="A JSON file `{field: [values, most frequent first]}` giving "
+                                            "vocabularies instead of counting them (fields it omits are counted).")
 
 
 class SeqLogSpec(StrictModel):
@@ -210,6 +232,10 @@ class DataSpec(StrictModel):
     max_train_samples: int | None = Field(default=None, gt=0, description="Use at most this many training samples (seeded, stratified).")
     max_eval_samples: int | None = Field(default=None, gt=0, description="Use at most this many evaluation samples (seeded, stratified).")
     eval_batch_size: int = Field(default=256, gt=0, description="Batch size for evaluation.")
+    stream: StreamSpec | None = Field(
+        default=None, description="Tabular data too large to hold: `train`/`eval` (a file, a folder or a glob of Parquet "
+        "or CSV shards, or `format: clicklog` with `shards`) read in record batches each epoch; vocabularies and "
+        "statistics in one counting pass; under `--nproc N` each rank reads its own row range. Needs `features`.")
     features: FeaturesSpec | None = Field(
         default=None,
         description="Tabular click data: `{categorical: [...], numeric: [...]}` columns fed to the model as `ids` "
@@ -222,6 +248,10 @@ class DataSpec(StrictModel):
         self._tabular()
         if self.clicklog is not None and self.format != "clicklog":
             raise ValueError("`clicklog` settings go with `format: clicklog`")
+        if self.stream is not None and (self.features is None or self.format not in ("parquet", "csv", "clicklog")
+                                        or self.path is not None):
+            raise ValueError("`stream` reads tabular shards: it needs `features`, `format: parquet`, `csv` or "
+                             "`clicklog`, and `train`/`eval` (not `path`)")
         if self.seqlog is not None and self.format != "seqlog":
             raise ValueError("`seqlog` settings go with `format: seqlog`")
         if self.format in ("digits", "clicklog", "seqlog"):
