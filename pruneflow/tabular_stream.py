@@ -447,14 +447,16 @@ def _eval_split(evals: Source, spec: DataSpec, task: "Task", seed: int, schema: 
 def _paths(spec: DataSpec) -> tuple[str, str, str]:
     if spec.format != "clicklog":
         if not spec.train or not spec.eval:
-            raise InputError("data.stream: give data.train and data.eval (files, folders or globs of shards)")
+            raise InputError("data.stream: give data.train and data.eval (files, folders or globs of shards)",
+                             hint="e.g. data: {format: parquet, train: logs/day1/*.parquet, eval: logs/day2/part-0.parquet, stream: {}}")
         return spec.train, spec.eval, f"train {spec.train}, eval {spec.eval}"
     from .clicklog import cached
     from .recipe.models import ClickLogSpec
 
     log_spec = spec.clicklog or ClickLogSpec()
     if not log_spec.shards:
-        raise InputError("data.stream with format: clicklog reads its shards: set data.clicklog.shards")
+        raise InputError("data.stream with format: clicklog reads its shards: set data.clicklog.shards",
+                         hint="e.g. data: {format: clicklog, clicklog: {rows: 1000000, shards: 8}, stream: {}}")
     folder = cached(log_spec)
     return str(folder / "train"), str(folder / "eval"), f"generated click log ({log_spec.rows:,} rows) in {folder}"
 
@@ -468,9 +470,13 @@ def _vocabulary_file(stream: StreamSpec) -> dict[str, list[str]]:
     try:
         found = json.loads(Path(stream.vocabulary_file).read_text())
     except (OSError, ValueError) as exc:
-        raise InputError(f"data.stream.vocabulary_file: cannot read {stream.vocabulary_file}: {exc}") from None
+        raise InputError(f"data.stream.vocabulary_file: cannot read {stream.vocabulary_file}: {exc}",
+                         hint="point at a JSON file {field: [values, ...]} (relative paths are read from the recipe's folder), "
+                         "or leave vocabulary_file out to count the train split") from None
     if not isinstance(found, dict) or not all(isinstance(v, list) for v in found.values()):
-        raise InputError("data.stream.vocabulary_file: expected a JSON object {field: [values, ...]}")
+        raise InputError("data.stream.vocabulary_file: expected a JSON object {field: [values, ...]}",
+                         hint='write it as {"user_id": ["u1", "u2"], "device": ["ios", "android"]}: one list of values per '
+                         "categorical field, most frequent first")
     return {str(k): [str(v) for v in values] for k, values in found.items()}
 
 
