@@ -257,6 +257,22 @@ def write_recipe(tmp_path):
     return write
 
 
+class Quiet:
+    """The round loop's reporter, saying nothing."""
+
+    def info(self, message: str) -> None:
+        pass
+
+
+class Untuned:
+    """The round loop's tuner with no fine-tune: a fixed figure (for tests asserting on structure and MACs)."""
+
+    metric = "none"
+
+    def after_round(self, model, index, rounds, on_step_end=None) -> float:
+        return 0.0
+
+
 class EvalOnly:
     """The loop's tuner when `finetune` is null: the accuracy on a fixed batch, no training."""
 

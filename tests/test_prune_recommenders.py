@@ -13,6 +13,7 @@ import yaml
 from pydantic import TypeAdapter
 from torch import nn
 
+from conftest import Quiet, Untuned
 from pruneflow.checkpoint import load_checkpoint, save_checkpoint
 from pruneflow.errors import ConfigError
 from pruneflow.evaluate import count_macs_params, macs_by_module
@@ -38,24 +39,12 @@ def _loc(*keys):
     return ("stages", 0, *keys)
 
 
-class Reporter:
-    def info(self, message: str) -> None:
-        pass
-
-
-class Untuned:
-    """The loop's tuner with no fine-tune: a fixed figure (these tests assert on structure and MACs)."""
-
-    metric = "none"
-
-    def after_round(self, model, index, rounds, on_step_end=None) -> float:
-        return 0.0
 
 
 def _run(strategy) -> None:
     strategy.entering()
     strategy.prepare()
-    run_rounds(strategy, Untuned(), lambda k: [], Reporter(), "prune")
+    run_rounds(strategy, Untuned(), lambda k: [], Quiet(), "prune")
 
 
 def _channels(target: dict, **extra) -> ChannelPruneConfig:
@@ -129,7 +118,7 @@ def test_gru4rec_hidden_units_pruned_to_half_the_macs_and_the_checkpoint_reloads
     strategy = ChannelStrategy(_channels({"macs": 0.5}), model, x[:1], F.cross_entropy, _loc)
     before = strategy.entering()["macs"]
     strategy.prepare()
-    run_rounds(strategy, Untuned(), lambda k: [], Reporter(), "prune")
+    run_rounds(strategy, Untuned(), lambda k: [], Quiet(), "prune")
     macs, _ = count_macs_params(model, x[:1])
     assert macs <= 0.5 * before
     assert 3 <= model.gru.hidden_size < 32 and model.output.in_features == model.gru.hidden_size
@@ -196,7 +185,7 @@ def test_mmoe_keeps_the_expert_count_and_prunes_to_half_the_macs():
     before = strategy.entering()["macs"]
     strategy.prepare()
     assert {"gates.0", "gates.1", "experts.0.2", "experts.3.2"} <= set(strategy.ignored)
-    run_rounds(strategy, Untuned(), lambda k: [], Reporter(), "prune")
+    run_rounds(strategy, Untuned(), lambda k: [], Quiet(), "prune")
     assert count_macs_params(model, {k: v[:1] for k, v in x.items()})[0] <= 0.5 * before
     assert all(g.out_features == 4 for g in model.gates)  # the expert count never changes
     assert {e[2].out_features for e in model.experts} == {16} and all(e[0].out_features < 16 for e in model.experts)
@@ -269,7 +258,7 @@ def test_sasrec_heads_and_ffn_are_pruned_and_the_tied_table_stays_tied():
     strategy = HeadStrategy(cfg, model, x[:1], F.cross_entropy, _loc)
     before = strategy.entering()["macs"]
     assert [s.name for s in ffn_sites(model)] == ["blocks.0.ffn", "blocks.1.ffn"]
-    run_rounds(strategy, Untuned(), lambda k: [], Reporter(), "prune")
+    run_rounds(strategy, Untuned(), lambda k: [], Quiet(), "prune")
     attention = [b.attention for b in model.blocks]
     assert all(isinstance(a, HeadAttention) and a.num_heads == 1 for a in attention)
     assert sum(b.ffn[0].out_features for b in model.blocks) == 16
@@ -307,7 +296,7 @@ def test_sasrec_macs_half_is_refused_up_front_with_the_floor_and_fixes_the_next_
     strategy = ChannelStrategy(_channels({"macs": suggested}), model, x[:1], F.cross_entropy, _loc)
     before = strategy.entering()["macs"]
     strategy.prepare()
-    run_rounds(strategy, Untuned(), lambda k: [], Reporter(), "prune")
+    run_rounds(strategy, Untuned(), lambda k: [], Quiet(), "prune")
     assert count_macs_params(model, x[:1])[0] <= suggested * before
     assert model.output.weight is model.items.weight and model.items.embedding_dim == 16  # the tied pair whole
 
@@ -320,7 +309,7 @@ def test_sasrec_macs_half_is_refused_up_front_with_the_floor_and_fixes_the_next_
     cfg = stage.model_copy(update={"rounds": 1, "importance": "magnitude", "finetune": None, "latency": None})
     heads = HeadStrategy(cfg, model, x[:1], F.cross_entropy, _loc)
     before = heads.entering()["macs"]
-    run_rounds(heads, Untuned(), lambda k: [], Reporter(), "prune")
+    run_rounds(heads, Untuned(), lambda k: [], Quiet(), "prune")
     assert count_macs_params(model, x[:1])[0] <= 0.51 * before and model(x).shape == (4, 500)
 
 
@@ -401,7 +390,7 @@ def test_sasrec_width_goes_with_its_tied_output_projection_and_reloads_tied(tmp_
     before = strategy.entering()["macs"]
     output_before = macs_by_module(model, x[:1])["output"]
     y = torch.randint(1, 500, (4,))
-    records, _ = run_rounds(strategy, Untuned(), lambda k: [(x, y)], Reporter(), "prune")
+    records, _ = run_rounds(strategy, Untuned(), lambda k: [(x, y)], Quiet(), "prune")
     assert [r.figures["width"] for r in records] == [14, 12] and strategy.summary(records[-1].figures)["width_before"] == 16
     assert model.items.weight.shape == (500, 12) and model.positions.weight.shape == (12, 12) and model.dim == 16
     assert model.output.weight is model.items.weight
@@ -454,7 +443,7 @@ def test_a_macs_budget_ranks_heads_ffn_neurons_and_width_together_and_lands_on_i
     cfg = stage.model_copy(update={"rounds": 2, "finetune": None, "latency": None})
     strategy = HeadStrategy(cfg, model, x[:1], F.cross_entropy, _loc)
     before = strategy.entering()["macs"]
-    records, _ = run_rounds(strategy, Untuned(), lambda k: [(x, y)], Reporter(), "prune")
+    records, _ = run_rounds(strategy, Untuned(), lambda k: [(x, y)], Quiet(), "prune")
     for record, share in zip(records, (0.75, 0.5)):
         assert share * before - 0.03 * before < record.figures["macs"] <= share * before
     assert model.output.weight is model.items.weight and model(x).shape == (16, 500)
@@ -487,6 +476,6 @@ def test_when_heads_and_ffn_cannot_reach_the_target_the_refusal_suggests_a_budge
     cfg = cfg.model_copy(update={"rounds": 1, "importance": "magnitude", "finetune": None, "latency": None})
     strategy = HeadStrategy(cfg, model, x[:1], F.cross_entropy, _loc)
     before = strategy.entering()["macs"]
-    run_rounds(strategy, Untuned(), lambda k: [], Reporter(), "prune")
+    run_rounds(strategy, Untuned(), lambda k: [], Quiet(), "prune")
     assert count_macs_params(model, x[:1])[0] <= 0.5 * before and model.items.embedding_dim < 16
     assert model.output.weight is model.items.weight

@@ -211,15 +211,7 @@ def test_output_rows_no_label_reaches_are_merged_the_rest_score_as_before_and_th
     from pruneflow.prune.tables import TableStrategy
     from pruneflow.zoo.sequence import gru4rec
 
-    class Quiet:
-        def info(self, message: str) -> None:
-            pass
-
-    class Untuned:
-        metric = "none"
-
-        def after_round(self, model, index, rounds, on_step_end=None) -> float:
-            return 0.0
+    from conftest import Quiet, Untuned
 
     torch.manual_seed(0)
     model = gru4rec(500, dim=8, hidden=12).eval()

@@ -186,15 +186,7 @@ def test_a_macs_budget_on_torchs_encoder_layers_runs_and_one_below_its_floor_is_
         def forward(self, x):
             return self.head(self.encoder(x)[:, 0])
 
-    class Quiet:
-        def info(self, message: str) -> None:
-            pass
-
-    class Untuned:
-        metric = "none"
-
-        def after_round(self, model, index, rounds, on_step_end=None) -> float:
-            return 0.0
+    from conftest import Quiet, Untuned
 
     torch.manual_seed(0)
     model, x, y = Encoder().eval(), torch.randn(6, 5, 16), torch.randint(0, 3, (6,))
