@@ -340,7 +340,13 @@ def _figures_lines(data: dict) -> list[str]:
     commits = [v.get("host", {}).get("commit") for k, v in data.items() if k == "scale-10000000-np1"]
     rows = [f"| {int(n):,} | {v['fix']['peak_rss_kb'] / 1024:,.0f} MiB, {v['fix']['seconds']:.1f} s | "
             f"{v['nofix']['peak_rss_kb'] / 1024:,.0f} MiB, {v['nofix']['seconds']:.1f} s |" for n, v in runs.items()]
-    return ["## What grew with the rows, and the fix", "",
+    before = data.get("before_fix-10000000-np1")
+    earlier = ([f"The one-process 10^7-row run before the fix (kept in the JSON as `before_fix-10000000-np1`): recipe peak RSS "
+                f"{before['recipe']['peak_rss_mib']:,.0f} MiB, {before['recipe']['peak_rss_mib'] / data['scale-1000000-np1']['recipe']['peak_rss_mib']:.2f}x "
+                f"the 10^6 run's; train stage {before['recipe']['stage_seconds']['train']:.1f} s, wall {before['recipe']['wall_s']:.1f} s, "
+                f"AUC FP32 ONNX {before['recipe']['auc']['export/reference/onnx/model.fp32.onnx']:.4f}.", ""]
+               if before and before is not data.get("scale-10000000-np1") and "scale-1000000-np1" in data else [])
+    return ["## What grew with the rows, and the fix", "", *earlier,
             f"The one-process 10^7-row recipe above ran {'after' if _after_fix(commits) else 'before'} this fix (65293eb); "
             "the --nproc 2 one before it. The train stage's training figures (train AUC) kept "
             "every output of the epoch (a binary task's AUC reads them all), so the stage's memory and its AUC time grew "
