@@ -280,6 +280,23 @@ def _f(value: float | None, digits: int = 1) -> str:
     return "–" if value is None else f"{value:,.{digits}f}"
 
 
+def _plot(xs: list[int], series: dict[str, list[float]]) -> None:
+    """stream_scale.svg: each timed stage's seconds against rows on log-log axes, with a dashed line of slope 1 (time
+    in proportion to rows) from the recipe's first point, drawn by the bench report's own chart code."""
+    from pruneflow.benchmark.curves import Axes, Series, line_chart
+
+    colours = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd"]
+    lines = [Series(name, colours[i % len(colours)], "", [(x, y) for x, y in zip(xs, ys) if y and y > 0])
+             for i, (name, ys) in enumerate(series.items())]
+    recipe = series["recipe end to end"]
+    lines.append(Series("∝ rows (slope 1), from the recipe's first point", "#7f7f7f", "8 4",
+                        [(x, recipe[0] * x / xs[0]) for x in xs]))
+    axes = Axes.fit(lines)
+    axes.log_y = True  # a power law is a straight line only on log-log axes
+    axes.y_lo, axes.y_hi = min(y for s in lines for _, y in s.points) / 1.3, max(y for s in lines for _, y in s.points) * 1.3
+    (RESULTS.parent / "stream_scale.svg").write_text(line_chart(lines, axes, "seconds", "rows (log scale)") + "\n")
+
+
 def _scale_lines(runs: list[dict]) -> list[str]:
     """The one-process table, the fitted exponents and the RSS ratios."""
     lines = ["## Scale (one process)", "",
@@ -309,6 +326,8 @@ def _scale_lines(runs: list[dict]) -> list[str]:
               "epoch read+encode+shuffle": [r.get("data_pass", {}).get("epoch_read_encode_s", 0) for r in runs],
               "train stage (2 epochs, steps ∝ rows)": [r["recipe"]["stage_seconds"].get("train", 0) for r in runs],
               "recipe end to end": [r["recipe"]["wall_s"] for r in runs]}
+    _plot(xs, series)
+    lines[-2:-2] = ["![seconds against rows, log-log, each stage beside a line of slope 1](stream_scale.svg)", ""]
     for name, ys in series.items():
         steps = [f"{xs[i]:.0e}→{xs[i + 1]:.0e}: {_f(_slope(xs[i:i + 2], ys[i:i + 2]), 3)}" for i in range(len(xs) - 1)]
         lines.append(f"- {name}: {_f(_slope(xs, ys), 3)}" + (f" (step by step: {', '.join(steps)})" if len(xs) > 2 else ""))
