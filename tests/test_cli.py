@@ -7,6 +7,7 @@ into tmp_path; the run that several tests read is made once per module.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -885,7 +886,11 @@ def test_the_completion_script_is_printed_for_bash():
     import sys
 
     entry = Path(sys.executable).with_name("pruneflow")  # the console script, as a user types it
-    done = subprocess.run([str(entry), "--show-completion", "bash"], cwd=ROOT, text=True, capture_output=True, timeout=120)
+    # typer finds the shell from the parent processes (shellingham), which under nohup or a CI runner is none:
+    # its own test switch makes --show-completion take the shell's name instead, as a user's bash would be found
+    env = {**os.environ, "_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION": "1"}
+    done = subprocess.run([str(entry), "--show-completion", "bash"], cwd=ROOT, text=True, capture_output=True, timeout=120,
+                          env=env)
     assert done.returncode == 0 and "complete -o default -F _pruneflow_completion pruneflow" in done.stdout, done.stderr
 
 
