@@ -404,7 +404,8 @@ def report() -> None:
             a1 = one["recipe"]["auc"].get("export/reference/onnx/model.fp32.onnx")
             a2 = rc["auc"].get("export/reference/onnx/model.fp32.onnx")
             lines.append(f"Train-stage throughput ratio (2 processes / 1): {one['recipe']['stage_seconds']['train'] / rc['stage_seconds']['train']:.2f}x; "
-                         f"FP32 ONNX AUC {a2:.4f} vs one process {a1:.4f} (difference {abs(a2 - a1):.4f}; bar 0.002).")
+                         f"FP32 ONNX AUC {a2:.4f} vs one process {a1:.4f} (difference {abs(a2 - a1):.4f}; bar 0.002). Host load "
+                         f"(1 min) {r['host']['load_avg_1m']:.1f} for this run, {one['host']['load_avg_1m']:.1f} for the one-process one.")
         before = data.get("before_fix-10000000-np1") if r["rows"] == 10_000_000 else None
         if before and "train" in rc["stage_seconds"]:
             lines.append(f"Against the one-process run of the same code (before the train-figures fix, like this one; host load "
