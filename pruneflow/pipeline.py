@@ -174,7 +174,7 @@ def _run(loaded: LoadedRecipe, stages: list[Stage], inputs: RunInputs, run_dir: 
         reusable = resume and not (manifest.host_changed and host_part(stage))  # timed elsewhere: measure here
         record = resume_stage(stage, key, state, ctx, manifest) if reusable else None
         if record is None:
-            if hasattr(stage, "recorded_choices"):  # a stage that chooses by measuring: what the earlier run chose
+            if stage.records_choices:  # a stage that chooses by measuring: what the earlier run chose
                 stage.recorded_choices = recorded_for(stage, key, earlier or {}) if resume else None
             record = _run_stage(stage, key, state, ctx, manifest, len(stages), progress.before)
             keep_choices(manifest, stage, key)

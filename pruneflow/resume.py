@@ -29,14 +29,14 @@ def hash_parts(*parts: Any) -> str:
 def serving_part(stage: Stage, recipe: Any) -> list[Any]:
     """What a stage that chooses for the serving hosts (``serves_hosts``: export) adds to its resume key: the recipe's
     ``deploy`` (another ``--for`` builds other files); nothing for the others."""
-    return [{"deploy": recipe.deploy.model_dump(mode="json")}] if getattr(stage, "serves_hosts", False) else []
+    return [{"deploy": recipe.deploy.model_dump(mode="json")}] if stage.serves_hosts else []
 
 
 def host_part(stage: Stage) -> list[Any]:
     """What a stage whose results depend on the host (it times latency, or chooses by timing: export) adds to its
     resume key: the host it times on (``timing_host``). A ``--resume`` on another host runs such a stage again (and the
     stages after it), measuring here, instead of reusing figures and choices another machine made."""
-    timed = getattr(stage, "serves_hosts", False) or getattr(stage.config, "latency", None) is not None
+    timed = stage.serves_hosts or getattr(stage.config, "latency", None) is not None
     return [{"host": timing_host()}] if timed else []
 
 
@@ -107,7 +107,7 @@ def recorded_for(stage: Stage, key: str, earlier: dict[str, Any]) -> dict[str, A
 
 def keep_choices(manifest: Manifest, stage: Stage | None, key: str) -> None:
     """The choices ``stage`` made (its ``choices``, when it has any) into the manifest, under its id, with its key."""
-    made = getattr(stage, "choices", None) if stage is not None else None
+    made = stage.choices if stage is not None else None
     if stage is not None and isinstance(made, dict) and made.get("targets"):
         manifest.choices[stage.id] = {"key": key, **made}
 

@@ -118,6 +118,17 @@ class Stage(Generic[C]):
     #: True when the stage trains under DistributedDataParallel with ``--nproc``: the ranks other than 0 run the
     #: recipe up to the last such stage (``distributed.py``).
     runs_under_ddp: ClassVar[bool] = False
+    #: True when what the stage builds depends on the recipe's ``deploy`` (the CPUs it is served on) and is chosen by
+    #: timing on this host (export): the pipeline adds both to its resume key (``resume.serving_part``, ``host_part``).
+    serves_hosts: ClassVar[bool] = False
+    #: True when the stage chooses by measuring and says what it chose in ``choices`` (export): the pipeline keeps
+    #: that in manifest.json and, under ``--resume`` with the stage's key unchanged, hands it back as
+    #: ``recorded_choices``, so a resumed run writes the bytes the earlier one wrote.
+    records_choices: ClassVar[bool] = False
+    #: What an earlier run of the stage chose (``records_choices``), or None: choose by measuring.
+    recorded_choices: dict[str, Any] | None = None
+    #: What this run of the stage chose (``records_choices``), filled as it chooses.
+    choices: dict[str, Any] | None = None
 
     @property
     def needs_train_split(self) -> bool:

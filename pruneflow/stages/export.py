@@ -61,6 +61,7 @@ class ExportStage(Stage[ExportConfig]):
     #: What it builds depends on the recipe's ``deploy`` (the serving CPUs its INT8 form and hint are chosen for), which
     #: the pipeline therefore adds to its resume key.
     serves_hosts = True
+    records_choices = True
     #: What an earlier run of this stage chose (``{"host": ..., "targets": {TARGET: {"delivered", "int8_form",
     #: "int8_hint"}}}``, manifest.json's ``choices``), set by the pipeline under ``--resume`` when the stage's key is
     #: unchanged (None: choose by measuring). Taken again, a run writes the bytes the earlier one wrote.
