@@ -168,7 +168,7 @@ class ExportStage(Stage[ExportConfig]):
         cfg = self.config
         assert cfg.latency is not None
         one = [name for name, target in targets if cfg.delivers_one(target.config)]
-        explicit = [name for name, target in targets if getattr(target.config, "precision", None) == "auto"]
+        explicit = [name for name, target in targets if target.config.precision == "auto"]
         served = cfg.choice.batch_sizes or cfg.latency.batch_sizes
         result.gates, rows = choose_precisions(
             one, result.artifacts, result.gates, served, margin=cfg.choice.margin,
@@ -194,7 +194,7 @@ class ExportStage(Stage[ExportConfig]):
         except (InputError, MissingDependencyError):
             raise  # the recipe or the machine is wrong: no other artifact would fare better
         except Exception as exc:  # noqa: BLE001 - reported on the artifact, with the target named
-            if getattr(target.config, "required", False) or disk_full_cause(exc) is not None:
+            if target.config.required or disk_full_cause(exc) is not None:
                 raise  # the recipe says this target must build (ascend); a full disk fails every target: exit 4
             if _disk_nearly_full(out_dir, state):  # OpenVINO's writer says only "basic_ios::clear: iostream error"
                 raise OSError(errno.ENOSPC, f"No space left on device ({name} {precision}: {type(exc).__name__}: {exc})",

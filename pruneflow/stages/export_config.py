@@ -144,7 +144,7 @@ class ExportConfig(StageConfig):
 
     def delivers_one(self, target) -> bool:
         """Whether ``target`` (its config) delivers one chosen artifact: `precision: auto`, or nothing named."""
-        return getattr(target, "precision", None) == "auto" or (self.precisions is None and not target.precisions)
+        return target.precision == "auto" or (self.precisions is None and not target.precisions)
 
     def resolved(self, quantized: bool) -> "ExportConfig":
         """A copy with the precisions left out filled in (what doctor builds)."""
@@ -186,7 +186,7 @@ def recipe_rules(config, index, recipe):
             hint="add a `ptq` stage (no training) or a `qat` stage whose schedule ends in an int8 phase before `export`",
         )
     for t, target in enumerate(config.targets):
-        if getattr(target, "precision", None) == "auto" and config.latency is None:
+        if target.precision == "auto" and config.latency is None:
             yield ConfigError(("stages", index, "targets", t, "precision"), "precision: auto picks the fastest artifact "
                               "by the stage's timing, and `latency` is null", value="auto",
                               hint="remove `latency: null`, or pin the precisions with `precisions:`")
