@@ -140,15 +140,12 @@ class Task:
     #: before any stage changes the model (``prepare.load_inputs``), not the data's labels: what an embedding model
     #: is judged against is the vectors it gave before it was pruned and quantized, and no label column holds them.
     targets_from_model: ClassVar[bool] = False
-    #: How INT8 activation ranges are set from the calibration set under `ranges: auto` (qat/settings.py):
-    #: ``mean_minmax`` (NNCF's default: a finer grid, rare tails clipped), or ``minmax`` where an output is a value
-    #: whose tails count as much as its middle (regression: a clipped input or hidden activation moves that
-    #: sample's prediction by the clipped amount).
-    activation_ranges: ClassVar[str] = "mean_minmax"
-
     def ranges(self) -> str:
-        """The activation ranges this task's models are calibrated with under `ranges: auto`."""
-        return self.activation_ranges
+        """How INT8 activation ranges are set from the calibration set under `ranges: auto` (qat/settings.py):
+        ``mean_minmax`` (NNCF's default: a finer grid, rare tails clipped), or ``minmax`` where an output is a value
+        whose tails count as much as its middle (regression: a clipped input or hidden activation moves that
+        sample's prediction by the clipped amount)."""
+        return "mean_minmax"
 
     def __init__(self, config: TaskConfig | None = None):
         self.config = config if config is not None else self.Config.model_validate({})
