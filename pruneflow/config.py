@@ -40,6 +40,11 @@ class StageConfig(StrictModel):
         max_length=100,  # the stage folder is stages/NN-NAME: file names stop at 255 bytes
     )
 
+    def metric_prefixes(self) -> list[str]:
+        """What else than the stage's id its figures' names may start with (the export stage's: its targets,
+        ``onnx.fp32.accuracy``), for the check of a gate's metric name."""
+        return []
+
 
 class TaskConfig(StrictModel):
     """A task's options (``tasks.py``); a task's own Config narrows ``type`` to its name and adds its options."""
@@ -73,6 +78,22 @@ class TargetConfig(StrictModel):
         "The others stay in the run folder marked `precision_chosen: 0`, their failed gates moved into their notes; "
         "report.md's `precision chosen` table shows what decided it. Needs the stage's `latency`.",
     )
+
+    def static_batch(self) -> bool:
+        """True when this target's artifacts take one fixed batch size (``dynamic_batch: false``): parity and
+        latency then run them one sample at a time."""
+        return False
+
+    def left_to_host(self) -> frozenset[str]:
+        """This target's settings left `auto` that the serving CPUs (``deploy.cpu``) can decide without timing, and
+        that a resumed run takes from the record of the run it resumes: ``form`` (the INT8 ONNX form), ``int8_hint``
+        (OpenVINO's INT8 precision hint). ``export_hosts.pinned`` pins them."""
+        return frozenset()
+
+    def pinned_cpu_form(self) -> str | None:
+        """The INT8 form the recipe pins this target's CPU artifact to (None: `auto`, or no CPU INT8 artifact), which
+        ``export_config.host_rules`` holds against the serving CPUs."""
+        return None
 
     def onnx_export(self) -> dict[str, Any]:
         """What this target asks of every ONNX its stage exports (``opset``, ``exporter``; {}: nothing), the ones

@@ -36,8 +36,7 @@ def host_part(stage: Stage) -> list[Any]:
     """What a stage whose results depend on the host (it times latency, or chooses by timing: export) adds to its
     resume key: the host it times on (``timing_host``). A ``--resume`` on another host runs such a stage again (and the
     stages after it), measuring here, instead of reusing figures and choices another machine made."""
-    timed = stage.serves_hosts or getattr(stage.config, "latency", None) is not None
-    return [{"host": timing_host()}] if timed else []
+    return [{"host": timing_host()}] if stage.times_on_host else []
 
 
 def stage_key(previous: str, stage: Stage, recipe: Any) -> str:

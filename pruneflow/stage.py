@@ -131,6 +131,13 @@ class Stage(Generic[C]):
     choices: dict[str, Any] | None = None
 
     @property
+    def times_on_host(self) -> bool:
+        """True when the stage's results depend on the host it runs on: it times latency, or chooses by timing
+        (``serves_hosts``). The pipeline adds that host to its resume key (``resume.host_part``). A property, so that a
+        stage whose timing is a setting (prune's ``latency``) overrides it."""
+        return self.serves_hosts
+
+    @property
     def needs_train_split(self) -> bool:
         """True when the stage needs the training split (the pipeline skips loading it otherwise).
 

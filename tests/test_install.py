@@ -123,8 +123,11 @@ def test_make_demo_ends_by_saying_what_to_type_next(tmp_path):
 
 
 def test_after_the_printed_activate_line_the_readmes_commands_run_as_written(tmp_path):
-    """The venv's pruneflow runs this checkout; the line make demo prints, then README lines typed into a shell."""
-    run_here = f'#!/bin/sh\nPYTHONPATH={shlex.quote(str(REPO))} exec {shlex.quote(sys.executable)} -m pruneflow "$@"\n'
+    """The venv's pruneflow runs this checkout; the line make demo prints, then README lines typed into a shell.
+    (Its `optimize`, the demo's recipe run, only says it ran: this test is about the lines after it, and a recipe run
+    end to end is the slow lane's.)"""
+    run_here = (f'#!/bin/sh\n[ "$1" = optimize ] && {{ echo "ran pruneflow $*"; exit 0; }}\n'
+                f'PYTHONPATH={shlex.quote(str(REPO))} exec {shlex.quote(sys.executable)} -m pruneflow "$@"\n')
     venv = _venv_with(tmp_path, run_here)
     activate = next(line.strip() for line in _demo(venv).stdout.splitlines() if line.strip().endswith("bin/activate"))
     work = tmp_path / "work"

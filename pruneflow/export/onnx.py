@@ -76,6 +76,15 @@ class OnnxConfig(TargetConfig):
     def onnx_export(self) -> dict[str, Any]:
         return {"opset": self.opset, "exporter": self.exporter}
 
+    def static_batch(self) -> bool:
+        return not self.dynamic_batch
+
+    def left_to_host(self) -> frozenset[str]:
+        return frozenset({"form"} if self.form == "auto" else ())
+
+    def pinned_cpu_form(self) -> str | None:
+        return self.form if self.form != "auto" and "cpu" in self.int8_forms else None
+
 
 class OnnxTarget(Target[OnnxConfig]):
     Config = OnnxConfig

@@ -73,6 +73,15 @@ class OpenVinoConfig(TargetConfig):
         "predictions; elsewhere f32.",
     )
 
+    def static_batch(self) -> bool:
+        return not self.dynamic_batch
+
+    def left_to_host(self) -> frozenset[str]:
+        return frozenset(k for k, v in (("form", self.form), ("int8_hint", self.int8_hint)) if v == "auto")
+
+    def pinned_cpu_form(self) -> str | None:
+        return self.form if self.form != "auto" else None
+
 
 class OpenVinoTarget(Target[OpenVinoConfig]):
     Config = OpenVinoConfig

@@ -13,10 +13,13 @@ stage ask here what a file is and what runs it::
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import registry
 from .base import Format, InputSpec, Runtime
+
+if TYPE_CHECKING:
+    from ..artifacts import Artifact
 
 __all__ = ["Format", "InputSpec", "Runtime", "all_formats", "companions", "format_named", "format_of", "format_of_kind",
            "input_spec", "read_record", "runs_elsewhere", "runtime_named", "runtimes_for", "suffixes"]
@@ -37,10 +40,10 @@ def format_of_kind(kind: str | None) -> Format | None:
     return format_named(kind) if kind and kind in registry.formats.names() else None
 
 
-def runs_elsewhere(artifact: Any) -> bool:
+def runs_elsewhere(artifact: "Artifact") -> bool:
     """Whether ``artifact`` is in its format's foreign INT8 form (an ONNX in TensorRT's Q/DQ convention): its arithmetic
     is checked here, but it is not timed as a CPU runtime would serve it, chosen, gated on speed or emulated."""
-    fmt = format_of_kind(getattr(artifact, "kind", None))
+    fmt = format_of_kind(artifact.kind)
     return fmt is not None and artifact.form is not None and artifact.form == fmt.foreign_int8_form
 
 

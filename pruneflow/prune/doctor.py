@@ -18,6 +18,7 @@ from ..errors import PruneflowError
 from ..handle import ModelHandle
 from ..inputs import Inputs, call, to
 from ..stage import Check
+from .config import _ScoredPruneBase
 from .mha import attention_modules
 from .tp_adapter import ROOT_TYPES, build_graph, embedding_coupled
 
@@ -34,7 +35,8 @@ def prune_checks(stage, state, ctx) -> list[Check]:
     rows = coupling_rows(state.model, example)
     model = copy.deepcopy(state.model)
     cfg = stage.config
-    scored = getattr(cfg, "importance", None)  # blocks are scored by their measured loss, without a criterion
+    # blocks are scored by their measured loss, without a criterion
+    scored = cfg.importance if isinstance(cfg, _ScoredPruneBase) else None
     if scored is not None and registry.criteria.get(scored).slow:
         cfg = cfg.model_copy(update={"importance": STAND_IN})
     strategy = stage.strategy(model, example, state.task.importance_loss, cfg)
@@ -60,8 +62,8 @@ def prune_checks(stage, state, ctx) -> list[Check]:
     state.handle = ModelHandle(model)
     return rows + [Check("pruning to the target in one round", "ok", f"MACs {before['macs']:,} -> {after['macs']:,}, "
                          f"parameters {before['params']:,} -> {after['params']:,} (the run takes {rounds} rounds"
-                         f"{f'; channels scored by {STAND_IN} here, {scored} in the run' if scored != getattr(cfg, 'importance', None) else ''}); "
-                         "the pruned model runs on one batch" + "".join(f"; {note}" for note in getattr(strategy, "kept_notes", [])),
+                         f"{f'; channels scored by {STAND_IN} here, {scored} in the run' if isinstance(cfg, _ScoredPruneBase) and scored != cfg.importance else ''}); "
+                         "the pruned model runs on one batch" + "".join(f"; {note}" for note in strategy.kept_notes),
                          figures={"macs_before": before["macs"], "macs_after": after["macs"], "params_before": before["params"],
                                   "params_after": after["params"], "rounds": rounds})]
 

@@ -81,6 +81,8 @@ class Strategy(ABC):
                  data: Any = None):
         self.config, self.model, self.example, self.loss, self.loc = config, model, example, loss, loc
         self.data = data  # the run's DataBundle, for a strategy that reads the whole training split (tables)
+        #: What the strategy keeps whole and why (coupled groups, tied tables), for doctor's line and the summary.
+        self.kept_notes: list[str] = []
 
     def check_kind(self) -> None:
         """Transformers are pruned by heads and FFN neurons, other models by channels or blocks."""

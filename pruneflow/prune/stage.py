@@ -38,6 +38,11 @@ class PruneStage(Stage[AnyPruneConfig]):
     needs_train_split = True
     runs_under_ddp = True
 
+    @property
+    def times_on_host(self) -> bool:
+        """Timing the model before and after (``latency``) makes the stage's figures the host's."""
+        return self.config.latency is not None
+
     @classmethod
     def config_model(cls):
         """The union of the granularity variants, told apart by `granularity` (see ``config.py``)."""

@@ -170,6 +170,5 @@ def _metric_prefixes(recipe: RecipeBase) -> list[str]:
     ids = stage_ids(recipe.stages)
     prefixes = list(ids)
     if "export" in ids:
-        targets = getattr(recipe.stages[ids.index("export")], "targets", None) or []
-        prefixes += [t.type for t in targets if hasattr(t, "type")]
+        prefixes += recipe.stages[ids.index("export")].metric_prefixes()
     return list(dict.fromkeys(prefixes))

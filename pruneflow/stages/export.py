@@ -213,7 +213,7 @@ class ExportStage(Stage[ExportConfig]):
         """Parity against torch and the task's metrics, in every way the artifact is run (see ``measure.Opened``)."""
         cfg = self.config
         path = ctx.run_dir / artifact.path
-        static = not getattr(target.config, "dynamic_batch", True)
+        static = target.config.static_batch()
         checks = open_for(artifact, target, path, threads=None)
         if not checks:
             return Opened(artifact), []

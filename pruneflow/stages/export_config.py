@@ -146,6 +146,9 @@ class ExportConfig(StageConfig):
         """Whether ``target`` (its config) delivers one chosen artifact: `precision: auto`, or nothing named."""
         return target.precision == "auto" or (self.precisions is None and not target.precisions)
 
+    def metric_prefixes(self) -> list[str]:
+        return [t.type for t in self.targets]
+
     def resolved(self, quantized: bool) -> "ExportConfig":
         """A copy with the precisions left out filled in (what doctor builds)."""
         if self.precisions is not None:
@@ -202,10 +205,10 @@ def recipe_rules(config, index, recipe):
 def host_rules(config, index, recipe):
     """A pinned INT8 form that needs VNNI, for serving CPUs of which one has none (``deploy.cpu``, ``--for``): the
     file would compute another model there, so the recipe is refused rather than warned about."""
-    hosts = getattr(getattr(recipe, "deploy", None), "cpu", None)
+    hosts = recipe.deploy.cpu
     for t, target in enumerate(config.targets):
-        form = getattr(target, "form", "auto")
-        if form == "auto" or "cpu" not in getattr(target, "int8_forms", ["cpu"]):
+        form = target.pinned_cpu_form()
+        if form is None:
             continue
         wrong = deploy_hosts.form_conflict(form, hosts)
         if wrong:

@@ -36,13 +36,14 @@ def pinned(name: str, target: Target, recorded: dict[str, Any], hosts: list[str]
     unknown) leave to choose (``deploy_hosts``: ``u8s8`` unless every one has VNNI; f32 where none computes bf16);
     with the ``Pins`` saying which (``target`` itself, and no pins, when nothing was left to pin)."""
     from_record, for_hosts = {}, {}
-    if getattr(target.config, "form", None) == "auto":
+    auto = target.config.left_to_host()
+    if "form" in auto:
         form, why = deploy_hosts.int8_form_for(hosts)
         if recorded.get("int8_form") and form in (None, recorded["int8_form"]):  # (one the hosts allow)
             from_record["form"] = recorded["int8_form"]
         elif form is not None:
             for_hosts["form"] = (form, why)
-    if getattr(target.config, "int8_hint", None) == "auto":
+    if "int8_hint" in auto:
         if recorded.get("int8_hint"):
             from_record["int8_hint"] = recorded["int8_hint"]
         else:
