@@ -122,6 +122,7 @@ def test_make_demo_ends_by_saying_what_to_type_next(tmp_path):
     assert failed.returncode != 0 and f". {venv}/bin/activate" in failed.stdout
 
 
+@pytest.mark.slow  # an install check (a venv, make, two fresh interpreters), not the edit loop's: make test runs it
 def test_after_the_printed_activate_line_the_readmes_commands_run_as_written(tmp_path):
     """The venv's pruneflow runs this checkout; the line make demo prints, then README lines typed into a shell.
     (Its `optimize`, the demo's recipe run, only says it ran: this test is about the lines after it, and a recipe run
@@ -150,6 +151,7 @@ def _setup(tmp_path: Path, compiler: str) -> subprocess.CompletedProcess:
                           text=True, timeout=300)
 
 
+@pytest.mark.slow  # a fresh interpreter loading torch's extension builder: make test runs it
 def test_setup_without_a_compiler_says_what_is_missing_and_exits_non_zero(tmp_path):
     pytest.importorskip("nncf")
     done = _setup(tmp_path, str(tmp_path / "no-such-c++"))
@@ -159,6 +161,7 @@ def test_setup_without_a_compiler_says_what_is_missing_and_exits_non_zero(tmp_pa
     assert len(done.stderr.splitlines()) <= 3  # one paragraph, not the compiler's 60 lines
 
 
+@pytest.mark.slow  # a fresh interpreter loading torch's extension builder: make test runs it
 def test_a_failed_build_is_a_failed_build(tmp_path):
     """A compiler that fails (here /bin/false): NNCF logs a warning and falls back; setup used to say "ready", exit 0."""
     pytest.importorskip("nncf")
@@ -195,6 +198,7 @@ def _sources(tmp_path: Path) -> Path:
     return src
 
 
+@pytest.mark.slow  # pip builds a wheel: make test runs it
 def test_the_wheel_installs_pruneflow_and_no_top_level_cli_qat_or_calibrate(tmp_path):
     import importlib.util
 
