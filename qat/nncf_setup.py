@@ -213,8 +213,8 @@ def ensure_built(notify: Notify = _notify, strict: bool = False) -> Path:
         missing = missing_build_tools()
         if missing:  # the build cannot work: say so in one line instead of the compiler's errors
             return _not_built(f"NNCF's C++ extension cannot be built here: {'; '.join(missing)}", folder, notify, strict)
-        notify(f"building NNCF's C++ quantization kernels, once for this environment (about 2 minutes on 2 cores; "
-               f"QAT and PTQ need them); later runs, from any shell, reuse {folder}")
+        notify(f"building NNCF's C++ quantization kernels, once for this environment (QAT and PTQ need them); later "
+               f"runs, from any shell, reuse {folder}")
     try:
         with watching_locks(folder, notify):
             nncf.torch.force_build_cpu_extensions()
@@ -239,7 +239,22 @@ def _not_built(why: str, folder: Path, notify: Notify, strict: bool) -> Path:
     if folder not in _REPORTED:
         _REPORTED.add(folder)
         notify(f"{why}: {FALLBACK}. Fix: {BUILD_TOOLS_HINT}")
+    _fall_back_now()
     return folder
+
+
+def _fall_back_now() -> None:
+    """Hand NNCF the torch-op fallback it would end with. Left alone, its first quantizer call tries the build again
+    (torch's "Your compiler is not compatible" banner, the compiler's errors, then its own warning), after the one
+    line above has said what is missing. NNCF 3.4 loads its CPU kernels lazily through ``ExtensionNamespace``; where
+    that attribute is not there (another NNCF), NNCF's own attempt runs as before."""
+    try:
+        from nncf.torch.quantization.extensions import QuantizedFunctionsCPU
+        from nncf.torch.quantization.reference import ReferenceQuantizedFunctions
+    except ImportError:
+        return
+    if getattr(QuantizedFunctionsCPU, "_loaded_namespace", ...) is None:
+        QuantizedFunctionsCPU._loaded_namespace = ReferenceQuantizedFunctions
 
 
 def main() -> int:

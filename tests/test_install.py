@@ -250,10 +250,17 @@ def test_a_run_says_once_that_nncf_falls_back_and_goes_on(tmp_path, monkeypatch)
     pytest.importorskip("nncf")
     from pruneflow.qat import nncf_setup
 
+    from nncf.torch.quantization.extensions import QuantizedFunctionsCPU
+    from nncf.torch.quantization.reference import ReferenceQuantizedFunctions
+
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-c++"))
+    monkeypatch.setattr(QuantizedFunctionsCPU, "_loaded_namespace", None)  # not loaded yet; put back after the test
     said: list[str] = []
     assert nncf_setup.ensure_built(said.append) == nncf_setup.ensure_built(said.append) == tmp_path / "ext"
     assert len(said) == 1 and "will fall back to slower torch ops" in said[0] and "python3-dev" in said[0]
+    # NNCF is handed its fallback now: its first quantizer call does not try the build again (torch's compiler banner,
+    # the compiler's errors) after the line above said what is missing
+    assert QuantizedFunctionsCPU._loaded_namespace is ReferenceQuantizedFunctions
     with pytest.raises(nncf_setup.MissingDependencyError, match="a C\\+\\+ compiler"):
         nncf_setup.ensure_built(said.append, strict=True)
