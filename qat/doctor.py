@@ -33,8 +33,8 @@ def extension_check() -> Check:
     if missing:
         return Check("NNCF C++ extension", "will skip", f"cannot be built here: {'; '.join(missing)}: {FALLBACK}",
                      BUILD_TOOLS_HINT)
-    return Check("NNCF C++ extension", "ok", f"not built yet: built now, once for this environment, in {folder} (the "
-                 "compiler's minutes are spent once; later runs reuse it)", "build it ahead: python -m pruneflow.qat.nncf_setup")
+    return Check("NNCF C++ extension", "ok", f"not built yet: built now, once for this environment, in {folder} (compiled "
+                 "once; later runs reuse it)", "build it ahead: python -m pruneflow.qat.nncf_setup")
 
 
 def quantize_checks(stage, state, ctx) -> list[Check]:
