@@ -134,7 +134,7 @@ def fit(model: nn.Module, data: DataBundle, task: Task, s: TrainSettings, ctx: R
         if (s.eval_every and epoch % s.eval_every == 0) or epoch == s.epochs:
             figures_eval = evaluate_model(model, data.eval, task, device=ctx.device, reporter=ctx.reporter,
                                           description=f"{description} eval")
-            row.update({f"eval_{name}": figures_eval[name] for name in task.headline_names})
+            row.update({f"eval_{name}": figures_eval[name] for name in task.recorded_names})
         history.append(row)
         ctx.reporter.info(_epoch_line(description, row, headline))
     for param in frozen:

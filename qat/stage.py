@@ -136,7 +136,7 @@ def _compared(task, fp32: dict, int8: dict, samples: int) -> dict:
     entered the stage (``_fp32``), how much worse the first is in the metric's direction (``_drop``), and
     ``eval_samples``."""
     figures: dict = {}
-    for name in task.headline_names:  # a multi-head task: every head's, the headline first
+    for name in task.recorded_names:  # the headline first, then every head's and the recipe's own metrics
         figures |= {name: int8[name], f"{name}_fp32": fp32[name], f"{name}_drop": task.metric(name).worsening(fp32[name], int8[name])}
     return figures | {"eval_samples": samples}
 

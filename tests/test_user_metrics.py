@@ -246,3 +246,20 @@ def test_a_gate_on_a_metric_of_the_recipes_own_validates_and_a_misspelt_one_does
     bad = invoke("validate", recipe(folder, [{"fn": "my_metrics.py:f1_score", "headline": True}],
                                     gates=[{**gate, "baseline": "train.f1_scor"}]))
     assert bad.exit_code == 2 and "f1_score" in bad.stderr, bad.output
+
+
+def test_train_records_the_recipes_metrics_and_the_tasks_own_headline_so_gates_can_count_from_either(folder):
+    """docs/plugins.md's gate counts from `train.f1_score` without `headline: true`, and README example 2's gate from
+    `train.accuracy` still validates once f1_score is the headline (each was refused: train recorded the headline only)."""
+    f1 = {"metric": "onnx.int8.f1_score", "baseline": "train.f1_score", "max_drop": 0.02}
+    accuracy = {"metric": "onnx.int8.accuracy", "baseline": "train.accuracy", "max_drop": 0.01}
+    for headline in (False, True):
+        done = invoke("validate", recipe(folder, [{"fn": "my_metrics.py:f1_score", "headline": headline}], gates=[f1, accuracy]))
+        assert done.exit_code == 0, (headline, done.output)
+    from pruneflow.tasks import make_task
+    from pruneflow.tasks.base import TaskConfig
+    from pruneflow.tasks.user import UserMetric, with_user_metrics
+
+    task = with_user_metrics(make_task(TaskConfig(type="classification")), [UserMetric("f1_score", lambda o, l: 0.0, True, True)])
+    assert task.headline_name == "f1_score" and task.recorded_names == ["f1_score", "accuracy"]
+    assert task.headline_names == ["f1_score"]  # sensitivity's default bound stays the headline alone

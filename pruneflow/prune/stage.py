@@ -101,8 +101,8 @@ class PruneStage(Stage[AnyPruneConfig]):
             **strategy.summary(after),
             "rounds": len(records), "importance_seconds": round(importance_seconds, 3),
         }
-        others = [n for n in state.task.headline_names if n != headline]
-        if others:  # a multi-head task: every head's figure before and after, not the headline's alone
+        others = [n for n in state.task.recorded_names if n != headline]
+        if others:  # every head's figure (and the recipe's own metrics) before and after, not the headline's alone
             final_all = evaluate_model(model, data.eval, state.task, ctx.recipe.data.eval_batch_size, ctx.device,
                                        ctx.reporter, f"{self.id} heads")
             metrics.update({k: v for n in others for k, v in ((n, final_all[n]), (f"{n}_before", baseline[n]))})

@@ -45,9 +45,9 @@ class TrainStage(Stage[TrainConfig]):
 
     @classmethod
     def gate_metrics(cls, config, task):
-        """What ``run`` records: each headline figure on the eval split, the training loss and headline, epochs, MACs
-        and parameters."""
-        return [*task.headline_names, "train_loss", f"train_{task.headline_name}", "epochs", "macs", "params"]
+        """What ``run`` records: each recorded figure on the eval split (``Task.recorded_names``: the headline, every
+        head's, the recipe's own metrics), the training loss and headline, epochs, MACs and parameters."""
+        return [*task.recorded_names, "train_loss", f"train_{task.headline_name}", "epochs", "macs", "params"]
 
     def run(self, state, ctx):
         cfg = self.config
@@ -56,7 +56,7 @@ class TrainStage(Stage[TrainConfig]):
         macs, params = count_macs_params(state.model, state.example_input)
         headline = state.task.headline_name
         metrics = {
-            **{name: last[f"eval_{name}"] for name in state.task.headline_names},
+            **{name: last[f"eval_{name}"] for name in state.task.recorded_names},
             "train_loss": last["train_loss"],
             f"train_{headline}": last[f"train_{headline}"],
             "epochs": cfg.epochs,

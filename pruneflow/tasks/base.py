@@ -164,6 +164,13 @@ class Task:
         (a stage's metrics judge every head it serves, not the first one alone)."""
         return [self.headline_name]
 
+    @property
+    def recorded_names(self) -> list[str]:
+        """What train, prune, ptq and qat record of the eval split: the headline figures (``headline_names``); with
+        metrics of the recipe's own (``tasks/user.py``), those too, and the task's own headline when one of them took
+        its place (a gate counting from ``train.accuracy`` or ``train.f1_score`` finds it)."""
+        return self.headline_names
+
     def metric(self, name: str) -> Metric:
         """The metric a figure's name stands for: one of this task's, a common one (loss, cosine, latency...),
         or, for a derived name (``accuracy_fp32``, ``onnx.int8.mse_f32``, ``qat.accuracy_drop``), the metric

@@ -78,6 +78,12 @@ class _UserMetrics:
     user metric to what ``compute`` returns."""
 
     user_metrics: tuple[UserMetric, ...]
+    #: The task's own headline, before a metric of the recipe's took its place (``with_user_metrics``).
+    own_headline: str
+
+    @property
+    def recorded_names(self) -> list[str]:
+        return list(dict.fromkeys([*self.headline_names, self.own_headline, *(m.name for m in self.user_metrics)]))  # type: ignore[attr-defined]
 
     def update(self, state: MetricState, output: torch.Tensor, target: torch.Tensor) -> None:
         super().update(state, output, target)  # type: ignore[misc]
@@ -115,6 +121,8 @@ def with_user_metrics(task: Task, metrics: Sequence[UserMetric]) -> Task:
     if base not in _CLASSES:
         _CLASSES[base] = type(base.__name__, (_UserMetrics, base), {"__module__": base.__module__,
                                                                     "__qualname__": base.__qualname__})
+    if not isinstance(task, _UserMetrics):
+        task.own_headline = task.headline_name  # type: ignore[attr-defined]
     task.__class__ = _CLASSES[base]
     task.user_metrics = tuple(metrics)  # type: ignore[attr-defined]
     task.metrics = (*own, *(Metric(m.name, m.higher_is_better, description=f"{m.source} (the recipe's metrics)")  # type: ignore[misc]
