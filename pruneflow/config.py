@@ -45,6 +45,11 @@ class StageConfig(StrictModel):
         ``onnx.fp32.accuracy``), for the check of a gate's metric name."""
         return []
 
+    def gate_precisions(self, prefix: str, quantized: bool) -> list[str] | None:
+        """The precisions a gate may name after ``prefix`` (one of ``metric_prefixes``: ``onnx`` in
+        ``onnx.int8.accuracy``), the model entering the stage being ``quantized`` or not; None: not known here."""
+        return None
+
 
 class TaskConfig(StrictModel):
     """A task's options (``tasks.py``); a task's own Config narrows ``type`` to its name and adds its options."""

@@ -206,7 +206,7 @@ def test_a_gate_naming_no_stage_or_target_is_refused_with_did_you_mean(tmp_path)
 ])
 def test_a_typod_gate_metric_is_exit_2_at_validate_not_a_failed_gate_after_the_run(tmp_path, metric, says):
     """`evaluate.acuracy` failed only after the whole run, as a gate the run never produced (exit 1; issue 41)."""
-    path = write(tmp_path / "r.yaml", tiny_recipe_dict(gates=[{"metric": metric, "min": 0.5}]))
+    path = write(tmp_path / "r.yaml", _writing_int8(tiny_recipe_dict(gates=[{"metric": metric, "min": 0.5}])))
     result = validate(path)
     assert result.exit_code == 2 and f"gates.0.metric  {metric!r}" in result.stderr and says in result.stderr, result.output
 
@@ -215,7 +215,29 @@ def test_a_typod_gate_metric_is_exit_2_at_validate_not_a_failed_gate_after_the_r
                                     "onnx.int8.latency_b32_median_ms", "onnx.int8.speedup_b32", "onnx.fp32.size_mb",
                                     "onnx.int8.agreement_fp32", "onnx.int8.top1_agreement"])
 def test_a_gate_metric_a_stage_records_is_accepted(tmp_path, metric):
-    assert validate(write(tmp_path / "r.yaml", tiny_recipe_dict(gates=[{"metric": metric, "min": 0.0}]))).exit_code == 0
+    recipe = _writing_int8(tiny_recipe_dict(gates=[{"metric": metric, "min": 0.0}]))
+    assert validate(write(tmp_path / "r.yaml", recipe)).exit_code == 0
+
+
+def _writing_int8(recipe: dict) -> dict:
+    """``recipe`` (the tiny one) quantized by PTQ and exporting fp32 and int8."""
+    *before, export = recipe["stages"]
+    recipe["stages"] = [*before, {"type": "ptq"}, {**export, "precisions": ["fp32", "int8"]}]
+    return recipe
+
+
+@pytest.mark.parametrize("metric, quantized, says", [
+    ("onnx.int9.accuracy", True, "target 'onnx' writes no int9 artifact in this recipe; did you mean 'int8'?"),
+    ("onnx.int8.accuracy", False, "target 'onnx' writes no int8 artifact in this recipe"),  # nothing quantizes it
+    ("onnx.fp16.accuracy", True, "target 'onnx' writes no fp16 artifact in this recipe"),  # the stage names fp32, int8
+])
+def test_a_gate_on_a_precision_the_export_does_not_write_is_exit_2_at_validate(tmp_path, metric, quantized, says):
+    """`onnx.int9.accuracy` passed validate, then the whole run, then failed as a gate never produced (exit 1): in CI
+    that reads as a quality regression (found by a new-user trial)."""
+    recipe = tiny_recipe_dict(gates=[{"metric": metric, "min": 0.5}])
+    result = validate(write(tmp_path / "r.yaml", _writing_int8(recipe) if quantized else recipe))
+    assert result.exit_code == 2 and f"gates.0.metric  {metric!r}" in result.stderr and says in result.stderr, result.output
+    assert "with a precision it writes here: fp32" in result.stderr
 
 
 def test_every_problem_is_reported_at_once_in_line_order(tmp_path):

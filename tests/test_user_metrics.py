@@ -240,7 +240,7 @@ def test_a_metric_from_an_installed_package_needs_the_recipes_trust_as_a_factory
 
 
 def test_a_gate_on_a_metric_of_the_recipes_own_validates_and_a_misspelt_one_does_not(folder):
-    gate = {"metric": "onnx.int8.f1_score", "baseline": "train.f1_score", "max_drop": 0.02}
+    gate = {"metric": "onnx.fp32.f1_score", "baseline": "train.f1_score", "max_drop": 0.02}
     good = invoke("validate", recipe(folder, [{"fn": "my_metrics.py:f1_score", "headline": True}], gates=[gate]))
     assert good.exit_code == 0, good.output
     bad = invoke("validate", recipe(folder, [{"fn": "my_metrics.py:f1_score", "headline": True}],
@@ -251,8 +251,8 @@ def test_a_gate_on_a_metric_of_the_recipes_own_validates_and_a_misspelt_one_does
 def test_train_records_the_recipes_metrics_and_the_tasks_own_headline_so_gates_can_count_from_either(folder):
     """docs/plugins.md's gate counts from `train.f1_score` without `headline: true`, and README example 2's gate from
     `train.accuracy` still validates once f1_score is the headline (each was refused: train recorded the headline only)."""
-    f1 = {"metric": "onnx.int8.f1_score", "baseline": "train.f1_score", "max_drop": 0.02}
-    accuracy = {"metric": "onnx.int8.accuracy", "baseline": "train.accuracy", "max_drop": 0.01}
+    f1 = {"metric": "onnx.fp32.f1_score", "baseline": "train.f1_score", "max_drop": 0.02}
+    accuracy = {"metric": "onnx.fp32.accuracy", "baseline": "train.accuracy", "max_drop": 0.01}
     for headline in (False, True):
         done = invoke("validate", recipe(folder, [{"fn": "my_metrics.py:f1_score", "headline": headline}], gates=[f1, accuracy]))
         assert done.exit_code == 0, (headline, done.output)

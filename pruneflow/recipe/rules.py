@@ -119,6 +119,14 @@ def _unknown_metric(recipe: RecipeBase, prefix: str, metric: str) -> tuple[str, 
              for spec in recipe.metrics]
     task = with_user_metrics(make_task(recipe.task), named)
     ids = stage_ids(recipe.stages)
+    if prefix not in ids and "export" in ids:  # TARGET.PRECISION[_FORM].METRIC
+        index = ids.index("export")
+        written = recipe.stages[index].gate_precisions(prefix, quantized_before(recipe, index))
+        precision = metric.partition(".")[0].partition("_")[0]
+        if written is not None and precision not in written:
+            close = difflib.get_close_matches(precision, written, n=1)
+            return (f"target {prefix!r} writes no {precision} artifact in this recipe{f'; did you mean {close[0]!r}?' if close else ''}",
+                    f"write {prefix}.PRECISION.METRIC with a precision it writes here: {', '.join(written)}")
     if prefix in ids:
         config = recipe.stages[ids.index(prefix)]
         known = registry.stages.get(config.type).gate_metrics(config, task)
@@ -128,7 +136,7 @@ def _unknown_metric(recipe: RecipeBase, prefix: str, metric: str) -> tuple[str, 
             close = difflib.get_close_matches(metric, known, n=1)
             return (f"stage {prefix!r} records no metric {metric!r}{f'; did you mean {close[0]!r}?' if close else ''}",
                     f"the {config.type} stage records: {', '.join(known)}")
-    names = [m.name for m in task.metrics] + list(task.figures) + [task.agreement.name, *COMMON_METRICS]
+    names = list(dict.fromkeys([m.name for m in task.metrics] + list(task.figures) + [task.agreement.name, *COMMON_METRICS]))
     words = {w for n in names for w in n.replace(".", "_").replace("@", "_").split("_") if w} | _STAGE_WORDS
     first = metric.rpartition(".")[2].replace("@", "_").split("_")[0]
     if metric.split(".")[0] in ("fp32", "fp16", "int8", "bf16"):

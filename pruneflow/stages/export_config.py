@@ -149,6 +149,14 @@ class ExportConfig(StageConfig):
     def metric_prefixes(self) -> list[str]:
         return [t.type for t in self.targets]
 
+    def gate_precisions(self, prefix: str, quantized: bool) -> list[str] | None:
+        """What target ``prefix`` writes in this stage (``of_target``): a gate on another precision would only fail
+        after the whole run."""
+        target = next((t for t in self.targets if t.type == prefix), None)
+        if target is None:
+            return None
+        return self.of_target(target, registry.targets.get(target.type).precisions, quantized)
+
     def resolved(self, quantized: bool) -> "ExportConfig":
         """A copy with the precisions left out filled in (what doctor builds)."""
         if self.precisions is not None:
