@@ -865,6 +865,10 @@ def test_a_reader_closing_the_pipe_early_is_not_an_error():
     status = subprocess.run(f"'{sys.executable}' -m pruneflow init --list | head -1 >/dev/null; echo ${{PIPESTATUS[0]}}",
                             shell=True, cwd=ROOT, text=True, capture_output=True, executable="/bin/bash")
     assert status.stdout.strip() == "0", status.stderr
+    # a plain print (schema's JSON) met the closed pipe as BrokenPipeError: "internal error", exit 4 (new-user trial)
+    schema = subprocess.run(f"'{sys.executable}' -m pruneflow schema | head -c 10 >/dev/null; echo ${{PIPESTATUS[0]}}",
+                            shell=True, cwd=ROOT, text=True, capture_output=True, executable="/bin/bash")
+    assert schema.stdout.strip() == "0" and "internal error" not in schema.stderr, schema.stderr
 
 
 @pytest.mark.parametrize("command", ["optimize", "validate", "doctor", "schema", "init", "calibrate", "inspect", "bench"])

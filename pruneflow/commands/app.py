@@ -131,10 +131,15 @@ class _ReaderGone(Exception):
     """stdout's reader closed the pipe (``pruneflow ... | head -1``): not an error of the command's."""
 
 
+def _quiet_stdout() -> None:
+    """Nothing more is written to stdout's closed pipe, at exit included."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
 class _PipeConsole(Console):
     def on_broken_pipe(self) -> None:  # rich's own handling raises SystemExit(1), which read as user code exiting
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # nothing more is written to the closed pipe, at exit included
+        _quiet_stdout()
         raise _ReaderGone()
 
 
@@ -154,6 +159,9 @@ def handle_errors(verbose: bool, json_mode: bool = False) -> Iterator[None]:
     except typer.Exit:
         raise
     except _ReaderGone:  # what the reader wanted it read; the command did its work (as `yes | head -1` does)
+        raise typer.Exit(EXIT_OK) from None
+    except BrokenPipeError:  # the same, from a plain print (`pruneflow schema | head`)
+        _quiet_stdout()
         raise typer.Exit(EXIT_OK) from None
     except PruneflowError as exc:
         _print_error(err, exc, verbose)
