@@ -175,7 +175,7 @@ def test_optimize_prints_a_summary_without_json(tmp_path):
     recipe = write(tmp_path / "r.yaml", no_train())
     result = invoke("optimize", recipe, "--out", tmp_path / "runs")
     assert result.exit_code == 0, result.output
-    assert "done" in result.stdout and "run directory" in result.stdout
+    assert "PASSED — run directory" in result.stdout  # report.md's verdict word (the last line said "done")
     assert "evaluate" in result.stdout and "onnx" in result.stdout
     assert "Traceback" not in result.output
 

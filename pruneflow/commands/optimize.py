@@ -255,7 +255,8 @@ def _print_summary(result) -> None:
         console.print(table)
     for note in result.baseline_notes:  # a gate on the headline that counts from another model than the table
         console.print(f"note: {note}", markup=False, highlight=False)
-    verdict = "[bold green]done[/]" if result.exit_code == 0 else f"[bold red]quality gate failed[/] (exit {result.exit_code})"
+    # the word report.md opens with: PASSED, or the gate failure with its exit code
+    verdict = "[bold green]PASSED[/]" if result.exit_code == 0 else f"[bold red]GATE FAILED[/]: a quality gate failed (exit {result.exit_code})"
     console.print(f"{verdict} — run directory: {result.run_dir}  (report.md, manifest.json, metrics.json)")
     if not result.headline_gate.get("gated", True):
         from rich.markup import escape
