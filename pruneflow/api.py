@@ -105,14 +105,15 @@ def bench(sources: Sequence[str | Path], *, batches: Sequence[int] = (1, 32), ru
           warmup: int | None = None, threads: int | None = 1, runtimes: Sequence[str] | None = None,
           baseline: str | None = None, p99_budget_ms: float | None = None, price_per_hour: float | str | Path | None = None,
           host_label: str | None = None, metric: str | None = None, reporter: "Reporter | None" = None) -> "BenchResult":
-    """Time run folders and artifact files side by side (`pruneflow bench`), with its defaults; ``price_per_hour`` is a
+    """Time run folders and artifact files side by side (`pruneflow bench`), with its defaults (``runs`` None: until 200
+    runs back each p99, or 20 s a batch size, at least 50); ``price_per_hour`` is a
     price or a price table file, as ``--price-per-hour``; ``metric`` the figure shown, as ``--metric``."""
     from .benchmark import BenchSettings, price_for_this_host, run_bench
-    from .runtime.timing import DEFAULT_RUNS, DEFAULT_WARMUP
+    from .runtime.timing import DEFAULT_WARMUP
 
     price, source = price_for_this_host(None if price_per_hour is None else str(price_per_hour), host_label)
     settings = BenchSettings(runtimes=list(runtimes) if runtimes else None, batches=list(batches),
-                             runs=DEFAULT_RUNS if runs is None else runs, warmup=DEFAULT_WARMUP if warmup is None else warmup,
+                             runs=runs, warmup=DEFAULT_WARMUP if warmup is None else warmup,
                              threads=threads, baseline=baseline, p99_budget_ms=p99_budget_ms, price_per_hour=price,
                              price_source=source, host_label=host_label, metric=metric)
     return run_bench([Path(s) for s in sources], settings, reporter)
