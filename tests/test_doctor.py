@@ -129,6 +129,8 @@ def test_doctor_quantizes_with_nncf_and_tries_every_int8_export(tmp_path):
     for label in ("onnx.int8", "onnx.int8_tensorrt", "openvino.int8", "openvino.fp32"):
         assert export[label]["status"] == "ok" and "built and run" in export[label]["why"], label
     assert export["ascend.fp32"]["status"] == "will skip"
+    # the form the run builds: with no serving CPU named, u8s8 (doctor said u8s8_vnni, measured, on a VNNI host)
+    assert "INT8 form u8s8," in export["onnx.int8"]["why"] and "u8s8_vnni" not in export["onnx.int8"]["why"]
 
 
 def test_doctor_reports_a_setting_the_model_refutes_at_its_line_and_exits_1(tmp_path):

@@ -13,6 +13,7 @@ from ..errors import MissingDependencyError
 from ..inputs import as_numpy, call, to
 from ..runtime import open_artifact, runtimes_for
 from ..stage import BuildInputs, Check
+from .export_hosts import form_choice, pinned
 
 
 def export_checks(stage, state, ctx) -> list[Check]:
@@ -20,7 +21,9 @@ def export_checks(stage, state, ctx) -> list[Check]:
     cfg = stage.config
     rows: list[Check] = []
     built: list = []
-    for name, target in stage.make_targets():
+    for name, made_target in stage.make_targets():
+        # the `auto` settings the serving CPUs decide, pinned as the run pins them: doctor names the form the run builds
+        target, pins = pinned(name, made_target, {}, ctx.recipe.deploy.cpu)
         try:
             target.preflight()
         except MissingDependencyError as exc:
@@ -39,6 +42,8 @@ def export_checks(stage, state, ctx) -> list[Check]:
                 rows.append(Check.failed(f"{name}.{precision}", exc))
                 continue
             for artifact in made if isinstance(made, list) else [made]:
+                if artifact.status == "built":
+                    form_choice(name, pins, artifact, {}, None, None)
                 built.append(artifact)
                 rows.append(artifact_check(artifact, state, ctx))
         if "fp16" in precisions and "fp32" in precisions:
