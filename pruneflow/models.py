@@ -8,13 +8,14 @@ import importlib.util
 import pickle
 import re
 import sys
+import traceback
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
-from .errors import InputError
+from .errors import ConfigError, InputError
 from .preflight import check_dtypes, check_finite_weights
 from .recipe.code import CodeTrust, module_source, refuse_standard_library, split_reference, top_level_bindings
 from .recipe.models import ModelSpec
@@ -187,17 +188,12 @@ def build_model_with_new_parameters(spec: ModelSpec) -> tuple[nn.Module, list[st
     entry = ZOO.get(spec.factory)
     builder = entry.build if entry is not None else None
     fn = builder or resolve_factory(spec.factory, spec.code_trust)
+    takes = entry.factory if entry is not None else fn  # a zoo builder passes its kwargs on to the factory
+    _bind_kwargs(spec, takes)
     try:
         made = fn(**spec.kwargs)
-    except TypeError as exc:
-        raise InputError(
-            f"model.factory {spec.factory!r} rejected model.kwargs {spec.kwargs}: {exc}",
-            hint="check the factory's signature",
-        ) from exc
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - user code; sys.exit there must not end the run silently
-        how = _what_failed(exc) if isinstance(exc, SystemExit) else f"raised {_what_failed(exc)}"
-        raise InputError(f"model.factory {spec.factory!r} {how}",
-                         hint="the factory must return a torch.nn.Module (raise an exception to report a problem)") from exc
+        raise _factory_raised(spec, takes, exc) from exc
     model, new = made if builder is not None else (made, [])
     if not isinstance(model, nn.Module):
         raise InputError(
@@ -208,6 +204,51 @@ def build_model_with_new_parameters(spec: ModelSpec) -> tuple[nn.Module, list[st
         load_weights(model, read_state_dict(spec.checkpoint), spec.checkpoint)
         new = []  # a pretrained model's new head (zoo/hf.py): the checkpoint holds it
     return model, new
+
+
+def _bind_kwargs(spec: ModelSpec, fn: Any) -> None:
+    """``model.kwargs`` bound to the factory's signature before it runs: one it does not take is the recipe's error,
+    at its line, with the name meant (``widht``: did you mean ``width``?), not a TypeError from inside."""
+    import inspect as pyinspect
+
+    try:
+        signature = pyinspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or extension without one: the call itself tells
+        return
+    try:
+        signature.bind(**spec.kwargs)
+    except TypeError as exc:
+        raise ConfigError(("model", "kwargs"), f"model.factory {spec.factory!r} rejected model.kwargs {spec.kwargs}: {exc}",
+                          value=spec.kwargs, hint=_signature_hint(fn, spec.kwargs)) from exc
+
+
+def _factory_raised(spec: ModelSpec, fn: Any, exc: BaseException) -> ConfigError:
+    """The factory's own error (or sys.exit), at ``model.factory``'s recipe line, with where in its code it happened."""
+    how = _what_failed(exc) if isinstance(exc, SystemExit) else f"raised {_what_failed(exc)}"
+    frames = traceback.extract_tb(exc.__traceback__)
+    code = getattr(getattr(fn, "__code__", None), "co_filename", None)
+    own = [f for f in frames if f.filename == code] or frames[1:] or frames
+    where = f" at {own[-1].filename}:{own[-1].lineno}" if own else ""
+    fix = ("raise an exception instead of calling sys.exit" if isinstance(exc, SystemExit) else
+           f"it is the factory's own error{where}, called with model.kwargs {spec.kwargs}: fix those or the factory "
+           "(-v shows the traceback)")
+    return ConfigError(("model", "factory"), f"model.factory {spec.factory!r} {how}", value=spec.factory, hint=fix)
+
+
+def _signature_hint(fn: Any, kwargs: dict[str, Any]) -> str:
+    """What the factory takes, and the name meant for each one it does not (``widht``: did you mean ``width``?)."""
+    import difflib
+    import inspect as pyinspect
+
+    try:
+        params = pyinspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return "check the factory's signature"
+    names = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    unknown = [] if takes_any else [k for k in kwargs if k not in names]
+    guesses = [f"{k!r}: did you mean {c[0]!r}?" for k in unknown if (c := difflib.get_close_matches(k, names, n=1))]
+    return "; ".join([*guesses, f"the factory takes: {', '.join(names) or 'no keyword arguments'}"])
 
 
 def _what_failed(exc: BaseException) -> str:
