@@ -117,6 +117,8 @@ def test_an_unknown_template_points_at_the_list(tmp_path):
     with pytest.raises(UnknownNameError, match="unknown template 'nope'") as info:
         write_template("nope", tmp_path / "r.yaml")
     assert "pruneflow init --list" in info.value.hint
+    with pytest.raises(UnknownNameError, match="unknown template 'quikstart'; did you mean 'quickstart'"):
+        write_template("quikstart", tmp_path / "r.yaml")
 
 
 def test_calibration_errors_say_what_to_pass(tmp_path):

@@ -101,7 +101,9 @@ def bench(
     verbose: VerboseOpt = False,
 ) -> None:
     """Time artifacts side by side (p50/p90/p99, throughput, size, headline metric, ratios), interleaved per batch size;
-    with --load, one request at a time under offered load (docs/serving.md). The batch to serve at, its cost, two hosts:
+    with --load, one request at a time under offered load (docs/serving.md).
+
+    The batch to serve at, its cost, two hosts:
 
         pruneflow bench runs/ptq --batch 1,2,4,8,16,32,64 --p99-budget-ms 20 --price-per-hour 0.36 --host-label c7i.large --json c7i.json
         pruneflow bench --merge c7i.json m7a.json --price-per-hour prices.yaml --p99-budget-ms 20 --html hosts.html

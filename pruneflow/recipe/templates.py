@@ -9,6 +9,7 @@ writing can be tested (or reused by another front end) without Typer::
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from dataclasses import dataclass
@@ -53,6 +54,8 @@ def _first_comment(text: str) -> str:
             break
         lines.append(ln[1:].strip())
     paragraph = " ".join(part for part in lines if part)
+    if paragraph.endswith(":") and ". " in paragraph:  # the sentence leading into a command: what it does ends before
+        paragraph = paragraph[: paragraph.rfind(". ") + 1]
     if len(paragraph) <= SUMMARY_CHARS:
         return paragraph
     ends, depth = [], 0
@@ -75,8 +78,9 @@ def write_template(name: str, path: str | Path | None = None, *, force: bool = F
     no data beside it) is kept, and the note names its key so the user knows what to edit."""
     known = templates()
     if name not in known:
-        raise UnknownNameError(f"unknown template {name!r}; known: {', '.join(sorted(known))}",
-                               hint="`pruneflow init --list` says what each one builds")
+        close = difflib.get_close_matches(name, sorted(known), n=1)
+        raise UnknownNameError(f"unknown template {name!r}{f'; did you mean {close[0]!r}?' if close else ''}; known: "
+                               f"{', '.join(sorted(known))}", hint="`pruneflow init --list` says what each one builds")
     target = Path(path) if path is not None else Path(f"{name}.yaml")
     if path is not None and (target.is_dir() or str(path).endswith(("/", os.sep))):  # a folder: NAME.yaml inside it
         target = target / f"{name}.yaml"
