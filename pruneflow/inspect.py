@@ -75,7 +75,7 @@ class Found:
 
 #: What `pruneflow inspect` reads, for a path that is not there.
 SOURCES_HINT = ("check the path; inspect reads a zoo name, a factory (models.py:build), a recipe, a run directory, a checkpoint "
-            "in one (or with --recipe), or an .onnx file")
+            "in one (or with --recipe), an .onnx file or an OpenVINO IR (.xml)")
 
 def inspect_source(source: str, input_shape: tuple[int, ...] | None = None, recipe: Path | None = None,
                    trust_code: Sequence[str] = ()) -> dict:
@@ -90,7 +90,7 @@ def inspect_source(source: str, input_shape: tuple[int, ...] | None = None, reci
         _check_input_shape(input_shape)
     path = Path(source)
     fmt = format_of(path)
-    graph = fmt.inspect(path) if fmt is not None else None  # a file whose format tabulates its graph (ONNX)
+    graph = fmt.inspect(path) if fmt is not None else None  # a file whose format tabulates its graph (ONNX, IR)
     if graph is not None:
         return graph
     found = _find_model(source, path, recipe, trust_code)
@@ -128,7 +128,7 @@ def _find_model(source: str, path: Path, recipe: Path | None, trust_code: Sequen
     if ":" in source:  # a factory, as a recipe's model.factory names it (here relative to the working folder)
         return Found(build_model(ModelSpec(factory=source)), None, "factory")
     raise InputError(
-        f"cannot inspect {source!r}: not a run directory, checkpoint, recipe, .onnx file, factory or zoo model",
+        f"cannot inspect {source!r}: not a run directory, checkpoint, recipe, .onnx or .xml file, factory or zoo model",
         hint=f"a factory is `path/to/file.py:function` or `package.module:function`; zoo models: {', '.join(ZOO)}",
     )
 

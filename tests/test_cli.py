@@ -717,6 +717,24 @@ def test_inspect_an_onnx_file(tiny_run):
     assert "batch" in info["totals"]["inputs"]
 
 
+def test_inspect_an_openvino_ir(tiny_run, tmp_path):
+    """`inspect model.int8.xml` was refused ("not a run directory, checkpoint, recipe, .onnx file…"; new-user trial)."""
+    import openvino as ov
+
+    xml = tmp_path / "model.xml"
+    ov.save_model(ov.convert_model(str(tiny_run.run_dir / "export" / "onnx" / "model.fp32.onnx")), str(xml))
+    result = invoke("inspect", xml, "--json")
+    assert result.exit_code == 0, result.output
+    info = one_json(result)
+    assert info["kind"] == "openvino" and info["totals"]["nodes"] == sum(r["count"] for r in info["layers"]) > 0
+    assert {"Convolution", "Parameter", "Result"} <= {r["op"] for r in info["layers"]}
+    params = tiny_run.payload["stages"][0]["metrics"]["params"]  # OpenVINO folds the batch norms into the convolutions
+    assert abs(info["totals"]["params"] - params) <= 0.05 * params
+    xml.with_suffix(".bin").unlink()
+    missing = invoke("inspect", xml)
+    assert missing.exit_code == 2 and "model.bin does not exist" in missing.stderr, missing.output
+
+
 def test_inspect_a_recipe(tiny_run):
     result = invoke("inspect", tiny_run.recipe, "--json")
     assert result.exit_code == 0, result.output

@@ -15,7 +15,7 @@ from .app import handle_errors, json_line, out_console, stdout_to_stderr
 
 @app.command(name="inspect", epilog=exits(0, 2, 3, 130))
 def inspect_(
-    source: Annotated[str, typer.Argument(metavar="SOURCE", help="A run directory, a checkpoint in one, a recipe, a zoo model name, or an .onnx file.", show_default=False)],
+    source: Annotated[str, typer.Argument(metavar="SOURCE", help="A run directory, a checkpoint in one, a recipe, a zoo model name, an .onnx file or an OpenVINO IR (.xml; its ops counted).", show_default=False)],
     input_shape: Annotated[Optional[str], typer.Option("--input-shape", help="One sample's shape, e.g. 3,32,32.")] = None,
     recipe: Annotated[Optional[Path], typer.Option("--recipe", help="For a run folder whose model is not a zoo model: the recipe it was made with (a run folder's own recipe never names code to run).", show_default=False)] = None,
     trust_code: TrustCodeOpt = None,

@@ -5,6 +5,7 @@ precision hint steers and whose instruction set can be capped (AVX2 emulation); 
 from __future__ import annotations
 
 import json
+import math
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,38 @@ class IrFormat(Format):
         from ..deployment import openvino_hint
 
         return openvino_hint(record) if runtime == self.native_runtime else None
+
+    def inspect(self, path: Path) -> dict | None:
+        """``pruneflow inspect`` of an IR: its ops counted, constants' elements, inputs and outputs, and the deployment
+        record pruneflow wrote into it (as for an ONNX file, ``formats/onnx.py``)."""
+        from collections import Counter
+
+        from ..deps import require
+        from ..errors import InputError
+
+        ov = require("openvino", "pip install openvino", "inspecting OpenVINO IR")
+        if not path.is_file() or not path.with_suffix(".bin").is_file():
+            from ..inspect import SOURCES_HINT
+
+            raise InputError(f"{path if not path.is_file() else path.with_suffix('.bin')} does not exist (an IR is the "
+                             ".xml and the .bin beside it)", hint=SOURCES_HINT)
+        try:
+            model = ov.Core().read_model(str(path))
+        except Exception as exc:  # noqa: BLE001 - OpenVINO raises RuntimeError subclasses of its own
+            raise InputError(f"{path} is not a readable OpenVINO IR: {type(exc).__name__}: {str(exc).splitlines()[0]}",
+                             hint="convert the model again, or point at the .xml a run wrote (OUT/NAME/export/openvino/)") from exc
+        ops = Counter(op.get_type_name() for op in model.get_ordered_ops())
+        constants = sum(math.prod(list(op.get_output_shape(0))) for op in model.get_ordered_ops()
+                        if op.get_type_name() == "Constant")  # weights, and the few shape and axis constants
+        deployment = read_ir(path)
+        totals = {"params": constants, "nodes": len(model.get_ordered_ops()),
+                  "inputs": ", ".join(f"{p.get_any_name()}{p.get_partial_shape()}" for p in model.inputs),
+                  "outputs": ", ".join(p.get_any_name() for p in model.outputs)}
+        if deployment:
+            totals.update(precision=deployment.get("precision"), layout=(deployment.get("input") or {}).get("layout"),
+                          preprocessing=(deployment.get("preprocessing") or {}).get("steps"))
+        rows = [{"op": op, "count": n} for op, n in ops.most_common()]
+        return {"source": str(path), "kind": "openvino", "layers": rows, "totals": totals, "deployment": deployment}
 
     def input_spec(self, path: Path) -> InputSpec | None:
         root = ET.parse(path).getroot()
