@@ -87,6 +87,10 @@ def test_yaml_syntax_error_has_a_line(write_recipe):
     with pytest.raises(RecipeError) as err:
         load_recipe(write_recipe("name: x\nmodel: [unclosed\n"))
     assert err.value.issues[0].line is not None
+    # an unclosed `{` is the line to fix, not the next one, where PyYAML notices it (new-user trial)
+    with pytest.raises(RecipeError) as err:
+        load_recipe(write_recipe("name: x\nstages:\n  - {type: train, epochs: 2\n  - {type: evaluate}\n"))
+    assert err.value.issues[0].line == 3 and "opened on line 3: fix it there; noticed on line 4" in err.value.issues[0].message
 
 
 def test_missing_and_empty_recipe_files(tmp_path, write_recipe):

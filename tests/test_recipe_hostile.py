@@ -153,7 +153,8 @@ def _extended_file_with_broken_yaml(tmp_path):
     proj = plant_secrets(tmp_path)
     write(proj / "base.yaml", f'name: base\npassword: "{TOKEN}\n')
     r = write(proj / "r.yaml", "extends: base.yaml\nname: x\n")
-    return [r], [f"{(proj / 'base.yaml').resolve()}:3", "is not valid YAML", "Fix:"], [TOKEN]
+    # the line the unclosed quote opens on (PyYAML notices it at the end, line 3)
+    return [r], [f"{(proj / 'base.yaml').resolve()}:2", "is not valid YAML", "Fix:"], [TOKEN]
 
 
 def _extended_file_extends_outside(tmp_path):

@@ -87,6 +87,10 @@ def _syntax_error(file: Path, exc: yaml.YAMLError, text: str, echo: bool) -> Rec
     mark = getattr(exc, "problem_mark", None)
     line = mark.line + 1 if mark else None
     problem = "; ".join(filter(None, [getattr(exc, "context", None), getattr(exc, "problem", None)]))
+    opened = getattr(exc, "context_mark", None)  # where the unclosed `{`, `[` or quote began: the line to fix
+    if opened is not None and line is not None and opened.line + 1 < line:
+        problem += f" (opened on line {opened.line + 1}: fix it there; noticed on line {line})"
+        line = opened.line + 1
     if isinstance(exc, yaml.reader.ReaderError):
         line = text[: exc.position].count("\n") + 1
         char = exc.character
