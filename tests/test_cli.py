@@ -662,6 +662,23 @@ def test_init_writes_the_recipe_a_template_extends_beside_it(tmp_path):
     assert "name: my-base" in base.read_text()
 
 
+def test_init_keeps_data_reached_through_a_link_reached_through_it(tmp_path):
+    """../shared a link to /elsewhere/shared: the copy's path went through the link's target
+    (../../../elsewhere/shared/...; new-user trial), which breaks when the link is pointed elsewhere."""
+    from pruneflow.recipe.templates import relocate_paths
+
+    (tmp_path / "elsewhere" / "shared" / "data").mkdir(parents=True)
+    write(tmp_path / "elsewhere" / "shared" / "data" / "x.npz", "")
+    (tmp_path / "shared").symlink_to(tmp_path / "elsewhere" / "shared")
+    (tmp_path / "checkout" / "recipes").mkdir(parents=True)
+    text, notes = relocate_paths("data: {train: ../../shared/data/x.npz}\n", tmp_path / "checkout" / "recipes",
+                                 tmp_path / "checkout" / "new")
+    assert text == "data: {train: ../../shared/data/x.npz}\n" and not notes  # from checkout/new, ../../shared is the link
+    text, _ = relocate_paths("data: {train: ../../shared/data/x.npz}\n", tmp_path / "checkout" / "recipes",
+                             tmp_path / "checkout" / "new" / "deeper")
+    assert text == "data: {train: ../../../shared/data/x.npz}\n"
+
+
 def test_init_unknown_template_exits_2(tmp_path):
     result = invoke("init", "quickstrat", tmp_path / "x.yaml")
     assert result.exit_code == 2

@@ -111,9 +111,11 @@ def relocate_paths(text: str, source: Path | None, dest: Path) -> tuple[str, lis
     values = _relative_values(yaml.safe_load(text) or {})
     moved, missing = {}, []
     for key, value in values:
-        found = (source / value).resolve() if source is not None else None
+        # absolute, with `..` folded but links kept: data reached through a link (../shared -> /work/shared) stays
+        # reached through it, as the template wrote it
+        found = Path(os.path.normpath(os.path.abspath(source / value))) if source is not None else None
         if found is not None and found.exists():
-            moved[value] = _relative(found, dest.resolve())
+            moved[value] = _relative(found, Path(os.path.abspath(dest)))
         else:
             missing.append(f"{key} ({value})")
     lines = [_RELATIVE.sub(lambda m: moved.get(m.group(1), m.group(1)), ln) if not ln.lstrip().startswith("#") else ln
