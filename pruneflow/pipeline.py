@@ -28,8 +28,8 @@ from .recipe import LoadedRecipe, dump_recipe
 from .results import RunResult, StageRecord, attach_partial, error_record, flat_metrics
 from .resume import (earlier_choices, host_part, hosts_before, keep_choices, recorded_for, resume_stage, source_key,
                      stage_key)
-from .run_folder import (attach_log, disk_full, disk_full_as_error, forget_earlier, prepare_run_dir, snapshot, stale_files,
-                         sweep_stale, written_since)
+from .run_folder import (attach_log, disk_full, disk_full_as_error, earlier_run, forget_earlier, prepare_run_dir, snapshot,
+                         stale_files, sweep_stale, written_since)
 from .runtime import host_info
 from .stage import Stage
 # What a run does before its first stage lives a layer below (doctor.py does the same); re-exported for the CLI.
@@ -63,6 +63,10 @@ def run_recipe(loaded: LoadedRecipe, out: str | Path = "runs", reporter: Reporte
 def _run_locked(loaded: LoadedRecipe, stages: list[Stage], inputs: RunInputs, out: Path, reporter: Reporter,
                 resume: bool, retime: bool = False) -> RunResult:
     recipe = loaded.recipe
+    replaced = earlier_run(out / recipe.name) if not resume else None
+    if replaced:
+        reporter.warning(f"replacing the earlier run in {out / recipe.name} ({replaced}); --resume continues it instead, "
+                         "another --out keeps both")
     run_dir = prepare_run_dir(out, recipe.name, resume)
     earlier = earlier_choices(run_dir) if resume else {}  # before this run's manifest replaces that run's
     write_text_atomic(run_dir / "recipe.resolved.yaml", dump_recipe(recipe))

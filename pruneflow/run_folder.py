@@ -35,6 +35,18 @@ def prepare_run_dir(out: Path, name: str, resume: bool) -> Path:
     return run_dir
 
 
+def earlier_run(run_dir: Path) -> str | None:
+    """What a run folder holds, said in a few words (``complete, from 2026-12-05T19:34:48+00:00``), for the line that
+    says a new run replaces it; None when there is no earlier run there."""
+    try:
+        manifest = json.loads((run_dir / Manifest.FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(manifest, dict):
+        return None
+    return f"{manifest.get('status', 'unknown status')}, from {manifest.get('created', 'an unknown time')}"
+
+
 #: Files of the run itself rather than of a stage.
 RUN_FILES = frozenset({"recipe.resolved.yaml", Manifest.FILE, "metrics.json", "report.md"})
 

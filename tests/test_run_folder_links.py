@@ -132,3 +132,18 @@ def test_the_run_log_is_never_opened_through_a_planted_object(tmp_path, kind):
     fresh = tmp_path / "fresh.log"
     os.close(open_run_log(fresh))
     assert fresh.is_file()
+
+
+def test_a_finished_run_about_to_be_replaced_is_named(tmp_path):
+    """Re-running into a finished run's folder replaced it with no word (new-user trial): the run now says what it
+    replaces (pipeline._run_locked warns with this) and how to keep it."""
+    import json
+
+    from pruneflow.run_folder import earlier_run
+
+    assert earlier_run(tmp_path / "none") is None
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "manifest.json").write_text(json.dumps({"status": "complete", "created": "2026-12-05T19:34:48+00:00"}))
+    assert earlier_run(tmp_path / "run") == "complete, from 2026-12-05T19:34:48+00:00"
+    (tmp_path / "run" / "manifest.json").write_text("[1, 2")  # a torn file: no claim made about it
+    assert earlier_run(tmp_path / "run") is None
