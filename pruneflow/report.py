@@ -46,7 +46,7 @@ def artifact_rows(result: "RunResult") -> list[dict]:
     heads = result.task.get("heads") or {}  # a multi-head task: every head's headline, not the first head's only
     shown = [f"{h}.{t['headline']}" for h, t in heads.items()] or [result.headline]
     shown += [name for name in result.task.get("user_metrics") or {} if name not in shown]  # the recipe's own metrics
-    timed = sorted({int(k[len("latency_b"):-len("_median_ms")]) for a in result.artifacts for k in a.metrics
+    timed = sorted({int(k[len("latency_b"):-len("_median_ms")]) for a in result.artifacts if a.kind != "checkpoint" for k in a.metrics
                     if k.startswith("latency_b") and k.endswith("_median_ms") and k[len("latency_b"):-len("_median_ms")].isdigit()})
     rows = []
     for a in result.artifacts:
@@ -59,7 +59,9 @@ def artifact_rows(result: "RunResult") -> list[dict]:
             "max abs diff": m.get("max_abs_diff"),
             agreement_column: m.get(agreement),
             f"{agreement_column} vs fp32": m.get(f"{agreement}_fp32"),
-            **{f"lat b{bs} ms": m.get(f"latency_b{bs}_median_ms") for bs in timed[:3]},
+            # a checkpoint's figures are its stage's (prune times its ONNX export in its own settings): not a runtime's
+            # latency to set beside the artifacts' (the stage's table has them)
+            **{f"lat b{bs} ms": m.get(f"latency_b{bs}_median_ms") if a.kind != "checkpoint" else None for bs in timed[:3]},
         })
     return rows
 

@@ -55,6 +55,17 @@ def test_the_choice_is_the_first_form_within_the_margin_of_the_fastest(times, fa
     assert chosen in choice.note("onnxruntime") and "x of the fastest" in choice.note("onnxruntime")
 
 
+def test_an_ir_choice_names_the_precision_hint_it_chose_too():
+    """An IR's candidates are FORM@HINT: with the form pinned for the serving CPUs, what was measured is the hint, and
+    the note said "INT8 form u8s8@default, chosen by measuring" beside "INT8 form u8s8, chosen … without timing"."""
+    from pruneflow.export.forms import Choice
+
+    rows = [{"form": "u8s8@default", "relative": 1.01, "passed": True}, {"form": "u8s8", "relative": 1.0, "passed": True}]
+    note = Choice("u8s8@default", rows, "within 3% of the fastest").note("openvino")
+    assert note.startswith("INT8 form and precision hint u8s8@default, chosen by measuring in openvino")
+    assert Choice("u8s8", rows, "x").note("onnxruntime").startswith("INT8 form u8s8, chosen by measuring")
+
+
 def test_a_form_that_needs_vnni_is_flagged_on_a_host_without_it():
     assert int8_cpu_runtime("u8s8") is None
     record = {"runtime": int8_cpu_runtime("u8s8_vnni")}

@@ -146,3 +146,21 @@ def test_the_report_opens_with_what_changed_against_the_model_the_run_started_fr
             assert row["what"].endswith("(openvino.int8 as deployed, f32 hint)" if pinned else "(openvino.int8)"), row
     head = (tmp_path / "runs" / "tiny" / "report.md").read_text().splitlines()[:15]
     assert "## Against the model you started from" in head and any(ln.startswith("| MACs |") and "x fewer" in ln for ln in head)
+
+
+def test_the_artifact_table_sets_no_checkpoint_latency_beside_the_runtimes():
+    """02-prune/model.pt showed 0.026 ms beside onnx.int8's 0.040 ms: the prune stage's own timing of its ONNX export,
+    in other settings, read as a faster artifact (new-user trial). The stage's table keeps it."""
+    from types import SimpleNamespace
+
+    from pruneflow.report import artifact_rows
+
+    def artifact(path, kind, ms):
+        return SimpleNamespace(path=path, kind=kind, status="built", notes=[], size_bytes=1000,
+                               metrics={"accuracy": 0.9, "latency_b1_median_ms": ms})
+
+    result = SimpleNamespace(task={"agreement": "top1_agreement"}, headline="accuracy",
+                             artifacts=[artifact("stages/02-prune/model.pt", "checkpoint", 0.026),
+                                        artifact("export/onnx/model.int8.onnx", "onnx", 0.040)])
+    rows = {r["artifact"]: r for r in artifact_rows(result)}
+    assert rows["02-prune/model.pt"]["lat b1 ms"] is None and rows["onnx/model.int8.onnx"]["lat b1 ms"] == 0.040

@@ -88,9 +88,12 @@ class Choice:
 
     def note(self, runtime: str) -> str:
         timed = ", ".join(f"{r['form']} {r['relative']:.2f}x" for r in self.rows if r["passed"])
+        # FORM@HINT (an IR's candidates): the precision hint is part of what was chosen, and may be all of it when the
+        # serving CPUs pinned the form (export_hosts' own note says so), so the note names both
+        what = f"INT8 form and precision hint {self.form}" if "@" in self.form else f"INT8 form {self.form}"
         if not timed:
-            return f"INT8 form {self.form}: {self.why}"
-        return f"INT8 form {self.form}, chosen by measuring in {runtime} on this host ({timed} of the fastest's time): {self.why}"
+            return f"{what}: {self.why}"
+        return f"{what}, chosen by measuring in {runtime} on this host ({timed} of the fastest's time): {self.why}"
 
 
 def parity_samples(state) -> Any:
