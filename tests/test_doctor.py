@@ -131,6 +131,11 @@ def test_doctor_quantizes_with_nncf_and_tries_every_int8_export(tmp_path):
     assert export["ascend.fp32"]["status"] == "will skip"
     # the form the run builds: with no serving CPU named, u8s8 (doctor said u8s8_vnni, measured, on a VNNI host)
     assert "INT8 form u8s8," in export["onnx.int8"]["why"] and "u8s8_vnni" not in export["onnx.int8"]["why"]
+    # --for as optimize takes it: an AVX2 server gets u8s8 for its own reason; a CPU name it does not know is exit 2
+    served = rows(payload(invoke("doctor", recipe, "--json", "--for", "avx2")), "export (export)")
+    assert "INT8 form u8s8, chosen for the serving CPUs" in served["onnx.int8"]["why"] and "avx2" in served["onnx.int8"]["why"]
+    wrong = invoke("doctor", recipe, "--for", "avx3")
+    assert wrong.exit_code == 2 and "'avx3' is not a known CPU" in wrong.stderr, wrong.output
 
 
 def test_doctor_reports_a_setting_the_model_refutes_at_its_line_and_exits_1(tmp_path):

@@ -104,6 +104,19 @@ ForOpt = Annotated[Optional[str], typer.Option(
          "avx512_bf16, amx_int8, asimd, ... (+ joins flags of one CPU). The INT8 form and OpenVINO's hint are chosen "
          "for every one (a form needing VNNI only when all have it). Left out: the recipe's, else artifacts exact on "
          "every CPU.")]
+
+
+def for_cpus_set(text: str) -> str:
+    """``--for avx2,avx512_vnni`` as the ``--set`` it stands for; UsageError naming the known CPUs."""
+    from pruneflow.errors import UsageError
+    from pruneflow.recipe.cpus import normalise
+
+    try:
+        return "deploy.cpu=" + json.dumps(normalise(text))
+    except ValueError as exc:
+        raise UsageError(f"--for {text!r}: {exc}", hint="e.g. --for avx2,avx512_vnni") from None
+
+
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show tracebacks and debug logging.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout (for CI) instead of tables.")]
 

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from .app import AllowPathOpt, JsonOpt, RecipeArg, SetOpt, TrustCodeOpt, VerboseOpt, app, exits
+from .app import AllowPathOpt, ForOpt, JsonOpt, RecipeArg, SetOpt, TrustCodeOpt, VerboseOpt, app, exits, for_cpus_set
 from .app import RichReporter, err_console, handle_errors, json_line, out_console, print_code, stdout_to_stderr
 
 @app.command(epilog=exits(0, 2, 3, 130))
@@ -49,6 +49,7 @@ def validate(
 def doctor(
     recipe: RecipeArg,
     set_: SetOpt = None,
+    for_cpus: ForOpt = None,
     allow_path: AllowPathOpt = None,
     trust_code: TrustCodeOpt = None,
     json_out: JsonOpt = False,
@@ -60,12 +61,14 @@ def doctor(
     Exit 0: everything will work · 1: something will fail · 2: the recipe, its files, model or data are refused.
 
         pruneflow doctor recipe.yaml
+        pruneflow doctor recipe.yaml --for avx2      # the INT8 forms `optimize --for avx2` will build
     """
     from pruneflow.doctor import run_doctor
     from pruneflow.recipe import load_recipe
 
     with handle_errors(verbose, json_out):
-        loaded = load_recipe(recipe, set_ or [], allow_path or [], trust_code or [])
+        set_ = [*(set_ or []), *([for_cpus_set(for_cpus)] if for_cpus is not None else [])]
+        loaded = load_recipe(recipe, set_, allow_path or [], trust_code or [])
         with stdout_to_stderr(json_out):
             report = run_doctor(loaded, RichReporter(err_console(), quiet=json_out))
         if json_out:

@@ -16,7 +16,7 @@ from rich.table import Table
 from pruneflow.context import Reporter
 from pruneflow.errors import EXIT_OK, EXIT_STAGE_FAILED, UsageError
 
-from .app import EPILOG, AllowPathOpt, DeviceOpt, ForOpt, JsonOpt, NprocOpt, RecipeArg, SetOpt, TrustCodeOpt, VerboseOpt, app
+from .app import EPILOG, AllowPathOpt, DeviceOpt, ForOpt, for_cpus_set, JsonOpt, NprocOpt, RecipeArg, SetOpt, TrustCodeOpt, VerboseOpt, app
 from .app import (RichReporter, err_console, handle_errors, json_line, out_console, print_code, sigterm_as_interrupt,
                       stdout_to_stderr)
 
@@ -53,7 +53,7 @@ def optimize(
 
     _debug_logging(verbose)
     with handle_errors(verbose, json_out):
-        set_ = [*(set_ or []), *([_for_cpus(for_cpus)] if for_cpus is not None else [])]  # workers get it as --set
+        set_ = [*(set_ or []), *([for_cpus_set(for_cpus)] if for_cpus is not None else [])]  # workers get it as --set
         loaded = load_recipe(recipe, [*set_, *([f"device={device.value}"] if device else [])], allow_path or [], trust_code or [])
         distributed.check_device(loaded.recipe.device, nproc)
         if dry_run:
@@ -87,16 +87,6 @@ def _debug_logging(on: bool) -> None:
     if on:
         logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)
         logging.getLogger("pruneflow").setLevel(logging.DEBUG)
-
-
-def _for_cpus(text: str) -> str:
-    """``--for avx2,avx512_vnni`` as the ``--set`` it stands for; UsageError naming the known CPUs."""
-    from pruneflow.recipe.cpus import normalise
-
-    try:
-        return "deploy.cpu=" + json.dumps(normalise(text))
-    except ValueError as exc:
-        raise UsageError(f"--for {text!r}: {exc}", hint="e.g. --for avx2,avx512_vnni") from None
 
 
 def _check_distributed(resume: bool) -> None:
