@@ -102,7 +102,7 @@ def fit(model: nn.Module, data: DataBundle, task: Task, s: TrainSettings, ctx: R
     rank's shard of the train split, ``batch_size`` being the global batch; the replicas (and the extra
     modules) are synchronised from rank 0 after every epoch, so evaluation gives every rank the same figures.
     """
-    train = _train_split(data)
+    _train_split(data)  # there is one to train on
     task = task.for_training(s.label_smoothing)
     seed = ctx.seed if seed is None else seed
     torch.manual_seed(seed + distributed.rank())
@@ -112,7 +112,7 @@ def fit(model: nn.Module, data: DataBundle, task: Task, s: TrainSettings, ctx: R
     frozen = freeze_parameters(model, s.freeze)
     opt = make_optimizer(model, s, extra_modules)
     batch_size = distributed.global_batch_share(s.batch_size)
-    steps_per_epoch = math.ceil(distributed.shard_size(data.train_rows or len(train)) / batch_size)
+    steps_per_epoch = math.ceil(distributed.shard_size(data.train_rows) / batch_size)
     loop = _Loop(model, opt, task, s, ctx, extra_loss, extra_modules, on_step_end, steps_per_epoch, description)
     history = []
     for epoch in range(1, s.epochs + 1):

@@ -21,7 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 
 from pruneflow import __version__
 from pruneflow.context import Reporter
-from pruneflow.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_STAGE_FAILED, PruneflowError, RecipeError
+from pruneflow.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_STAGE_FAILED, PruneflowError, RecipeError, UsageError
 
 #: What each exit code means (pruneflow/errors.py); a command's --help lists those it can return (``exits``).
 EXIT_WORDS = {0: "ok", 1: "a quality gate failed", 2: "invalid recipe or usage", 3: "missing dependency or unavailable target",
@@ -108,7 +108,6 @@ ForOpt = Annotated[Optional[str], typer.Option(
 
 def for_cpus_set(text: str) -> str:
     """``--for avx2,avx512_vnni`` as the ``--set`` it stands for; UsageError naming the known CPUs."""
-    from pruneflow.errors import UsageError
     from pruneflow.recipe.cpus import normalise
 
     try:

@@ -62,11 +62,12 @@ class IrFormat(Format):
         except Exception as exc:  # noqa: BLE001 - OpenVINO raises RuntimeError subclasses of its own
             raise InputError(f"{path} is not a readable OpenVINO IR: {type(exc).__name__}: {str(exc).splitlines()[0]}",
                              hint="convert the model again, or point at the .xml a run wrote (OUT/NAME/export/openvino/)") from exc
-        ops = Counter(op.get_type_name() for op in model.get_ordered_ops())
-        constants = sum(math.prod(list(op.get_output_shape(0))) for op in model.get_ordered_ops()
+        nodes = model.get_ordered_ops()
+        ops = Counter(op.get_type_name() for op in nodes)
+        constants = sum(math.prod(list(op.get_output_shape(0))) for op in nodes
                         if op.get_type_name() == "Constant")  # weights, and the few shape and axis constants
         deployment = read_ir(path)
-        totals = {"params": constants, "nodes": len(model.get_ordered_ops()),
+        totals = {"params": constants, "nodes": len(nodes),
                   "inputs": ", ".join(f"{p.get_any_name()}{p.get_partial_shape()}" for p in model.inputs),
                   "outputs": ", ".join(p.get_any_name() for p in model.outputs)}
         if deployment:
